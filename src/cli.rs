@@ -1,0 +1,69 @@
+//! Command-line flags (clap derive). Raw values only: no I/O, no validation beyond types.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "replay-guard",
+    version,
+    about = "Exactly-once incident effects from an at-least-once MQTT feed",
+    long_about = "replay-guard decides, for every delivered incident message, whether its effect \
+                  is applied, suppressed as a provable duplicate, or quarantined, and records \
+                  each decision in a hash-chained audit log, all in one redb file.\n\n\
+                  Exit codes: 0 success, 1 usage or configuration error, 2 runtime or storage failure."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Decide a file of captured payloads, one JSON message per line (offline replay).
+    Ingest(IngestArgs),
+    /// Print the audit log: one decision per line.
+    DumpAudit(DumpArgs),
+    /// Print the effect log: every applied message, once.
+    DumpEffects(DumpArgs),
+    /// Print the quarantine: conflicting, stale and malformed messages kept for review.
+    DumpQuarantine(DumpArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct IngestArgs {
+    /// Database file (overrides [store] path).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Topic recorded with each message.
+    #[arg(long, value_name = "T", default_value = "ingest")]
+    pub topic: String,
+    /// Input file, or - for standard input.
+    #[arg(value_name = "FILE|-", default_value = "-")]
+    pub input: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DumpArgs {
+    /// Database file (overrides [store] path).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// TOML config file (for [store] path).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    pub format: Format,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line.
+    Jsonl,
+    /// Aligned columns for people.
+    Table,
+}

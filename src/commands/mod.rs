@@ -1,0 +1,53 @@
+//! One module per subcommand, and the exit-code contract they share.
+
+pub mod dump;
+pub mod ingest;
+
+use std::process::ExitCode;
+
+/// Exit code of a successful command or a clean stop.
+pub const EXIT_OK: u8 = 0;
+/// Exit code of a usage or configuration error: fix the command or the file.
+pub const EXIT_USAGE: u8 = 1;
+/// Exit code of a runtime or storage failure (systemd restarts the service on it).
+pub const EXIT_FAILURE: u8 = 2;
+
+/// A command's failure, classified by what the operator must do about it.
+#[derive(Debug)]
+pub enum Failure {
+    Usage(anyhow::Error),
+    Runtime(anyhow::Error),
+}
+
+impl Failure {
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            Failure::Usage(_) => EXIT_USAGE,
+            Failure::Runtime(_) => EXIT_FAILURE,
+        })
+    }
+    pub fn error(&self) -> &anyhow::Error {
+        match self {
+            Failure::Usage(e) | Failure::Runtime(e) => e,
+        }
+    }
+}
+
+impl From<crate::config::ConfigError> for Failure {
+    fn from(e: crate::config::ConfigError) -> Self {
+        Failure::Usage(e.into())
+    }
+}
+
+impl From<crate::store::StoreError> for Failure {
+    fn from(e: crate::store::StoreError) -> Self {
+        Failure::Runtime(e.into())
+    }
+}
+
+/// Output errors: a closed pipe (`| head`) ends the command quietly; others are failures.
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        Failure::Runtime(anyhow::Error::new(e).context("cannot write output"))
+    }
+}

@@ -1,0 +1,313 @@
+//! The validated configuration: a TOML file (unknown keys are errors) plus command-line
+//! overrides. Everything else receives these typed values, never raw TOML.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::decide::OutOfOrder;
+use crate::json::Pointer;
+use crate::store::{DEFAULT_CACHE_BYTES, StoreOptions, WindowPolicy};
+use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES, FeedContract};
+
+/// Largest accepted `[commit] max_batch`.
+pub const MAX_BATCH_LIMIT: usize = 65_535;
+pub const DEFAULT_MAX_BATCH: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawConfig {
+    store: RawStore,
+    window: RawWindow,
+    feed: RawFeed,
+    commit: RawCommit,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawStore {
+    path: Option<PathBuf>,
+    cache_mb: u64,
+}
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            path: None,
+            cache_mb: (DEFAULT_CACHE_BYTES / (1024 * 1024)) as u64,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawOutOfOrder {
+    #[default]
+    Apply,
+    Quarantine,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawWindow {
+    seconds: u64,
+    max_entries: u64,
+    out_of_order: RawOutOfOrder,
+}
+impl Default for RawWindow {
+    fn default() -> Self {
+        let w = WindowPolicy::default();
+        RawWindow {
+            seconds: w.seconds,
+            max_entries: w.max_entries,
+            out_of_order: RawOutOfOrder::Apply,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawFeed {
+    agency: String,
+    source_id: String,
+    sequence: String,
+    epoch: String,
+    digest_ignore: Vec<String>,
+    max_payload_bytes: usize,
+    max_depth: usize,
+}
+impl Default for RawFeed {
+    fn default() -> Self {
+        RawFeed {
+            agency: "/agency".into(),
+            source_id: "/source_id".into(),
+            sequence: "/sequence".into(),
+            epoch: "/epoch".into(),
+            digest_ignore: Vec::new(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawCommit {
+    max_batch: usize,
+}
+impl Default for RawCommit {
+    fn default() -> Self {
+        RawCommit {
+            max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
+/// Everything the engine needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The database file; `None` until a config file or `--db` names it.
+    pub db_path: Option<PathBuf>,
+    pub store: StoreOptions,
+    pub feed: FeedContract,
+    pub max_batch: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_raw(RawConfig::default()).unwrap_or_else(|e| unreachable!("defaults: {e}"))
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            ConfigError::Invalid(m) => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: m,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates config text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.message().to_string(),
+        })?;
+        Config::from_raw(raw)
+    }
+
+    /// `--config` if given, else defaults; then `--db` overrides `[store] path`.
+    pub fn resolve(config: Option<&Path>, db: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut c = match config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        if let Some(db) = db {
+            c.db_path = Some(db.to_path_buf());
+        }
+        Ok(c)
+    }
+
+    /// The database path, or a usage error naming both ways to give one.
+    pub fn require_db(&self) -> Result<&Path, ConfigError> {
+        self.db_path.as_deref().ok_or_else(|| {
+            ConfigError::Invalid(
+                "no database: pass --db PATH or set [store] path in --config".into(),
+            )
+        })
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        let invalid = |m: String| ConfigError::Invalid(m);
+        let ptr = |key: &str, s: &str| {
+            Pointer::parse(s).map_err(|e| invalid(format!("[feed] {key}: {e}")))
+        };
+        if raw.window.seconds == 0 {
+            return Err(invalid("[window] seconds must be at least 1".into()));
+        }
+        if raw.window.max_entries == 0 {
+            return Err(invalid("[window] max_entries must be at least 1".into()));
+        }
+        if raw.feed.max_payload_bytes == 0 {
+            return Err(invalid(
+                "[feed] max_payload_bytes must be at least 1".into(),
+            ));
+        }
+        if !(1..=128).contains(&raw.feed.max_depth) {
+            return Err(invalid("[feed] max_depth must be between 1 and 128".into()));
+        }
+        if !(1..=MAX_BATCH_LIMIT).contains(&raw.commit.max_batch) {
+            return Err(invalid(format!(
+                "[commit] max_batch must be between 1 and {MAX_BATCH_LIMIT}"
+            )));
+        }
+        if raw.store.cache_mb == 0 {
+            return Err(invalid("[store] cache_mb must be at least 1".into()));
+        }
+        let feed = FeedContract {
+            agency: ptr("agency", &raw.feed.agency)?,
+            source_id: ptr("source_id", &raw.feed.source_id)?,
+            sequence: ptr("sequence", &raw.feed.sequence)?,
+            epoch: ptr("epoch", &raw.feed.epoch)?,
+            digest_ignore: raw
+                .feed
+                .digest_ignore
+                .iter()
+                .map(|s| ptr("digest_ignore", s))
+                .collect::<Result<_, _>>()?,
+            max_payload_bytes: raw.feed.max_payload_bytes,
+            max_depth: raw.feed.max_depth,
+        };
+        Ok(Config {
+            db_path: raw.store.path,
+            store: StoreOptions {
+                cache_bytes: usize::try_from(raw.store.cache_mb.saturating_mul(1024 * 1024))
+                    .unwrap_or(usize::MAX),
+                window: WindowPolicy {
+                    seconds: raw.window.seconds,
+                    max_entries: raw.window.max_entries,
+                },
+                out_of_order: match raw.window.out_of_order {
+                    RawOutOfOrder::Apply => OutOfOrder::Apply,
+                    RawOutOfOrder::Quarantine => OutOfOrder::Quarantine,
+                },
+            },
+            feed,
+            max_batch: raw.commit.max_batch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_gives_documented_defaults() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(
+            c.store.window,
+            WindowPolicy {
+                seconds: 600,
+                max_entries: 1_000_000
+            }
+        );
+        assert_eq!(c.store.out_of_order, OutOfOrder::Apply);
+        assert_eq!(c.feed.max_payload_bytes, 262_144);
+        assert_eq!(c.max_batch, 512);
+        assert!(c.db_path.is_none());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("[window]\nsecnds = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("secnds"), "{e}");
+        let e = Config::parse("[wndow]\n").unwrap_err().to_string();
+        assert!(e.contains("wndow"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_key() {
+        for (text, want) in [
+            ("[window]\nseconds = 0", "[window] seconds"),
+            ("[window]\nout_of_order = \"drop\"", "drop"),
+            ("[feed]\nagency = \"agency\"", "[feed] agency"),
+            ("[commit]\nmax_batch = 0", "max_batch"),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = Config::parse(
+            r#"
+            [store]
+            path = "/var/lib/replay-guard/db.redb"
+            cache_mb = 32
+            [window]
+            seconds = 60
+            max_entries = 10
+            out_of_order = "quarantine"
+            [feed]
+            agency = "/hdr/agency"
+            digest_ignore = ["/sent_at"]
+            max_payload_bytes = 1024
+            max_depth = 8
+            [commit]
+            max_batch = 64
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.store.out_of_order, OutOfOrder::Quarantine);
+        assert_eq!(c.feed.digest_ignore.len(), 1);
+        assert_eq!(c.store.cache_bytes, 32 * 1024 * 1024);
+    }
+}

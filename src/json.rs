@@ -1,0 +1,659 @@
+//! A strict JSON reader and the two writers replay-guard needs (compact, canonical).
+//!
+//! Why our own: the digest must be exact, so numbers keep their source text (no f64 rounding),
+//! duplicate member names are rejected (I-JSON; a parser that keeps "the last one" would let two
+//! readers disagree on a message's key), and nesting depth is bounded before any recursion.
+
+use std::fmt::Write as _;
+
+/// A parsed JSON value. Objects keep member order; numbers keep their text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    /// Validated JSON number text, exactly as received.
+    Number(String),
+    String(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+/// Why a byte string is not acceptable JSON.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    #[error("not valid UTF-8 (first bad byte at offset {0})")]
+    NotUtf8(usize),
+    #[error("invalid JSON at byte {offset}: {what}")]
+    Syntax { offset: usize, what: &'static str },
+    #[error("nesting deeper than {0} levels")]
+    TooDeep(usize),
+    #[error("duplicate member name {0:?}")]
+    DuplicateKey(String),
+    #[error("number {0} is out of the range replay-guard can canonicalise")]
+    NumberRange(String),
+}
+
+/// Parses one JSON text (RFC 8259), allowing at most `max_depth` nested arrays/objects.
+pub fn parse(bytes: &[u8], max_depth: usize) -> Result<Json, JsonError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| JsonError::NotUtf8(e.valid_up_to()))?;
+    let mut p = Parser {
+        s: text.as_bytes(),
+        text,
+        i: 0,
+        max_depth,
+    };
+    p.ws();
+    let v = p.value(0)?;
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(p.err("trailing characters after the value"));
+    }
+    Ok(v)
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    text: &'a str,
+    i: usize,
+    max_depth: usize,
+}
+
+impl Parser<'_> {
+    fn err(&self, what: &'static str) -> JsonError {
+        JsonError::Syntax {
+            offset: self.i,
+            what,
+        }
+    }
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+    fn eat(&mut self, lit: &[u8]) -> bool {
+        if self.s.get(self.i..self.i + lit.len()) == Some(lit) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Json, JsonError> {
+        match self.peek() {
+            None => Err(self.err("unexpected end of input")),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => Ok(Json::String(self.string()?)),
+            Some(b't') if self.eat(b"true") => Ok(Json::Bool(true)),
+            Some(b'f') if self.eat(b"false") => Ok(Json::Bool(false)),
+            Some(b'n') if self.eat(b"null") => Ok(Json::Null),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(_) => Err(self.err("expected a value")),
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Json, JsonError> {
+        if depth > self.max_depth {
+            return Err(JsonError::TooDeep(self.max_depth));
+        }
+        self.i += 1;
+        let mut members: Vec<(String, Json)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        self.ws();
+        if self.eat(b"}") {
+            return Ok(Json::Object(members));
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.err("expected a member name"));
+            }
+            let name = self.string()?;
+            self.ws();
+            if !self.eat(b":") {
+                return Err(self.err("expected ':'"));
+            }
+            self.ws();
+            let v = self.value(depth)?;
+            if !seen.insert(name.clone()) {
+                return Err(JsonError::DuplicateKey(name));
+            }
+            members.push((name, v));
+            self.ws();
+            if self.eat(b",") {
+                continue;
+            }
+            if self.eat(b"}") {
+                return Ok(Json::Object(members));
+            }
+            return Err(self.err("expected ',' or '}'"));
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Json, JsonError> {
+        if depth > self.max_depth {
+            return Err(JsonError::TooDeep(self.max_depth));
+        }
+        self.i += 1;
+        let mut items = Vec::new();
+        self.ws();
+        if self.eat(b"]") {
+            return Ok(Json::Array(items));
+        }
+        loop {
+            self.ws();
+            items.push(self.value(depth)?);
+            self.ws();
+            if self.eat(b",") {
+                continue;
+            }
+            if self.eat(b"]") {
+                return Ok(Json::Array(items));
+            }
+            return Err(self.err("expected ',' or ']'"));
+        }
+    }
+
+    fn hex4(&mut self) -> Result<u32, JsonError> {
+        let digits = self
+            .text
+            .get(self.i..self.i + 4)
+            .ok_or_else(|| self.err("truncated \\u escape"))?;
+        let v = u32::from_str_radix(digits, 16).map_err(|_| self.err("bad \\u escape"))?;
+        if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(self.err("bad \\u escape"));
+        }
+        self.i += 4;
+        Ok(v)
+    }
+
+    fn string(&mut self) -> Result<String, JsonError> {
+        self.i += 1; // opening quote
+        let mut out = String::new();
+        let mut run_start = self.i;
+        loop {
+            let Some(b) = self.peek() else {
+                return Err(self.err("unterminated string"));
+            };
+            match b {
+                b'"' => {
+                    out.push_str(&self.text[run_start..self.i]);
+                    self.i += 1;
+                    return Ok(out);
+                }
+                b'\\' => {
+                    out.push_str(&self.text[run_start..self.i]);
+                    self.i += 1;
+                    let Some(e) = self.peek() else {
+                        return Err(self.err("unterminated escape"));
+                    };
+                    self.i += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            let c = if (0xD800..0xDC00).contains(&hi) {
+                                if !self.eat(b"\\u") {
+                                    return Err(self.err("lone surrogate in \\u escape"));
+                                }
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return Err(self.err("lone surrogate in \\u escape"));
+                                }
+                                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+                            } else {
+                                char::from_u32(hi)
+                            };
+                            out.push(c.ok_or_else(|| self.err("lone surrogate in \\u escape"))?);
+                        }
+                        _ => return Err(self.err("unknown escape")),
+                    }
+                    run_start = self.i;
+                }
+                0x00..=0x1f => return Err(self.err("control character in string")),
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> Result<Json, JsonError> {
+        let start = self.i;
+        self.eat(b"-");
+        if self.eat(b"0") {
+            if let Some(b'0'..=b'9') = self.peek() {
+                return Err(self.err("leading zero in number"));
+            }
+        } else if self.digits() == 0 {
+            return Err(self.err("expected digits"));
+        }
+        if self.eat(b".") && self.digits() == 0 {
+            return Err(self.err("expected digits after '.'"));
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("expected exponent digits"));
+            }
+        }
+        Ok(Json::Number(self.text[start..self.i].to_string()))
+    }
+}
+
+impl Json {
+    /// RFC 6901 JSON pointer lookup ("" is the whole document).
+    pub fn pointer(&self, pointer: &Pointer) -> Option<&Json> {
+        let mut cur = self;
+        for token in &pointer.tokens {
+            cur = match cur {
+                Json::Object(members) => {
+                    members.iter().find(|(k, _)| k == token).map(|(_, v)| v)?
+                }
+                Json::Array(items) => items.get(array_index(token)?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+
+    /// Removes the value a pointer names, if any. Returns whether something was removed.
+    pub fn remove(&mut self, pointer: &Pointer) -> bool {
+        let Some((last, parents)) = pointer.tokens.split_last() else {
+            return false;
+        };
+        let mut cur = self;
+        for token in parents {
+            cur = match cur {
+                Json::Object(members) => match members.iter_mut().find(|(k, _)| k == token) {
+                    Some((_, v)) => v,
+                    None => return false,
+                },
+                Json::Array(items) => match array_index(token).and_then(|i| items.get_mut(i)) {
+                    Some(v) => v,
+                    None => return false,
+                },
+                _ => return false,
+            };
+        }
+        match cur {
+            Json::Object(members) => {
+                let before = members.len();
+                members.retain(|(k, _)| k != last);
+                members.len() != before
+            }
+            Json::Array(items) => match array_index(last) {
+                Some(i) if i < items.len() => {
+                    items.remove(i);
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Compact form, members in received order, numbers as received.
+    pub fn to_compact(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out);
+        out
+    }
+
+    /// Canonical form (RFC 8785 JCS rules for structure and strings; numbers are written as
+    /// exact normalised decimals, see `canonical_number`). Fails only on absurd exponents.
+    pub fn to_canonical(&self) -> Result<String, JsonError> {
+        let mut out = String::new();
+        self.write_canonical(&mut out)?;
+        Ok(out)
+    }
+
+    fn write(&self, out: &mut String) {
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => out.push_str(n),
+            Json::String(s) => write_string(out, s),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    v.write(out);
+                }
+                out.push(']');
+            }
+            Json::Object(members) => {
+                out.push('{');
+                for (i, (k, v)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_string(out, k);
+                    out.push(':');
+                    v.write(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    fn write_canonical(&self, out: &mut String) -> Result<(), JsonError> {
+        match self {
+            Json::Number(n) => out.push_str(&canonical_number(n)?),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    v.write_canonical(out)?;
+                }
+                out.push(']');
+            }
+            Json::Object(members) => {
+                let mut sorted: Vec<&(String, Json)> = members.iter().collect();
+                sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+                out.push('{');
+                for (i, (k, v)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_string(out, k);
+                    out.push(':');
+                    v.write_canonical(out)?;
+                }
+                out.push('}');
+            }
+            other => other.write(out),
+        }
+        Ok(())
+    }
+}
+
+fn array_index(token: &str) -> Option<usize> {
+    if token.is_empty() || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    if !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+/// A parsed RFC 6901 JSON pointer such as `/agency` or `/meta/source~1id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pointer {
+    text: String,
+    tokens: Vec<String>,
+}
+
+impl std::fmt::Display for Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Pointer {
+    pub fn parse(s: &str) -> Result<Pointer, String> {
+        if s.is_empty() {
+            return Ok(Pointer {
+                text: String::new(),
+                tokens: Vec::new(),
+            });
+        }
+        let Some(rest) = s.strip_prefix('/') else {
+            return Err(format!(
+                "JSON pointer {s:?} must be empty or start with '/'"
+            ));
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut t = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' {
+                    match chars.next() {
+                        Some('0') => t.push('~'),
+                        Some('1') => t.push('/'),
+                        _ => return Err(format!("JSON pointer {s:?} has a bad '~' escape")),
+                    }
+                } else {
+                    t.push(c);
+                }
+            }
+            tokens.push(t);
+        }
+        Ok(Pointer {
+            text: s.to_string(),
+            tokens,
+        })
+    }
+}
+
+/// Writes a JSON string with JCS escaping: `\"`, `\\`, `\b \f \n \r \t`, other controls as
+/// `\u00xx` (lowercase hex), everything else literally.
+pub fn write_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Normalises a JSON number's text to one exact decimal spelling, so `1`, `1.0`, `10e-1` and
+/// `0.1E1` are all `1`, while `0.1` and `0.10000000000000000001` stay different (no f64).
+/// Integers are written in full up to 21 digits; beyond that, and below 1e-6, `d.ddde±N`.
+pub fn canonical_number(text: &str) -> Result<String, JsonError> {
+    let range = || JsonError::NumberRange(text.to_string());
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, text),
+    };
+    let (mantissa, exp_text) = match rest.find(['e', 'E']) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    let mut exponent: i64 = match exp_text {
+        None => 0,
+        Some(e) => {
+            let digits = e.trim_start_matches(['+', '-']).trim_start_matches('0');
+            if digits.len() > 15 {
+                return Err(range());
+            }
+            let v: i64 = if digits.is_empty() {
+                0
+            } else {
+                digits.parse().map_err(|_| range())?
+            };
+            if e.starts_with('-') { -v } else { v }
+        }
+    };
+    let (int_part, frac_part) = match mantissa.find('.') {
+        Some(i) => (&mantissa[..i], &mantissa[i + 1..]),
+        None => (mantissa, ""),
+    };
+    let mut digits: String = format!("{int_part}{frac_part}");
+    exponent -= i64::try_from(frac_part.len()).map_err(|_| range())?;
+    let trimmed = digits.trim_start_matches('0');
+    if trimmed.is_empty() {
+        return Ok("0".to_string());
+    }
+    digits = trimmed.to_string();
+    let before = digits.len();
+    digits.truncate(digits.trim_end_matches('0').len());
+    exponent += i64::try_from(before - digits.len()).map_err(|_| range())?;
+
+    let n = i64::try_from(digits.len()).map_err(|_| range())?;
+    let point = n + exponent; // position of the decimal point from the left of `digits`
+    let mut out = String::new();
+    if negative {
+        out.push('-');
+    }
+    if exponent >= 0 && point <= 21 {
+        out.push_str(&digits);
+        out.extend(std::iter::repeat_n(
+            '0',
+            usize::try_from(exponent).map_err(|_| range())?,
+        ));
+    } else if exponent < 0 && point > 0 {
+        let p = usize::try_from(point).map_err(|_| range())?;
+        out.push_str(&digits[..p]);
+        out.push('.');
+        out.push_str(&digits[p..]);
+    } else if exponent < 0 && point > -6 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n(
+            '0',
+            usize::try_from(-point).map_err(|_| range())?,
+        ));
+        out.push_str(&digits);
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let e = point - 1;
+        let _ = write!(
+            out,
+            "e{}{}",
+            if e < 0 { '-' } else { '+' },
+            e.unsigned_abs()
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Json, JsonError> {
+        parse(s.as_bytes(), 32)
+    }
+
+    #[test]
+    fn numbers_normalise_exactly() {
+        for (a, b) in [
+            ("1", "1"),
+            ("1.0", "1"),
+            ("10e-1", "1"),
+            ("0.1E1", "1"),
+            ("-0", "0"),
+            ("-0.0e5", "0"),
+            ("0.1", "0.1"),
+            ("0.10000000000000000001", "0.10000000000000000001"),
+            (
+                "123456789012345678901234567890",
+                "1.2345678901234567890123456789e+29",
+            ),
+            ("1e20", "100000000000000000000"),
+            ("1e21", "1e+21"),
+            ("0.000001", "0.000001"),
+            ("0.0000001", "1e-7"),
+            ("-12.50", "-12.5"),
+            ("18446744073709551615", "18446744073709551615"),
+        ] {
+            assert_eq!(canonical_number(a).unwrap(), b, "{a}");
+        }
+        assert!(canonical_number("1e9999999999999999999").is_err());
+    }
+
+    #[test]
+    fn canonical_form_sorts_members_and_drops_whitespace() {
+        let a = p(r#"{ "b": [1, 2.0], "a": "x\u0041", "c": {"z":null,"y":true} }"#).unwrap();
+        assert_eq!(
+            a.to_canonical().unwrap(),
+            r#"{"a":"xA","b":[1,2],"c":{"y":true,"z":null}}"#
+        );
+        assert_eq!(
+            a.to_compact(),
+            r#"{"b":[1,2.0],"a":"xA","c":{"z":null,"y":true}}"#
+        );
+    }
+
+    #[test]
+    fn canonical_strings_use_jcs_escapes() {
+        let v = p(r#"["\u0007\n\"\\\/é😀"]"#).unwrap();
+        assert_eq!(v.to_canonical().unwrap(), "[\"\\u0007\\n\\\"\\\\/é😀\"]");
+    }
+
+    #[test]
+    fn members_sort_by_utf16_code_units() {
+        // U+FF61 sorts before U+1F600 in UTF-8 byte order but after it in UTF-16
+        // (0xFF61 > 0xD83D, the high surrogate of U+1F600).
+        let v = p("{\"\u{FF61}\":2,\"\u{1F600}\":1}").unwrap();
+        assert_eq!(v.to_canonical().unwrap(), "{\"\u{1F600}\":1,\"\u{FF61}\":2}");
+    }
+
+    #[test]
+    fn strictness() {
+        assert!(matches!(
+            p(r#"{"a":1,"a":2}"#),
+            Err(JsonError::DuplicateKey(_))
+        ));
+        assert!(matches!(p("[[[[1]]]]").map(|_| ()), Ok(())));
+        assert!(matches!(parse(b"[[[[1]]]]", 3), Err(JsonError::TooDeep(3))));
+        assert!(matches!(parse(b"\"\xff\"", 3), Err(JsonError::NotUtf8(1))));
+        for bad in [
+            "",
+            "01",
+            "1.",
+            "-",
+            "[1,]",
+            "{\"a\"}",
+            "\"\\ud800\"",
+            "\"a\tb\"",
+            "1 2",
+            "nul",
+        ] {
+            assert!(p(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn pointers_follow_rfc6901() {
+        let v = p(r#"{"a/b":{"m~n":[10,20]}}"#).unwrap();
+        let ptr = Pointer::parse("/a~1b/m~0n/1").unwrap();
+        assert_eq!(v.pointer(&ptr), Some(&Json::Number("20".into())));
+        assert!(Pointer::parse("a").is_err());
+        let mut w = v.clone();
+        assert!(w.remove(&Pointer::parse("/a~1b/m~0n/0").unwrap()));
+        assert_eq!(w.to_compact(), r#"{"a/b":{"m~n":[20]}}"#);
+        assert!(!w.remove(&Pointer::parse("/nope").unwrap()));
+    }
+}

@@ -1,0 +1,15 @@
+//! replay-guard: exactly-once incident effects from an at-least-once MQTT feed.
+//!
+//! The decision core (`json`, `wire`, `key`, `decide`, `model`) is pure and knows nothing of
+//! storage or transport; `store` is the only module that names redb. See ARCHITECTURE.md.
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod decide;
+pub mod json;
+pub mod key;
+pub mod model;
+pub mod store;
+pub mod timefmt;
+pub mod wire;

@@ -1,0 +1,41 @@
+//! The `replay-guard` binary: parse flags, set up logging, dispatch, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use replay_guard::cli::{Cli, Command};
+use replay_guard::commands::{self, EXIT_USAGE, dump};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match &cli.command {
+        Command::Ingest(a) => commands::ingest::run(a),
+        Command::DumpAudit(a) => dump::run(dump::Table::Audit, a),
+        Command::DumpEffects(a) => dump::run(dump::Table::Effects, a),
+        Command::DumpQuarantine(a) => dump::run(dump::Table::Quarantine, a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("replay-guard: error: {:#}", f.error());
+            f.exit_code()
+        }
+    }
+}

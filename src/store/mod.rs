@@ -1,0 +1,682 @@
+//! The redb store. `Store::commit_batch` is the one write path: it decides every message of a
+//! batch with `decide::decide` and writes window entries, effects, quarantine and audit entries
+//! in one durable write transaction. `read` holds the read-only views used by inspectors.
+
+mod audit;
+pub mod read;
+pub mod tables;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use redb::{
+    Builder, ConcurrencyMode, Database, DatabaseError, Durability, ReadableDatabase, ReadableTable,
+    StorageBackend, Table, WriteTransaction,
+};
+
+use crate::decide::{self, OutOfOrder, Seen, SourceMarks};
+use crate::key::sha256;
+use crate::model::{Digest, IdempotencyKey, Message, Outcome, OutcomeCounts, Position, Source};
+use crate::wire::{self, DecodeError, FeedContract};
+pub use audit::{body_fields as audit_body_fields, entry_hash as audit_entry_hash};
+pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, StoreSummary};
+use tables::*;
+
+/// Default redb page cache: bounds the process's memory whatever the window size.
+pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Evictions allowed per transaction beyond the batch's own size, so a long-idle window is
+/// drained over a few commits instead of one huge one.
+const EVICTION_SLACK: u64 = 4096;
+
+/// Bounds of the dedup window. Age counts from first sight; a duplicate does not refresh it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowPolicy {
+    pub seconds: u64,
+    pub max_entries: u64,
+}
+
+impl Default for WindowPolicy {
+    fn default() -> Self {
+        WindowPolicy {
+            seconds: 600,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub cache_bytes: usize,
+    pub window: WindowPolicy,
+    pub out_of_order: OutOfOrder,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            window: WindowPolicy::default(),
+            out_of_order: OutOfOrder::Apply,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("another process is writing {0}: stop it first (read-only commands work meanwhile)")]
+    Busy(PathBuf),
+    #[error("cannot open database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: DatabaseError,
+    },
+    #[error(
+        "{0} needs crash recovery, which a read-only open cannot do: start `run` or \
+         `ingest` on it once (they repair it on open), then retry"
+    )]
+    NeedsRecovery(PathBuf),
+    #[error(
+        "storage failure: {0}; nothing of the failed batch was committed, and the database \
+         refuses further writes: restart the process"
+    )]
+    Storage(#[from] redb::Error),
+    #[error("database is corrupt: {0}")]
+    Record(#[from] RecordError),
+    #[error("database schema version {found} is not supported by this build (expects {expected})")]
+    Schema { found: u32, expected: u32 },
+}
+
+impl StoreError {
+    fn redb(e: impl Into<redb::Error>) -> StoreError {
+        StoreError::Storage(e.into())
+    }
+}
+
+/// One delivery to decide: where it came from, its bytes, and what `wire` made of them.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub received_at_ms: u64,
+    pub decoded: Result<Message, DecodeError>,
+}
+
+impl Incoming {
+    pub fn decode(
+        topic: impl Into<String>,
+        payload: Vec<u8>,
+        received_at_ms: u64,
+        contract: &FeedContract,
+    ) -> Incoming {
+        let decoded = wire::decode(&payload, contract);
+        Incoming {
+            topic: topic.into(),
+            payload,
+            received_at_ms,
+            decoded,
+        }
+    }
+}
+
+/// What was decided and written for one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub outcome: Outcome,
+    pub audit_index: u64,
+    pub key: Option<IdempotencyKey>,
+    pub effect_offset: Option<u64>,
+    pub quarantine_id: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct BatchReport {
+    pub decided: Vec<Decided>,
+    pub counts: OutcomeCounts,
+    pub evicted: u64,
+}
+
+/// The writer's handle on the database file.
+pub struct Store {
+    db: Database,
+    opts: StoreOptions,
+}
+
+fn builder(cache_bytes: usize) -> Builder {
+    let mut b = Builder::new();
+    b.set_cache_size(cache_bytes)
+        .set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    b
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` for writing. Repairs it after a crash.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        let db = builder(opts.cache_bytes)
+            .create(path)
+            .map_err(|e| match e {
+                DatabaseError::DatabaseAlreadyOpen => StoreError::Busy(path.to_path_buf()),
+                source => StoreError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
+        Store::init(db, opts)
+    }
+
+    /// Opens a database on a caller-supplied backend (fault-injection tests).
+    pub fn open_with_backend(
+        backend: impl StorageBackend,
+        opts: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        let db = builder(opts.cache_bytes)
+            .create_with_backend(backend)
+            .map_err(|source| StoreError::Open {
+                path: PathBuf::from("<backend>"),
+                source,
+            })?;
+        Store::init(db, opts)
+    }
+
+    fn init(db: Database, opts: StoreOptions) -> Result<Store, StoreError> {
+        let txn = db.begin_write().map_err(StoreError::redb)?;
+        {
+            let mut meta = txn.open_table(META).map_err(StoreError::redb)?;
+            let existing = meta
+                .get(META_KEY)
+                .map_err(StoreError::redb)?
+                .map(|g| g.value().to_vec());
+            match existing {
+                Some(bytes) => {
+                    let m: Meta = decode("meta", META_KEY, &bytes)?;
+                    if m.schema_version != SCHEMA_VERSION {
+                        return Err(StoreError::Schema {
+                            found: m.schema_version,
+                            expected: SCHEMA_VERSION,
+                        });
+                    }
+                }
+                None => {
+                    let m = Meta {
+                        schema_version: SCHEMA_VERSION,
+                        created_at_ms: crate::timefmt::now_ms(),
+                        window_start: 0,
+                        next_effect: 0,
+                        next_audit: 0,
+                        next_quarantine: 0,
+                        next_source: 0,
+                        chain_head: [0; 32],
+                        audit_anchor: None,
+                    };
+                    meta.insert(META_KEY, encode(&m).as_slice())
+                        .map_err(StoreError::redb)?;
+                }
+            }
+            // Create every table so read-only inspectors never meet a missing one.
+            txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?;
+            txn.open_table(SOURCES).map_err(StoreError::redb)?;
+            txn.open_table(WINDOW).map_err(StoreError::redb)?;
+            txn.open_table(EFFECTS).map_err(StoreError::redb)?;
+            txn.open_table(AUDIT).map_err(StoreError::redb)?;
+            txn.open_table(QUARANTINE).map_err(StoreError::redb)?;
+            txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?;
+        }
+        txn.commit().map_err(StoreError::redb)?;
+        Ok(Store { db, opts })
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    /// A read view of this store (the same views `Reader` gives another process).
+    pub fn reader(&self) -> Result<redb::ReadTransaction, StoreError> {
+        self.db.begin_read().map_err(StoreError::redb)
+    }
+
+    /// Decides and durably records every delivery of `batch`, in order, in one write
+    /// transaction committed with `Durability::Immediate`. On `Err` nothing of the batch was
+    /// written and the caller must not acknowledge any of it; the error is fatal (redb latches
+    /// after an I/O failure), so callers stop rather than retry.
+    pub fn commit_batch(
+        &mut self,
+        batch: &[Incoming],
+        now_ms: u64,
+    ) -> Result<BatchReport, StoreError> {
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
+        txn.set_quick_repair(true);
+        let report = {
+            let mut w = Writer::open(&txn, &self.opts)?;
+            let mut budget = batch.len() as u64 + EVICTION_SLACK;
+            let mut report = BatchReport::default();
+            report.evicted += w.evict(now_ms, &mut budget)?;
+            for incoming in batch {
+                let d = w.decide_one(incoming, now_ms)?;
+                report.counts.add(d.outcome);
+                report.decided.push(d);
+            }
+            report.evicted += w.evict(now_ms, &mut budget)?;
+            w.finish()?;
+            report
+        };
+        txn.commit().map_err(StoreError::redb)?;
+        Ok(report)
+    }
+}
+
+/// Cached state of one source during a batch.
+struct SourceState {
+    record: SourceRecord,
+    dirty: bool,
+}
+
+/// The open tables of one write transaction plus the batch's cached state.
+struct Writer<'t> {
+    opts: &'t StoreOptions,
+    meta: Meta,
+    meta_table: Table<'t, &'static str, &'static [u8]>,
+    source_ids: Table<'t, (&'static str, &'static str), u64>,
+    sources: Table<'t, u64, &'static [u8]>,
+    window: Table<'t, (u64, u64, u64), &'static [u8]>,
+    effects: Table<'t, u64, &'static [u8]>,
+    audit: Table<'t, u64, &'static [u8]>,
+    quarantine: Table<'t, u64, &'static [u8]>,
+    quarantine_fp: Table<'t, &'static [u8; 32], u64>,
+    names: HashMap<Source, u64>,
+    states: HashMap<u64, SourceState>,
+}
+
+fn pos_pair(p: Position) -> (u64, u64) {
+    (p.epoch, p.sequence)
+}
+fn pair_pos((epoch, sequence): (u64, u64)) -> Position {
+    Position { epoch, sequence }
+}
+
+impl<'t> Writer<'t> {
+    fn open(txn: &'t WriteTransaction, opts: &'t StoreOptions) -> Result<Writer<'t>, StoreError> {
+        let meta_table = txn.open_table(META).map_err(StoreError::redb)?;
+        let meta_bytes = meta_table
+            .get(META_KEY)
+            .map_err(StoreError::redb)?
+            .map(|g| g.value().to_vec())
+            .ok_or_else(|| {
+                StoreError::Record(RecordError {
+                    table: "meta",
+                    key: META_KEY.into(),
+                    why: "missing".into(),
+                })
+            })?;
+        let meta: Meta = decode("meta", META_KEY, &meta_bytes)?;
+        Ok(Writer {
+            opts,
+            meta,
+            meta_table,
+            source_ids: txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?,
+            sources: txn.open_table(SOURCES).map_err(StoreError::redb)?,
+            window: txn.open_table(WINDOW).map_err(StoreError::redb)?,
+            effects: txn.open_table(EFFECTS).map_err(StoreError::redb)?,
+            audit: txn.open_table(AUDIT).map_err(StoreError::redb)?,
+            quarantine: txn.open_table(QUARANTINE).map_err(StoreError::redb)?,
+            quarantine_fp: txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?,
+            names: HashMap::new(),
+            states: HashMap::new(),
+        })
+    }
+
+    fn source_no(&mut self, source: &Source) -> Result<Option<u64>, StoreError> {
+        if let Some(no) = self.names.get(source) {
+            return Ok(Some(*no));
+        }
+        let found = self
+            .source_ids
+            .get((source.agency(), source.source_id()))
+            .map_err(StoreError::redb)?
+            .map(|g| g.value());
+        if let Some(no) = found {
+            self.names.insert(source.clone(), no);
+        }
+        Ok(found)
+    }
+
+    fn state(&mut self, no: u64) -> Result<&mut SourceState, StoreError> {
+        if !self.states.contains_key(&no) {
+            let bytes = self
+                .sources
+                .get(no)
+                .map_err(StoreError::redb)?
+                .map(|g| g.value().to_vec())
+                .ok_or_else(|| RecordError {
+                    table: "sources",
+                    key: no.to_string(),
+                    why: "missing (named in source_ids or the effect log)".into(),
+                })?;
+            let record: SourceRecord = decode("sources", no, &bytes)?;
+            self.states.insert(
+                no,
+                SourceState {
+                    record,
+                    dirty: false,
+                },
+            );
+        }
+        self.states
+            .get_mut(&no)
+            .ok_or_else(|| unreachable!("inserted above"))
+    }
+
+    fn decide_one(&mut self, incoming: &Incoming, now_ms: u64) -> Result<Decided, StoreError> {
+        let msg = match &incoming.decoded {
+            Err(e) => return self.record_malformed(incoming, e, now_ms),
+            Ok(m) => m,
+        };
+        let no = self.source_no(&msg.source)?;
+        let (seen, marks) = match no {
+            None => (None, None),
+            Some(no) => {
+                let wkey = (no, msg.position.epoch, msg.position.sequence);
+                let seen = match self.window.get(wkey).map_err(StoreError::redb)? {
+                    Some(g) => {
+                        let w: WindowRecord =
+                            decode("window", format_args!("{wkey:?}"), g.value())?;
+                        Some(Seen {
+                            digest: Digest::from_bytes(w.digest),
+                            effect_offset: w.effect_offset,
+                        })
+                    }
+                    None => None,
+                };
+                let rec = &self.state(no)?.record;
+                let marks = SourceMarks {
+                    high_water: pair_pos(rec.high_water),
+                    evicted_floor: rec.evicted_floor.map(pair_pos),
+                };
+                (seen, Some(marks))
+            }
+        };
+        let decision = decide::decide(msg, seen.as_ref(), marks.as_ref(), self.opts.out_of_order);
+        let audit_index = self.meta.next_audit;
+        let mut effect_offset = seen.map(|s| s.effect_offset);
+        let mut quarantine_id = None;
+        match decision.outcome {
+            Outcome::Applied | Outcome::AppliedLate => {
+                let late = decision.outcome == Outcome::AppliedLate;
+                let no = match no {
+                    Some(no) => no,
+                    None => self.new_source(&msg.source, msg.position)?,
+                };
+                let offset = self.meta.next_effect;
+                self.meta.next_effect += 1;
+                let effect = EffectRecord {
+                    source_no: no,
+                    epoch: msg.position.epoch,
+                    sequence: msg.position.sequence,
+                    received_at_ms: incoming.received_at_ms,
+                    key: *msg.key.as_bytes(),
+                    agency: msg.source.agency().into(),
+                    source_id: msg.source.source_id().into(),
+                    topic: incoming.topic.clone(),
+                    late,
+                    released: false,
+                    audit_index,
+                    payload: incoming.payload.clone(),
+                };
+                self.effects
+                    .insert(offset, encode(&effect).as_slice())
+                    .map_err(StoreError::redb)?;
+                let w = WindowRecord {
+                    digest: *msg.digest.as_bytes(),
+                    effect_offset: offset,
+                };
+                self.window
+                    .insert(
+                        (no, msg.position.epoch, msg.position.sequence),
+                        encode(&w).as_slice(),
+                    )
+                    .map_err(StoreError::redb)?;
+                if !late {
+                    let st = self.state(no)?;
+                    st.record.high_water = pos_pair(msg.position);
+                    st.dirty = true;
+                }
+                effect_offset = Some(offset);
+            }
+            Outcome::Duplicate => {}
+            Outcome::Conflict | Outcome::Stale => {
+                let fp = sha256(&[
+                    b"replay-guard/quarantine/v1\0",
+                    &[decision.outcome.code()],
+                    msg.key.as_bytes(),
+                    msg.digest.as_bytes(),
+                ]);
+                quarantine_id = Some(self.quarantine(
+                    fp,
+                    decision.outcome,
+                    &decision.reason,
+                    incoming,
+                    Some(msg.key),
+                    audit_index,
+                )?);
+            }
+            Outcome::Malformed => unreachable!("decide never returns malformed"),
+        }
+        self.append_audit(AuditRecord {
+            recorded_at_ms: now_ms,
+            outcome: decision.outcome.code(),
+            key: Some(*msg.key.as_bytes()),
+            agency: Some(msg.source.agency().into()),
+            source_id: Some(msg.source.source_id().into()),
+            epoch: Some(msg.position.epoch),
+            sequence: Some(msg.position.sequence),
+            topic: incoming.topic.clone(),
+            reason: decision.reason,
+            digest: Some(*msg.digest.as_bytes()),
+            effect_offset,
+            quarantine_id,
+            prev_hash: [0; 32],
+            hash: [0; 32],
+        })?;
+        Ok(Decided {
+            outcome: decision.outcome,
+            audit_index,
+            key: Some(msg.key),
+            effect_offset,
+            quarantine_id,
+        })
+    }
+
+    fn record_malformed(
+        &mut self,
+        incoming: &Incoming,
+        err: &DecodeError,
+        now_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let audit_index = self.meta.next_audit;
+        let reason = err.to_string();
+        let fp = sha256(&[
+            b"replay-guard/quarantine/v1\0",
+            &[Outcome::Malformed.code()],
+            &incoming.payload,
+        ]);
+        let qid = self.quarantine(fp, Outcome::Malformed, &reason, incoming, None, audit_index)?;
+        self.append_audit(AuditRecord {
+            recorded_at_ms: now_ms,
+            outcome: Outcome::Malformed.code(),
+            key: None,
+            agency: None,
+            source_id: None,
+            epoch: None,
+            sequence: None,
+            topic: incoming.topic.clone(),
+            reason,
+            digest: None,
+            effect_offset: None,
+            quarantine_id: Some(qid),
+            prev_hash: [0; 32],
+            hash: [0; 32],
+        })?;
+        Ok(Decided {
+            outcome: Outcome::Malformed,
+            audit_index,
+            key: None,
+            effect_offset: None,
+            quarantine_id: Some(qid),
+        })
+    }
+
+    fn new_source(&mut self, source: &Source, first: Position) -> Result<u64, StoreError> {
+        let no = self.meta.next_source;
+        self.meta.next_source += 1;
+        self.source_ids
+            .insert((source.agency(), source.source_id()), no)
+            .map_err(StoreError::redb)?;
+        self.names.insert(source.clone(), no);
+        self.states.insert(
+            no,
+            SourceState {
+                record: SourceRecord {
+                    agency: source.agency().into(),
+                    source_id: source.source_id().into(),
+                    high_water: pos_pair(first),
+                    evicted_floor: None,
+                },
+                dirty: true,
+            },
+        );
+        Ok(no)
+    }
+
+    /// Keeps the message in quarantine; the same fingerprint again only bumps its counter.
+    #[allow(clippy::too_many_arguments)]
+    fn quarantine(
+        &mut self,
+        fp: [u8; 32],
+        outcome: Outcome,
+        reason: &str,
+        incoming: &Incoming,
+        key: Option<IdempotencyKey>,
+        audit_index: u64,
+    ) -> Result<u64, StoreError> {
+        let existing = self
+            .quarantine_fp
+            .get(&fp)
+            .map_err(StoreError::redb)?
+            .map(|g| g.value());
+        if let Some(id) = existing {
+            let bytes = self
+                .quarantine
+                .get(id)
+                .map_err(StoreError::redb)?
+                .map(|g| g.value().to_vec());
+            if let Some(bytes) = bytes {
+                let mut rec: QuarantineRecord = decode("quarantine", id, &bytes)?;
+                rec.deliveries += 1;
+                rec.last_seen_ms = incoming.received_at_ms.max(rec.last_seen_ms);
+                self.quarantine
+                    .insert(id, encode(&rec).as_slice())
+                    .map_err(StoreError::redb)?;
+                return Ok(id);
+            }
+        }
+        let id = self.meta.next_quarantine;
+        self.meta.next_quarantine += 1;
+        let rec = QuarantineRecord {
+            outcome: outcome.code(),
+            reason: reason.into(),
+            topic: incoming.topic.clone(),
+            received_at_ms: incoming.received_at_ms,
+            last_seen_ms: incoming.received_at_ms,
+            deliveries: 1,
+            key: key.map(|k| *k.as_bytes()),
+            audit_index,
+            payload: incoming.payload.clone(),
+        };
+        self.quarantine
+            .insert(id, encode(&rec).as_slice())
+            .map_err(StoreError::redb)?;
+        self.quarantine_fp
+            .insert(&fp, id)
+            .map_err(StoreError::redb)?;
+        Ok(id)
+    }
+
+    fn append_audit(&mut self, mut rec: AuditRecord) -> Result<u64, StoreError> {
+        let index = self.meta.next_audit;
+        rec.prev_hash = self.meta.chain_head;
+        rec.hash = audit::entry_hash(index, &rec, &rec.prev_hash);
+        self.audit
+            .insert(index, encode(&rec).as_slice())
+            .map_err(StoreError::redb)?;
+        self.meta.chain_head = rec.hash;
+        self.meta.next_audit += 1;
+        Ok(index)
+    }
+
+    /// Evicts from the front of the window (oldest first sight first) every entry older than
+    /// the window's age, and more while it holds more than `max_entries`, within `budget`.
+    /// Each eviction raises its source's evicted floor.
+    fn evict(&mut self, now_ms: u64, budget: &mut u64) -> Result<u64, StoreError> {
+        let cutoff = now_ms.checked_sub(self.opts.window.seconds.saturating_mul(1000));
+        let mut victims = Vec::new();
+        {
+            let mut len = self.meta.next_effect - self.meta.window_start;
+            let range = self
+                .effects
+                .range(self.meta.window_start..self.meta.next_effect)
+                .map_err(StoreError::redb)?;
+            for item in range {
+                if victims.len() as u64 >= *budget {
+                    break;
+                }
+                let (k, v) = item.map_err(StoreError::redb)?;
+                let head = decode_effect_head(k.value(), v.value())?;
+                let expired = cutoff.is_some_and(|c| head.received_at_ms <= c);
+                if !expired && len <= self.opts.window.max_entries {
+                    break;
+                }
+                victims.push((k.value(), head));
+                len -= 1;
+            }
+        }
+        for (offset, head) in &victims {
+            let wkey = (head.source_no, head.epoch, head.sequence);
+            let owned = match self.window.get(wkey).map_err(StoreError::redb)? {
+                Some(g) => {
+                    decode::<WindowRecord>("window", format_args!("{wkey:?}"), g.value())?
+                        .effect_offset
+                        == *offset
+                }
+                None => false,
+            };
+            if owned {
+                self.window.remove(wkey).map_err(StoreError::redb)?;
+            }
+            let evicted = (head.epoch, head.sequence);
+            let st = self.state(head.source_no)?;
+            if st.record.evicted_floor.is_none_or(|f| f < evicted) {
+                st.record.evicted_floor = Some(evicted);
+                st.dirty = true;
+            }
+            self.meta.window_start = offset + 1;
+        }
+        let n = victims.len() as u64;
+        *budget -= n;
+        Ok(n)
+    }
+
+    fn finish(mut self) -> Result<(), StoreError> {
+        for (no, st) in &self.states {
+            if st.dirty {
+                self.sources
+                    .insert(*no, encode(&st.record).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+        }
+        self.meta_table
+            .insert(META_KEY, encode(&self.meta).as_slice())
+            .map_err(StoreError::redb)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! Read-only views of the database for inspectors (`dump-*`, tests). They open the file in
+//! redb's `SingleWriter` mode, so they work while `run` or `ingest` is writing it, and they
+//! stream: one record in memory at a time.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use redb::{
+    DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTableMetadata,
+};
+
+use super::tables::*;
+use super::{StoreError, builder};
+use crate::model::{Digest, IdempotencyKey, Outcome};
+
+/// A read-only handle that follows a live writer's commits.
+pub struct Reader {
+    db: ReadOnlyDatabase,
+}
+
+impl Reader {
+    pub fn open(path: &Path) -> Result<Reader, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Open {
+                path: path.to_path_buf(),
+                source: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such file",
+                ))),
+            });
+        }
+        let db = builder(16 * 1024 * 1024)
+            .open_read_only(path)
+            .map_err(|e| match e {
+                DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
+                source => StoreError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
+        Ok(Reader { db })
+    }
+
+    /// A snapshot of the latest commit.
+    pub fn begin(&self) -> Result<ReadTransaction, StoreError> {
+        self.db.begin_read().map_err(StoreError::redb)
+    }
+}
+
+/// One audit entry as `dump-audit` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub index: u64,
+    pub record: AuditRecord,
+}
+
+impl AuditEntry {
+    pub fn outcome(&self) -> Option<Outcome> {
+        Outcome::from_code(self.record.outcome)
+    }
+    pub fn key(&self) -> Option<IdempotencyKey> {
+        self.record.key.map(IdempotencyKey::from_bytes)
+    }
+    pub fn digest(&self) -> Option<Digest> {
+        self.record.digest.map(Digest::from_bytes)
+    }
+    /// Whether `hash` matches the entry's content and `prev_hash`.
+    pub fn hash_is_valid(&self) -> bool {
+        super::audit::entry_hash(self.index, &self.record, &self.record.prev_hash)
+            == self.record.hash
+    }
+}
+
+/// One applied effect as `dump-effects` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effect {
+    pub offset: u64,
+    pub record: EffectRecord,
+}
+
+/// One quarantined message as `dump-quarantine` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineEntry {
+    pub id: u64,
+    pub record: QuarantineRecord,
+}
+
+/// Counts and cursors of the store, read from its meta record and tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSummary {
+    pub audit_entries: u64,
+    pub effects: u64,
+    pub window_entries: u64,
+    pub quarantined: u64,
+    pub sources: u64,
+    pub chain_head: [u8; 32],
+}
+
+fn r<E: Into<redb::Error>>(e: E) -> StoreError {
+    StoreError::redb(e)
+}
+
+pub fn meta(txn: &ReadTransaction) -> Result<Meta, StoreError> {
+    let t = txn.open_table(META).map_err(r)?;
+    let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
+        table: "meta",
+        key: META_KEY.into(),
+        why: "missing: not a replay-guard database".into(),
+    })?;
+    Ok(decode("meta", META_KEY, g.value())?)
+}
+
+pub fn summary(txn: &ReadTransaction) -> Result<StoreSummary, StoreError> {
+    let m = meta(txn)?;
+    let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
+    Ok(StoreSummary {
+        audit_entries: m.next_audit,
+        effects: m.next_effect,
+        window_entries,
+        quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
+        sources: m.next_source,
+        chain_head: m.chain_head,
+    })
+}
+
+/// Calls `f` with each audit entry from index `from` on, until it breaks.
+pub fn scan_audit<E: From<StoreError>>(
+    txn: &ReadTransaction,
+    from: u64,
+    mut f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
+) -> Result<(), E> {
+    let t = txn.open_table(AUDIT).map_err(r)?;
+    for item in t.range(from..).map_err(r)? {
+        let (k, v) = item.map_err(r)?;
+        let record = decode("audit", k.value(), v.value()).map_err(StoreError::from)?;
+        if f(AuditEntry {
+            index: k.value(),
+            record,
+        })?
+        .is_break()
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Calls `f` with each effect from offset `from` on, until it breaks.
+pub fn scan_effects<E: From<StoreError>>(
+    txn: &ReadTransaction,
+    from: u64,
+    mut f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
+) -> Result<(), E> {
+    let t = txn.open_table(EFFECTS).map_err(r)?;
+    for item in t.range(from..).map_err(r)? {
+        let (k, v) = item.map_err(r)?;
+        let record = decode("effects", k.value(), v.value()).map_err(StoreError::from)?;
+        if f(Effect {
+            offset: k.value(),
+            record,
+        })?
+        .is_break()
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Calls `f` with each quarantined message from id `from` on, until it breaks.
+pub fn scan_quarantine<E: From<StoreError>>(
+    txn: &ReadTransaction,
+    from: u64,
+    mut f: impl FnMut(QuarantineEntry) -> Result<ControlFlow<()>, E>,
+) -> Result<(), E> {
+    let t = txn.open_table(QUARANTINE).map_err(r)?;
+    for item in t.range(from..).map_err(r)? {
+        let (k, v) = item.map_err(r)?;
+        let record = decode("quarantine", k.value(), v.value()).map_err(StoreError::from)?;
+        if f(QuarantineEntry {
+            id: k.value(),
+            record,
+        })?
+        .is_break()
+        {
+            break;
+        }
+    }
+    Ok(())
+}

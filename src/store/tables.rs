@@ -1,0 +1,212 @@
+//! Every redb table replay-guard keeps, and the versioned postcard records stored in them.
+//! Nothing outside `store/` sees these types.
+
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// Schema of the whole file; bump with a migration test and a CHANGELOG line.
+pub const SCHEMA_VERSION: u32 = 1;
+/// First byte of every stored record.
+pub const RECORD_V1: u8 = 1;
+
+/// (agency, source_id) -> source number.
+pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");
+/// source number -> `SourceRecord` (names, high-water mark, evicted floor).
+pub const SOURCES: TableDefinition<u64, &[u8]> = TableDefinition::new("sources");
+/// (source number, epoch, sequence) -> `WindowRecord`. Keyed by position so inserts are
+/// per-source appends; the SHA-256 key is derived from the same fields and stored in the logs.
+pub const WINDOW: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("window");
+/// effect offset -> `EffectRecord`. Also the window's time index: the window holds exactly the
+/// effects at offsets >= `Meta::window_start`, in first-seen order.
+pub const EFFECTS: TableDefinition<u64, &[u8]> = TableDefinition::new("effects");
+/// audit index -> `AuditRecord`, hash-chained.
+pub const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+/// quarantine id -> `QuarantineRecord`.
+pub const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
+/// quarantine fingerprint -> quarantine id, so replays of the same bytes do not grow it.
+pub const QUARANTINE_FP: TableDefinition<&[u8; 32], u64> = TableDefinition::new("quarantine_fp");
+/// "meta" -> `Meta`.
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub const META_KEY: &str = "meta";
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub schema_version: u32,
+    pub created_at_ms: u64,
+    /// First effect offset still in the window (the eviction cursor).
+    pub window_start: u64,
+    pub next_effect: u64,
+    pub next_audit: u64,
+    pub next_quarantine: u64,
+    pub next_source: u64,
+    /// Hash of the last audit entry (all zeros before the first).
+    pub chain_head: [u8; 32],
+    /// Index and hash of the last audit entry removed by retention; verification starts there.
+    pub audit_anchor: Option<(u64, [u8; 32])>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SourceRecord {
+    pub agency: String,
+    pub source_id: String,
+    /// (epoch, sequence)
+    pub high_water: (u64, u64),
+    pub evicted_floor: Option<(u64, u64)>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowRecord {
+    pub digest: [u8; 32],
+    pub effect_offset: u64,
+}
+
+/// The leading fields of `EffectRecord`; eviction decodes only these.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectHead {
+    pub source_no: u64,
+    pub epoch: u64,
+    pub sequence: u64,
+    pub received_at_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EffectRecord {
+    // Must start with exactly the fields of `EffectHead`, in its order.
+    pub source_no: u64,
+    pub epoch: u64,
+    pub sequence: u64,
+    pub received_at_ms: u64,
+    pub key: [u8; 32],
+    pub agency: String,
+    pub source_id: String,
+    pub topic: String,
+    pub late: bool,
+    pub released: bool,
+    pub audit_index: u64,
+    /// The payload exactly as delivered (valid UTF-8 JSON).
+    pub payload: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct AuditRecord {
+    pub recorded_at_ms: u64,
+    pub outcome: u8,
+    pub key: Option<[u8; 32]>,
+    pub agency: Option<String>,
+    pub source_id: Option<String>,
+    pub epoch: Option<u64>,
+    pub sequence: Option<u64>,
+    pub topic: String,
+    pub reason: String,
+    pub digest: Option<[u8; 32]>,
+    pub effect_offset: Option<u64>,
+    pub quarantine_id: Option<u64>,
+    pub prev_hash: [u8; 32],
+    pub hash: [u8; 32],
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineRecord {
+    pub outcome: u8,
+    pub reason: String,
+    pub topic: String,
+    pub received_at_ms: u64,
+    pub last_seen_ms: u64,
+    /// How many deliveries of these bytes were quarantined here (1 + replays).
+    pub deliveries: u64,
+    pub key: Option<[u8; 32]>,
+    pub audit_index: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A record that failed to decode: names the table and key so an operator can find it.
+#[derive(Debug, thiserror::Error)]
+#[error("record {table}#{key} cannot be decoded: {why}")]
+pub struct RecordError {
+    pub table: &'static str,
+    pub key: String,
+    pub why: String,
+}
+
+pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    let out = vec![RECORD_V1];
+    // postcard only fails on unsupported serde features (none used) or a full fixed buffer.
+    match postcard::to_extend(record, out) {
+        Ok(v) => v,
+        Err(e) => unreachable!("postcard cannot encode a record: {e}"),
+    }
+}
+
+pub fn decode<T: DeserializeOwned>(
+    table: &'static str,
+    key: impl std::fmt::Display,
+    bytes: &[u8],
+) -> Result<T, RecordError> {
+    let err = |why: String| RecordError {
+        table,
+        key: key.to_string(),
+        why,
+    };
+    match bytes.split_first() {
+        Some((&RECORD_V1, rest)) => {
+            postcard::from_bytes(rest).map_err(|e| err(format!("postcard: {e}")))
+        }
+        Some((v, _)) => Err(err(format!("unknown record version {v}"))),
+        None => Err(err("empty record".into())),
+    }
+}
+
+/// Decodes only the leading `EffectHead` of an effect record.
+pub fn decode_effect_head(offset: u64, bytes: &[u8]) -> Result<EffectHead, RecordError> {
+    match bytes.split_first() {
+        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<EffectHead>(rest)
+            .map(|(h, _)| h)
+            .map_err(|e| RecordError {
+                table: "effects",
+                key: offset.to_string(),
+                why: format!("postcard: {e}"),
+            }),
+        _ => decode::<EffectRecord>("effects", offset, bytes).map(|r| EffectHead {
+            source_no: r.source_no,
+            epoch: r.epoch,
+            sequence: r.sequence,
+            received_at_ms: r.received_at_ms,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effect_head_is_a_prefix_of_the_effect_record() {
+        let r = EffectRecord {
+            source_no: 7,
+            epoch: 2,
+            sequence: 300,
+            received_at_ms: 1_700_000_000_000,
+            key: [1; 32],
+            agency: "A".into(),
+            source_id: "S".into(),
+            topic: "t".into(),
+            late: false,
+            released: false,
+            audit_index: 5,
+            payload: b"{}".to_vec(),
+        };
+        let bytes = encode(&r);
+        let h = decode_effect_head(0, &bytes).unwrap();
+        assert_eq!(
+            (h.source_no, h.epoch, h.sequence, h.received_at_ms),
+            (7, 2, 300, 1_700_000_000_000)
+        );
+        assert_eq!(decode::<EffectRecord>("effects", 0, &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn unknown_versions_are_named_errors() {
+        let e = decode::<Meta>("meta", "meta", &[9, 1, 2]).unwrap_err();
+        assert!(e.to_string().contains("unknown record version 9"), "{e}");
+    }
+}

@@ -1,0 +1,271 @@
+//! Payload bytes -> `Message`: the feed contract, its limits and the `DecodeError` of each way a
+//! payload can fail it. Pure: no I/O, never panics on input.
+
+use crate::json::{self, Json, JsonError, Pointer};
+use crate::key::{derive_key, message_digest};
+use crate::model::{MAX_NAME_BYTES, Message, Position, Source};
+
+/// Default `max_payload_bytes`: 256 KiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// Default `max_depth` of nested arrays/objects.
+pub const DEFAULT_MAX_DEPTH: usize = 32;
+
+/// Where the producer-controlled fields live in a message, and the limits a message must meet.
+#[derive(Clone, Debug)]
+pub struct FeedContract {
+    pub agency: Pointer,
+    pub source_id: Pointer,
+    pub sequence: Pointer,
+    pub epoch: Pointer,
+    pub digest_ignore: Vec<Pointer>,
+    pub max_payload_bytes: usize,
+    pub max_depth: usize,
+}
+
+impl Default for FeedContract {
+    fn default() -> Self {
+        let ptr = |s: &str| Pointer::parse(s).unwrap_or_else(|_| unreachable!("static pointer"));
+        FeedContract {
+            agency: ptr("/agency"),
+            source_id: ptr("/source_id"),
+            sequence: ptr("/sequence"),
+            epoch: ptr("/epoch"),
+            digest_ignore: Vec::new(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+}
+
+/// Why a payload is `malformed`. The text is the audit `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("payload of {size} bytes exceeds max_payload_bytes ({limit})")]
+    TooLarge { size: usize, limit: usize },
+    #[error("{0}")]
+    Json(#[from] JsonError),
+    #[error("payload is a JSON {0}, not an object")]
+    NotObject(&'static str),
+    #[error("missing field {field} (pointer {pointer:?})")]
+    Missing {
+        field: &'static str,
+        pointer: String,
+    },
+    #[error("field {field} {why}")]
+    Invalid { field: &'static str, why: String },
+}
+
+/// Decodes one payload under `contract`.
+pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, DecodeError> {
+    if payload.len() > contract.max_payload_bytes {
+        return Err(DecodeError::TooLarge {
+            size: payload.len(),
+            limit: contract.max_payload_bytes,
+        });
+    }
+    let value = json::parse(payload, contract.max_depth)?;
+    if !matches!(value, Json::Object(_)) {
+        return Err(DecodeError::NotObject(kind(&value)));
+    }
+    let agency = name(&value, &contract.agency, "agency")?;
+    let source_id = name(&value, &contract.source_id, "source_id")?;
+    let sequence = required_u64(&value, &contract.sequence, "sequence")?;
+    let epoch = match value.pointer(&contract.epoch) {
+        None => 0,
+        Some(v) => as_u64(v, "epoch")?,
+    };
+    let source = Source::new(agency, source_id);
+    let position = Position { epoch, sequence };
+    let key = derive_key(&source, position);
+    let digest = message_digest(&value, &contract.digest_ignore)?;
+    Ok(Message {
+        source,
+        position,
+        key,
+        digest,
+    })
+}
+
+fn kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "boolean",
+        Json::Number(_) => "number",
+        Json::String(_) => "string",
+        Json::Array(_) => "array",
+        Json::Object(_) => "object",
+    }
+}
+
+fn pointer_text(p: &Pointer) -> String {
+    p.to_string()
+}
+
+fn name(v: &Json, p: &Pointer, field: &'static str) -> Result<String, DecodeError> {
+    match v.pointer(p) {
+        None => Err(DecodeError::Missing {
+            field,
+            pointer: pointer_text(p),
+        }),
+        Some(Json::String(s)) if s.is_empty() => Err(DecodeError::Invalid {
+            field,
+            why: "is an empty string".into(),
+        }),
+        Some(Json::String(s)) if s.len() > MAX_NAME_BYTES => Err(DecodeError::Invalid {
+            field,
+            why: format!("is {} bytes long (at most {MAX_NAME_BYTES})", s.len()),
+        }),
+        Some(Json::String(s)) => Ok(s.clone()),
+        Some(other) => Err(DecodeError::Invalid {
+            field,
+            why: format!("must be a string, found a {}", kind(other)),
+        }),
+    }
+}
+
+fn required_u64(v: &Json, p: &Pointer, field: &'static str) -> Result<u64, DecodeError> {
+    match v.pointer(p) {
+        None => Err(DecodeError::Missing {
+            field,
+            pointer: pointer_text(p),
+        }),
+        Some(x) => as_u64(x, field),
+    }
+}
+
+/// Accepts only a plain unsigned integer literal (`0`, `42`), never `4.0`, `4e1`, `-1` or `"4"`.
+fn as_u64(v: &Json, field: &'static str) -> Result<u64, DecodeError> {
+    let Json::Number(text) = v else {
+        return Err(DecodeError::Invalid {
+            field,
+            why: format!("must be an unsigned integer, found a {}", kind(v)),
+        });
+    };
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(DecodeError::Invalid {
+            field,
+            why: format!("must be an unsigned integer, found {text}"),
+        });
+    }
+    text.parse::<u64>().map_err(|_| DecodeError::Invalid {
+        field,
+        why: format!("{text} does not fit in 64 bits"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(s: &str) -> Result<Message, DecodeError> {
+        decode(s.as_bytes(), &FeedContract::default())
+    }
+
+    #[test]
+    fn well_formed_message_decodes() {
+        let m = d(r#"{"agency":"A","source_id":"S","sequence":7,"epoch":2,"x":[1]}"#).unwrap();
+        assert_eq!(m.source.agency(), "A");
+        assert_eq!(
+            m.position,
+            Position {
+                epoch: 2,
+                sequence: 7
+            }
+        );
+    }
+
+    #[test]
+    fn epoch_defaults_to_zero() {
+        let m = d(r#"{"agency":"A","source_id":"S","sequence":7}"#).unwrap();
+        assert_eq!(m.position.epoch, 0);
+    }
+
+    #[test]
+    fn every_malformed_kind_is_an_error_with_a_reason() {
+        let cases = [
+            ("[1]", "array, not an object"),
+            ("\"x\"", "string, not an object"),
+            ("{", "invalid JSON"),
+            (r#"{"source_id":"S","sequence":1}"#, "missing field agency"),
+            (
+                r#"{"agency":"","source_id":"S","sequence":1}"#,
+                "agency is an empty string",
+            ),
+            (
+                r#"{"agency":5,"source_id":"S","sequence":1}"#,
+                "must be a string",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S"}"#,
+                "missing field sequence",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":-1}"#,
+                "found -1",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":1.5}"#,
+                "found 1.5",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":1.0}"#,
+                "found 1.0",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":"1"}"#,
+                "found a string",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":18446744073709551616}"#,
+                "64 bits",
+            ),
+            (
+                r#"{"agency":"A","source_id":"S","sequence":1,"epoch":null}"#,
+                "epoch must be",
+            ),
+            (
+                r#"{"agency":"A","agency":"B","source_id":"S","sequence":1}"#,
+                "duplicate member",
+            ),
+        ];
+        for (input, want) in cases {
+            let err = d(input).unwrap_err().to_string();
+            assert!(err.contains(want), "{input}: {err:?} lacks {want:?}");
+        }
+        let long = format!(
+            r#"{{"agency":"{}","source_id":"S","sequence":1}}"#,
+            "a".repeat(257)
+        );
+        assert!(d(&long).unwrap_err().to_string().contains("257 bytes"));
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(d(&deep).unwrap_err().to_string().contains("nesting deeper"));
+        let big = vec![b' '; DEFAULT_MAX_PAYLOAD_BYTES + 1];
+        let err = decode(&big, &FeedContract::default()).unwrap_err();
+        assert!(matches!(err, DecodeError::TooLarge { .. }));
+        assert!(
+            decode(b"\xff\xfe", &FeedContract::default())
+                .unwrap_err()
+                .to_string()
+                .contains("UTF-8")
+        );
+    }
+
+    #[test]
+    fn custom_pointers_are_followed() {
+        let c = FeedContract {
+            agency: Pointer::parse("/hdr/org").unwrap(),
+            source_id: Pointer::parse("/hdr/dev").unwrap(),
+            sequence: Pointer::parse("/hdr/n").unwrap(),
+            epoch: Pointer::parse("/hdr/boot").unwrap(),
+            ..FeedContract::default()
+        };
+        let m = decode(br#"{"hdr":{"org":"A","dev":"D","n":3,"boot":1}}"#, &c).unwrap();
+        assert_eq!(
+            m.position,
+            Position {
+                epoch: 1,
+                sequence: 3
+            }
+        );
+    }
+}
