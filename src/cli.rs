@@ -33,7 +33,7 @@ pub enum Command {
 
 #[derive(clap::Args, Debug)]
 pub struct IngestArgs {
-    /// Database file (overrides [store] path).
+    /// Database file; overrides store.path from --config.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
     /// TOML config file.
@@ -49,10 +49,10 @@ pub struct IngestArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
-    /// Database file (overrides [store] path).
+    /// Database file; overrides store.path from --config.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
-    /// TOML config file (for [store] path).
+    /// TOML config file (its store.path names the database).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Output format.

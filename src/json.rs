@@ -617,7 +617,10 @@ mod tests {
         // U+FF61 sorts before U+1F600 in UTF-8 byte order but after it in UTF-16
         // (0xFF61 > 0xD83D, the high surrogate of U+1F600).
         let v = p("{\"\u{FF61}\":2,\"\u{1F600}\":1}").unwrap();
-        assert_eq!(v.to_canonical().unwrap(), "{\"\u{1F600}\":1,\"\u{FF61}\":2}");
+        assert_eq!(
+            v.to_canonical().unwrap(),
+            "{\"\u{1F600}\":1,\"\u{FF61}\":2}"
+        );
     }
 
     #[test]

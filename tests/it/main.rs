@@ -1,0 +1,17 @@
+//! The one integration-test binary (links once). Module map:
+//! - `common`: helpers shared by the modules (temp databases, feeds, running the binary).
+//! - `model`: reference-model property test of the engine against an in-memory model.
+//! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
+//! - `bad_input`: malformed payloads through the real binary: quarantined, never a panic.
+//! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
+//! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
+//! - `live_read`: `dump-audit` while another process writes the database.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod bad_input;
+mod cli;
+mod common;
+mod crash;
+mod faults;
+mod live_read;
+mod model;
