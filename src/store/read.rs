@@ -85,6 +85,12 @@ pub struct QuarantineEntry {
     pub record: QuarantineRecord,
 }
 
+impl QuarantineEntry {
+    pub fn outcome(&self) -> Option<Outcome> {
+        Outcome::from_code(self.record.outcome)
+    }
+}
+
 /// Counts and cursors of the store, read from its meta record and tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSummary {

@@ -1,1 +1,265 @@
-//! See main.rs for the module map.
+//! The command line as an operator meets it: exit codes, config errors, and `ingest` /
+//! `dump-*` output on the shipped sample feed, asserted field by field.
+
+use std::path::PathBuf;
+
+use replay_guard::json::{Json, parse};
+
+use super::common::run;
+
+fn sample_feed() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl")
+}
+
+fn rows(stdout: &[u8]) -> Vec<Vec<(String, Json)>> {
+    String::from_utf8(stdout.to_vec())
+        .unwrap()
+        .lines()
+        .map(|l| match parse(l.as_bytes(), 64).unwrap() {
+            Json::Object(m) => m,
+            other => panic!("not an object: {other:?}"),
+        })
+        .collect()
+}
+
+fn get<'a>(row: &'a [(String, Json)], name: &str) -> &'a Json {
+    &row.iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .1
+}
+fn s(v: &str) -> Json {
+    Json::String(v.into())
+}
+fn n(v: u64) -> Json {
+    Json::Number(v.to_string())
+}
+
+#[test]
+fn every_subcommand_has_help_and_usage_errors_exit_1() {
+    for sub in ["ingest", "dump-audit", "dump-effects", "dump-quarantine"] {
+        let out = run(&[sub, "--help"]);
+        assert_eq!(out.status.code(), Some(0), "{sub} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("--db"),
+            "{sub}"
+        );
+    }
+    let out = run(&["--help"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Exit codes"));
+    assert_eq!(run(&["frobnicate"]).status.code(), Some(1));
+    assert_eq!(
+        run(&["dump-audit", "--format", "xml", "--db", "x"])
+            .status
+            .code(),
+        Some(1)
+    );
+
+    let no_db = run(&["dump-audit"]);
+    assert_eq!(no_db.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_db.stderr).contains("--db PATH"));
+
+    let missing = run(&["dump-effects", "--db", "/nonexistent/x.redb"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
+}
+
+#[test]
+fn config_errors_name_the_problem_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[window]\nseconds = 60\nmax_entires = 5\n").unwrap();
+    let out = run(&[
+        "ingest",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--db",
+        "x.redb",
+        "/dev/null",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_entires") && err.contains("c.toml"),
+        "{err}"
+    );
+
+    let out = run(&["ingest", "--config", "/nonexistent.toml", "/dev/null"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file"));
+}
+
+#[test]
+fn config_file_supplies_the_database_path_and_flags_override_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let from_cfg = dir.path().join("from-config.redb");
+    std::fs::write(
+        &cfg,
+        format!("[store]\npath = {:?}\n", from_cfg.to_str().unwrap()),
+    )
+    .unwrap();
+    let feed = sample_feed();
+    let out = run(&[
+        "ingest",
+        "--config",
+        cfg.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(from_cfg.exists());
+    let flag = dir.path().join("flag.redb");
+    let out = run(&[
+        "ingest",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--db",
+        flag.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(flag.exists());
+    let dump = run(&["dump-effects", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(rows(&dump.stdout).len(), 8);
+}
+
+#[test]
+fn sample_feed_decides_as_documented_and_dumps_field_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.redb");
+    let db_s = db.to_str().unwrap();
+    let feed = sample_feed();
+    let out = run(&[
+        "ingest",
+        "--db",
+        db_s,
+        "--topic",
+        "incidents/ca",
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let summary = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "applied               7",
+        "applied_late          1",
+        "duplicate             3",
+        "conflict              1",
+        "malformed             2",
+    ] {
+        assert!(summary.contains(line), "{summary}");
+    }
+
+    let audit = rows(&run(&["dump-audit", "--db", db_s]).stdout);
+    let outcomes: Vec<String> = audit
+        .iter()
+        .map(|r| match get(r, "outcome") {
+            Json::String(s) => s.clone(),
+            _ => panic!(),
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "applied",
+            "applied",
+            "applied",
+            "applied",
+            "applied",
+            "duplicate",
+            "duplicate",
+            "duplicate",
+            "applied",
+            "applied_late",
+            "conflict",
+            "malformed",
+            "malformed",
+            "applied"
+        ]
+    );
+    let names: Vec<&str> = audit[0].iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "index",
+            "recorded_at",
+            "outcome",
+            "key",
+            "agency",
+            "source_id",
+            "epoch",
+            "sequence",
+            "topic",
+            "reason",
+            "digest",
+            "effect_offset",
+            "quarantine_id",
+            "prev_hash",
+            "hash"
+        ]
+    );
+    let first = &audit[0];
+    assert_eq!(get(first, "index"), &n(0));
+    assert_eq!(
+        get(first, "key"),
+        &s("258a39cc3f0c92fa60dba8e7ba9b0b86aa499b4773d2629e7332dd587c23fc7c")
+    );
+    assert_eq!(get(first, "agency"), &s("CALFIRE"));
+    assert_eq!(get(first, "source_id"), &s("IC-4471"));
+    assert_eq!(get(first, "epoch"), &n(1));
+    assert_eq!(get(first, "sequence"), &n(1));
+    assert_eq!(get(first, "topic"), &s("incidents/ca"));
+    assert_eq!(get(first, "effect_offset"), &n(0));
+    assert_eq!(get(first, "quarantine_id"), &Json::Null);
+    assert_eq!(get(first, "prev_hash"), &s(&"0".repeat(64)));
+    let Json::String(at) = get(first, "recorded_at") else {
+        panic!()
+    };
+    assert!(
+        at.len() == 24 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+        "{at}"
+    );
+    // The re-serialised resend (line 7) is a duplicate of effect #2.
+    assert_eq!(get(&audit[6], "effect_offset"), &n(2));
+    assert_eq!(get(&audit[6], "digest"), get(&audit[2], "digest"));
+    // The conflicting line keeps its own digest and points at the quarantine.
+    assert_ne!(get(&audit[10], "digest"), get(&audit[2], "digest"));
+    assert_eq!(get(&audit[10], "quarantine_id"), &n(0));
+    assert_eq!(get(&audit[11], "key"), &Json::Null);
+    for pair in audit.windows(2) {
+        assert_eq!(get(&pair[1], "prev_hash"), get(&pair[0], "hash"));
+    }
+
+    let effects = rows(&run(&["dump-effects", "--db", db_s]).stdout);
+    assert_eq!(effects.len(), 8);
+    let late = &effects[6];
+    assert_eq!(get(late, "offset"), &n(6));
+    assert_eq!(get(late, "agency"), &s("OES"));
+    assert_eq!(get(late, "late"), &Json::Bool(true));
+    assert_eq!(get(late, "released"), &Json::Bool(false));
+    let Json::Object(message) = get(late, "message") else {
+        panic!("message is not an object")
+    };
+    assert_eq!(message.iter().find(|(k, _)| k == "period").unwrap().1, n(1));
+
+    let q = rows(&run(&["dump-quarantine", "--db", db_s]).stdout);
+    assert_eq!(q.len(), 3);
+    assert_eq!(get(&q[0], "outcome"), &s("conflict"));
+    assert_eq!(get(&q[0], "key"), get(&audit[10], "key"));
+    assert_eq!(get(&q[0], "audit_index"), &n(10));
+    assert_eq!(get(&q[2], "payload"), &s("not json at all"));
+
+    let table = run(&["dump-audit", "--db", db_s, "--format", "table"]);
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(text.lines().next().unwrap().starts_with("INDEX"));
+    assert_eq!(text.lines().count(), 15);
+
+    // A second ingest of the same feed applies nothing new.
+    let again = run(&["ingest", "--db", db_s, feed.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("applied               0"));
+    assert_eq!(rows(&run(&["dump-effects", "--db", db_s]).stdout).len(), 8);
+}
