@@ -72,8 +72,9 @@ pub enum StoreError {
         source: DatabaseError,
     },
     #[error(
-        "{0} needs crash recovery, which a read-only open cannot do: start `run` or \
-         `ingest` on it once (they repair it on open), then retry"
+        "{0} needs crash recovery, which a read-only open cannot do: run \
+         `replay-guard ingest --db {0} /dev/null` once (it repairs the file and decides \
+         nothing), or start the service, then retry"
     )]
     NeedsRecovery(PathBuf),
     #[error(
