@@ -24,8 +24,8 @@ pub struct IngestSummary {
 pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     let db = config.require_db()?.to_path_buf();
-    let input: Box<dyn Read> = if args.input == Path::new("-") {
-        Box::new(io::stdin().lock())
+    let input: Box<dyn Read + Send> = if args.input == Path::new("-") {
+        Box::new(io::stdin())
     } else {
         Box::new(
             File::open(&args.input)
@@ -49,23 +49,49 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
 
 /// Reads one payload per line (blank lines skipped, `\r\n` accepted) and commits them in
 /// batches of `config.max_batch`. Every line is decided; a malformed one is a decision.
+/// A reader thread parses and decodes the next batch while this thread commits (fsyncs) the
+/// current one.
 pub fn ingest(
     store: &mut Store,
     config: &Config,
     topic: &str,
-    mut input: impl BufRead,
+    input: impl BufRead + Send,
 ) -> Result<IngestSummary, Failure> {
     let mut summary = IngestSummary::default();
-    let mut batch: Vec<Incoming> = Vec::with_capacity(config.max_batch);
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<Incoming>>>(2);
+        scope.spawn(move || read_batches(input, config, topic, &tx));
+        for batch in rx {
+            let batch = batch
+                .context("cannot read input")
+                .map_err(Failure::Runtime)?;
+            let report = store.commit_batch(&batch, now_ms())?;
+            summary.counts.merge(&report.counts);
+            summary.evicted += report.evicted;
+            summary.batches += 1;
+        }
+        Ok(summary)
+    })
+}
+
+/// Splits `input` into decoded batches; stops early if the committer hung up.
+fn read_batches(
+    mut input: impl BufRead,
+    config: &Config,
+    topic: &str,
+    tx: &std::sync::mpsc::SyncSender<io::Result<Vec<Incoming>>>,
+) {
+    let mut batch = Vec::with_capacity(config.max_batch);
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = input
-            .read_until(b'\n', &mut line)
-            .context("cannot read input")
-            .map_err(Failure::Runtime)?;
-        if n == 0 {
-            break;
+        match input.read_until(b'\n', &mut line) {
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+            Ok(0) => break,
+            Ok(_) => {}
         }
         while matches!(line.last(), Some(b'\n' | b'\r')) {
             line.pop();
@@ -80,24 +106,13 @@ pub fn ingest(
             &config.feed,
         ));
         if batch.len() >= config.max_batch {
-            commit(store, &mut batch, &mut summary)?;
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(config.max_batch));
+            if tx.send(Ok(full)).is_err() {
+                return;
+            }
         }
     }
     if !batch.is_empty() {
-        commit(store, &mut batch, &mut summary)?;
+        let _ = tx.send(Ok(batch));
     }
-    Ok(summary)
-}
-
-fn commit(
-    store: &mut Store,
-    batch: &mut Vec<Incoming>,
-    summary: &mut IngestSummary,
-) -> Result<(), Failure> {
-    let report = store.commit_batch(batch, now_ms())?;
-    summary.counts.merge(&report.counts);
-    summary.evicted += report.evicted;
-    summary.batches += 1;
-    batch.clear();
-    Ok(())
 }
