@@ -152,17 +152,75 @@ fn builder(cache_bytes: usize) -> Builder {
 
 impl Store {
     /// Opens (creating if needed) the database at `path` for writing. Repairs it after a crash.
+    ///
+    /// A new database is built under a private temporary name and linked into place only once
+    /// it holds its tables and meta record, so a crash during creation never leaves `path`
+    /// half-initialised (redb writes its magic number last and refuses a file without it).
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        let db = builder(opts.cache_bytes)
-            .create(path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => StoreError::Busy(path.to_path_buf()),
+        let open_err = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e: DatabaseError| match e {
+                DatabaseError::DatabaseAlreadyOpen => StoreError::Busy(p.clone()),
                 source => StoreError::Open {
-                    path: path.to_path_buf(),
+                    path: p.clone(),
                     source,
                 },
-            })?;
-        Store::init(db, opts)
+            }
+        };
+        let existing_len = std::fs::metadata(path).map(|m| m.len()).ok();
+        if existing_len.is_none_or(|len| len == 0) {
+            Store::create_in_place(path, &opts)?;
+        }
+        let db = builder(opts.cache_bytes)
+            .create(path)
+            .map_err(open_err(path))?;
+        Store::init(db, opts, false)
+    }
+
+    /// Creates and initialises a database at a temporary name next to `path`, then links it
+    /// to `path` (never replacing a file another process put there meanwhile).
+    fn create_in_place(path: &Path, opts: &StoreOptions) -> Result<(), StoreError> {
+        let io_err = |p: &Path, e: std::io::Error| StoreError::Open {
+            path: p.to_path_buf(),
+            source: DatabaseError::Storage(redb::StorageError::Io(e)),
+        };
+        let name = path
+            .file_name()
+            .map_or_else(|| "db".into(), |n| n.to_string_lossy().into_owned());
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = dir.join(format!(".{name}.creating"));
+        let created = match builder(opts.cache_bytes).create(&tmp) {
+            Err(DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(StoreError::Busy(path.to_path_buf()));
+            }
+            // A leftover of a creation that crashed before completing: ours to discard.
+            Err(_) if tmp.exists() => {
+                std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, e))?;
+                builder(opts.cache_bytes).create(&tmp)
+            }
+            ok => ok,
+        };
+        let db = created.map_err(|source| StoreError::Open {
+            path: tmp.clone(),
+            source,
+        })?;
+        drop(Store::init(db, opts.clone(), true)?);
+        // An empty placeholder at `path` (e.g. from `touch`) is replaced; anything else wins.
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            std::fs::remove_file(path).map_err(|e| io_err(path, e))?;
+        }
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(path, e)),
+        }
+        std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, e))?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(&dir, e))
     }
 
     /// Opens a database on a caller-supplied backend (fault-injection tests).
@@ -176,10 +234,11 @@ impl Store {
                 path: PathBuf::from("<backend>"),
                 source,
             })?;
-        Store::init(db, opts)
+        Store::init(db, opts, true)
     }
 
-    fn init(db: Database, opts: StoreOptions) -> Result<Store, StoreError> {
+    /// Checks (or, when `creating`, writes) the meta record and makes sure every table exists.
+    fn init(db: Database, opts: StoreOptions, creating: bool) -> Result<Store, StoreError> {
         let txn = db.begin_write().map_err(StoreError::redb)?;
         {
             let mut meta = txn.open_table(META).map_err(StoreError::redb)?;
@@ -196,6 +255,13 @@ impl Store {
                             expected: SCHEMA_VERSION,
                         });
                     }
+                }
+                None if !creating => {
+                    return Err(StoreError::Record(RecordError {
+                        table: "meta",
+                        key: META_KEY.into(),
+                        why: "missing: this redb file is not a replay-guard database".into(),
+                    }));
                 }
                 None => {
                     let m = Meta {

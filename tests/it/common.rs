@@ -54,3 +54,266 @@ pub fn msg(agency: &str, source: &str, epoch: u64, seq: u64, body: &str) -> Stri
         r#"{{"agency":"{agency}","source_id":"{source}","epoch":{epoch},"sequence":{seq},"body":"{body}"}}"#
     )
 }
+
+/// splitmix64: a tiny deterministic PRNG for generated feeds and kill timings (no `rand`).
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Uniform in `0.0..1.0`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// A generated feed and how many lines of each kind went into it.
+#[derive(Debug, Default)]
+pub struct GeneratedFeed {
+    /// One payload per line, each line ending in `\n`; never a blank line.
+    pub bytes: Vec<u8>,
+    pub lines: usize,
+    /// First deliveries of a position (in order or held back), i.e. distinct keys.
+    pub distinct_keys: usize,
+    pub held_back: usize,
+    pub exact_replays: usize,
+    pub reserialised: usize,
+    pub conflicting: usize,
+    pub malformed: usize,
+    pub epoch_bumps: usize,
+}
+
+/// One generated incident message, kept structured so it can be re-serialised.
+#[derive(Clone, Debug)]
+struct FeedMsg {
+    agency: &'static str,
+    source_id: &'static str,
+    epoch: u64,
+    omit_epoch: bool,
+    sequence: u64,
+    kind: &'static str,
+    incident: u64,
+    units: Vec<u64>,
+    delta: u64,
+}
+
+impl FeedMsg {
+    /// (name, compact value, re-spelt value) of every member, in the producer's order.
+    fn members(&self) -> Vec<(&'static str, String, String)> {
+        let units = |sep: &str| {
+            let u: Vec<String> = self.units.iter().map(u64::to_string).collect();
+            format!("[{}]", u.join(sep))
+        };
+        let mut m = vec![
+            (
+                "agency",
+                format!("\"{}\"", self.agency),
+                format!("\"{}\"", self.agency),
+            ),
+            (
+                "source_id",
+                format!("\"{}\"", self.source_id),
+                format!("\"{}\"", self.source_id),
+            ),
+        ];
+        if !self.omit_epoch {
+            m.push(("epoch", self.epoch.to_string(), self.epoch.to_string()));
+        }
+        m.push((
+            "sequence",
+            self.sequence.to_string(),
+            self.sequence.to_string(),
+        ));
+        m.push((
+            "type",
+            format!("\"{}\"", self.kind),
+            format!("\"{}\"", self.kind),
+        ));
+        m.push((
+            "incident",
+            format!(
+                "{{\"id\":\"INC-{}\",\"units\":{}}}",
+                self.incident,
+                units(",")
+            ),
+            format!(
+                "{{ \"units\" : {} , \"id\" : \"INC-{}\" }}",
+                units(", "),
+                self.incident
+            ),
+        ));
+        // `delta` is spelt `3` by the producer and `3.0` / `30e-1` by a re-serialising relay:
+        // the same JSON number, so the same canonical digest.
+        m.push(("delta", self.delta.to_string(), format!("{}.0", self.delta)));
+        m
+    }
+
+    fn compact(&self) -> String {
+        let parts: Vec<String> = self
+            .members()
+            .into_iter()
+            .map(|(k, v, _)| format!("\"{k}\":{v}"))
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+
+    /// The same object with shuffled member order, other spacing and number spelling.
+    fn reserialised(&self, rng: &mut SplitMix64) -> String {
+        let mut members = self.members();
+        for i in (1..members.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            members.swap(i, j);
+        }
+        let spaces = [" ", "  ", "\t", ""];
+        let parts: Vec<String> = members
+            .into_iter()
+            .map(|(k, _, v)| {
+                format!(
+                    "{}\"{k}\"{}:{}{v}",
+                    rng.pick(&spaces),
+                    rng.pick(&spaces),
+                    rng.pick(&spaces)
+                )
+            })
+            .collect();
+        format!("{{{} }}", parts.join(","))
+    }
+}
+
+/// A deterministic feed of `lines` lines from `seed`: 12 sources over 4 agencies with increasing
+/// sequences and occasional epoch bumps, ~10% exact replays of earlier lines, ~3% re-serialised
+/// resends, ~0.5% held-back (late) deliveries, a few same-key-other-content conflicts and ~0.5%
+/// malformed lines.
+pub fn generate_feed(seed: u64, lines: usize) -> GeneratedFeed {
+    const SOURCES: [(&str, &str); 12] = [
+        ("CALFIRE", "E7-AVL"),
+        ("CALFIRE", "IC-4471"),
+        ("CALFIRE", "T12"),
+        ("LAFD", "E33"),
+        ("LAFD", "RA-9"),
+        ("LAFD", "B4"),
+        ("SACCO-EMS", "M12"),
+        ("SACCO-EMS", "M14"),
+        ("SACCO-EMS", "dispatch"),
+        ("Cal Fire/ÉMS", "engine 7"),
+        ("Cal Fire/ÉMS", "engine 8"),
+        ("Cal Fire/ÉMS", "air/1"),
+    ];
+    const KINDS: [&str; 4] = ["unit_status", "casualty_delta", "dispatch", "note"];
+    let mut rng = SplitMix64::new(seed);
+    let mut feed = GeneratedFeed::default();
+    // Per source: (epoch, next sequence).
+    let mut cursor: Vec<(u64, u64)> = (0..SOURCES.len())
+        .map(|_| (rng.below(4), 1 + rng.below(1000)))
+        .collect();
+    let mut sent: Vec<FeedMsg> = Vec::new();
+    let mut sent_lines: Vec<String> = Vec::new();
+    let mut held: Vec<FeedMsg> = Vec::new();
+    let push = |feed: &mut GeneratedFeed, line: &[u8]| {
+        assert!(!line.contains(&b'\n'));
+        feed.bytes.extend_from_slice(line);
+        feed.bytes.push(b'\n');
+        feed.lines += 1;
+    };
+    let mut fresh = |rng: &mut SplitMix64, feed: &mut GeneratedFeed| {
+        let s = rng.below(SOURCES.len() as u64) as usize;
+        if rng.below(1000) < 2 {
+            cursor[s] = (cursor[s].0 + 1, rng.below(3));
+            feed.epoch_bumps += 1;
+        }
+        let (epoch, sequence) = cursor[s];
+        cursor[s].1 += 1;
+        let units = (0..rng.below(4)).map(|_| rng.below(100)).collect();
+        FeedMsg {
+            agency: SOURCES[s].0,
+            source_id: SOURCES[s].1,
+            epoch,
+            omit_epoch: epoch == 0 && rng.below(2) == 0,
+            sequence,
+            kind: KINDS[rng.below(KINDS.len() as u64) as usize],
+            incident: 1000 + rng.below(9000),
+            units,
+            delta: rng.below(10),
+        }
+    };
+    while feed.lines < lines {
+        let roll = rng.below(1000);
+        if roll < 100 && !sent_lines.is_empty() {
+            // Exact replay of an earlier line, mostly a recent one.
+            let back = 1 + rng.below(sent_lines.len().min(2000) as u64) as usize;
+            let line = sent_lines[sent_lines.len() - back].clone();
+            push(&mut feed, line.as_bytes());
+            feed.exact_replays += 1;
+        } else if roll < 130 && !sent.is_empty() {
+            let m = sent[rng.below(sent.len() as u64) as usize].clone();
+            push(&mut feed, m.reserialised(&mut rng).as_bytes());
+            feed.reserialised += 1;
+        } else if roll < 135 && !sent.is_empty() {
+            // Same key as an earlier message, other content: quarantined as a conflict.
+            let mut m = sent[rng.below(sent.len() as u64) as usize].clone();
+            m.delta += 10;
+            push(&mut feed, m.compact().as_bytes());
+            feed.conflicting += 1;
+        } else if roll < 140 {
+            let m = malformed(&mut rng);
+            push(&mut feed, &m);
+            feed.malformed += 1;
+        } else if roll < 145 {
+            // Take a position now, deliver it later (below the high-water mark by then).
+            held.push(fresh(&mut rng, &mut feed));
+            feed.distinct_keys += 1;
+            feed.held_back += 1;
+        } else {
+            let m = if roll < 160 && !held.is_empty() {
+                held.swap_remove(rng.below(held.len() as u64) as usize)
+            } else {
+                feed.distinct_keys += 1;
+                fresh(&mut rng, &mut feed)
+            };
+            let line = m.compact();
+            push(&mut feed, line.as_bytes());
+            sent.push(m);
+            sent_lines.push(line);
+        }
+    }
+    // Positions still held back were never delivered.
+    feed.distinct_keys -= held.len();
+    feed.held_back -= held.len();
+    feed
+}
+
+/// One line that fails the feed contract, of one of several kinds.
+fn malformed(rng: &mut SplitMix64) -> Vec<u8> {
+    let n = rng.below(100_000);
+    let line = match rng.below(8) {
+        0 => format!(r#"{{"agency":"CALFIRE","source_id":"E7-AVL","sequence":{n},"type":"#),
+        1 => format!(r#"{{"agency":"CALFIRE","source_id":"E7-AVL","type":"note","n":{n}}}"#),
+        2 => format!(r#"{{"agency":"LAFD","source_id":"E33","sequence":-{n}}}"#),
+        3 => format!(r#"{{"agency":"LAFD","source_id":"E33","sequence":{n}.5}}"#),
+        4 => format!(r#"{{"agency":"LAFD","source_id":"E33","sequence":"{n}"}}"#),
+        5 => format!("[{n},{n}]"),
+        6 => format!(r#"{{"agency":"A","agency":"B","source_id":"S","sequence":{n}}}"#),
+        _ => {
+            let mut b =
+                format!(r#"{{"agency":"LAFD","source_id":"E33","sequence":{n},"x":""#).into_bytes();
+            b.extend_from_slice(b"\xff\xfe\"}");
+            return b;
+        }
+    };
+    line.into_bytes()
+}
