@@ -709,16 +709,20 @@ impl<'t> Writer<'t> {
         }
         for (offset, head) in &victims {
             let wkey = (head.source_no, head.epoch, head.sequence);
-            let owned = match self.window.get(wkey).map_err(StoreError::redb)? {
-                Some(g) => {
-                    decode::<WindowRecord>("window", format_args!("{wkey:?}"), g.value())?
-                        .effect_offset
-                        == *offset
+            // The window entry normally belongs to this effect; if another effect owns the
+            // position (e.g. an operator-released message), put that entry back.
+            let removed = self
+                .window
+                .remove(wkey)
+                .map_err(StoreError::redb)?
+                .map(|g| g.value().to_vec());
+            if let Some(bytes) = removed {
+                let w: WindowRecord = decode("window", format_args!("{wkey:?}"), &bytes)?;
+                if w.effect_offset != *offset {
+                    self.window
+                        .insert(wkey, bytes.as_slice())
+                        .map_err(StoreError::redb)?;
                 }
-                None => false,
-            };
-            if owned {
-                self.window.remove(wkey).map_err(StoreError::redb)?;
             }
             let evicted = (head.epoch, head.sequence);
             let st = self.state(head.source_no)?;
