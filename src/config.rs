@@ -13,18 +13,34 @@ use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES, FeedContract};
 /// Largest accepted `[commit] max_batch`.
 pub const MAX_BATCH_LIMIT: usize = 65_535;
 pub const DEFAULT_MAX_BATCH: usize = 512;
+/// How long a batch waits for more messages after its first one before it commits anyway.
+pub const DEFAULT_LINGER_MS: u64 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("config: {0}")]
     Invalid(String),
+}
+
+/// A TOML error as one line: where it is, the offending line, and the message.
+fn one_line(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        None => message,
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let line_no = text.get(..start).unwrap_or(text).matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            format!("line {line_no} `{line}`: {message}")
+        }
+    }
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -106,11 +122,13 @@ impl Default for RawFeed {
 #[serde(deny_unknown_fields, default)]
 struct RawCommit {
     max_batch: usize,
+    linger_ms: u64,
 }
 impl Default for RawCommit {
     fn default() -> Self {
         RawCommit {
             max_batch: DEFAULT_MAX_BATCH,
+            linger_ms: DEFAULT_LINGER_MS,
         }
     }
 }
@@ -123,6 +141,7 @@ pub struct Config {
     pub store: StoreOptions,
     pub feed: FeedContract,
     pub max_batch: usize,
+    pub linger: std::time::Duration,
 }
 
 impl Default for Config {
@@ -134,9 +153,9 @@ impl Default for Config {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Config::parse(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
@@ -155,7 +174,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
-            message: e.message().to_string(),
+            message: one_line(&e, text),
         })?;
         Config::from_raw(raw)
     }
@@ -205,6 +224,32 @@ impl Config {
                 "[commit] max_batch must be between 1 and {MAX_BATCH_LIMIT}"
             )));
         }
+        if raw.commit.linger_ms > 60_000 {
+            return Err(invalid("[commit] linger_ms must be at most 60000".into()));
+        }
+        let fields = [
+            ("agency", &raw.feed.agency),
+            ("source_id", &raw.feed.source_id),
+            ("sequence", &raw.feed.sequence),
+            ("epoch", &raw.feed.epoch),
+        ];
+        for (i, (name, p)) in fields.iter().enumerate() {
+            if p.is_empty() {
+                return Err(invalid(format!(
+                    "[feed] {name} must point into the message, not be \"\""
+                )));
+            }
+            if let Some((other, _)) = fields[..i].iter().find(|(_, q)| q == p) {
+                return Err(invalid(format!(
+                    "[feed] {name} and {other} both point at {p:?}"
+                )));
+            }
+        }
+        if raw.feed.digest_ignore.iter().any(String::is_empty) {
+            return Err(invalid(
+                "[feed] digest_ignore: \"\" would ignore the whole message; name fields".into(),
+            ));
+        }
         if raw.store.cache_mb == 0 {
             return Err(invalid("[store] cache_mb must be at least 1".into()));
         }
@@ -238,6 +283,7 @@ impl Config {
             },
             feed,
             max_batch: raw.commit.max_batch,
+            linger: std::time::Duration::from_millis(raw.commit.linger_ms),
         })
     }
 }
@@ -279,6 +325,8 @@ mod tests {
             ("[window]\nout_of_order = \"drop\"", "drop"),
             ("[feed]\nagency = \"agency\"", "[feed] agency"),
             ("[commit]\nmax_batch = 0", "max_batch"),
+            ("[feed]\nepoch = \"/sequence\"", "both point at"),
+            ("[feed]\ndigest_ignore = [\"\"]", "whole message"),
         ] {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");

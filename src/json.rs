@@ -416,6 +416,27 @@ impl std::fmt::Display for Pointer {
 }
 
 impl Pointer {
+    /// Order for removing several pointers from one document: token by token, array indices
+    /// numerically, a prefix before its extensions. Removing in descending order of this means
+    /// no removal shifts an array element a later pointer names.
+    pub fn removal_cmp(&self, other: &Pointer) -> std::cmp::Ordering {
+        for (a, b) in self.tokens.iter().zip(&other.tokens) {
+            let ord = match (array_index(a), array_index(b)) {
+                (Some(x), Some(y)) => x.cmp(&y),
+                _ => a.cmp(b),
+            };
+            if ord != std::cmp::Ordering::Equal {
+                return ord;
+            }
+        }
+        self.tokens.len().cmp(&other.tokens.len())
+    }
+
+    /// Whether this is the empty pointer (the whole document).
+    pub fn is_root(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
     pub fn parse(s: &str) -> Result<Pointer, String> {
         if s.is_empty() {
             return Ok(Pointer {

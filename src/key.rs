@@ -27,12 +27,16 @@ pub fn derive_key(source: &Source, position: Position) -> IdempotencyKey {
 
 /// SHA-256 of the message's canonical JSON after removing the `ignore` pointers, so a resend
 /// with other member order, spacing or number spelling (`1.0` vs `1`) has the same digest.
+/// Every pointer names a value of the original message: they are removed in descending order,
+/// so removing `/a/0` never shifts what `/a/1` names.
 pub fn message_digest(message: &Json, ignore: &[Pointer]) -> Result<Digest, JsonError> {
     let canonical = if ignore.is_empty() {
         message.to_canonical()?
     } else {
+        let mut order: Vec<&Pointer> = ignore.iter().collect();
+        order.sort_by(|a, b| b.removal_cmp(a));
         let mut pruned = message.clone();
-        for p in ignore {
+        for p in order {
             pruned.remove(p);
         }
         pruned.to_canonical()?
@@ -40,6 +44,19 @@ pub fn message_digest(message: &Json, ignore: &[Pointer]) -> Result<Digest, Json
     Ok(Digest::from_hash(
         Sha256::digest(canonical.as_bytes()).into(),
     ))
+}
+
+/// SHA-256 over data that arrives in pieces (an oversized input line).
+#[derive(Default, Clone)]
+pub struct Sha256Stream(Sha256);
+
+impl Sha256Stream {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    pub fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
 }
 
 /// SHA-256 of arbitrary bytes (quarantine fingerprints of malformed payloads, audit chain).

@@ -1,5 +1,6 @@
 //! The `replay-guard` binary: parse flags, set up logging, dispatch, map errors to exit codes.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -34,7 +35,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("replay-guard: error: {:#}", f.error());
+            // Never panic on a closed stderr: the exit code still tells.
+            let _ = writeln!(std::io::stderr(), "replay-guard: error: {:#}", f.error());
             f.exit_code()
         }
     }

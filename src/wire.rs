@@ -2,8 +2,8 @@
 //! payload can fail it. Pure: no I/O, never panics on input.
 
 use crate::json::{self, Json, JsonError, Pointer};
-use crate::key::{derive_key, message_digest};
-use crate::model::{MAX_NAME_BYTES, Message, Position, Source};
+use crate::key::{derive_key, message_digest, sha256};
+use crate::model::{MAX_NAME_BYTES, Message, Position, Source, hex};
 
 /// Default `max_payload_bytes`: 256 KiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
@@ -40,8 +40,17 @@ impl Default for FeedContract {
 /// Why a payload is `malformed`. The text is the audit `reason`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("payload of {size} bytes exceeds max_payload_bytes ({limit})")]
-    TooLarge { size: usize, limit: usize },
+    #[error(
+        "payload of {size} bytes (SHA-256 {}) exceeds max_payload_bytes ({limit}); only its \
+         first {limit} bytes are kept",
+        hex(sha256)
+    )]
+    TooLarge {
+        size: usize,
+        limit: usize,
+        /// SHA-256 of the whole payload, which is not kept.
+        sha256: [u8; 32],
+    },
     #[error("{0}")]
     Json(#[from] JsonError),
     #[error("payload is a JSON {0}, not an object")]
@@ -61,6 +70,7 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
         return Err(DecodeError::TooLarge {
             size: payload.len(),
             limit: contract.max_payload_bytes,
+            sha256: sha256(&[payload]),
         });
     }
     let value = json::parse(payload, contract.max_depth)?;

@@ -11,7 +11,7 @@ use crate::cli::{DumpArgs, Format};
 use crate::config::Config;
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
-use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader};
+use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
 use crate::timefmt::rfc3339_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
 
 /// Writes every row of `table` to `out` in `format`.
 pub fn dump(
-    txn: &redb::ReadTransaction,
+    txn: &Snapshot,
     table: Table,
     format: Format,
     out: &mut impl Write,
@@ -66,9 +66,9 @@ pub fn dump(
         Ok(ControlFlow::Continue(()))
     };
     match table {
-        Table::Audit => store::read::scan_audit(txn, 0, |e| emit(audit_row(&e))),
-        Table::Effects => store::read::scan_effects(txn, 0, |e| emit(effect_row(&e))),
-        Table::Quarantine => store::read::scan_quarantine(txn, 0, |e| emit(quarantine_row(&e))),
+        Table::Audit => txn.scan_audit(0, |e| emit(audit_row(&e))),
+        Table::Effects => txn.scan_effects(0, |e| emit(effect_row(&e))),
+        Table::Quarantine => txn.scan_quarantine(0, |e| emit(quarantine_row(&e))),
     }
 }
 
@@ -190,9 +190,16 @@ fn columns(table: Table) -> &'static [(&'static str, usize)] {
     }
 }
 
+/// One table cell. Strings come from producers: control characters are shown escaped so a
+/// crafted value cannot forge rows or colour the terminal.
 fn cell(v: &Json, width: usize) -> String {
     let s = match v {
         Json::Null => "-".to_string(),
+        Json::String(s) if s.chars().any(char::is_control) => {
+            let mut quoted = String::new();
+            json::write_string(&mut quoted, s);
+            quoted[1..quoted.len() - 1].replace('\u{7f}', "\\u007f")
+        }
         Json::String(s) => s.clone(),
         Json::Number(n) => n.clone(),
         Json::Bool(b) => b.to_string(),
@@ -244,5 +251,11 @@ mod tests {
             escape_bytes(b"a\\b\xff"),
             ("a\\\\b\\xff".to_string(), "escaped")
         );
+    }
+
+    #[test]
+    fn table_cells_escape_control_characters() {
+        let forged = Json::String("X\n1  2026 applied\u{1b}[31m\u{7f}".into());
+        assert_eq!(cell(&forged, 0), "X\\n1  2026 applied\\u001b[31m\\u007f");
     }
 }

@@ -1,14 +1,17 @@
 //! `ingest`: decide a captured feed, one payload per line, in batches through the engine.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Write as _};
 use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::time::Instant;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, anyhow};
 
 use super::Failure;
 use crate::cli::IngestArgs;
 use crate::config::Config;
+use crate::key::Sha256Stream;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::store::{Incoming, Store};
 use crate::timefmt::now_ms;
@@ -27,92 +30,297 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     let input: Box<dyn Read + Send> = if args.input == Path::new("-") {
         Box::new(io::stdin())
     } else {
-        Box::new(
-            File::open(&args.input)
-                .with_context(|| format!("cannot read {}", args.input.display()))
-                .map_err(Failure::Usage)?,
-        )
+        if args.input.is_dir() {
+            return Err(Failure::Usage(anyhow!(
+                "{} is a directory, not a feed file",
+                args.input.display()
+            )));
+        }
+        let file = File::open(&args.input)
+            .with_context(|| format!("cannot read {}", args.input.display()))
+            .map_err(Failure::Usage)?;
+        Box::new(file)
     };
-    let mut store = Store::open(&db, config.store.clone())?;
-    let summary = ingest(&mut store, &config, &args.topic, BufReader::new(input))?;
-    eprintln!(
+    let summary = {
+        let mut store = Store::open(&db, config.store.clone())?;
+        ingest(&mut store, &config, &args.topic, BufReader::new(input))?
+        // The store closes here, before anything is printed: a failing stderr cannot leave
+        // the file needing recovery.
+    };
+    let mut err = io::stderr().lock();
+    let _ = writeln!(
+        err,
         "replay-guard ingest: {} messages decided in {} batches into {}",
         summary.counts.total(),
         summary.batches,
         db.display()
     );
     for o in Outcome::ALL {
-        eprintln!("  {:<13}{:>10}", o.as_str(), summary.counts.get(o));
+        let _ = writeln!(err, "  {:<13}{:>10}", o.as_str(), summary.counts.get(o));
     }
     Ok(())
 }
 
-/// Reads one payload per line (blank lines skipped, `\r\n` accepted) and commits them in
-/// batches of `config.max_batch`. Every line is decided; a malformed one is a decision.
-/// A reader thread parses and decodes the next batch while this thread commits (fsyncs) the
-/// current one.
+/// Reads one payload per line (blank lines skipped, `\r\n` accepted) and decides them in
+/// batches: a batch commits when it holds `config.max_batch` messages, when `config.linger`
+/// has passed since its first message, or at end of input. Every line is decided; a malformed
+/// one is a decision. A reader thread decodes ahead while this thread commits (fsyncs).
+///
+/// A line longer than `max_payload_bytes` is never held whole in memory: its first
+/// `max_payload_bytes` are kept and it is quarantined as `malformed` with its length and
+/// SHA-256.
+///
+/// On a commit error this returns at once; the reader thread is not joined (it may be blocked
+/// on an idle input) and ends when its next send fails or the process exits.
 pub fn ingest(
     store: &mut Store,
     config: &Config,
     topic: &str,
-    input: impl BufRead + Send,
+    input: impl BufRead + Send + 'static,
 ) -> Result<IngestSummary, Failure> {
-    let mut summary = IngestSummary::default();
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<Incoming>>>(2);
-        scope.spawn(move || read_batches(input, config, topic, &tx));
-        for batch in rx {
-            let batch = batch
-                .context("cannot read input")
-                .map_err(Failure::Runtime)?;
-            let report = store.commit_batch(&batch, now_ms())?;
-            summary.counts.merge(&report.counts);
-            summary.evicted += report.evicted;
-            summary.batches += 1;
-        }
-        Ok(summary)
-    })
+    let (tx, rx) = sync_channel::<io::Result<Incoming>>(config.max_batch.saturating_mul(2));
+    let reader_config = config.clone();
+    let reader_topic = topic.to_string();
+    std::thread::Builder::new()
+        .name("ingest-reader".into())
+        .spawn(move || read_lines(input, &reader_config, &reader_topic, &tx))
+        .context("cannot start the reader thread")
+        .map_err(Failure::Runtime)?;
+    commit_loop(store, config, &rx)
 }
 
-/// Splits `input` into decoded batches; stops early if the committer hung up.
-fn read_batches(
+fn commit_loop(
+    store: &mut Store,
+    config: &Config,
+    rx: &Receiver<io::Result<Incoming>>,
+) -> Result<IngestSummary, Failure> {
+    let read_err =
+        |e: io::Error| Failure::Runtime(anyhow::Error::new(e).context("cannot read input"));
+    let mut summary = IngestSummary::default();
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first.map_err(read_err)?];
+        let deadline = Instant::now() + config.linger;
+        let mut ended = false;
+        while batch.len() < config.max_batch {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(item) => batch.push(item.map_err(read_err)?),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        let report = store.commit_batch(&batch, now_ms())?;
+        summary.counts.merge(&report.counts);
+        summary.evicted += report.evicted;
+        summary.batches += 1;
+        if ended {
+            break;
+        }
+    }
+    Ok(summary)
+}
+
+/// Decodes each line and sends it on; stops at end of input, on a read error (sent on), or
+/// when the committer has gone.
+fn read_lines(
     mut input: impl BufRead,
     config: &Config,
     topic: &str,
-    tx: &std::sync::mpsc::SyncSender<io::Result<Vec<Incoming>>>,
+    tx: &SyncSender<io::Result<Incoming>>,
 ) {
-    let mut batch = Vec::with_capacity(config.max_batch);
+    let limit = config.feed.max_payload_bytes;
     let mut line = Vec::new();
     loop {
         line.clear();
-        match input.read_until(b'\n', &mut line) {
+        let read = match read_line_capped(&mut input, limit, &mut line) {
             Err(e) => {
                 let _ = tx.send(Err(e));
                 return;
             }
-            Ok(0) => break,
-            Ok(_) => {}
-        }
-        while matches!(line.last(), Some(b'\n' | b'\r')) {
-            line.pop();
-        }
-        if line.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r')) {
-            continue;
-        }
-        batch.push(Incoming::decode(
-            topic,
-            line.clone(),
-            now_ms(),
-            &config.feed,
-        ));
-        if batch.len() >= config.max_batch {
-            let full = std::mem::replace(&mut batch, Vec::with_capacity(config.max_batch));
-            if tx.send(Ok(full)).is_err() {
-                return;
+            Ok(None) => return,
+            Ok(Some(read)) => read,
+        };
+        let incoming = match read {
+            Line::Whole => {
+                while line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                if line.iter().all(|b| matches!(b, b' ' | b'\t')) {
+                    continue;
+                }
+                Incoming::decode(topic, std::mem::take(&mut line), now_ms(), &config.feed)
             }
+            Line::Oversized { size, sha256 } => Incoming::oversized(
+                topic,
+                std::mem::take(&mut line),
+                size,
+                sha256,
+                now_ms(),
+                limit,
+            ),
+        };
+        if tx.send(Ok(incoming)).is_err() {
+            return;
         }
     }
-    if !batch.is_empty() {
-        let _ = tx.send(Ok(batch));
+}
+
+/// How a line was read by `read_line_capped`.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// All of it is in the buffer (without the `\n`).
+    Whole,
+    /// Longer than the cap: the buffer holds the first `cap` bytes; `size` and `sha256` are of
+    /// the whole line (without the `\n`).
+    Oversized { size: usize, sha256: [u8; 32] },
+}
+
+/// Reads up to the next `\n` without ever buffering more than `cap` bytes of it. A `\r`
+/// right before the `\n` is not part of the line. `Ok(None)` at end of input.
+fn read_line_capped(
+    input: &mut impl BufRead,
+    cap: usize,
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<Line>> {
+    let mut size = 0usize;
+    // Set once the line outgrows `cap`: hashes everything but the newest byte, which is held
+    // back until we know whether it is the `\r` of a `\r\n`.
+    let mut hash: Option<(Sha256Stream, Option<u8>)> = None;
+    let mut saw_any = false;
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        saw_any = true;
+        let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        let room = cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&part[..part.len().min(room)]);
+        if size + part.len() > cap {
+            let (h, held) = hash.get_or_insert_with(|| {
+                // First overflow: `buf` holds exactly the line's first `cap` bytes.
+                let mut h = Sha256Stream::default();
+                let held = buf.last().copied();
+                h.update(&buf[..buf.len().saturating_sub(1)]);
+                (h, held)
+            });
+            let rest = if size < cap {
+                &part[room.min(part.len())..]
+            } else {
+                part
+            };
+            if let Some((&last, body)) = rest.split_last() {
+                if let Some(b) = held.take() {
+                    h.update(&[b]);
+                }
+                h.update(body);
+                *held = Some(last);
+            }
+        }
+        size += part.len();
+        let consumed = done.unwrap_or(chunk.len());
+        input.consume(consumed);
+        if done.is_some() {
+            break;
+        }
+    }
+    if !saw_any {
+        return Ok(None);
+    }
+    Ok(Some(match hash {
+        None => Line::Whole,
+        Some((mut h, held)) => {
+            match held {
+                Some(b'\r') => size -= 1,
+                Some(b) => h.update(&[b]),
+                None => {}
+            }
+            if size <= cap {
+                Line::Whole
+            } else {
+                Line::Oversized {
+                    size,
+                    sha256: h.finish(),
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::sha256;
+
+    fn lines(input: &[u8], cap: usize, chunk: usize) -> Vec<(Vec<u8>, Line)> {
+        let mut r = BufReader::with_capacity(chunk, input);
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        while let Some(l) = read_line_capped(&mut r, cap, &mut buf).unwrap() {
+            out.push((std::mem::take(&mut buf), l));
+        }
+        out
+    }
+
+    #[test]
+    fn lines_within_the_cap_are_read_whole_whatever_the_buffer_size() {
+        for chunk in [1, 3, 64] {
+            let got = lines(b"ab\n\ncdef\ngh", 4, chunk);
+            let want = vec![
+                (b"ab".to_vec(), Line::Whole),
+                (vec![], Line::Whole),
+                (b"cdef".to_vec(), Line::Whole),
+                (b"gh".to_vec(), Line::Whole),
+            ];
+            assert_eq!(got, want, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_line_keeps_its_prefix_and_hashes_all_of_it() {
+        let long = b"0123456789abcdef".repeat(10);
+        let mut input = long.clone();
+        input.extend_from_slice(b"\nnext\n");
+        for chunk in [1, 7, 16, 1024] {
+            let got = lines(&input, 10, chunk);
+            assert_eq!(got.len(), 2, "chunk {chunk}");
+            assert_eq!(got[0].0, long[..10].to_vec());
+            assert_eq!(
+                got[0].1,
+                Line::Oversized {
+                    size: 160,
+                    sha256: sha256(&[&long])
+                }
+            );
+            assert_eq!(got[1], (b"next".to_vec(), Line::Whole));
+            // The same line ending in \r\n: the \r is not part of it.
+            let mut crlf = long.clone();
+            crlf.extend_from_slice(b"\r\n");
+            let got = lines(&crlf, 10, chunk);
+            assert_eq!(
+                got[0].1,
+                Line::Oversized {
+                    size: 160,
+                    sha256: sha256(&[&long])
+                },
+                "chunk {chunk}"
+            );
+            // One byte over the cap only because of the \r: not oversized.
+            let got = lines(b"0123456789\r\n", 10, chunk);
+            assert_eq!(
+                got,
+                vec![(b"0123456789".to_vec(), Line::Whole)],
+                "chunk {chunk}"
+            );
+        }
     }
 }

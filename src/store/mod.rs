@@ -3,7 +3,7 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
-pub mod read;
+mod read;
 pub mod tables;
 
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use crate::key::sha256;
 use crate::model::{Digest, IdempotencyKey, Message, Outcome, OutcomeCounts, Position, Source};
 use crate::wire::{self, DecodeError, FeedContract};
 pub use audit::{body_fields as audit_body_fields, entry_hash as audit_entry_hash};
-pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, StoreSummary};
+pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot, StoreSummary};
 use tables::*;
 
 /// Default redb page cache: bounds the process's memory whatever the window size.
@@ -65,27 +65,39 @@ impl Default for StoreOptions {
 pub enum StoreError {
     #[error("another process is writing {0}: stop it first (read-only commands work meanwhile)")]
     Busy(PathBuf),
-    #[error("cannot open database {path}: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: DatabaseError,
-    },
+    #[error("cannot open database {path}: {error}")]
+    Open { path: PathBuf, error: DatabaseError },
     #[error(
         "{0} needs crash recovery, which a read-only open cannot do: run \
          `replay-guard ingest --db {0} /dev/null` once (it repairs the file and decides \
-         nothing), or start the service, then retry"
+         nothing), then retry"
     )]
     NeedsRecovery(PathBuf),
+    #[error("storage failure: {0}")]
+    Storage(redb::Error),
     #[error(
-        "storage failure: {0}; nothing of the failed batch was committed, and the database \
-         refuses further writes: restart the process"
+        "storage failure while committing a batch: {0}; nothing of the batch was committed \
+         and the database refuses further writes: restart the process"
     )]
-    Storage(#[from] redb::Error),
+    CommitFailed(redb::Error),
     #[error("database is corrupt: {0}")]
-    Record(#[from] RecordError),
+    Record(RecordError),
     #[error("database schema version {found} is not supported by this build (expects {expected})")]
     Schema { found: u32, expected: u32 },
+}
+
+// Manual conversions: the wrapped error's text is already in the message, so it is not also
+// exposed as a `source` (which would print it twice in an error chain).
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Storage(e)
+    }
+}
+
+impl From<RecordError> for StoreError {
+    fn from(e: RecordError) -> Self {
+        StoreError::Record(e)
+    }
 }
 
 impl StoreError {
@@ -116,6 +128,30 @@ impl Incoming {
             payload,
             received_at_ms,
             decoded,
+        }
+    }
+}
+
+impl Incoming {
+    /// A payload too large to accept, of which only `prefix` (at least `limit` bytes, or all
+    /// of it) was read; `size` and `sha256` describe the whole payload.
+    pub fn oversized(
+        topic: impl Into<String>,
+        prefix: Vec<u8>,
+        size: usize,
+        sha256: [u8; 32],
+        received_at_ms: u64,
+        limit: usize,
+    ) -> Incoming {
+        Incoming {
+            topic: topic.into(),
+            payload: prefix,
+            received_at_ms,
+            decoded: Err(DecodeError::TooLarge {
+                size,
+                limit,
+                sha256,
+            }),
         }
     }
 }
@@ -163,7 +199,7 @@ impl Store {
                 DatabaseError::DatabaseAlreadyOpen => StoreError::Busy(p.clone()),
                 source => StoreError::Open {
                     path: p.clone(),
-                    source,
+                    error: source,
                 },
             }
         };
@@ -180,9 +216,10 @@ impl Store {
     /// Creates and initialises a database at a temporary name next to `path`, then links it
     /// to `path` (never replacing a file another process put there meanwhile).
     fn create_in_place(path: &Path, opts: &StoreOptions) -> Result<(), StoreError> {
-        let io_err = |p: &Path, e: std::io::Error| StoreError::Open {
-            path: p.to_path_buf(),
-            source: DatabaseError::Storage(redb::StorageError::Io(e)),
+        // Errors name the path the operator gave, whichever file the step touched.
+        let io_err = |_: &Path, e: std::io::Error| StoreError::Open {
+            path: path.to_path_buf(),
+            error: DatabaseError::Storage(redb::StorageError::Io(e)),
         };
         let name = path
             .file_name()
@@ -203,9 +240,9 @@ impl Store {
             }
             ok => ok,
         };
-        let db = created.map_err(|source| StoreError::Open {
-            path: tmp.clone(),
-            source,
+        let db = created.map_err(|error| StoreError::Open {
+            path: path.to_path_buf(),
+            error,
         })?;
         drop(Store::init(db, opts.clone(), true)?);
         // An empty placeholder at `path` (e.g. from `touch`) is replaced; anything else wins.
@@ -232,7 +269,7 @@ impl Store {
             .create_with_backend(backend)
             .map_err(|source| StoreError::Open {
                 path: PathBuf::from("<backend>"),
-                source,
+                error: source,
             })?;
         Store::init(db, opts, true)
     }
@@ -297,8 +334,8 @@ impl Store {
     }
 
     /// A read view of this store (the same views `Reader` gives another process).
-    pub fn reader(&self) -> Result<redb::ReadTransaction, StoreError> {
-        self.db.begin_read().map_err(StoreError::redb)
+    pub fn reader(&self) -> Result<Snapshot, StoreError> {
+        self.db.begin_read().map(Snapshot).map_err(StoreError::redb)
     }
 
     /// Decides and durably records every delivery of `batch`, in order, in one write
@@ -306,6 +343,17 @@ impl Store {
     /// written and the caller must not acknowledge any of it; the error is fatal (redb latches
     /// after an I/O failure), so callers stop rather than retry.
     pub fn commit_batch(
+        &mut self,
+        batch: &[Incoming],
+        now_ms: u64,
+    ) -> Result<BatchReport, StoreError> {
+        self.try_commit_batch(batch, now_ms).map_err(|e| match e {
+            StoreError::Storage(e) => StoreError::CommitFailed(e),
+            other => other,
+        })
+    }
+
+    fn try_commit_batch(
         &mut self,
         batch: &[Incoming],
         now_ms: u64,
@@ -523,6 +571,7 @@ impl<'t> Writer<'t> {
                     decision.outcome,
                     &decision.reason,
                     incoming,
+                    &incoming.payload,
                     Some(msg.key),
                     audit_index,
                 )?);
@@ -562,12 +611,29 @@ impl<'t> Writer<'t> {
     ) -> Result<Decided, StoreError> {
         let audit_index = self.meta.next_audit;
         let reason = err.to_string();
+        // An oversized payload is identified by the hash of all of it, and only its first
+        // `limit` bytes are kept (the caller may already have dropped the rest).
+        let (whole, kept) = match err {
+            DecodeError::TooLarge { limit, sha256, .. } => (
+                *sha256,
+                &incoming.payload[..incoming.payload.len().min(*limit)],
+            ),
+            _ => (sha256(&[&incoming.payload]), incoming.payload.as_slice()),
+        };
         let fp = sha256(&[
             b"replay-guard/quarantine/v1\0",
             &[Outcome::Malformed.code()],
-            &incoming.payload,
+            &whole,
         ]);
-        let qid = self.quarantine(fp, Outcome::Malformed, &reason, incoming, None, audit_index)?;
+        let qid = self.quarantine(
+            fp,
+            Outcome::Malformed,
+            &reason,
+            incoming,
+            kept,
+            None,
+            audit_index,
+        )?;
         self.append_audit(AuditRecord {
             recorded_at_ms: now_ms,
             outcome: Outcome::Malformed.code(),
@@ -623,6 +689,7 @@ impl<'t> Writer<'t> {
         outcome: Outcome,
         reason: &str,
         incoming: &Incoming,
+        payload: &[u8],
         key: Option<IdempotencyKey>,
         audit_index: u64,
     ) -> Result<u64, StoreError> {
@@ -658,7 +725,7 @@ impl<'t> Writer<'t> {
             deliveries: 1,
             key: key.map(|k| *k.as_bytes()),
             audit_index,
-            payload: incoming.payload.clone(),
+            payload: payload.to_vec(),
         };
         self.quarantine
             .insert(id, encode(&rec).as_slice())

@@ -23,7 +23,7 @@ impl Reader {
         if !path.exists() {
             return Err(StoreError::Open {
                 path: path.to_path_buf(),
-                source: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                error: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "no such file",
                 ))),
@@ -33,19 +33,22 @@ impl Reader {
             .open_read_only(path)
             .map_err(|e| match e {
                 DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
-                source => StoreError::Open {
+                error => StoreError::Open {
                     path: path.to_path_buf(),
-                    source,
+                    error,
                 },
             })?;
         Ok(Reader { db })
     }
 
     /// A snapshot of the latest commit.
-    pub fn begin(&self) -> Result<ReadTransaction, StoreError> {
-        self.db.begin_read().map_err(StoreError::redb)
+    pub fn begin(&self) -> Result<Snapshot, StoreError> {
+        self.db.begin_read().map(Snapshot).map_err(StoreError::redb)
     }
 }
+
+/// A consistent view of one commit: later commits by the writer are not seen through it.
+pub struct Snapshot(pub(super) ReadTransaction);
 
 /// One audit entry as `dump-audit` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,91 +109,95 @@ fn r<E: Into<redb::Error>>(e: E) -> StoreError {
     StoreError::redb(e)
 }
 
-pub fn meta(txn: &ReadTransaction) -> Result<Meta, StoreError> {
-    let t = txn.open_table(META).map_err(r)?;
-    let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
-        table: "meta",
-        key: META_KEY.into(),
-        why: "missing: not a replay-guard database".into(),
-    })?;
-    Ok(decode("meta", META_KEY, g.value())?)
-}
-
-pub fn summary(txn: &ReadTransaction) -> Result<StoreSummary, StoreError> {
-    let m = meta(txn)?;
-    let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
-    Ok(StoreSummary {
-        audit_entries: m.next_audit,
-        effects: m.next_effect,
-        window_entries,
-        quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
-        sources: m.next_source,
-        chain_head: m.chain_head,
-    })
-}
-
-/// Calls `f` with each audit entry from index `from` on, until it breaks.
-pub fn scan_audit<E: From<StoreError>>(
-    txn: &ReadTransaction,
-    from: u64,
-    mut f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
-) -> Result<(), E> {
-    let t = txn.open_table(AUDIT).map_err(r)?;
-    for item in t.range(from..).map_err(r)? {
-        let (k, v) = item.map_err(r)?;
-        let record = decode("audit", k.value(), v.value()).map_err(StoreError::from)?;
-        if f(AuditEntry {
-            index: k.value(),
-            record,
-        })?
-        .is_break()
-        {
-            break;
-        }
+impl Snapshot {
+    pub fn meta(&self) -> Result<Meta, StoreError> {
+        let txn = &self.0;
+        let t = txn.open_table(META).map_err(r)?;
+        let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
+            table: "meta",
+            key: META_KEY.into(),
+            why: "missing: not a replay-guard database".into(),
+        })?;
+        Ok(decode("meta", META_KEY, g.value())?)
     }
-    Ok(())
-}
 
-/// Calls `f` with each effect from offset `from` on, until it breaks.
-pub fn scan_effects<E: From<StoreError>>(
-    txn: &ReadTransaction,
-    from: u64,
-    mut f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
-) -> Result<(), E> {
-    let t = txn.open_table(EFFECTS).map_err(r)?;
-    for item in t.range(from..).map_err(r)? {
-        let (k, v) = item.map_err(r)?;
-        let record = decode("effects", k.value(), v.value()).map_err(StoreError::from)?;
-        if f(Effect {
-            offset: k.value(),
-            record,
-        })?
-        .is_break()
-        {
-            break;
-        }
+    pub fn summary(&self) -> Result<StoreSummary, StoreError> {
+        let txn = &self.0;
+        let m = self.meta()?;
+        let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
+        Ok(StoreSummary {
+            audit_entries: m.next_audit,
+            effects: m.next_effect,
+            window_entries,
+            quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
+            sources: m.next_source,
+            chain_head: m.chain_head,
+        })
     }
-    Ok(())
-}
 
-/// Calls `f` with each quarantined message from id `from` on, until it breaks.
-pub fn scan_quarantine<E: From<StoreError>>(
-    txn: &ReadTransaction,
-    from: u64,
-    mut f: impl FnMut(QuarantineEntry) -> Result<ControlFlow<()>, E>,
-) -> Result<(), E> {
-    let t = txn.open_table(QUARANTINE).map_err(r)?;
-    for item in t.range(from..).map_err(r)? {
-        let (k, v) = item.map_err(r)?;
-        let record = decode("quarantine", k.value(), v.value()).map_err(StoreError::from)?;
-        if f(QuarantineEntry {
-            id: k.value(),
-            record,
-        })?
-        .is_break()
-        {
-            break;
+    /// Calls `f` with each audit entry from index `from` on, until it breaks.
+    pub fn scan_audit<E: From<StoreError>>(
+        &self,
+        from: u64,
+        mut f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
+    ) -> Result<(), E> {
+        let t = self.0.open_table(AUDIT).map_err(r)?;
+        for item in t.range(from..).map_err(r)? {
+            let (k, v) = item.map_err(r)?;
+            let record = decode("audit", k.value(), v.value()).map_err(StoreError::from)?;
+            if f(AuditEntry {
+                index: k.value(),
+                record,
+            })?
+            .is_break()
+            {
+                break;
+            }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Calls `f` with each effect from offset `from` on, until it breaks.
+    pub fn scan_effects<E: From<StoreError>>(
+        &self,
+        from: u64,
+        mut f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
+    ) -> Result<(), E> {
+        let t = self.0.open_table(EFFECTS).map_err(r)?;
+        for item in t.range(from..).map_err(r)? {
+            let (k, v) = item.map_err(r)?;
+            let record = decode("effects", k.value(), v.value()).map_err(StoreError::from)?;
+            if f(Effect {
+                offset: k.value(),
+                record,
+            })?
+            .is_break()
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with each quarantined message from id `from` on, until it breaks.
+    pub fn scan_quarantine<E: From<StoreError>>(
+        &self,
+        from: u64,
+        mut f: impl FnMut(QuarantineEntry) -> Result<ControlFlow<()>, E>,
+    ) -> Result<(), E> {
+        let t = self.0.open_table(QUARANTINE).map_err(r)?;
+        for item in t.range(from..).map_err(r)? {
+            let (k, v) = item.map_err(r)?;
+            let record = decode("quarantine", k.value(), v.value()).map_err(StoreError::from)?;
+            if f(QuarantineEntry {
+                id: k.value(),
+                record,
+            })?
+            .is_break()
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
 }

@@ -105,8 +105,18 @@ fn malformed_messages_are_quarantined_with_reasons_and_the_feed_keeps_flowing() 
         assert_eq!(string(row, "outcome"), "malformed");
         let reason = string(row, "reason");
         assert!(reason.contains(want), "reason {reason:?} lacks {want:?}");
-        // Raw bytes are kept: UTF-8 verbatim, anything else escaped reversibly.
+        // Raw bytes are kept: UTF-8 verbatim, anything else escaped reversibly; of an
+        // oversized payload its first max_payload_bytes, with its size and SHA-256 in the reason.
         let payload = string(row, "payload");
+        if bytes.len() > 262_144 {
+            assert_eq!(payload.as_bytes(), &bytes[..262_144]);
+            let sha = replay_guard::model::hex(&replay_guard::key::sha256(&[bytes]));
+            assert!(
+                reason.contains(&format!("payload of {} bytes (SHA-256 {sha})", bytes.len())),
+                "{reason}"
+            );
+            continue;
+        }
         match std::str::from_utf8(bytes) {
             Ok(s) => {
                 assert_eq!(string(row, "payload_encoding"), "utf-8");

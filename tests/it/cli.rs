@@ -263,3 +263,47 @@ fn sample_feed_decides_as_documented_and_dumps_field_by_field() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("applied               0"));
     assert_eq!(rows(&run(&["dump-effects", "--db", db_s]).stdout).len(), 8);
 }
+
+#[test]
+fn ingest_with_a_closed_stderr_still_succeeds_and_closes_the_database_cleanly() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("e.redb");
+    let mut child = Command::new(super::common::bin())
+        .args([
+            "ingest",
+            "--db",
+            db.to_str().unwrap(),
+            sample_feed().to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take()); // the reader goes away: writes to stderr now fail (EPIPE)
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+    let dump = run(&["dump-effects", "--db", db.to_str().unwrap()]);
+    assert_eq!(
+        dump.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    assert_eq!(rows(&dump.stdout).len(), 8);
+}
+
+#[test]
+fn a_directory_as_input_is_a_usage_error_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.redb");
+    let out = run(&[
+        "ingest",
+        "--db",
+        db.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
+    assert!(!db.exists());
+}

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use replay_guard::store::{Effect, Reader, read};
+use replay_guard::store::{Effect, Reader};
 
 /// The real binary built by cargo for this test run.
 pub fn bin() -> PathBuf {
@@ -40,7 +40,7 @@ pub fn effects(db: &Path) -> Vec<Effect> {
     let reader = Reader::open(db).unwrap();
     let txn = reader.begin().unwrap();
     let mut out = Vec::new();
-    read::scan_effects::<replay_guard::store::StoreError>(&txn, 0, |e| {
+    txn.scan_effects::<replay_guard::store::StoreError>(0, |e| {
         out.push(e);
         Ok(std::ops::ControlFlow::Continue(()))
     })

@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use replay_guard::model::hex;
-use replay_guard::store::{Reader, StoreError, read};
+use replay_guard::store::{Reader, StoreError};
 
 use crate::common::{self, SplitMix64};
 
@@ -111,7 +111,7 @@ fn recovered_effects(db: &Path, scratch: &Path) -> u64 {
     );
     let reader = Reader::open(scratch).unwrap();
     let txn = reader.begin().unwrap();
-    read::summary(&txn).unwrap().effects
+    txn.summary().unwrap().effects
 }
 
 /// Checks the audit chain link by link and returns its length.
@@ -120,7 +120,7 @@ fn verified_audit_len(db: &Path) -> u64 {
     let txn = reader.begin().unwrap();
     let mut next = 0u64;
     let mut prev = [0u8; 32];
-    read::scan_audit::<StoreError>(&txn, 0, |e| {
+    txn.scan_audit::<StoreError>(0, |e| {
         assert_eq!(e.index, next, "audit index gap in {}", db.display());
         assert_eq!(
             e.record.prev_hash,
@@ -148,7 +148,7 @@ fn quarantine_set(db: &Path) -> BTreeSet<(u8, Vec<u8>)> {
     let reader = Reader::open(db).unwrap();
     let txn = reader.begin().unwrap();
     let mut out = BTreeSet::new();
-    read::scan_quarantine::<StoreError>(&txn, 0, |q| {
+    txn.scan_quarantine::<StoreError>(0, |q| {
         assert!(
             out.insert((q.record.outcome, q.record.payload)),
             "quarantine of {} holds the same message twice",
@@ -164,7 +164,7 @@ fn quarantine_set(db: &Path) -> BTreeSet<(u8, Vec<u8>)> {
 /// still awaits the crash recovery that the next writer does on open.
 fn live_effects(db: &Path) -> Option<u64> {
     match Reader::open(db) {
-        Ok(reader) => Some(read::summary(&reader.begin().unwrap()).unwrap().effects),
+        Ok(reader) => Some(reader.begin().unwrap().summary().unwrap().effects),
         Err(StoreError::NeedsRecovery(_)) => None,
         Err(e) => panic!("reading {} under a live writer: {e}", db.display()),
     }

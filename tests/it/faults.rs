@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use redb::StorageBackend;
 use redb::backends::FileBackend;
-use replay_guard::store::{Incoming, Store, StoreError, StoreOptions, read};
+use replay_guard::store::{Incoming, Store, StoreError, StoreOptions};
 use replay_guard::wire::FeedContract;
 
 use super::common::msg;
@@ -113,17 +113,17 @@ fn snapshot(path: &Path) -> Vec<String> {
     let store = Store::open(path, StoreOptions::default()).unwrap();
     let txn = store.reader().unwrap();
     let mut out = Vec::new();
-    read::scan_audit::<StoreError>(&txn, 0, |e| {
+    txn.scan_audit::<StoreError>(0, |e| {
         out.push(format!("{e:?}"));
         Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
-    read::scan_effects::<StoreError>(&txn, 0, |e| {
+    txn.scan_effects::<StoreError>(0, |e| {
         out.push(format!("{e:?}"));
         Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
-    read::scan_quarantine::<StoreError>(&txn, 0, |e| {
+    txn.scan_quarantine::<StoreError>(0, |e| {
         out.push(format!("{e:?}"));
         Ok(std::ops::ControlFlow::Continue(()))
     })
@@ -166,7 +166,7 @@ fn failed_write_or_sync_during_commit_leaves_the_previous_state_intact() {
         let succeeded = result.is_ok();
         if let Err(e) = &result {
             assert!(
-                matches!(e, StoreError::Storage(_)),
+                matches!(e, StoreError::CommitFailed(_)),
                 "unexpected error kind: {e}"
             );
             assert!(e.to_string().contains("restart the process"), "{e}");

@@ -178,7 +178,12 @@ fn dump_audit_reads_a_database_while_ingest_writes_it() {
     let db = dir.path().join("live.redb");
     let db_arg = db.to_str().unwrap();
     let config = dir.path().join("small-batches.toml");
-    std::fs::write(&config, format!("[commit]\nmax_batch = {MAX_BATCH}\n")).unwrap();
+    // A linger longer than the test keeps every commit a full batch until input ends.
+    std::fs::write(
+        &config,
+        format!("[commit]\nmax_batch = {MAX_BATCH}\nlinger_ms = 60000\n"),
+    )
+    .unwrap();
     let feed = common::generate_feed(0x11fe_f00d, FEED_LINES);
     assert_eq!(feed.lines, FEED_LINES);
     let lines: Vec<&[u8]> = feed.bytes.split_inclusive(|b| *b == b'\n').collect();

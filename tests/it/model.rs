@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use proptest::prelude::*;
 use replay_guard::decide::OutOfOrder;
 use replay_guard::model::Outcome;
-use replay_guard::store::{Incoming, Store, StoreError, StoreOptions, WindowPolicy, read};
+use replay_guard::store::{Incoming, Store, StoreError, StoreOptions, WindowPolicy};
 use replay_guard::wire::FeedContract;
 
 /// What the feed generator does next.
@@ -253,7 +253,7 @@ fn run_case(
     // Independent of the model: the properties the product promises.
     let txn = store.reader().unwrap();
     let mut effects = HashMap::new();
-    read::scan_effects::<StoreError>(&txn, 0, |e| {
+    txn.scan_effects::<StoreError>(0, |e| {
         effects.insert(e.offset, e);
         Ok(std::ops::ControlFlow::Continue(()))
     })
@@ -262,7 +262,7 @@ fn run_case(
     prop_assert_eq!(keys.len(), effects.len(), "an event was applied twice");
 
     let mut audit = Vec::new();
-    read::scan_audit::<StoreError>(&txn, 0, |e| {
+    txn.scan_audit::<StoreError>(0, |e| {
         audit.push(e);
         Ok(std::ops::ControlFlow::Continue(()))
     })
@@ -274,7 +274,7 @@ fn run_case(
     );
     let mut prev = [0u8; 32];
     let mut quarantine = HashMap::new();
-    read::scan_quarantine::<StoreError>(&txn, 0, |q| {
+    txn.scan_quarantine::<StoreError>(0, |q| {
         quarantine.insert(q.id, q);
         Ok(std::ops::ControlFlow::Continue(()))
     })
