@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
     long_about = "replay-guard decides, for every delivered incident message, whether its effect \
                   is applied, suppressed as a provable duplicate, or quarantined, and records \
                   each decision in a hash-chained audit log, all in one redb file.\n\n\
-                  Exit codes: 0 success, 1 usage or configuration error, 2 runtime or storage failure."
+                  Exit codes: 0 success or clean stop, 1 usage or configuration error, 2 runtime or \
+                  storage failure, 3 stopped at once by a second signal."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -21,6 +22,14 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the MQTT consumer service (until SIGTERM/SIGINT).
+    Run(RunArgs),
+    /// Validate a config file for `run` and exit (non-zero naming the problem).
+    CheckConfig {
+        /// TOML config file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Decide a file of captured payloads, one JSON message per line (offline replay).
     Ingest(IngestArgs),
     /// Print the audit log: one decision per line.
@@ -29,6 +38,16 @@ pub enum Command {
     DumpEffects(DumpArgs),
     /// Print the quarantine: conflicting, stale and malformed messages kept for review.
     DumpQuarantine(DumpArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Database file; overrides store.path from --config.
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

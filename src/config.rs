@@ -50,6 +50,178 @@ struct RawConfig {
     window: RawWindow,
     feed: RawFeed,
     commit: RawCommit,
+    mqtt: Option<RawMqtt>,
+    service: RawService,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum RawProtocol {
+    #[default]
+    #[serde(rename = "v5")]
+    V5,
+    #[serde(rename = "v3.1.1")]
+    V311,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawMqtt {
+    brokers: Vec<String>,
+    client_id: String,
+    topics: Vec<String>,
+    protocol: RawProtocol,
+    session_expiry_seconds: u32,
+    receive_maximum: u16,
+    keep_alive_seconds: u64,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    client_cert_file: Option<PathBuf>,
+    client_key_file: Option<PathBuf>,
+    retries_per_broker: u32,
+    backoff_initial_ms: u64,
+    backoff_max_ms: u64,
+}
+impl Default for RawMqtt {
+    fn default() -> Self {
+        RawMqtt {
+            brokers: Vec::new(),
+            client_id: String::new(),
+            topics: Vec::new(),
+            protocol: RawProtocol::V5,
+            session_expiry_seconds: 86_400,
+            receive_maximum: 1000,
+            keep_alive_seconds: 30,
+            username: None,
+            password_file: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            retries_per_broker: 3,
+            backoff_initial_ms: 200,
+            backoff_max_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawService {
+    shutdown_timeout_seconds: u64,
+}
+impl Default for RawService {
+    fn default() -> Self {
+        RawService {
+            shutdown_timeout_seconds: 10,
+        }
+    }
+}
+
+/// MQTT protocol version spoken to the brokers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    V5,
+    V311,
+}
+
+/// One broker address from `[mqtt] brokers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for BrokerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "mqtts" } else { "mqtt" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl BrokerUrl {
+    /// `mqtt://host[:port]` or `mqtts://host[:port]` (IPv6 hosts in brackets).
+    pub fn parse(s: &str) -> Result<BrokerUrl, String> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("mqtts://") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("mqtt://") {
+            (false, r)
+        } else {
+            return Err(format!("broker {s:?} must start with mqtt:// or mqtts://"));
+        };
+        let default_port = if tls { 8883 } else { 1883 };
+        let (host, port) = if let Some(r) = rest.strip_prefix('[') {
+            let (h, after) = r
+                .split_once(']')
+                .ok_or_else(|| format!("broker {s:?}: unclosed '['"))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(format!("broker {s:?}: unexpected {after:?} after the host")),
+            };
+            (h.to_string(), port)
+        } else {
+            match rest.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (rest.to_string(), None),
+            }
+        };
+        if host.is_empty() || host.contains('/') {
+            return Err(format!("broker {s:?}: no host, or a path after it"));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("broker {s:?}: bad port {p:?}"))?,
+        };
+        Ok(BrokerUrl { tls, host, port })
+    }
+}
+
+/// TLS material for `mqtts://` brokers. Certificate verification is always on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_file: PathBuf,
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
+/// A secret that never prints.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The validated `[mqtt]` section.
+#[derive(Debug, Clone)]
+pub struct MqttConfig {
+    pub brokers: Vec<BrokerUrl>,
+    pub client_id: String,
+    pub topics: Vec<String>,
+    pub protocol: Protocol,
+    pub session_expiry_seconds: u32,
+    pub receive_maximum: u16,
+    pub keep_alive: std::time::Duration,
+    pub credentials: Option<(String, Secret)>,
+    pub tls: Option<TlsFiles>,
+    pub retries_per_broker: u32,
+    pub backoff_initial: std::time::Duration,
+    pub backoff_max: std::time::Duration,
 }
 
 #[derive(Deserialize, Debug)]
@@ -142,6 +314,9 @@ pub struct Config {
     pub feed: FeedContract,
     pub max_batch: usize,
     pub linger: std::time::Duration,
+    /// `None` when the file has no `[mqtt]` section (enough for `ingest` and the dumps).
+    pub mqtt: Option<MqttConfig>,
+    pub shutdown_timeout: std::time::Duration,
 }
 
 impl Default for Config {
@@ -284,8 +459,110 @@ impl Config {
             feed,
             max_batch: raw.commit.max_batch,
             linger: std::time::Duration::from_millis(raw.commit.linger_ms),
+            mqtt: raw.mqtt.map(mqtt_from_raw).transpose()?,
+            shutdown_timeout: std::time::Duration::from_secs(raw.service.shutdown_timeout_seconds),
         })
     }
+}
+
+fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(format!("[mqtt] {m}"));
+    if m.brokers.is_empty() {
+        return Err(invalid(
+            "brokers: give at least one, e.g. [\"mqtt://127.0.0.1:1883\"]".into(),
+        ));
+    }
+    let brokers = m
+        .brokers
+        .iter()
+        .map(|b| BrokerUrl::parse(b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(format!("brokers: {e}")))?;
+    if m.client_id.is_empty() || m.client_id.len() > 256 {
+        return Err(invalid(
+            "client_id is required (1 to 256 bytes): a fixed id keeps the broker session".into(),
+        ));
+    }
+    if m.topics.is_empty() || m.topics.iter().any(|t| t.is_empty()) {
+        return Err(invalid(
+            "topics: give at least one non-empty topic filter".into(),
+        ));
+    }
+    if m.receive_maximum == 0 {
+        return Err(invalid("receive_maximum must be at least 1".into()));
+    }
+    if m.backoff_initial_ms == 0 || m.backoff_max_ms < m.backoff_initial_ms {
+        return Err(invalid(
+            "backoff_initial_ms must be at least 1 and at most backoff_max_ms".into(),
+        ));
+    }
+    let readable = |key: &str, p: &Path| -> Result<(), ConfigError> {
+        std::fs::File::open(p)
+            .map(drop)
+            .map_err(|e| invalid(format!("{key} {}: {e}", p.display())))
+    };
+    let tls_wanted = brokers.iter().any(|b| b.tls);
+    let tls = match (&m.ca_file, tls_wanted) {
+        (Some(ca), _) => {
+            readable("ca_file", ca)?;
+            match (&m.client_cert_file, &m.client_key_file) {
+                (Some(c), Some(k)) => {
+                    readable("client_cert_file", c)?;
+                    readable("client_key_file", k)?;
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(invalid(
+                        "client_cert_file and client_key_file go together".into(),
+                    ));
+                }
+            }
+            Some(TlsFiles {
+                ca_file: ca.clone(),
+                client_cert_file: m.client_cert_file.clone(),
+                client_key_file: m.client_key_file.clone(),
+            })
+        }
+        (None, true) => {
+            return Err(invalid(
+                "an mqtts:// broker needs ca_file (certificates are always verified)".into(),
+            ));
+        }
+        (None, false) => None,
+    };
+    let credentials = match &m.username {
+        None => None,
+        Some(user) => {
+            let from_systemd = std::env::var_os("CREDENTIALS_DIRECTORY")
+                .map(|d| PathBuf::from(d).join("mqtt-password"));
+            let path = m.password_file.clone().or(from_systemd.filter(|p| p.exists())).ok_or_else(|| {
+                invalid("username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password".into())
+            })?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| invalid(format!("password_file {}: {e}", path.display())))?;
+            Some((
+                user.clone(),
+                Secret(text.trim_end_matches(['\r', '\n']).to_string()),
+            ))
+        }
+    };
+    Ok(MqttConfig {
+        brokers,
+        client_id: m.client_id,
+        topics: m.topics,
+        protocol: match m.protocol {
+            RawProtocol::V5 => Protocol::V5,
+            RawProtocol::V311 => Protocol::V311,
+        },
+        session_expiry_seconds: m.session_expiry_seconds,
+        receive_maximum: m.receive_maximum,
+        keep_alive: std::time::Duration::from_secs(m.keep_alive_seconds),
+        credentials,
+        tls,
+        retries_per_broker: m.retries_per_broker,
+        backoff_initial: std::time::Duration::from_millis(m.backoff_initial_ms),
+        backoff_max: std::time::Duration::from_millis(m.backoff_max_ms),
+    })
 }
 
 #[cfg(test)]
@@ -331,6 +608,64 @@ mod tests {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn broker_urls_parse_or_say_why_not() {
+        let b = BrokerUrl::parse("mqtt://127.0.0.1:1884").unwrap();
+        assert_eq!((b.tls, b.host.as_str(), b.port), (false, "127.0.0.1", 1884));
+        assert_eq!(BrokerUrl::parse("mqtts://broker.local").unwrap().port, 8883);
+        assert_eq!(BrokerUrl::parse("mqtt://[::1]:1885").unwrap().host, "::1");
+        assert_eq!(
+            BrokerUrl::parse("mqtt://[::1]:1885").unwrap().to_string(),
+            "mqtt://[::1]:1885"
+        );
+        for bad in [
+            "tcp://x:1",
+            "mqtt://:1883",
+            "mqtt://h:0",
+            "mqtt://h:99999",
+            "mqtt://h/x",
+        ] {
+            assert!(BrokerUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mqtt_section_is_validated() {
+        let ok = "[mqtt]\nbrokers = [\"mqtt://127.0.0.1:1883\"]\nclient_id = \"rg\"\ntopics = [\"t/#\"]\n";
+        let c = Config::parse(ok).unwrap();
+        let m = c.mqtt.unwrap();
+        assert_eq!(m.protocol, Protocol::V5);
+        assert_eq!(m.receive_maximum, 1000);
+        for (text, want) in [
+            ("[mqtt]\nclient_id = \"rg\"\ntopics = [\"t\"]", "brokers"),
+            (
+                "[mqtt]\nbrokers = [\"mqtt://h\"]\ntopics = [\"t\"]",
+                "client_id",
+            ),
+            (
+                "[mqtt]\nbrokers = [\"mqtts://h\"]\nclient_id = \"x\"\ntopics = [\"t\"]",
+                "ca_file",
+            ),
+            (
+                "[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"x\"\ntopics = [\"t\"]\nprotocol = \"v4\"",
+                "v4",
+            ),
+            (
+                "[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"x\"\ntopics = [\"t\"]\nusername = \"u\"\npassword_file = \"/nonexistent\"",
+                "password_file",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Secret("hunter2".into());
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 
     #[test]

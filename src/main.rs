@@ -1,6 +1,6 @@
 //! The `replay-guard` binary: parse flags, set up logging, dispatch, map errors to exit codes.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -25,8 +25,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match &cli.command {
+        Command::Run(a) => commands::run::run(a),
+        Command::CheckConfig { file } => commands::check_config::run(file),
         Command::Ingest(a) => commands::ingest::run(a),
         Command::DumpAudit(a) => dump::run(dump::Table::Audit, a),
         Command::DumpEffects(a) => dump::run(dump::Table::Effects, a),

@@ -1,7 +1,9 @@
 //! One module per subcommand, and the exit-code contract they share.
 
+pub mod check_config;
 pub mod dump;
 pub mod ingest;
+pub mod run;
 
 use std::process::ExitCode;
 
@@ -11,6 +13,8 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_USAGE: u8 = 1;
 /// Exit code of a runtime or storage failure (systemd restarts the service on it).
 pub const EXIT_FAILURE: u8 = 2;
+/// Exit code after a second SIGTERM/SIGINT cut the drain short.
+pub const EXIT_FORCED: u8 = 3;
 
 /// A command's failure, classified by what the operator must do about it.
 #[derive(Debug)]
@@ -49,5 +53,14 @@ impl From<crate::store::StoreError> for Failure {
 impl From<std::io::Error> for Failure {
     fn from(e: std::io::Error) -> Self {
         Failure::Runtime(anyhow::Error::new(e).context("cannot write output"))
+    }
+}
+
+impl From<crate::service::ServiceError> for Failure {
+    fn from(e: crate::service::ServiceError) -> Self {
+        match e {
+            crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
+            _ => Failure::Runtime(e.into()),
+        }
     }
 }

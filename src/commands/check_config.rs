@@ -1,0 +1,40 @@
+//! `check-config`: validate a configuration for `run` without starting anything.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::anyhow;
+
+use super::Failure;
+use crate::config::Config;
+
+pub fn run(path: &Path) -> Result<(), Failure> {
+    let config = Config::load(path)?;
+    let db = config.require_db()?;
+    let mqtt = config.mqtt.as_ref().ok_or_else(|| {
+        Failure::Usage(anyhow!(
+            "config file {}: no [mqtt] section (needed by `run`)",
+            path.display()
+        ))
+    })?;
+    if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(Failure::Usage(anyhow!(
+                "config file {}: [store] path: directory {} does not exist",
+                path.display(),
+                dir.display()
+            )));
+        }
+    }
+    let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}: ok (database {}, brokers {}, topics {}, protocol {:?})",
+        path.display(),
+        db.display(),
+        brokers.join(" "),
+        mqtt.topics.join(" "),
+        mqtt.protocol
+    );
+    Ok(())
+}

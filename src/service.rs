@@ -1,0 +1,378 @@
+//! `run`: transport -> wire -> store thread -> ack. Group-commits deliveries, acknowledges each
+//! only after the commit holding its decision returned Ok, in arrival order, and drains on
+//! shutdown. Shutdown is injected (`Shutdown`); signals are turned into it in `signals`.
+
+use std::path::PathBuf;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::Config;
+use crate::model::{Outcome, OutcomeCounts};
+use crate::notify::Notifier;
+use crate::store::{BatchReport, Incoming, Store, StoreError};
+use crate::timefmt::now_ms;
+use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
+
+/// Why `run` stopped other than by a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// A shutdown request that can be awaited; `Shutdown::new` also returns its trigger.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    pub fn new() -> (watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Shutdown(rx))
+    }
+    async fn requested(&mut self) {
+        while !*self.0.borrow_and_update() {
+            if self.0.changed().await.is_err() {
+                // The trigger is gone: nobody can ask for shutdown any more.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// What a run did, for logs and tests.
+#[derive(Debug, Default, Clone)]
+pub struct RunSummary {
+    pub counts: OutcomeCounts,
+    pub batches: u64,
+    pub acks_sent: u64,
+    pub acks_stale: u64,
+    pub reconnects: u64,
+    pub failovers: u64,
+}
+
+type Reply = oneshot::Sender<Result<BatchReport, StoreError>>;
+/// A submitted batch: the store's answer to come, and the acks to send once it is Ok.
+type InFlight = (
+    oneshot::Receiver<Result<BatchReport, StoreError>>,
+    Vec<Option<AckToken>>,
+);
+
+/// The store on its own thread: redb blocks and fsyncs, so it never runs on the async thread.
+struct StoreWorker {
+    jobs: Option<std_mpsc::Sender<(Vec<Incoming>, Reply)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StoreWorker {
+    fn spawn(mut store: Store) -> std::io::Result<StoreWorker> {
+        let (tx, rx) = std_mpsc::channel::<(Vec<Incoming>, Reply)>();
+        let thread = std::thread::Builder::new()
+            .name("store".into())
+            .spawn(move || {
+                for (batch, reply) in rx {
+                    let result = store.commit_batch(&batch, now_ms());
+                    let failed = result.is_err();
+                    let _ = reply.send(result);
+                    if failed {
+                        return; // latched: no retry loop
+                    }
+                }
+            })?;
+        Ok(StoreWorker {
+            jobs: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn submit(&self, batch: Vec<Incoming>) -> oneshot::Receiver<Result<BatchReport, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send((batch, tx)); // a dead worker drops `tx`: the receiver errors
+        }
+        rx
+    }
+}
+
+impl Drop for StoreWorker {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join(); // the store closes cleanly on its own thread
+        }
+    }
+}
+
+/// Runs the consumer until `shutdown`, or a fatal storage error.
+pub fn run(
+    config: Config,
+    shutdown: Shutdown,
+    notifier: &Notifier,
+) -> Result<RunSummary, ServiceError> {
+    let db: PathBuf = config
+        .require_db()
+        .map_err(|e| ServiceError::Config(e.to_string()))?
+        .to_path_buf();
+    let mqtt = config
+        .mqtt
+        .clone()
+        .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
+    let store = Store::open(&db, config.store.clone())?;
+    let worker = StoreWorker::spawn(store)
+        .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
+    tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
+    notifier.notify("READY=1\nSTATUS=database open, connecting");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServiceError::Runtime(format!("cannot start the runtime: {e}")))?;
+    let result = rt.block_on(Consumer::new(&config, worker, notifier).run(mqtt, shutdown));
+    notifier.notify("STOPPING=1");
+    result
+}
+
+struct Consumer<'a> {
+    max_batch: usize,
+    linger: Duration,
+    window: usize,
+    drain_timeout: Duration,
+    feed: crate::wire::FeedContract,
+    worker: StoreWorker,
+    notifier: &'a Notifier,
+    summary: RunSummary,
+    /// Duplicates absorbed since the last (re)connect, reported once the burst ends.
+    burst: Option<(String, u64)>,
+}
+
+/// The batch being filled and the one being committed (at most one: commits are ordered, so
+/// acknowledgements go out in arrival order).
+struct Pipeline {
+    open: Vec<(Incoming, Option<AckToken>)>,
+    first_at: Option<Instant>,
+    committing: Option<InFlight>,
+}
+
+impl<'a> Consumer<'a> {
+    fn new(config: &Config, worker: StoreWorker, notifier: &'a Notifier) -> Consumer<'a> {
+        let window = config
+            .mqtt
+            .as_ref()
+            .map_or(usize::MAX, |m| usize::from(m.receive_maximum));
+        Consumer {
+            max_batch: config.max_batch,
+            linger: config.linger,
+            window,
+            drain_timeout: config.shutdown_timeout,
+            feed: config.feed.clone(),
+            worker,
+            notifier,
+            summary: RunSummary::default(),
+            burst: None,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mqtt: crate::config::MqttConfig,
+        mut shutdown: Shutdown,
+    ) -> Result<RunSummary, ServiceError> {
+        let max_packet = self.feed.max_payload_bytes.saturating_add(64 * 1024);
+        let (ev_tx, mut events) = mpsc::unbounded_channel();
+        let (handle, poller) =
+            transport::start(mqtt, max_packet, ev_tx).map_err(ServiceError::Config)?;
+        let mut p = Pipeline {
+            open: Vec::new(),
+            first_at: None,
+            committing: None,
+        };
+        let watchdog = Notifier::watchdog_interval();
+        let mut ticker = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+        loop {
+            let linger_at = p.first_at.map(|t| t + self.linger);
+            tokio::select! {
+                biased;
+                () = shutdown.requested() => break,
+                done = async { (&mut p.committing.as_mut().expect("guarded").0).await }, if p.committing.is_some() => {
+                    let (_, tokens) = p.committing.take().expect("guarded");
+                    self.finish_commit(done, tokens, &handle)?;
+                }
+                ev = events.recv() => match ev {
+                    Some(ev) => self.on_event(ev, &mut p),
+                    None => return Err(ServiceError::Runtime("the MQTT poll loop stopped unexpectedly".into())),
+                },
+                () = sleep_until(linger_at), if linger_at.is_some() && p.committing.is_none() => {}
+                _ = ticker.tick(), if watchdog.is_some() => {
+                    self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status()));
+                }
+            }
+            self.maybe_commit(&mut p, false);
+        }
+        self.drain(p, &handle, &mut events, poller).await?;
+        Ok(self.summary)
+    }
+
+    fn status(&self) -> String {
+        let c = &self.summary.counts;
+        format!(
+            "applied={} duplicate={} quarantined={} reconnects={} failovers={}",
+            c.get(Outcome::Applied) + c.get(Outcome::AppliedLate),
+            c.get(Outcome::Duplicate),
+            c.get(Outcome::Conflict) + c.get(Outcome::Stale) + c.get(Outcome::Malformed),
+            self.summary.reconnects,
+            self.summary.failovers
+        )
+    }
+
+    fn on_event(&mut self, ev: TransportEvent, p: &mut Pipeline) {
+        match ev {
+            TransportEvent::Delivery(d) => {
+                let incoming = Incoming::decode(d.topic, d.payload, now_ms(), &self.feed);
+                if p.open.is_empty() {
+                    p.first_at = Some(Instant::now());
+                }
+                p.open.push((incoming, d.token));
+            }
+            TransportEvent::Connected {
+                broker,
+                session_present,
+            } => {
+                tracing::info!(%broker, session_present, "connected");
+                self.end_burst();
+                // Replays come after a reconnect: count what is absorbed until a batch has none.
+                if self.summary.reconnects > 0 {
+                    self.burst = Some((broker, 0));
+                }
+            }
+            TransportEvent::Disconnected { broker, error } => {
+                self.summary.reconnects += 1;
+                tracing::warn!(%broker, %error, "connection lost; unacknowledged deliveries will be redelivered");
+            }
+            TransportEvent::Failover { from, to } => {
+                self.summary.failovers += 1;
+                tracing::warn!(%from, %to, "switching broker");
+            }
+            TransportEvent::Closed => {}
+        }
+    }
+
+    /// Starts a commit when the batch is full, the broker's in-flight window is used up (no
+    /// more deliveries can come until we ack), its linger has passed, or we are draining.
+    fn maybe_commit(&mut self, p: &mut Pipeline, draining: bool) {
+        if p.committing.is_some() || p.open.is_empty() {
+            return;
+        }
+        let lingered = p.first_at.is_some_and(|t| t.elapsed() >= self.linger);
+        if !(draining || lingered || p.open.len() >= self.max_batch || p.open.len() >= self.window)
+        {
+            return;
+        }
+        let take = p.open.len().min(self.max_batch);
+        let rest = p.open.split_off(take);
+        let batch = std::mem::replace(&mut p.open, rest);
+        p.first_at = (!p.open.is_empty()).then(Instant::now);
+        let (incoming, tokens): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        p.committing = Some((self.worker.submit(incoming), tokens));
+    }
+
+    fn finish_commit(
+        &mut self,
+        done: Result<Result<BatchReport, StoreError>, oneshot::error::RecvError>,
+        tokens: Vec<Option<AckToken>>,
+        handle: &TransportHandle,
+    ) -> Result<(), ServiceError> {
+        let report = match done {
+            Ok(Ok(report)) => report,
+            // Fatal by design: nothing of this batch is acknowledged; the broker redelivers.
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(ServiceError::Runtime("the store thread died".into())),
+        };
+        let stats = handle.ack(tokens.into_iter().flatten());
+        self.summary.acks_sent += stats.sent as u64;
+        self.summary.acks_stale += stats.stale as u64;
+        if stats.failed > 0 {
+            tracing::warn!(
+                failed = stats.failed,
+                "could not queue every PUBACK; the broker will redeliver those"
+            );
+        }
+        self.summary.counts.merge(&report.counts);
+        self.summary.batches += 1;
+        let dups = report.counts.get(Outcome::Duplicate);
+        match &mut self.burst {
+            Some((_, n)) if dups > 0 => *n += dups,
+            Some(_) => self.end_burst(),
+            None => {}
+        }
+        tracing::debug!(
+            size = report.decided.len(),
+            duplicates = dups,
+            evicted = report.evicted,
+            "batch committed"
+        );
+        Ok(())
+    }
+
+    fn end_burst(&mut self) {
+        if let Some((broker, n)) = self.burst.take() {
+            if n > 0 {
+                tracing::info!(%broker, duplicates = n, "replay burst absorbed: {n} duplicates after connecting to {broker}");
+            }
+        }
+    }
+
+    /// Stop taking deliveries, commit what is open, flush its acks, DISCONNECT keeping the
+    /// session; all within the shutdown timeout.
+    async fn drain(
+        &mut self,
+        mut p: Pipeline,
+        handle: &TransportHandle,
+        events: &mut mpsc::UnboundedReceiver<TransportEvent>,
+        poller: tokio::task::JoinHandle<()>,
+    ) -> Result<(), ServiceError> {
+        self.notifier.notify("STOPPING=1");
+        tracing::info!(open = p.open.len(), "draining");
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let work = async {
+            loop {
+                if let Some((rx, tokens)) = p.committing.take() {
+                    let done = rx.await;
+                    self.finish_commit(done, tokens, handle)?;
+                }
+                self.maybe_commit(&mut p, true);
+                if p.committing.is_none() {
+                    break;
+                }
+            }
+            self.end_burst();
+            handle.disconnect();
+            // Deliveries still arriving are not acknowledged: the broker keeps them.
+            while let Some(ev) = events.recv().await {
+                if matches!(ev, TransportEvent::Closed) {
+                    break;
+                }
+            }
+            Ok::<(), ServiceError>(())
+        };
+        match tokio::time::timeout_at(deadline, work).await {
+            Ok(r) => r?,
+            Err(_) => tracing::warn!(
+                "shutdown timeout reached; unacknowledged deliveries will be redelivered"
+            ),
+        }
+        poller.abort();
+        tracing::info!(summary = %self.status(), "stopped");
+        Ok(())
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,390 @@
+//! The MQTT side, and the only module that names rumqttc: options, subscribe, the poll loop,
+//! broker failover, and acknowledgements guarded by connection generation.
+//!
+//! The poll loop runs as its own task and is never cancelled mid-poll. Every connection loss
+//! bumps a generation counter before the loop awaits anything again; an acknowledgement is sent
+//! only for a delivery of the current generation. rumqttc drops PUBACKs still queued when a
+//! connection breaks, and a PUBACK carrying an old packet id on a new, session-less connection
+//! could acknowledge a message we never committed; so stale acks are dropped and the broker
+//! redelivers, which the engine suppresses as duplicates. The service runs on a current-thread
+//! runtime, so nothing can run between rumqttc's clean-up and the generation bump.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rumqttc::v5;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::{BrokerUrl, MqttConfig, Protocol};
+
+/// What the poll loop reports to the service.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per delivery; boxing would cost an allocation each
+pub enum TransportEvent {
+    Connected {
+        broker: String,
+        session_present: bool,
+    },
+    Disconnected {
+        broker: String,
+        error: String,
+    },
+    /// A broker switch after `retries_per_broker` failures.
+    Failover {
+        from: String,
+        to: String,
+    },
+    Delivery(Delivery),
+    /// The DISCONNECT went out (or the connection was already gone) after `disconnect()`.
+    Closed,
+}
+
+/// One PUBLISH received, to be decided and then acknowledged.
+#[derive(Debug)]
+pub struct Delivery {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub dup: bool,
+    /// `None` for QoS 0 (nothing to acknowledge).
+    pub token: Option<AckToken>,
+}
+
+/// What an acknowledgement needs: the packet and the connection it arrived on.
+#[derive(Debug)]
+pub struct AckToken {
+    generation: u64,
+    publish: PubRef,
+}
+
+#[derive(Debug)]
+enum PubRef {
+    V311(rumqttc::Publish),
+    V5(v5::mqttbytes::v5::Publish),
+}
+
+enum Client {
+    V311(rumqttc::AsyncClient),
+    V5(v5::AsyncClient),
+}
+
+#[allow(clippy::large_enum_variant)] // one per process
+enum Loop {
+    V311(rumqttc::EventLoop),
+    V5(v5::EventLoop),
+}
+
+/// The service's handle: acknowledge and disconnect. Cheap to clone.
+#[derive(Clone)]
+pub struct TransportHandle {
+    client: Arc<Mutex<Client>>,
+    generation: Arc<AtomicU64>,
+    stopping: Arc<AtomicBool>,
+}
+
+/// Counts of one `ack` call.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AckStats {
+    pub sent: usize,
+    /// Deliveries of an earlier connection: the broker redelivers them.
+    pub stale: usize,
+    /// The request queue was full: the broker redelivers them after a reconnect.
+    pub failed: usize,
+}
+
+impl TransportHandle {
+    /// Queues PUBACKs, in the given order, for the tokens of the current connection.
+    pub fn ack(&self, tokens: impl IntoIterator<Item = AckToken>) -> AckStats {
+        let current = self.generation.load(Ordering::SeqCst);
+        let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stats = AckStats::default();
+        for t in tokens {
+            if t.generation != current {
+                stats.stale += 1;
+                continue;
+            }
+            let ok = match (&*client, &t.publish) {
+                (Client::V311(c), PubRef::V311(p)) => c.try_ack(p).is_ok(),
+                (Client::V5(c), PubRef::V5(p)) => c.try_ack(p).is_ok(),
+                _ => false,
+            };
+            if ok {
+                stats.sent += 1;
+            } else {
+                stats.failed += 1;
+            }
+        }
+        stats
+    }
+
+    /// Sends DISCONNECT after the acks already queued (the session is kept) and makes the poll
+    /// loop end once it is out.
+    pub fn disconnect(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = match &*client {
+            Client::V311(c) => c.try_disconnect().is_ok(),
+            Client::V5(c) => c.try_disconnect().is_ok(),
+        };
+    }
+}
+
+fn request_capacity(cfg: &MqttConfig) -> usize {
+    // Room for a whole in-flight window of PUBACKs plus subscribes and the disconnect.
+    usize::from(cfg.receive_maximum) * 2 + 64
+}
+
+fn tls_transport(cfg: &MqttConfig) -> Result<rumqttc::Transport, String> {
+    let tls = cfg
+        .tls
+        .as_ref()
+        .ok_or("an mqtts:// broker needs [mqtt] ca_file")?;
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
+        (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+        _ => None,
+    };
+    Ok(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Simple {
+            ca: read(&tls.ca_file)?,
+            alpn: None,
+            client_auth,
+        },
+    ))
+}
+
+fn build(
+    cfg: &MqttConfig,
+    broker: &BrokerUrl,
+    max_packet: usize,
+) -> Result<(Client, Loop), String> {
+    let cap = request_capacity(cfg);
+    let transport = if broker.tls {
+        Some(tls_transport(cfg)?)
+    } else {
+        None
+    };
+    let max_packet_u32 = u32::try_from(max_packet).unwrap_or(u32::MAX);
+    Ok(match cfg.protocol {
+        Protocol::V5 => {
+            let mut o = v5::MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+            o.set_manual_acks(true)
+                .set_clean_start(false)
+                .set_session_expiry_interval(Some(cfg.session_expiry_seconds))
+                .set_receive_maximum(Some(cfg.receive_maximum))
+                .set_max_packet_size(Some(max_packet_u32))
+                .set_keep_alive(cfg.keep_alive)
+                .set_request_channel_capacity(cap);
+            if let Some((user, pass)) = &cfg.credentials {
+                o.set_credentials(user, pass.expose());
+            }
+            if let Some(t) = transport {
+                o.set_transport(t);
+            }
+            let (c, l) = v5::AsyncClient::new(o, cap);
+            (Client::V5(c), Loop::V5(l))
+        }
+        Protocol::V311 => {
+            let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+            o.set_manual_acks(true)
+                .set_clean_session(false)
+                .set_max_packet_size(max_packet, max_packet)
+                .set_keep_alive(cfg.keep_alive)
+                .set_request_channel_capacity(cap);
+            if let Some((user, pass)) = &cfg.credentials {
+                o.set_credentials(user, pass.expose());
+            }
+            if let Some(t) = transport {
+                o.set_transport(t);
+            }
+            let (c, l) = rumqttc::AsyncClient::new(o, cap);
+            (Client::V311(c), Loop::V311(l))
+        }
+    })
+}
+
+/// What one poll produced, protocol-independent.
+#[allow(clippy::large_enum_variant)] // short-lived, one at a time
+enum Polled {
+    ConnAck {
+        session_present: bool,
+        refused: Option<String>,
+    },
+    Publish(Delivery),
+    DisconnectSent,
+    Other,
+    Error(String),
+}
+
+async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
+    match l {
+        Loop::V5(l) => match l.poll().await {
+            Ok(v5::Event::Incoming(v5::Incoming::ConnAck(a))) => Polled::ConnAck {
+                session_present: a.session_present,
+                refused: (a.code != v5::mqttbytes::v5::ConnectReturnCode::Success)
+                    .then(|| format!("{:?}", a.code)),
+            },
+            Ok(v5::Event::Incoming(v5::Incoming::Publish(p))) => Polled::Publish(Delivery {
+                topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                payload: p.payload.to_vec(),
+                dup: p.dup,
+                token: (p.qos != v5::mqttbytes::QoS::AtMostOnce).then(|| AckToken {
+                    generation,
+                    publish: PubRef::V5(p),
+                }),
+            }),
+            Ok(v5::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => Polled::DisconnectSent,
+            Ok(_) => Polled::Other,
+            Err(e) => Polled::Error(e.to_string()),
+        },
+        Loop::V311(l) => match l.poll().await {
+            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(a))) => Polled::ConnAck {
+                session_present: a.session_present,
+                refused: (a.code != rumqttc::ConnectReturnCode::Success)
+                    .then(|| format!("{:?}", a.code)),
+            },
+            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p))) => {
+                Polled::Publish(Delivery {
+                    topic: p.topic.clone(),
+                    payload: p.payload.to_vec(),
+                    dup: p.dup,
+                    token: (p.qos != rumqttc::QoS::AtMostOnce).then(|| AckToken {
+                        generation,
+                        publish: PubRef::V311(p),
+                    }),
+                })
+            }
+            Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => Polled::DisconnectSent,
+            Ok(_) => Polled::Other,
+            Err(e) => Polled::Error(e.to_string()),
+        },
+    }
+}
+
+fn subscribe(client: &Client, topics: &[String]) {
+    for t in topics {
+        let queued = match client {
+            Client::V5(c) => c
+                .try_subscribe(t.clone(), v5::mqttbytes::QoS::AtLeastOnce)
+                .is_ok(),
+            Client::V311(c) => c
+                .try_subscribe(t.clone(), rumqttc::QoS::AtLeastOnce)
+                .is_ok(),
+        };
+        if !queued {
+            tracing::error!(topic = %t, "cannot queue SUBSCRIBE");
+        }
+    }
+}
+
+/// Starts the poll loop on the current runtime. Events go to `events`; the loop ends after
+/// `disconnect()` or when `events` is closed.
+pub fn start(
+    cfg: MqttConfig,
+    max_packet: usize,
+    events: UnboundedSender<TransportEvent>,
+) -> Result<(TransportHandle, tokio::task::JoinHandle<()>), String> {
+    let (client, eventloop) = build(&cfg, &cfg.brokers[0], max_packet)?;
+    let handle = TransportHandle {
+        client: Arc::new(Mutex::new(client)),
+        generation: Arc::new(AtomicU64::new(0)),
+        stopping: Arc::new(AtomicBool::new(false)),
+    };
+    let h = handle.clone();
+    let task = tokio::spawn(poll_loop(cfg, max_packet, eventloop, h, events));
+    Ok((handle, task))
+}
+
+async fn poll_loop(
+    cfg: MqttConfig,
+    max_packet: usize,
+    mut eventloop: Loop,
+    handle: TransportHandle,
+    events: UnboundedSender<TransportEvent>,
+) {
+    let mut broker = 0usize;
+    let mut failures = 0u32;
+    loop {
+        let generation = handle.generation.load(Ordering::SeqCst);
+        let polled = poll_once(&mut eventloop, generation).await;
+        // No await between a connection error and the generation bump (see module docs).
+        let event = match polled {
+            Polled::Error(error) => {
+                handle.generation.fetch_add(1, Ordering::SeqCst);
+                if handle.stopping.load(Ordering::SeqCst) {
+                    let _ = events.send(TransportEvent::Closed);
+                    return;
+                }
+                failures += 1;
+                let name = cfg.brokers[broker].to_string();
+                if events
+                    .send(TransportEvent::Disconnected {
+                        broker: name.clone(),
+                        error,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+                if failures > cfg.retries_per_broker && cfg.brokers.len() > 1 {
+                    let next = (broker + 1) % cfg.brokers.len();
+                    match build(&cfg, &cfg.brokers[next], max_packet) {
+                        Ok((client, l)) => {
+                            *handle.client.lock().unwrap_or_else(PoisonError::into_inner) = client;
+                            eventloop = l;
+                            broker = next;
+                            failures = 0;
+                            let to = cfg.brokers[next].to_string();
+                            let _ = events.send(TransportEvent::Failover { from: name, to });
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::error!(broker = %cfg.brokers[next], error = %e, "cannot prepare broker")
+                        }
+                    }
+                }
+                tokio::time::sleep(backoff(cfg.backoff_initial, cfg.backoff_max, failures)).await;
+                continue;
+            }
+            Polled::ConnAck {
+                session_present,
+                refused: Some(code),
+            } => {
+                tracing::warn!(broker = %cfg.brokers[broker], session_present, code = %code, "broker refused the connection");
+                continue;
+            }
+            Polled::ConnAck {
+                session_present,
+                refused: None,
+            } => {
+                failures = 0;
+                if !session_present {
+                    subscribe(
+                        &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
+                        &cfg.topics,
+                    );
+                }
+                TransportEvent::Connected {
+                    broker: cfg.brokers[broker].to_string(),
+                    session_present,
+                }
+            }
+            Polled::Publish(d) => TransportEvent::Delivery(d),
+            Polled::DisconnectSent => {
+                let _ = events.send(TransportEvent::Closed);
+                return;
+            }
+            Polled::Other => continue,
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+/// How long to wait between connection attempts: doubling from `initial`, capped at `max`.
+pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    initial
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(max)
+}
