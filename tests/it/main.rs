@@ -6,12 +6,16 @@
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
 //! - `live_read`: `dump-audit` while another process writes the database.
+//! - `broker`: a real Mosquitto per test on a free loopback port (harness).
+//! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bad_input;
+mod broker;
 mod cli;
 mod common;
 mod crash;
 mod faults;
 mod live_read;
 mod model;
+mod service;

@@ -1,0 +1,169 @@
+//! A real Mosquitto per test: started on a free loopback port with its own temp dir and
+//! config, stopped (or killed) by PID. Never the machine's own broker on 1883.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Broker {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Broker {
+    /// Starts mosquitto in `dir` (created if needed). `persistence` keeps `mosquitto.db` there,
+    /// saved only on SIGUSR1 or exit (autosave 0), as in a real failover test.
+    pub fn start(dir: &Path, persistence: bool) -> Broker {
+        Broker::start_on(dir, free_port(), persistence)
+    }
+
+    pub fn start_on(dir: &Path, port: u16, persistence: bool) -> Broker {
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("mosquitto.conf");
+        let mut text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\nuser root\nmax_queued_messages 0\nmax_inflight_messages 100\n"
+        );
+        if persistence {
+            text.push_str(&format!(
+                "persistence true\npersistence_location {}/\nautosave_interval 0\n",
+                dir.display()
+            ));
+        } else {
+            text.push_str("persistence false\n");
+        }
+        std::fs::write(&conf, text).unwrap();
+        let log = std::fs::File::create(dir.join("mosquitto.log")).unwrap();
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto must be installed (apt-get install -y mosquitto mosquitto-clients)");
+        let b = Broker {
+            port,
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        };
+        b.wait_ready();
+        b
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "mosquitto did not listen on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A handle on a broker another `Broker` owns (for publishing from another thread).
+    pub fn attach(port: u16) -> Broker {
+        Broker {
+            port,
+            dir: PathBuf::new(),
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).expect("running")
+    }
+
+    /// SIGUSR1: write the persistence file now.
+    pub fn snapshot(&self) {
+        let db = self.dir.join("mosquitto.db");
+        let before = std::fs::metadata(&db).and_then(|m| m.modified()).ok();
+        signal(self.pid(), "USR1");
+        let start = Instant::now();
+        loop {
+            let now = std::fs::metadata(&db).and_then(|m| m.modified()).ok();
+            if now.is_some() && now != before {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no snapshot written"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200)); // written via temp file + rename
+    }
+
+    /// SIGKILL: the broker dies without saving anything.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Publishes each line as one QoS 1 message on `topic` and waits for every PUBACK.
+    pub fn publish_lines(&self, topic: &str, lines: &[String], client_id: &str) {
+        use std::io::Write as _;
+        let mut child = Command::new("mosquitto_pub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-q",
+                "1",
+                "-t",
+                topic,
+                "-i",
+                client_id,
+                "-l",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mosquitto_pub must be installed (apt-get install -y mosquitto-clients)");
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            writeln!(stdin, "{l}").unwrap();
+        }
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "mosquitto_pub: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn signal(pid: i32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill -{sig} {pid}");
+}

@@ -1,0 +1,312 @@
+//! `run` against real Mosquitto brokers: exactly-once effects across a basic feed, a real
+//! failover replay from a restored persistence file, kill -9 of the consumer mid-surge, and
+//! SIGTERM mid-surge; over MQTT 5 and 3.1.1.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replay_guard::model::Outcome;
+use replay_guard::store::{Reader, StoreError};
+
+use super::broker::{Broker, signal};
+use super::common;
+
+/// A `replay-guard run` process with its config and database.
+struct Consumer {
+    config: PathBuf,
+    db: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Consumer {
+    fn new(dir: &Path, brokers: &[String], protocol: &str, client_id: &str) -> Consumer {
+        let db = dir.join("rg.redb");
+        let config = dir.join("rg.toml");
+        let list: Vec<String> = brokers.iter().map(|b| format!("{b:?}")).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\npath = {:?}\n[mqtt]\nbrokers = [{}]\nclient_id = {client_id:?}\ntopics = [\"incidents/#\"]\n\
+                 protocol = {protocol:?}\nretries_per_broker = 2\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n\
+                 keep_alive_seconds = 5\n[commit]\nmax_batch = 256\nlinger_ms = 5\n[service]\nshutdown_timeout_seconds = 10\n",
+                db.to_str().unwrap(),
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        Consumer {
+            config,
+            db,
+            log: dir.join("rg.log"),
+            child: None,
+        }
+    }
+
+    fn start(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(common::bin())
+            .args(["run", "--config", self.config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// SIGTERM, then the exit code (which must come within `limit`).
+    fn stop(&mut self, limit: Duration) -> Option<i32> {
+        let mut child = self.child.take().expect("running");
+        signal(child.id() as i32, "TERM");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                panic!(
+                    "consumer did not stop within {limit:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Number of audit entries, once the database can be read.
+    fn decided(&self) -> Option<u64> {
+        let reader = Reader::open(&self.db).ok()?;
+        Some(reader.begin().ok()?.summary().ok()?.audit_entries)
+    }
+
+    fn wait_decided(&self, at_least: u64, limit: Duration) {
+        let start = Instant::now();
+        while self.decided().unwrap_or(0) < at_least {
+            assert!(
+                start.elapsed() < limit,
+                "only {:?} of {at_least} decided after {limit:?}; log:\n{}",
+                self.decided(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Outcome counts from the audit log.
+    fn outcomes(&self) -> BTreeMap<Outcome, u64> {
+        let reader = Reader::open(&self.db).unwrap();
+        let txn = reader.begin().unwrap();
+        let mut out = BTreeMap::new();
+        txn.scan_audit::<StoreError>(0, |e| {
+            *out.entry(e.outcome().unwrap()).or_insert(0) += 1;
+            Ok(std::ops::ControlFlow::Continue(()))
+        })
+        .unwrap();
+        out
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn events(from: u64, to: u64) -> Vec<String> {
+    (from..to)
+        .map(|i| common::msg("CALFIRE", &format!("E{}", i % 7), 1, i, "status"))
+        .collect()
+}
+
+/// Every effect's (source, sequence) exactly once, and the set equals `want`.
+fn assert_exactly_once(db: &Path, want: &HashSet<(String, u64)>) {
+    let effects = common::effects(db);
+    let mut seen = HashSet::new();
+    for e in &effects {
+        let k = (e.record.source_id.clone(), e.record.sequence);
+        assert!(seen.insert(k.clone()), "effect {k:?} applied twice");
+    }
+    assert_eq!(&seen, want, "applied set differs from what was published");
+}
+
+fn want(from: u64, to: u64) -> HashSet<(String, u64)> {
+    (from..to).map(|i| (format!("E{}", i % 7), i)).collect()
+}
+
+fn basic(protocol: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::new(dir.path(), &[broker.url()], protocol, "rg-basic");
+    c.start();
+    std::thread::sleep(Duration::from_millis(300)); // subscribe before publishing
+    let mut lines = events(0, 2000);
+    lines.extend(events(0, 200)); // a publisher resending the same bytes
+    lines.push("not json".into());
+    broker.publish_lines("incidents/ca", &lines, "pub-basic");
+    c.wait_decided(lines.len() as u64, Duration::from_secs(30));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    let o = c.outcomes();
+    assert_eq!(o.get(&Outcome::Applied), Some(&2000));
+    assert_eq!(o.get(&Outcome::Duplicate), Some(&200));
+    assert_eq!(o.get(&Outcome::Malformed), Some(&1));
+    assert_exactly_once(&c.db, &want(0, 2000));
+    // Everything was acknowledged: the kept session holds nothing for us.
+    c.start();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    assert_eq!(
+        c.decided(),
+        Some(lines.len() as u64),
+        "the broker redelivered acknowledged messages"
+    );
+}
+
+#[test]
+fn basic_feed_is_applied_once_and_fully_acknowledged_over_mqtt5() {
+    basic("v5");
+}
+
+#[test]
+fn basic_feed_is_applied_once_and_fully_acknowledged_over_mqtt311() {
+    basic("v3.1.1");
+}
+
+/// Broker A snapshots with messages pending for our session, the consumer applies and acks
+/// them, A dies, standby B starts from A's snapshot and replays them (mostly with DUP = 0).
+fn failover_replay(protocol: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Broker::start(&dir.path().join("a"), true);
+    let b_port = super::broker::free_port();
+    let b_url = format!("mqtt://127.0.0.1:{b_port}");
+    let mut c = Consumer::new(dir.path(), &[a.url(), b_url], protocol, "rg-failover");
+    // Create the session on A, then go away keeping it.
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    a.publish_lines("incidents/ca", &events(0, 300), "pub-a");
+    a.snapshot(); // 300 pending for our session in A's snapshot
+    c.start();
+    c.wait_decided(300, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
+    a.kill();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    std::fs::copy(
+        dir.path().join("a/mosquitto.db"),
+        dir.path().join("b/mosquitto.db"),
+    )
+    .unwrap();
+    let b = Broker::start_on(&dir.path().join("b"), b_port, true);
+    // B replays the 300 from its restored session: each is suppressed.
+    c.wait_decided(600, Duration::from_secs(30));
+    b.publish_lines("incidents/ca", &events(300, 400), "pub-b");
+    c.wait_decided(700, Duration::from_secs(30));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    let o = c.outcomes();
+    assert_eq!(o.get(&Outcome::Applied), Some(&400), "{o:?}");
+    assert_eq!(o.get(&Outcome::Duplicate), Some(&300), "{o:?}");
+    assert_exactly_once(&c.db, &want(0, 400));
+    let log = c.log_text();
+    assert!(log.contains("switching broker"), "{log}");
+    assert!(
+        log.contains("replay burst absorbed: 300 duplicates"),
+        "{log}"
+    );
+}
+
+#[test]
+fn failover_replay_from_a_restored_broker_is_suppressed_over_mqtt5() {
+    failover_replay("v5");
+}
+
+#[test]
+fn failover_replay_from_a_restored_broker_is_suppressed_over_mqtt311() {
+    failover_replay("v3.1.1");
+}
+
+#[test]
+fn consumer_killed_mid_surge_ten_times_applies_every_event_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-kill");
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    const N: u64 = 12_000;
+    let publisher = {
+        let lines = events(0, N);
+        let port = broker.port;
+        std::thread::spawn(move || {
+            let b = Broker::attach(port);
+            for chunk in lines.chunks(400) {
+                b.publish_lines("incidents/ca", chunk, "pub-kill");
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        })
+    };
+    let mut rng = common::SplitMix64::new(7);
+    let mut mid_surge = 0;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100 + (rng.next_u64() % 200)));
+        let decided = c.decided().unwrap_or(0);
+        if !publisher.is_finished() && decided > 0 && decided < N {
+            mid_surge += 1;
+        }
+        c.kill9();
+        c.start();
+    }
+    assert!(
+        mid_surge >= 5,
+        "only {mid_surge} of 10 kills landed mid-surge"
+    );
+    publisher.join().unwrap();
+    c.wait_decided(N, Duration::from_secs(60));
+    // Give redeliveries of the last unacked batch time to arrive, then stop cleanly.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    assert_exactly_once(&c.db, &want(0, N));
+}
+
+#[test]
+fn sigterm_mid_surge_exits_0_in_time_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-term");
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    const N: u64 = 8_000;
+    let port = broker.port;
+    let publisher = std::thread::spawn(move || {
+        Broker::attach(port).publish_lines("incidents/ca", &events(0, N), "pub-term")
+    });
+    c.wait_decided(500, Duration::from_secs(30));
+    let started = Instant::now();
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    publisher.join().unwrap();
+    c.start();
+    c.wait_decided(N, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    assert_exactly_once(&c.db, &want(0, N));
+}
