@@ -16,8 +16,19 @@ use clap::{Parser, Subcommand, ValueEnum};
                   storage failure, 3 stopped at once by a second signal."
 )]
 pub struct Cli {
+    /// Log format on stderr (level filter: RUST_LOG, default info).
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per event (for journald/Loki/ELK).
+    Json,
 }
 
 #[derive(Subcommand, Debug)]

@@ -17,15 +17,7 @@ pub fn run(path: &Path) -> Result<(), Failure> {
             path.display()
         ))
     })?;
-    if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(Failure::Usage(anyhow!(
-                "config file {}: [store] path: directory {} does not exist",
-                path.display(),
-                dir.display()
-            )));
-        }
-    }
+    // The database directory may not exist yet: systemd creates StateDirectory at start.
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
         std::io::stdout(),
