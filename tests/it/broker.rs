@@ -29,6 +29,15 @@ impl Broker {
     }
 
     pub fn start_on(dir: &Path, port: u16, persistence: bool) -> Broker {
+        Broker::start_full(dir, port, persistence, "")
+    }
+
+    /// Like `start`, with extra config lines (e.g. a TLS listener).
+    pub fn start_with(dir: &Path, persistence: bool, extra: &str) -> Broker {
+        Broker::start_full(dir, free_port(), persistence, extra)
+    }
+
+    fn start_full(dir: &Path, port: u16, persistence: bool, extra: &str) -> Broker {
         std::fs::create_dir_all(dir).unwrap();
         let conf = dir.join("mosquitto.conf");
         let mut text = format!(
@@ -42,6 +51,7 @@ impl Broker {
         } else {
             text.push_str("persistence false\n");
         }
+        text.push_str(extra);
         std::fs::write(&conf, text).unwrap();
         let log = std::fs::File::create(dir.join("mosquitto.log")).unwrap();
         let child = Command::new("mosquitto")

@@ -1,0 +1,168 @@
+//! MQTT over TLS with a CA and a client certificate made in the test (openssl): the consumer
+//! verifies the broker and authenticates with its certificate (mTLS); a consumer trusting
+//! another CA never gets a delivery.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::broker::{Broker, free_port};
+use super::common;
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl must be installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, all PEM, in `dir`.
+fn make_pki(dir: &Path, ca_name: &str) {
+    let ca_subj = format!("/CN={ca_name}");
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "2", "-subj", &ca_subj,
+        ],
+    );
+    for (name, usage, san) in [
+        ("server", "serverAuth", "subjectAltName=IP:127.0.0.1\n"),
+        ("client", "clientAuth", ""),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), format!("{san}basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n")).unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN=rg-{name}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+}
+
+fn consumer_config(dir: &Path, tls_port: u16, pki: &Path, trusted_ca: &Path) -> std::path::PathBuf {
+    let cfg = dir.join("rg.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtts://127.0.0.1:{tls_port}\"]\nclient_id = \"rg-tls\"\ntopics = [\"incidents/#\"]\n\
+             ca_file = {:?}\nclient_cert_file = {:?}\nclient_key_file = {:?}\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+            dir.join("rg.redb").to_str().unwrap(),
+            trusted_ca.to_str().unwrap(),
+            pki.join("client.pem").to_str().unwrap(),
+            pki.join("client.key").to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn decided(db: &Path) -> u64 {
+    replay_guard::store::Reader::open(db)
+        .ok()
+        .and_then(|r| r.begin().ok())
+        .and_then(|s| s.summary().ok())
+        .map_or(0, |s| s.audit_entries)
+}
+
+#[test]
+fn consumer_verifies_the_broker_and_authenticates_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    make_pki(&pki, "rg-test-ca");
+    let tls_port = free_port();
+    let extra = format!(
+        "listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+        pki.join("ca.pem").display(),
+        pki.join("server.pem").display(),
+        pki.join("server.key").display()
+    );
+    let broker = Broker::start_with(&dir.path().join("broker"), false, &extra);
+
+    let cfg = consumer_config(dir.path(), tls_port, &pki, &pki.join("ca.pem"));
+    let mut child = Command::new(common::bin())
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let lines: Vec<String> = (0..50)
+        .map(|i| common::msg("A", "S", 0, i, "tls"))
+        .collect();
+    broker.publish_lines("incidents/x", &lines, "pub-tls");
+    let db = dir.path().join("rg.redb");
+    let start = Instant::now();
+    while decided(&db) < 50 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing over TLS"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    super::broker::signal(child.id() as i32, "TERM");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(common::effects(&db).len(), 50);
+
+    // The same consumer (a client certificate the broker accepts) trusting another CA must
+    // refuse the broker: server verification is always on.
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    make_pki(&other, "someone-else");
+    let dir2 = dir.path().join("c2");
+    std::fs::create_dir_all(&dir2).unwrap();
+    let cfg2 = consumer_config(&dir2, tls_port, &pki, &other.join("ca.pem"));
+    let child2 = Command::new(common::bin())
+        .args(["run", "--config", cfg2.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    broker.publish_lines("incidents/x", &lines, "pub-tls2");
+    std::thread::sleep(Duration::from_millis(500));
+    super::broker::signal(child2.id() as i32, "TERM");
+    let out = child2.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("connection lost"), "{log}");
+    assert!(
+        !log.contains("connected broker"),
+        "connected to a broker it must not trust:\n{log}"
+    );
+    assert_eq!(decided(&dir2.join("rg.redb")), 0);
+}
