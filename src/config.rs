@@ -12,7 +12,7 @@ use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES, FeedContract};
 
 /// Largest accepted `[commit] max_batch`.
 pub const MAX_BATCH_LIMIT: usize = 65_535;
-pub const DEFAULT_MAX_BATCH: usize = 512;
+pub const DEFAULT_MAX_BATCH: usize = 1000;
 /// How long a batch waits for more messages after its first one before it commits anyway.
 pub const DEFAULT_LINGER_MS: u64 = 10;
 
@@ -581,7 +581,7 @@ mod tests {
         );
         assert_eq!(c.store.out_of_order, OutOfOrder::Apply);
         assert_eq!(c.feed.max_payload_bytes, 262_144);
-        assert_eq!(c.max_batch, 512);
+        assert_eq!(c.max_batch, 1000);
         assert!(c.db_path.is_none());
     }
 

@@ -291,7 +291,9 @@ impl<'a> Consumer<'a> {
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(ServiceError::Runtime("the store thread died".into())),
         };
+        let delivered = tokens.len();
         let stats = handle.ack(tokens.into_iter().flatten());
+        handle.release(delivered);
         self.summary.acks_sent += stats.sent as u64;
         self.summary.acks_stale += stats.stale as u64;
         if stats.failed > 0 {

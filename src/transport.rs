@@ -9,11 +9,12 @@
 //! redelivers, which the engine suppresses as duplicates. The service runs on a current-thread
 //! runtime, so nothing can run between rumqttc's clean-up and the generation bump.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rumqttc::v5;
+use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::{BrokerUrl, MqttConfig, Protocol};
@@ -74,12 +75,18 @@ enum Loop {
     V5(v5::EventLoop),
 }
 
-/// The service's handle: acknowledge and disconnect. Cheap to clone.
+/// The service's handle: acknowledge, release, disconnect. Cheap to clone.
 #[derive(Clone)]
 pub struct TransportHandle {
     client: Arc<Mutex<Client>>,
     generation: Arc<AtomicU64>,
     stopping: Arc<AtomicBool>,
+    /// Deliveries handed to the service and not yet released (decided and committed).
+    backlog: Arc<AtomicUsize>,
+    room: Arc<Notify>,
+    /// The poll loop stops reading while `backlog` is at this (the receive maximum): a broker
+    /// that ignores our Receive Maximum then waits on TCP instead of filling our memory.
+    limit: usize,
 }
 
 /// Counts of one `ack` call.
@@ -117,10 +124,21 @@ impl TransportHandle {
         stats
     }
 
+    /// Marks `n` deliveries as decided and committed, letting the poll loop read more.
+    pub fn release(&self, n: usize) {
+        let _ = self
+            .backlog
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                Some(b.saturating_sub(n))
+            });
+        self.room.notify_one();
+    }
+
     /// Sends DISCONNECT after the acks already queued (the session is kept) and makes the poll
     /// loop end once it is out.
     pub fn disconnect(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        self.room.notify_one();
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = match &*client {
             Client::V311(c) => c.try_disconnect().is_ok(),
@@ -289,6 +307,9 @@ pub fn start(
         client: Arc::new(Mutex::new(client)),
         generation: Arc::new(AtomicU64::new(0)),
         stopping: Arc::new(AtomicBool::new(false)),
+        backlog: Arc::new(AtomicUsize::new(0)),
+        room: Arc::new(Notify::new()),
+        limit: usize::from(cfg.receive_maximum),
     };
     let h = handle.clone();
     let task = tokio::spawn(poll_loop(cfg, max_packet, eventloop, h, events));
@@ -305,6 +326,18 @@ async fn poll_loop(
     let mut broker = 0usize;
     let mut failures = 0u32;
     loop {
+        // Backpressure: wait for room before reading more deliveries.
+        while handle.backlog.load(Ordering::SeqCst) >= handle.limit
+            && !handle.stopping.load(Ordering::SeqCst)
+        {
+            let room = handle.room.notified();
+            if handle.backlog.load(Ordering::SeqCst) < handle.limit
+                || handle.stopping.load(Ordering::SeqCst)
+            {
+                break;
+            }
+            room.await;
+        }
         let generation = handle.generation.load(Ordering::SeqCst);
         let polled = poll_once(&mut eventloop, generation).await;
         // No await between a connection error and the generation bump (see module docs).
@@ -369,7 +402,10 @@ async fn poll_loop(
                     session_present,
                 }
             }
-            Polled::Publish(d) => TransportEvent::Delivery(d),
+            Polled::Publish(d) => {
+                handle.backlog.fetch_add(1, Ordering::SeqCst);
+                TransportEvent::Delivery(d)
+            }
             Polled::DisconnectSent => {
                 let _ = events.send(TransportEvent::Closed);
                 return;

@@ -23,7 +23,7 @@ pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot, StoreSumma
 use tables::*;
 
 /// Default redb page cache: bounds the process's memory whatever the window size.
-pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+pub const DEFAULT_CACHE_BYTES: usize = 32 * 1024 * 1024;
 /// Evictions allowed per transaction beyond the batch's own size, so a long-idle window is
 /// drained over a few commits instead of one huge one.
 const EVICTION_SLACK: u64 = 4096;

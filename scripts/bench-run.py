@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""End-to-end measurements of `replay-guard run` against a local Mosquitto.
+
+1. Throughput ratio: N ~200-byte QoS 1 messages (10% replays) are queued on a private broker
+   for an offline persistent session, then drained by (a) `mosquitto_sub -q 1` (acks at once,
+   stores nothing) and (b) `replay-guard run` (decides, commits durably, then acks). Same
+   broker, same run, interleaved ROUNDS times. Reports msg/s of each and the ratio b/a.
+2. Restart after kill -9 with a 1,000,000-entry window: time from process start to the first
+   commit (READY + first batch) on a database holding 1M applied messages.
+3. Peak RSS of `run` during the drains (from /proc/PID/status VmHWM).
+
+Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3)
+Env:   RG_MAX_BATCH, RG_RECEIVE_MAXIMUM, RG_CACHE_MB override [commit] max_batch,
+       [mqtt] receive_maximum and [store] cache_mb.
+Needs: mosquitto, mosquitto_sub, and the release builds (cargo build --release --bins --examples).
+"""
+import os, random, re, shutil, signal, socket, subprocess, sys, tempfile, time
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "replay-guard")
+PUB = os.path.join(ROOT, "target", "release", "examples", "publish")
+# Settings under test (env overrides; defaults are the shipped defaults).
+RECEIVE_MAXIMUM = int(os.environ.get("RG_RECEIVE_MAXIMUM", "1000"))
+MAX_BATCH = int(os.environ.get("RG_MAX_BATCH", "512"))
+CACHE_MB = int(os.environ.get("RG_CACHE_MB", "64"))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def feed(n, seed):
+    rng = random.Random(seed)
+    nxt, out = [1] * 50, []
+    for i in range(1, n + 1):
+        s = rng.randrange(50)
+        if i % 10 == 0 and nxt[s] > 1:
+            seq = nxt[s] - 1 - rng.randrange(min(nxt[s] - 1, 1000))
+        else:
+            seq, nxt[s] = nxt[s], nxt[s] + 1
+        head = '{"agency":"agency-%d","source_id":"unit-%03d","epoch":1,"sequence":%d,"note":"' % (s % 5, s, seq)
+        out.append(head + "x" * max(1, 198 - len(head)) + '"}')
+    return out
+
+
+def start_broker(d):
+    port = free_port()
+    conf = os.path.join(d, "mosquitto.conf")
+    with open(conf, "w") as f:
+        f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n"
+                "max_queued_messages 0\nmax_inflight_messages 1000\n")
+    p = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            return p, port
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit("mosquitto did not start")
+
+
+def publish(port, lines):
+    # mosquitto_pub -l drops lines at these rates (2.0.11): use our rumqttc load generator.
+    p = subprocess.Popen([PUB, str(port), "bench/t", "bench-pub"], stdin=subprocess.PIPE)
+    p.communicate(("\n".join(lines) + "\n").encode())
+    assert p.returncode == 0
+
+
+def sub_session(port, cid):
+    subprocess.run(["mosquitto_sub", "-p", str(port), "-q", "1", "-c", "-i", cid, "-t", "bench/#", "-W", "1"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def drain_mosquitto_sub(port, n):
+    t0 = time.monotonic()
+    subprocess.run(["mosquitto_sub", "-p", str(port), "-q", "1", "-c", "-i", "bench-sub", "-t", "bench/#", "-C", str(n)],
+                   stdout=subprocess.DEVNULL, check=True)
+    return time.monotonic() - t0
+
+
+def write_config(d, port, db, window=600):
+    cfg = os.path.join(d, "rg.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[store]\npath = "{db}"\ncache_mb = {CACHE_MB}\n[window]\nseconds = {window}\n[mqtt]\nbrokers = ["mqtt://127.0.0.1:{port}"]\n'
+                f'client_id = "bench-rg"\ntopics = ["bench/#"]\nreceive_maximum = {RECEIVE_MAXIMUM}\n'
+                f'[commit]\nmax_batch = {MAX_BATCH}\n')
+    return cfg
+
+
+def run_until(cfg, n, rss):
+    """Starts `run`, returns (seconds until n messages are committed, seconds to first commit)."""
+    env = dict(os.environ, RUST_LOG="replay_guard=debug")
+    t0 = time.monotonic()
+    p = subprocess.Popen([BIN, "--log-format", "text", "run", "--config", cfg], stderr=subprocess.PIPE, env=env, text=True)
+    done, first = 0, None
+    for line in p.stderr:
+        m = re.search(r"batch committed size=(\d+)", line)
+        if m:
+            first = first or time.monotonic() - t0
+            done += int(m.group(1))
+            try:
+                with open(f"/proc/{p.pid}/status") as st:
+                    hwm = int(re.search(r"VmHWM:\s+(\d+)", st.read()).group(1))
+                    rss.append(hwm)
+            except (OSError, AttributeError):
+                pass
+            if done >= n:
+                break
+    elapsed = time.monotonic() - t0
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    return elapsed, first
+
+
+def main():
+    subprocess.run(["cargo", "build", "--release", "--bins", "--examples", "-q"], cwd=ROOT, check=True)
+    tmp = tempfile.mkdtemp(prefix="rg-bench-run.")
+    try:
+        broker, port = start_broker(tmp)
+        lines = feed(N, 1)
+        rss, sub_rates, rg_rates = [], [], []
+        sub_session(port, "bench-sub")
+        for r in range(ROUNDS):
+            publish(port, lines)
+            t = drain_mosquitto_sub(port, N)
+            sub_rates.append(N / t)
+            db = os.path.join(tmp, f"rg{r}.redb")
+            cfg = write_config(tmp, port, db)
+            # create the session, then queue the feed for it while it is offline
+            p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+            p.send_signal(signal.SIGTERM)
+            p.wait()
+            publish(port, lines)
+            t, _ = run_until(cfg, N, rss)
+            rg_rates.append(N / t)
+            print(f"round {r + 1}: mosquitto_sub {sub_rates[-1]:,.0f} msg/s, "
+                  f"replay-guard {rg_rates[-1]:,.0f} msg/s, ratio {rg_rates[-1] / sub_rates[-1]:.2f}", flush=True)
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        print(f"median: mosquitto_sub {med(sub_rates):,.0f} msg/s, replay-guard {med(rg_rates):,.0f} msg/s, "
+              f"ratio {med(rg_rates) / med(sub_rates):.2f}")
+        print(f"peak RSS of run: {max(rss) / 1024:.1f} MiB")
+
+        # Restart after kill -9 with a 1,000,000-entry window.
+        db = os.path.join(tmp, "big.redb")
+        big = os.path.join(tmp, "big.jsonl")
+        with open(big, "w") as f:
+            for i in range(1_000_000):
+                f.write('{"agency":"a","source_id":"s%d","sequence":%d,"note":"%s"}\n' % (i % 50, i, "y" * 150))
+        subprocess.run([BIN, "ingest", "--db", db, big], check=True, stderr=subprocess.DEVNULL)
+        cfg = write_config(tmp, port, db, window=86400)
+        p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        p.kill()
+        p.wait()
+        publish(port, feed(1000, 2))
+        rss2 = []
+        _, first = run_until(cfg, 1, rss2)
+        print(f"kill -9 -> restart -> first commit with a 1,000,000-entry window: {first:.3f} s; "
+              f"peak RSS {max(rss2) / 1024:.1f} MiB")
+        broker.terminate()
+        broker.wait()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
