@@ -139,3 +139,48 @@ fn a_password_never_appears_in_errors_or_logs() {
     );
     assert!(!log.contains("s3cr3t"), "password in the log:\n{log}");
 }
+
+#[test]
+fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = super::broker::Broker::start(&dir.path().join("broker"), false);
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-notify\"\ntopics = [\"t\"]\n",
+            dir.path().join("db.redb").to_str().unwrap(),
+            broker.url()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(common::bin())
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "200000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.iter().any(|m: &String| m.starts_with("WATCHDOG=1")) {
+        let n = sock.recv(&mut buf).expect("no notification within 10 s");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(got[0].starts_with("READY=1"), "{got:?}");
+    assert!(
+        got.iter().any(|m| m.contains("STATUS=applied=0")),
+        "{got:?}"
+    );
+    super::broker::signal(child.id() as i32, "TERM");
+    while !got.iter().any(|m| m.starts_with("STOPPING=1")) {
+        let n = sock.recv(&mut buf).expect("no STOPPING=1");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(0));
+}
