@@ -22,9 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "replay-guard")
 PUB = os.path.join(ROOT, "target", "release", "examples", "publish")
 # Settings under test (env overrides; defaults are the shipped defaults).
-RECEIVE_MAXIMUM = int(os.environ.get("RG_RECEIVE_MAXIMUM", "1000"))
-MAX_BATCH = int(os.environ.get("RG_MAX_BATCH", "512"))
-CACHE_MB = int(os.environ.get("RG_CACHE_MB", "64"))
+def setting(key, env):
+    return f"{key} = {int(os.environ[env])}\n" if env in os.environ else ""
 
 
 def free_port():
@@ -87,9 +86,10 @@ def drain_mosquitto_sub(port, n):
 def write_config(d, port, db, window=600):
     cfg = os.path.join(d, "rg.toml")
     with open(cfg, "w") as f:
-        f.write(f'[store]\npath = "{db}"\ncache_mb = {CACHE_MB}\n[window]\nseconds = {window}\n[mqtt]\nbrokers = ["mqtt://127.0.0.1:{port}"]\n'
-                f'client_id = "bench-rg"\ntopics = ["bench/#"]\nreceive_maximum = {RECEIVE_MAXIMUM}\n'
-                f'[commit]\nmax_batch = {MAX_BATCH}\n')
+        f.write(f'[store]\npath = "{db}"\n' + setting("cache_mb", "RG_CACHE_MB")
+                + f'[window]\nseconds = {window}\n[mqtt]\nbrokers = ["mqtt://127.0.0.1:{port}"]\n'
+                + 'client_id = "bench-rg"\ntopics = ["bench/#"]\n' + setting("receive_maximum", "RG_RECEIVE_MAXIMUM")
+                + '[commit]\n' + setting("max_batch", "RG_MAX_BATCH"))
     return cfg
 
 

@@ -88,13 +88,18 @@ hash_newtype!(Digest);
 
 /// Lowercase hex of any byte string.
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 0x0f)] as char);
-    }
+    hex_into(&mut s, bytes);
     s
+}
+
+/// Appends the lowercase hex of `bytes` to `out`.
+pub fn hex_into(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0x0f)] as char);
+    }
 }
 
 /// Parses 64 hex digits (either case) into 32 bytes.

@@ -5,7 +5,7 @@
 
 use crate::json::{Json, write_string};
 use crate::key::sha256;
-use crate::model::{Outcome, hex};
+use crate::model::{Outcome, hex, hex_into};
 use crate::store::tables::AuditRecord;
 use crate::timefmt::rfc3339_ms;
 
@@ -61,7 +61,7 @@ pub fn canonical_body(index: u64, r: &AuditRecord) -> String {
     let opt_hex = |out: &mut String, v: &Option<[u8; 32]>| match v {
         Some(b) => {
             out.push('"');
-            out.push_str(&hex(b));
+            hex_into(out, b);
             out.push('"');
         }
         None => out.push_str("null"),
@@ -89,7 +89,15 @@ pub fn canonical_body(index: u64, r: &AuditRecord) -> String {
     key(&mut out, "reason");
     write_string(&mut out, &r.reason);
     key(&mut out, "recorded_at");
-    write_string(&mut out, &rfc3339_ms(r.recorded_at_ms));
+    // A batch shares one timestamp: format it once per batch, not per entry.
+    thread_local!(static LAST: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) });
+    LAST.with_borrow_mut(|(ms, text)| {
+        if *ms != r.recorded_at_ms {
+            *ms = r.recorded_at_ms;
+            *text = rfc3339_ms(r.recorded_at_ms);
+        }
+        write_string(&mut out, text);
+    });
     key(&mut out, "sequence");
     opt_num(&mut out, r.sequence);
     key(&mut out, "source_id");

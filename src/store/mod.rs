@@ -401,6 +401,8 @@ struct Writer<'t> {
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     names: HashMap<Source, u64>,
     states: HashMap<u64, SourceState>,
+    /// Reused encoding buffer (one allocation per batch, not per record).
+    buf: Vec<u8>,
 }
 
 fn pos_pair(p: Position) -> (u64, u64) {
@@ -438,6 +440,7 @@ impl<'t> Writer<'t> {
             quarantine_fp: txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?,
             names: HashMap::new(),
             states: HashMap::new(),
+            buf: Vec::with_capacity(1024),
         })
     }
 
@@ -539,7 +542,7 @@ impl<'t> Writer<'t> {
                     payload: incoming.payload.clone(),
                 };
                 self.effects
-                    .insert(offset, encode(&effect).as_slice())
+                    .insert(offset, encode_into(&effect, &mut self.buf))
                     .map_err(StoreError::redb)?;
                 let w = WindowRecord {
                     digest: *msg.digest.as_bytes(),
@@ -548,7 +551,7 @@ impl<'t> Writer<'t> {
                 self.window
                     .insert(
                         (no, msg.position.epoch, msg.position.sequence),
-                        encode(&w).as_slice(),
+                        encode_into(&w, &mut self.buf),
                     )
                     .map_err(StoreError::redb)?;
                 if !late {
@@ -709,7 +712,7 @@ impl<'t> Writer<'t> {
                 rec.deliveries += 1;
                 rec.last_seen_ms = incoming.received_at_ms.max(rec.last_seen_ms);
                 self.quarantine
-                    .insert(id, encode(&rec).as_slice())
+                    .insert(id, encode_into(&rec, &mut self.buf))
                     .map_err(StoreError::redb)?;
                 return Ok(id);
             }
@@ -728,7 +731,7 @@ impl<'t> Writer<'t> {
             payload: payload.to_vec(),
         };
         self.quarantine
-            .insert(id, encode(&rec).as_slice())
+            .insert(id, encode_into(&rec, &mut self.buf))
             .map_err(StoreError::redb)?;
         self.quarantine_fp
             .insert(&fp, id)
@@ -741,7 +744,7 @@ impl<'t> Writer<'t> {
         rec.prev_hash = self.meta.chain_head;
         rec.hash = audit::entry_hash(index, &rec, &rec.prev_hash);
         self.audit
-            .insert(index, encode(&rec).as_slice())
+            .insert(index, encode_into(&rec, &mut self.buf))
             .map_err(StoreError::redb)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;
@@ -808,12 +811,12 @@ impl<'t> Writer<'t> {
         for (no, st) in &self.states {
             if st.dirty {
                 self.sources
-                    .insert(*no, encode(&st.record).as_slice())
+                    .insert(*no, encode_into(&st.record, &mut self.buf))
                     .map_err(StoreError::redb)?;
             }
         }
         self.meta_table
-            .insert(META_KEY, encode(&self.meta).as_slice())
+            .insert(META_KEY, encode_into(&self.meta, &mut self.buf))
             .map_err(StoreError::redb)?;
         Ok(())
     }

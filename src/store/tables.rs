@@ -166,12 +166,22 @@ pub struct RecordError {
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    let out = vec![RECORD_V1];
+    let mut out = Vec::new();
+    encode_into(record, &mut out);
+    out
+}
+
+/// Encodes into `buf` (cleared first), reusing its allocation on the commit path.
+pub fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
+    buf.clear();
+    buf.push(RECORD_V1);
+    let taken = std::mem::take(buf);
     // postcard only fails on unsupported serde features (none used) or a full fixed buffer.
-    match postcard::to_extend(record, out) {
+    *buf = match postcard::to_extend(record, taken) {
         Ok(v) => v,
         Err(e) => unreachable!("postcard cannot encode a record: {e}"),
-    }
+    };
+    buf.as_slice()
 }
 
 pub fn decode<T: DeserializeOwned>(
