@@ -354,3 +354,39 @@ fn failover_to_a_standby_without_the_session_resubscribes_and_keeps_flowing() {
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     assert_exactly_once(&c.db, &want(0, 200));
 }
+
+#[test]
+fn a_failed_commit_stops_the_service_with_code_2_and_acknowledges_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-fail");
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    for chunk in events(0, 3000).chunks(1000) {
+        broker.publish_lines("incidents/ca", chunk, "pub-fail");
+    }
+    // The file may grow to 1 MiB only: a later commit fails with EFBIG (SIGXFSZ ignored).
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f 1024; exec {} run --config {}",
+            common::bin().display(),
+            c.config.display()
+        ))
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("storage failure while committing a batch"),
+        "{stderr}"
+    );
+    // Unlimited again: everything not committed before the failure comes back from the broker.
+    c.start();
+    c.wait_decided(3000, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    assert_exactly_once(&c.db, &want(0, 3000));
+}
