@@ -139,62 +139,61 @@ impl Snapshot {
     pub fn scan_audit<E: From<StoreError>>(
         &self,
         from: u64,
-        mut f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
+        f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        let t = self.0.open_table(AUDIT).map_err(r)?;
-        for item in t.range(from..).map_err(r)? {
-            let (k, v) = item.map_err(r)?;
-            let record = decode("audit", k.value(), v.value()).map_err(StoreError::from)?;
-            if f(AuditEntry {
-                index: k.value(),
-                record,
-            })?
-            .is_break()
-            {
-                break;
-            }
-        }
-        Ok(())
+        self.scan(
+            AUDIT,
+            "audit",
+            from,
+            |index, record| AuditEntry { index, record },
+            f,
+        )
     }
 
     /// Calls `f` with each effect from offset `from` on, until it breaks.
     pub fn scan_effects<E: From<StoreError>>(
         &self,
         from: u64,
-        mut f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
+        f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        let t = self.0.open_table(EFFECTS).map_err(r)?;
-        for item in t.range(from..).map_err(r)? {
-            let (k, v) = item.map_err(r)?;
-            let record = decode("effects", k.value(), v.value()).map_err(StoreError::from)?;
-            if f(Effect {
-                offset: k.value(),
-                record,
-            })?
-            .is_break()
-            {
-                break;
-            }
-        }
-        Ok(())
+        self.scan(
+            EFFECTS,
+            "effects",
+            from,
+            |offset, record| Effect { offset, record },
+            f,
+        )
     }
 
     /// Calls `f` with each quarantined message from id `from` on, until it breaks.
     pub fn scan_quarantine<E: From<StoreError>>(
         &self,
         from: u64,
-        mut f: impl FnMut(QuarantineEntry) -> Result<ControlFlow<()>, E>,
+        f: impl FnMut(QuarantineEntry) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        let t = self.0.open_table(QUARANTINE).map_err(r)?;
+        self.scan(
+            QUARANTINE,
+            "quarantine",
+            from,
+            |id, record| QuarantineEntry { id, record },
+            f,
+        )
+    }
+
+    /// Streams the records of a `u64`-keyed log table from key `from` on.
+    fn scan<R: serde::de::DeserializeOwned, T, E: From<StoreError>>(
+        &self,
+        table: redb::TableDefinition<u64, &[u8]>,
+        name: &'static str,
+        from: u64,
+        make: impl Fn(u64, R) -> T,
+        mut f: impl FnMut(T) -> Result<ControlFlow<()>, E>,
+    ) -> Result<(), E> {
+        let t = self.0.open_table(table).map_err(r)?;
         for item in t.range(from..).map_err(r)? {
             let (k, v) = item.map_err(r)?;
-            let record = decode("quarantine", k.value(), v.value()).map_err(StoreError::from)?;
-            if f(QuarantineEntry {
-                id: k.value(),
-                record,
-            })?
-            .is_break()
-            {
+            let record = decode(name, k.value(), v.value()).map_err(StoreError::from)?;
+            if f(make(k.value(), record))?.is_break() {
                 break;
             }
         }
