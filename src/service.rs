@@ -155,6 +155,8 @@ struct Pipeline {
     open: Vec<(Incoming, Option<AckToken>)>,
     first_at: Option<Instant>,
     committing: Option<InFlight>,
+    /// When the batch in `committing` was submitted (a hung disk stops the watchdog pings).
+    commit_started: Option<Instant>,
 }
 
 impl<'a> Consumer<'a> {
@@ -189,6 +191,7 @@ impl<'a> Consumer<'a> {
             open: Vec::new(),
             first_at: None,
             committing: None,
+            commit_started: None,
         };
         let watchdog = Notifier::watchdog_interval();
         let mut ticker = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
@@ -207,7 +210,15 @@ impl<'a> Consumer<'a> {
                 },
                 () = sleep_until(linger_at), if linger_at.is_some() && p.committing.is_none() => {}
                 _ = ticker.tick(), if watchdog.is_some() => {
-                    self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status()));
+                    // Ping only while commits make progress: a commit stuck for a whole
+                    // watchdog period (a hung disk) lets systemd restart us.
+                    let period = watchdog.unwrap_or_default() * 2;
+                    match p.commit_started.filter(|_| p.committing.is_some()) {
+                        Some(t) if t.elapsed() > period => {
+                            tracing::warn!(waiting = ?t.elapsed(), "commit not finished: withholding the watchdog ping");
+                        }
+                        _ => self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status())),
+                    }
                 }
             }
             self.maybe_commit(&mut p, false);
@@ -277,6 +288,7 @@ impl<'a> Consumer<'a> {
         p.first_at = (!p.open.is_empty()).then(Instant::now);
         let (incoming, tokens): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         p.committing = Some((self.worker.submit(incoming), tokens));
+        p.commit_started = Some(Instant::now());
     }
 
     fn finish_commit(
