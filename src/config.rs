@@ -488,6 +488,20 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
             "topics: give at least one non-empty topic filter".into(),
         ));
     }
+    if m.session_expiry_seconds < 60 {
+        return Err(invalid(
+            "session_expiry_seconds must be at least 60: a session that ends with the connection \
+             discards the unacknowledged messages replay-guard relies on the broker to redeliver"
+                .into(),
+        ));
+    }
+    if m.username.is_some() && brokers.iter().any(|b| b.tls) && brokers.iter().any(|b| !b.tls) {
+        return Err(invalid(
+            "brokers mix mqtts:// and mqtt:// while a username is set: a failover would send the \
+             password in clear; use mqtts:// for all of them"
+                .into(),
+        ));
+    }
     if m.receive_maximum == 0 {
         return Err(invalid("receive_maximum must be at least 1".into()));
     }

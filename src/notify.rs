@@ -62,7 +62,7 @@ impl Notifier {
     /// Half of `$WATCHDOG_USEC`, if systemd asked for watchdog pings.
     pub fn watchdog_interval() -> Option<Duration> {
         let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
-        (usec > 0).then(|| Duration::from_micros(usec / 2))
+        (usec > 0).then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
     }
 }
 

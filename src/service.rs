@@ -56,6 +56,9 @@ pub struct RunSummary {
     pub failovers: u64,
 }
 
+/// The largest packet the MQTT remaining-length field can express.
+const MQTT_MAX_PACKET: usize = 268_435_455;
+
 type Reply = oneshot::Sender<Result<BatchReport, StoreError>>;
 /// A submitted batch: the store's answer to come, and the acks to send once it is Ok.
 type InFlight = (
@@ -183,7 +186,10 @@ impl<'a> Consumer<'a> {
         mqtt: crate::config::MqttConfig,
         mut shutdown: Shutdown,
     ) -> Result<RunSummary, ServiceError> {
-        let max_packet = self.feed.max_payload_bytes.saturating_add(64 * 1024);
+        // Accept any packet MQTT allows: an oversized payload must reach `wire` to be
+        // quarantined (a smaller client limit makes v5 brokers drop it silently and v3.1.1
+        // connections loop on reconnect). The broker's message_size_limit bounds memory.
+        let max_packet = MQTT_MAX_PACKET;
         let (ev_tx, mut events) = mpsc::unbounded_channel();
         let (handle, poller) =
             transport::start(mqtt, max_packet, ev_tx).map_err(ServiceError::Config)?;

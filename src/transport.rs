@@ -279,6 +279,18 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
     }
 }
 
+impl Loop {
+    /// Drops events rumqttc read from a connection before it broke but has not handed out yet
+    /// (its `clean()` keeps them): a PUBLISH among them would otherwise surface after the
+    /// reconnect looking like a delivery of the new connection.
+    fn discard_leftovers(&mut self) {
+        match self {
+            Loop::V5(l) => l.state.events.clear(),
+            Loop::V311(l) => l.state.events.clear(),
+        }
+    }
+}
+
 fn subscribe(client: &Client, topics: &[String]) {
     for t in topics {
         let queued = match client {
@@ -325,6 +337,9 @@ async fn poll_loop(
 ) {
     let mut broker = 0usize;
     let mut failures = 0u32;
+    // Between a connection error and the next CONNACK no delivery is genuine: a PUBLISH then
+    // is a leftover of the broken connection (second guard beside `discard_leftovers`).
+    let mut connected = false;
     loop {
         // Backpressure: wait for room before reading more deliveries.
         while handle.backlog.load(Ordering::SeqCst) >= handle.limit
@@ -343,7 +358,9 @@ async fn poll_loop(
         // No await between a connection error and the generation bump (see module docs).
         let event = match polled {
             Polled::Error(error) => {
+                eventloop.discard_leftovers();
                 handle.generation.fetch_add(1, Ordering::SeqCst);
+                connected = false;
                 if handle.stopping.load(Ordering::SeqCst) {
                     let _ = events.send(TransportEvent::Closed);
                     return;
@@ -391,6 +408,7 @@ async fn poll_loop(
                 refused: None,
             } => {
                 failures = 0;
+                connected = true;
                 if !session_present {
                     subscribe(
                         &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
@@ -402,13 +420,25 @@ async fn poll_loop(
                     session_present,
                 }
             }
+            Polled::Publish(_) if !connected => {
+                tracing::debug!(
+                    "dropped a delivery read before a reconnect; the broker redelivers it"
+                );
+                continue;
+            }
             Polled::Publish(d) => {
                 handle.backlog.fetch_add(1, Ordering::SeqCst);
                 TransportEvent::Delivery(d)
             }
-            Polled::DisconnectSent => {
+            Polled::DisconnectSent if handle.stopping.load(Ordering::SeqCst) => {
                 let _ = events.send(TransportEvent::Closed);
                 return;
+            }
+            // rumqttc disconnects on its own after a protocol error: treat it as a lost
+            // connection (the next poll reconnects), not as the end of the service.
+            Polled::DisconnectSent => {
+                tracing::warn!(broker = %cfg.brokers[broker], "client-side disconnect after a protocol error");
+                continue;
             }
             Polled::Other => continue,
         };

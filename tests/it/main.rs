@@ -8,6 +8,7 @@
 //! - `live_read`: `dump-audit` while another process writes the database.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
+//! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +18,7 @@ mod broker;
 mod cli;
 mod common;
 mod crash;
+mod fake_peer;
 mod faults;
 mod live_read;
 mod model;

@@ -390,3 +390,40 @@ fn a_failed_commit_stops_the_service_with_code_2_and_acknowledges_nothing_of_it(
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     assert_exactly_once(&c.db, &want(0, 3000));
 }
+
+fn oversized(protocol: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::new(dir.path(), &[broker.url()], protocol, "rg-big");
+    let mut text = std::fs::read_to_string(&c.config).unwrap();
+    text.push_str("[feed]\nmax_payload_bytes = 1024\n");
+    std::fs::write(&c.config, text).unwrap();
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    let big = common::msg("CALFIRE", "E9", 1, 9, &"x".repeat(100_000));
+    broker.publish_lines(
+        "incidents/ca",
+        &[events(0, 5), vec![big], events(5, 10)].concat(),
+        "pub-big",
+    );
+    c.wait_decided(11, Duration::from_secs(20));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    let o = c.outcomes();
+    assert_eq!(o.get(&Outcome::Applied), Some(&10), "{o:?}");
+    assert_eq!(o.get(&Outcome::Malformed), Some(&1), "{o:?}");
+    assert!(
+        !c.log_text().contains("connection lost"),
+        "{}",
+        c.log_text()
+    );
+}
+
+#[test]
+fn an_oversized_message_is_quarantined_not_dropped_over_mqtt5() {
+    oversized("v5");
+}
+
+#[test]
+fn an_oversized_message_is_quarantined_not_dropped_over_mqtt311() {
+    oversized("v3.1.1");
+}

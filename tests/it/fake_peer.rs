@@ -1,0 +1,132 @@
+//! A scripted fake MQTT 3.1.1 broker for a protocol edge case the real one cannot stage on
+//! demand: a PUBLISH and the end of the connection arrive in one read. The consumer must never
+//! acknowledge that delivery on the next connection, where its packet id means nothing (or
+//! another message).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common;
+
+fn read_packet(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
+    let mut h = [0u8; 1];
+    s.read_exact(&mut h).ok()?;
+    let (mut len, mut mult) = (0usize, 1usize);
+    loop {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).ok()?;
+        len += usize::from(b[0] & 127) * mult;
+        mult *= 128;
+        if b[0] & 128 == 0 {
+            break;
+        }
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    Some((h[0] >> 4, body))
+}
+
+fn publish_packet(topic: &str, payload: &[u8], pkid: u16) -> Vec<u8> {
+    let mut var = Vec::new();
+    var.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    var.extend_from_slice(topic.as_bytes());
+    var.extend_from_slice(&pkid.to_be_bytes());
+    var.extend_from_slice(payload);
+    let mut out = vec![0x32];
+    let mut n = var.len();
+    loop {
+        let mut b = (n % 128) as u8;
+        n /= 128;
+        if n > 0 {
+            b |= 128;
+        }
+        out.push(b);
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&var);
+    out
+}
+
+/// Kills the consumer if the test fails before it stopped it.
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// CONNECT -> CONNACK (no session); SUBSCRIBE -> SUBACK.
+fn handshake(s: &mut TcpStream) {
+    let (kind, _) = read_packet(s).expect("CONNECT");
+    assert_eq!(kind, 1);
+    s.write_all(&[0x20, 2, 0, 0]).unwrap();
+    let (kind, body) = read_packet(s).expect("SUBSCRIBE");
+    assert_eq!(kind, 8);
+    s.write_all(&[0x90, 3, body[0], body[1], 1]).unwrap();
+}
+
+#[test]
+fn a_delivery_read_with_the_connection_loss_is_never_acknowledged_on_the_next_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = \"fake\"\n\
+             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\nbackoff_initial_ms = 20\nbackoff_max_ms = 50\n",
+            dir.path().join("db.redb").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(common::bin())
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    // Connection 1: a PUBLISH, then the broker vanishes, in one segment.
+    let (mut c1, _) = listener.accept().unwrap();
+    handshake(&mut c1);
+    std::thread::sleep(Duration::from_millis(200));
+    let msg = common::msg("CALFIRE", "E1", 1, 1, "A");
+    c1.write_all(&publish_packet("incidents/ca", msg.as_bytes(), 1))
+        .unwrap();
+    drop(c1);
+
+    // Connection 2: no session, nothing published: any PUBACK here is for a stale packet id.
+    let (mut c2, _) = listener.accept().unwrap();
+    handshake(&mut c2);
+    c2.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        match read_packet(&mut c2) {
+            Some((4, body)) => panic!(
+                "PUBACK for packet id {} on a connection that sent no PUBLISH",
+                u16::from_be_bytes([body[0], body[1]])
+            ),
+            Some((12, _)) => c2.write_all(&[0xD0, 0]).unwrap(), // PINGREQ -> PINGRESP
+            Some(_) | None => {}
+        }
+    }
+    super::broker::signal(child.0.id() as i32, "TERM");
+    // The drain sends DISCONNECT on connection 2; nothing else may come.
+    c2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while let Some((kind, body)) = read_packet(&mut c2) {
+        assert_ne!(kind, 4, "PUBACK {:?} during the drain", body.get(..2));
+        if kind == 14 {
+            break;
+        }
+    }
+    drop(c2);
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+}
