@@ -431,6 +431,13 @@ async fn poll_loop(
                 TransportEvent::Delivery(d)
             }
             Polled::DisconnectSent if handle.stopping.load(Ordering::SeqCst) => {
+                // rumqttc reports DISCONNECT once it is queued, before its write buffer (with
+                // the last PUBACKs ahead of it) reaches the socket: keep polling until the
+                // broker closes the connection, as it must after DISCONNECT, or a short while.
+                let flush = async {
+                    while !matches!(poll_once(&mut eventloop, generation).await, Polled::Error(_)) {}
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
                 let _ = events.send(TransportEvent::Closed);
                 return;
             }

@@ -130,3 +130,61 @@ fn a_delivery_read_with_the_connection_loss_is_never_acknowledged_on_the_next_co
     drop(c2);
     assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn pubacks_leave_in_the_order_the_publishes_arrived() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = \"order\"\n\
+             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\n[commit]\nmax_batch = 7\nlinger_ms = 1\n",
+            dir.path().join("db.redb").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(common::bin())
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (mut c, _) = listener.accept().unwrap();
+    handshake(&mut c);
+    // Packet ids out of numeric order, with duplicates and malformed ones mixed in, across
+    // several batches of 7: acks must follow arrival order exactly.
+    let pkids: Vec<u16> = (0..60u16).map(|i| 1 + (i * 37) % 97).collect();
+    let mut wire = Vec::new();
+    for (n, pkid) in pkids.iter().enumerate() {
+        let payload = match n % 10 {
+            3 => "garbage".to_string(),
+            7 => common::msg("A", "S", 0, (n - 1) as u64, "x"), // a replay of an earlier one
+            _ => common::msg("A", "S", 0, n as u64, "x"),
+        };
+        wire.extend_from_slice(&publish_packet("incidents/ca", payload.as_bytes(), *pkid));
+    }
+    c.write_all(&wire).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut acked = Vec::new();
+    while acked.len() < pkids.len() {
+        match read_packet(&mut c) {
+            Some((4, body)) => acked.push(u16::from_be_bytes([body[0], body[1]])),
+            Some((12, _)) => c.write_all(&[0xD0, 0]).unwrap(),
+            Some(_) => {}
+            None => panic!("connection ended after {} PUBACKs", acked.len()),
+        }
+    }
+    assert_eq!(acked, pkids, "PUBACKs out of arrival order");
+    super::broker::signal(child.0.id() as i32, "TERM");
+    while let Some((kind, _)) = read_packet(&mut c) {
+        if kind == 14 {
+            break;
+        }
+    }
+    drop(c);
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+}

@@ -315,6 +315,13 @@ fn sigterm_mid_surge_exits_0_in_time_and_loses_nothing() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     assert_exactly_once(&c.db, &want(0, N));
+    // The drain acknowledged everything it had committed: nothing committed came back.
+    let o = c.outcomes();
+    assert_eq!(
+        o.get(&Outcome::Duplicate),
+        None,
+        "committed deliveries were redelivered: {o:?}"
+    );
 }
 
 #[test]
