@@ -435,7 +435,10 @@ async fn poll_loop(
                 // the last PUBACKs ahead of it) reaches the socket: keep polling until the
                 // broker closes the connection, as it must after DISCONNECT, or a short while.
                 let flush = async {
-                    while !matches!(poll_once(&mut eventloop, generation).await, Polled::Error(_)) {}
+                    while !matches!(
+                        poll_once(&mut eventloop, generation).await,
+                        Polled::Error(_)
+                    ) {}
                 };
                 let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
                 let _ = events.send(TransportEvent::Closed);
