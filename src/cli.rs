@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
                   is applied, suppressed as a provable duplicate, or quarantined, and records \
                   each decision in a hash-chained audit log, all in one redb file.\n\n\
                   Exit codes: 0 success or clean stop, 1 usage or configuration error, 2 runtime or \
-                  storage failure, 3 stopped at once by a second signal."
+                  storage failure, 3 stopped at once by a second signal, 4 `verify` found a violation."
 )]
 pub struct Cli {
     /// Log format on stderr (level filter: RUST_LOG, default info).
@@ -43,6 +43,9 @@ pub enum Command {
     },
     /// Decide a file of captured payloads, one JSON message per line (offline replay).
     Ingest(IngestArgs),
+    /// Recompute the audit hash chain and check every invariant of the record (exit 4 on a
+    /// violation, naming the first broken entry).
+    Verify(DbArgs),
     /// Print the audit log: one decision per line.
     DumpAudit(DumpArgs),
     /// Print the effect log: every applied message, once.
@@ -75,6 +78,16 @@ pub struct IngestArgs {
     /// Input file, or - for standard input.
     #[arg(value_name = "FILE|-", default_value = "-")]
     pub input: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DbArgs {
+    /// Database file; overrides store.path from --config.
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// TOML config file (its store.path names the database).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::CheckConfig { file } => commands::check_config::run(file),
         Command::Ingest(a) => commands::ingest::run(a),
+        Command::Verify(a) => commands::verify::run(a),
         Command::DumpAudit(a) => dump::run(dump::Table::Audit, a),
         Command::DumpEffects(a) => dump::run(dump::Table::Effects, a),
         Command::DumpQuarantine(a) => dump::run(dump::Table::Quarantine, a),

@@ -4,6 +4,7 @@ pub mod check_config;
 pub mod dump;
 pub mod ingest;
 pub mod run;
+pub mod verify;
 
 use std::process::ExitCode;
 
@@ -15,12 +16,16 @@ pub const EXIT_USAGE: u8 = 1;
 pub const EXIT_FAILURE: u8 = 2;
 /// Exit code after a second SIGTERM/SIGINT cut the drain short.
 pub const EXIT_FORCED: u8 = 3;
+/// Exit code of `verify` finding a broken chain or invariant.
+pub const EXIT_VIOLATION: u8 = 4;
 
 /// A command's failure, classified by what the operator must do about it.
 #[derive(Debug)]
 pub enum Failure {
     Usage(anyhow::Error),
     Runtime(anyhow::Error),
+    /// `verify` found tampering or a broken invariant.
+    Violation(anyhow::Error),
 }
 
 impl Failure {
@@ -28,11 +33,12 @@ impl Failure {
         ExitCode::from(match self {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Runtime(_) => EXIT_FAILURE,
+            Failure::Violation(_) => EXIT_VIOLATION,
         })
     }
     pub fn error(&self) -> &anyhow::Error {
         match self {
-            Failure::Usage(e) | Failure::Runtime(e) => e,
+            Failure::Usage(e) | Failure::Runtime(e) | Failure::Violation(e) => e,
         }
     }
 }

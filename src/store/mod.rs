@@ -5,6 +5,7 @@
 mod audit;
 mod read;
 pub mod tables;
+pub mod verify;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

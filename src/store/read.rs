@@ -180,6 +180,44 @@ impl Snapshot {
         )
     }
 
+    /// One audit entry by index.
+    pub fn audit_entry(&self, index: u64) -> Result<Option<AuditEntry>, StoreError> {
+        self.get(AUDIT, "audit", index, |index, record| AuditEntry {
+            index,
+            record,
+        })
+    }
+
+    /// One effect by offset.
+    pub fn effect(&self, offset: u64) -> Result<Option<Effect>, StoreError> {
+        self.get(EFFECTS, "effects", offset, |offset, record| Effect {
+            offset,
+            record,
+        })
+    }
+
+    /// One quarantined message by id.
+    pub fn quarantined(&self, id: u64) -> Result<Option<QuarantineEntry>, StoreError> {
+        self.get(QUARANTINE, "quarantine", id, |id, record| QuarantineEntry {
+            id,
+            record,
+        })
+    }
+
+    fn get<R: serde::de::DeserializeOwned, T>(
+        &self,
+        table: redb::TableDefinition<u64, &[u8]>,
+        name: &'static str,
+        key: u64,
+        make: impl Fn(u64, R) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        let t = self.0.open_table(table).map_err(r)?;
+        let Some(v) = t.get(key).map_err(r)? else {
+            return Ok(None);
+        };
+        Ok(Some(make(key, decode(name, key, v.value())?)))
+    }
+
     /// Streams the records of a `u64`-keyed log table from key `from` on.
     fn scan<R: serde::de::DeserializeOwned, T, E: From<StoreError>>(
         &self,

@@ -10,6 +10,7 @@
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
+//! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,3 +26,4 @@ mod model;
 mod service;
 mod systemd;
 mod tls;
+mod verify;
