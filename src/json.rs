@@ -432,11 +432,6 @@ impl Pointer {
         self.tokens.len().cmp(&other.tokens.len())
     }
 
-    /// Whether this is the empty pointer (the whole document).
-    pub fn is_root(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
     pub fn parse(s: &str) -> Result<Pointer, String> {
         if s.is_empty() {
             return Ok(Pointer {

@@ -175,14 +175,6 @@ impl Outcome {
         matches!(self, Outcome::Applied | Outcome::AppliedLate)
     }
 
-    /// Whether this outcome keeps the message in quarantine.
-    pub fn quarantines(self) -> bool {
-        matches!(
-            self,
-            Outcome::Conflict | Outcome::Stale | Outcome::Malformed
-        )
-    }
-
     /// Stable code used in stored records.
     pub(crate) fn code(self) -> u8 {
         match self {

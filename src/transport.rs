@@ -46,7 +46,6 @@ pub enum TransportEvent {
 pub struct Delivery {
     pub topic: String,
     pub payload: Vec<u8>,
-    pub dup: bool,
     /// `None` for QoS 0 (nothing to acknowledge).
     pub token: Option<AckToken>,
 }
@@ -245,7 +244,6 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
             Ok(v5::Event::Incoming(v5::Incoming::Publish(p))) => Polled::Publish(Delivery {
                 topic: String::from_utf8_lossy(&p.topic).into_owned(),
                 payload: p.payload.to_vec(),
-                dup: p.dup,
                 token: (p.qos != v5::mqttbytes::QoS::AtMostOnce).then(|| AckToken {
                     generation,
                     publish: PubRef::V5(p),
@@ -265,7 +263,6 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                 Polled::Publish(Delivery {
                     topic: p.topic.clone(),
                     payload: p.payload.to_vec(),
-                    dup: p.dup,
                     token: (p.qos != rumqttc::QoS::AtMostOnce).then(|| AckToken {
                         generation,
                         publish: PubRef::V311(p),
