@@ -92,12 +92,8 @@ pub struct DbArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
-    /// Database file; overrides store.path from --config.
-    #[arg(long, value_name = "PATH")]
-    pub db: Option<PathBuf>,
-    /// TOML config file (its store.path names the database).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub db: DbArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub format: Format,

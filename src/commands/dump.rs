@@ -4,14 +4,11 @@
 use std::io::{self, BufWriter, Write};
 use std::ops::ControlFlow;
 
-use anyhow::anyhow;
-
 use super::Failure;
 use crate::cli::{DumpArgs, Format};
-use crate::config::Config;
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
-use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
+use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Snapshot};
 use crate::timefmt::rfc3339_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,16 +21,7 @@ pub enum Table {
 type Row = Vec<(String, Json)>;
 
 pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
-    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
-    let db = config.require_db()?;
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
-    let reader = Reader::open(db)?;
-    let txn = reader.begin()?;
+    let (_, txn) = super::open_existing(&args.db)?;
     let mut out = BufWriter::new(io::stdout().lock());
     let result = dump(&txn, table, args.format, &mut out).and_then(|()| Ok(out.flush()?));
     match result {

@@ -19,6 +19,22 @@ pub const EXIT_FORCED: u8 = 3;
 /// Exit code of `verify` finding a broken chain or invariant.
 pub const EXIT_VIOLATION: u8 = 4;
 
+/// The read-only snapshot of an existing database named by `--db` or `--config`.
+pub fn open_existing(
+    args: &crate::cli::DbArgs,
+) -> Result<(std::path::PathBuf, crate::store::Snapshot), Failure> {
+    let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    let db = config.require_db()?.to_path_buf();
+    if !db.exists() {
+        return Err(Failure::Usage(anyhow::anyhow!(
+            "database {} does not exist",
+            db.display()
+        )));
+    }
+    let snapshot = crate::store::Reader::open(&db)?.begin()?;
+    Ok((db, snapshot))
+}
+
 /// A command's failure, classified by what the operator must do about it.
 #[derive(Debug)]
 pub enum Failure {

@@ -7,21 +7,12 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::cli::DbArgs;
-use crate::config::Config;
 use crate::model::Outcome;
-use crate::store::{Reader, verify};
+use crate::store::verify;
 
 pub fn run(args: &DbArgs) -> Result<(), Failure> {
-    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
-    let db = config.require_db()?;
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
-    let reader = Reader::open(db)?;
-    let report = verify::verify(&reader.begin()?)?;
+    let (db, snapshot) = super::open_existing(args)?;
+    let report = verify::verify(&snapshot)?;
     let counts: Vec<String> = Outcome::ALL
         .iter()
         .map(|o| format!("{o}={}", report.counts.get(*o)))

@@ -70,28 +70,39 @@ fn handshake(s: &mut TcpStream) {
     s.write_all(&[0x90, 3, body[0], body[1], 1]).unwrap();
 }
 
-#[test]
-fn a_delivery_read_with_the_connection_loss_is_never_acknowledged_on_the_next_connection() {
-    let dir = tempfile::tempdir().unwrap();
+/// A fake broker's listening socket and a `replay-guard run` (3.1.1) pointed at it, with
+/// `extra` config lines.
+fn consumer_of_fake_broker(
+    dir: &std::path::Path,
+    client_id: &str,
+    extra: &str,
+) -> (TcpListener, KillOnDrop) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let cfg = dir.path().join("c.toml");
+    let cfg = dir.join("c.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = \"fake\"\n\
-             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\nbackoff_initial_ms = 20\nbackoff_max_ms = 50\n",
-            dir.path().join("db.redb").to_str().unwrap()
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = {client_id:?}\n\
+             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\nbackoff_initial_ms = 20\nbackoff_max_ms = 50\n{extra}",
+            dir.join("db.redb").to_str().unwrap()
         ),
     )
     .unwrap();
-    let mut child = KillOnDrop(
+    let child = KillOnDrop(
         Command::new(common::bin())
             .args(["run", "--config", cfg.to_str().unwrap()])
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
+    (listener, child)
+}
+
+#[test]
+fn a_delivery_read_with_the_connection_loss_is_never_acknowledged_on_the_next_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, mut child) = consumer_of_fake_broker(dir.path(), "fake", "");
 
     // Connection 1: a PUBLISH, then the broker vanishes, in one segment.
     let (mut c1, _) = listener.accept().unwrap();
@@ -134,24 +145,10 @@ fn a_delivery_read_with_the_connection_loss_is_never_acknowledged_on_the_next_co
 #[test]
 fn pubacks_leave_in_the_order_the_publishes_arrived() {
     let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = \"order\"\n\
-             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\n[commit]\nmax_batch = 7\nlinger_ms = 1\n",
-            dir.path().join("db.redb").to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    let mut child = KillOnDrop(
-        Command::new(common::bin())
-            .args(["run", "--config", cfg.to_str().unwrap()])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (listener, mut child) = consumer_of_fake_broker(
+        dir.path(),
+        "order",
+        "[commit]\nmax_batch = 7\nlinger_ms = 1\n",
     );
     let (mut c, _) = listener.accept().unwrap();
     handshake(&mut c);
