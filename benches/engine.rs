@@ -10,6 +10,8 @@
 //! - `window_1m/<batch>`: one database per process, prefilled (untimed, once) with 1,000,000
 //!   applied messages in batches of 4096 under `max_entries = 1_000_000`, so every measured
 //!   applied message also evicts one. Shared by the three batch sizes.
+//! - `concurrency/{single_writer,multi_writer}/<batch>`: the empty-window run under each redb
+//!   concurrency mode, to measure what letting operator commands write beside `run` costs.
 //! - `window_1m_cache256/512`: the same database reopened with a 256 MiB page cache instead of
 //!   the default 64 MiB.
 //!
@@ -22,7 +24,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use replay_guard::model::{Outcome, OutcomeCounts};
-use replay_guard::store::{DEFAULT_CACHE_BYTES, Incoming, Store, StoreOptions, WindowPolicy};
+use replay_guard::store::{
+    Concurrency, DEFAULT_CACHE_BYTES, Incoming, Store, StoreOptions, WindowPolicy,
+};
 use replay_guard::wire::FeedContract;
 use tempfile::TempDir;
 
@@ -122,7 +126,7 @@ impl Feed {
             self.counter += 1;
             let h = mix(self.counter);
             let s = (h % SOURCES as u64) as usize;
-            if replays && self.counter % REPLAY_EVERY == 0 && self.committed[s] > 0 {
+            if replays && self.counter.is_multiple_of(REPLAY_EVERY) && self.committed[s] > 0 {
                 let top = self.committed[s];
                 let span = top.min(REPLAY_SPAN);
                 let seq = top - (h >> 32) % span;
@@ -185,10 +189,13 @@ fn timed_run(
 }
 
 /// A fresh database seeded (untimed) with one message per source.
-fn fresh_store(contract: &FeedContract) -> (TempDir, Store, Feed) {
+fn fresh_store(contract: &FeedContract, concurrency: Concurrency) -> (TempDir, Store, Feed) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut store = Store::open(&dir.path().join("bench.redb"), options(DEFAULT_CACHE_BYTES))
-        .expect("open store");
+    let opts = StoreOptions {
+        concurrency,
+        ..options(DEFAULT_CACHE_BYTES)
+    };
+    let mut store = Store::open(&dir.path().join("bench.redb"), opts).expect("open store");
     let mut feed = Feed::new();
     let mut seed = Vec::new();
     for s in 0..SOURCES {
@@ -228,7 +235,7 @@ impl Prefilled {
             assert_eq!(report.counts.get(Outcome::Applied), n as u64);
             feed.committed();
             done += n as u64;
-            if done % 200_704 == 0 || done == WINDOW_ENTRIES {
+            if done.is_multiple_of(200_704) || done == WINDOW_ENTRIES {
                 let secs = start.elapsed().as_secs_f64();
                 eprintln!(
                     "prefill: {done} messages in {secs:.1} s ({:.0} msg/s)",
@@ -285,13 +292,38 @@ fn empty_window(c: &mut Criterion, contract: &FeedContract) {
         group.throughput(Throughput::Elements(size as u64));
         group.bench_function(BenchmarkId::from_parameter(size), |b| {
             b.iter_custom(|batches| {
-                let (dir, mut store, mut feed) = fresh_store(contract);
+                let (dir, mut store, mut feed) = fresh_store(contract, Concurrency::default());
                 let t = timed_run(&mut store, &mut feed, contract, batches, size);
                 drop(store);
                 drop(dir);
                 t
             });
         });
+    }
+    group.finish();
+}
+
+/// What redb's `MultiWriter` mode (the default: operator commands may write while `run` runs)
+/// costs against `SingleWriter`, at `run`'s typical batch size and at batch 1.
+fn concurrency(c: &mut Criterion, contract: &FeedContract) {
+    let mut group = c.benchmark_group("concurrency");
+    configure(&mut group);
+    for size in [1, 64] {
+        group.throughput(Throughput::Elements(size as u64));
+        for (name, mode) in [
+            ("single_writer", Concurrency::SingleWriter),
+            ("multi_writer", Concurrency::MultiWriter),
+        ] {
+            group.bench_function(BenchmarkId::new(name, size), |b| {
+                b.iter_custom(|batches| {
+                    let (dir, mut store, mut feed) = fresh_store(contract, mode);
+                    let t = timed_run(&mut store, &mut feed, contract, batches, size);
+                    drop(store);
+                    drop(dir);
+                    t
+                });
+            });
+        }
     }
     group.finish();
 }
@@ -324,6 +356,7 @@ fn main() {
     assert_eq!(payload(7, 123_456).len(), PAYLOAD_BYTES);
     let mut c = Criterion::default().configure_from_args();
     empty_window(&mut c, &contract);
+    concurrency(&mut c, &contract);
     window_1m(&mut c, &contract);
     c.final_summary();
 }

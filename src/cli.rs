@@ -52,6 +52,62 @@ pub enum Command {
     DumpEffects(DumpArgs),
     /// Print the quarantine: conflicting, stale and malformed messages kept for review.
     DumpQuarantine(DumpArgs),
+    /// Release (apply) or discard a quarantined message, audited with who and why. Works
+    /// while `run` is consuming.
+    Quarantine(QuarantineArgs),
+    /// Health at a glance: decisions per outcome (total and last hour), window, per-source
+    /// high-water marks, failover replay bursts, quarantine and file size.
+    Stats(StatsArgs),
+    /// Rewrite the database file to give back the space retention freed. Stop `run` first.
+    Compact(DbArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct QuarantineArgs {
+    #[command(subcommand)]
+    pub action: QuarantineAction,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QuarantineAction {
+    /// The message is genuine: apply it now (effect with `released: true`, audit entry
+    /// `released`). Replays of the same bytes are duplicates of it from then on.
+    Release(ResolveArgs),
+    /// The message is not to be applied: take it out of the quarantine (audit entry
+    /// `discarded`).
+    Discard(ResolveArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Quarantine id (the `id` column of `dump-quarantine`).
+    #[arg(value_name = "ID")]
+    pub id: u64,
+    /// Why, in words a reviewer will read in the audit log.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Who decided (default: $SUDO_USER, else $USER).
+    #[arg(long, value_name = "NAME")]
+    pub operator: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+    pub format: StatsFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsFormat {
+    /// Labelled lines for people.
+    Text,
+    /// One JSON object, for scripts and monitoring.
+    Json,
 }
 
 #[derive(clap::Args, Debug)]

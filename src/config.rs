@@ -7,7 +7,9 @@ use serde::Deserialize;
 
 use crate::decide::OutOfOrder;
 use crate::json::Pointer;
-use crate::store::{DEFAULT_CACHE_BYTES, StoreOptions, WindowPolicy};
+use crate::store::{
+    DEFAULT_CACHE_BYTES, LogRetention, RetentionPolicy, StoreOptions, WindowPolicy,
+};
 use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES, FeedContract};
 
 /// Largest accepted `[commit] max_batch`.
@@ -50,6 +52,7 @@ struct RawConfig {
     window: RawWindow,
     feed: RawFeed,
     commit: RawCommit,
+    retention: RawRetention,
     mqtt: Option<RawMqtt>,
     service: RawService,
 }
@@ -305,6 +308,46 @@ impl Default for RawCommit {
     }
 }
 
+/// `[retention]`: per log, an age in days and an entry count; 0 turns that bound off.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawRetention {
+    audit_max_age_days: u64,
+    audit_max_entries: u64,
+    effects_max_age_days: u64,
+    effects_max_entries: u64,
+    quarantine_max_age_days: u64,
+    quarantine_max_entries: u64,
+}
+impl Default for RawRetention {
+    fn default() -> Self {
+        RawRetention {
+            audit_max_age_days: DEFAULT_AUDIT_MAX_AGE_DAYS,
+            audit_max_entries: DEFAULT_AUDIT_MAX_ENTRIES,
+            effects_max_age_days: DEFAULT_EFFECTS_MAX_AGE_DAYS,
+            effects_max_entries: DEFAULT_EFFECTS_MAX_ENTRIES,
+            quarantine_max_age_days: DEFAULT_QUARANTINE_MAX_AGE_DAYS,
+            quarantine_max_entries: DEFAULT_QUARANTINE_MAX_ENTRIES,
+        }
+    }
+}
+
+/// Retention defaults: sized in the README from the measured bytes per entry so that a busy
+/// edge host's file stays bounded whatever the feed rate.
+pub const DEFAULT_AUDIT_MAX_AGE_DAYS: u64 = 400;
+pub const DEFAULT_AUDIT_MAX_ENTRIES: u64 = 20_000_000;
+pub const DEFAULT_EFFECTS_MAX_AGE_DAYS: u64 = 30;
+pub const DEFAULT_EFFECTS_MAX_ENTRIES: u64 = 5_000_000;
+pub const DEFAULT_QUARANTINE_MAX_AGE_DAYS: u64 = 400;
+pub const DEFAULT_QUARANTINE_MAX_ENTRIES: u64 = 1_000_000;
+
+fn log_retention(days: u64, entries: u64) -> LogRetention {
+    LogRetention {
+        max_age_seconds: (days > 0).then(|| days.saturating_mul(86_400)),
+        max_entries: (entries > 0).then_some(entries),
+    }
+}
+
 /// Everything the engine needs, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -428,6 +471,7 @@ impl Config {
         if raw.store.cache_mb == 0 {
             return Err(invalid("[store] cache_mb must be at least 1".into()));
         }
+        let r = &raw.retention;
         let feed = FeedContract {
             agency: ptr("agency", &raw.feed.agency)?,
             source_id: ptr("source_id", &raw.feed.source_id)?,
@@ -455,6 +499,12 @@ impl Config {
                     RawOutOfOrder::Apply => OutOfOrder::Apply,
                     RawOutOfOrder::Quarantine => OutOfOrder::Quarantine,
                 },
+                retention: RetentionPolicy {
+                    audit: log_retention(r.audit_max_age_days, r.audit_max_entries),
+                    effects: log_retention(r.effects_max_age_days, r.effects_max_entries),
+                    quarantine: log_retention(r.quarantine_max_age_days, r.quarantine_max_entries),
+                },
+                ..StoreOptions::default()
             },
             feed,
             max_batch: raw.commit.max_batch,

@@ -10,13 +10,13 @@ use replay_guard::commands::{self, EXIT_USAGE, dump};
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            let _ = writeln!(std::io::stderr(), "replay-guard: {}", one_line(&e));
+            return ExitCode::from(EXIT_USAGE);
+        }
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -38,6 +38,9 @@ fn main() -> ExitCode {
         Command::DumpAudit(a) => dump::run(dump::Table::Audit, a),
         Command::DumpEffects(a) => dump::run(dump::Table::Effects, a),
         Command::DumpQuarantine(a) => dump::run(dump::Table::Quarantine, a),
+        Command::Quarantine(a) => commands::quarantine::run(a),
+        Command::Stats(a) => commands::stats::run(a),
+        Command::Compact(a) => commands::compact::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -47,4 +50,16 @@ fn main() -> ExitCode {
             f.exit_code()
         }
     }
+}
+
+/// A clap error on one line: its message without the usage block, and where to look.
+fn one_line(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let message = rendered.split("\n\nUsage:").next().unwrap_or(&rendered);
+    let text: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .collect();
+    format!("{} (see --help)", text.join(" "))
 }

@@ -143,10 +143,28 @@ pub enum Outcome {
     Stale,
     /// Not a feed-contract message: raw bytes quarantined.
     Malformed,
+    /// An operator judged a quarantined message genuine (`quarantine release`): its effect is
+    /// applied with `released: true`. Never returned by `decide`.
+    Released,
+    /// An operator judged a quarantined message not to be applied (`quarantine discard`): it
+    /// leaves the quarantine, and the audit keeps why. Never returned by `decide`.
+    Discarded,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Applied,
+        Outcome::AppliedLate,
+        Outcome::Duplicate,
+        Outcome::Conflict,
+        Outcome::Stale,
+        Outcome::Malformed,
+        Outcome::Released,
+        Outcome::Discarded,
+    ];
+
+    /// The outcomes a delivery can get (the rest are operator actions).
+    pub const DECIDED: [Outcome; 6] = [
         Outcome::Applied,
         Outcome::AppliedLate,
         Outcome::Duplicate,
@@ -163,6 +181,8 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Stale => "stale",
             Outcome::Malformed => "malformed",
+            Outcome::Released => "released",
+            Outcome::Discarded => "discarded",
         }
     }
 
@@ -172,7 +192,18 @@ impl Outcome {
 
     /// Whether this outcome writes an effect record.
     pub fn applies(self) -> bool {
-        matches!(self, Outcome::Applied | Outcome::AppliedLate)
+        matches!(
+            self,
+            Outcome::Applied | Outcome::AppliedLate | Outcome::Released
+        )
+    }
+
+    /// Whether this outcome keeps the message in quarantine.
+    pub fn quarantines(self) -> bool {
+        matches!(
+            self,
+            Outcome::Conflict | Outcome::Stale | Outcome::Malformed
+        )
     }
 
     /// Stable code used in stored records.
@@ -184,6 +215,8 @@ impl Outcome {
             Outcome::Conflict => 3,
             Outcome::Stale => 4,
             Outcome::Malformed => 5,
+            Outcome::Released => 6,
+            Outcome::Discarded => 7,
         }
     }
 
@@ -200,9 +233,13 @@ impl fmt::Display for Outcome {
 
 /// Per-outcome counters, e.g. for a batch or an `ingest` run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OutcomeCounts([u64; 6]);
+pub struct OutcomeCounts([u64; 8]);
 
 impl OutcomeCounts {
+    /// Counts indexed by outcome code (the stored form).
+    pub fn from_array(by_code: [u64; 8]) -> OutcomeCounts {
+        OutcomeCounts(by_code)
+    }
     pub fn add(&mut self, outcome: Outcome) {
         self.0[usize::from(outcome.code())] += 1;
     }

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::Config;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::notify::Notifier;
+use crate::store::tables::BurstRecord;
 use crate::store::{BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
 use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
@@ -66,24 +67,50 @@ type InFlight = (
     Vec<Option<AckToken>>,
 );
 
+/// Work for the store thread.
+enum Job {
+    Batch(Vec<Incoming>, Reply),
+    /// A replay burst to record for `stats` (its own small transaction; rare).
+    Burst(BurstRecord),
+}
+
 /// The store on its own thread: redb blocks and fsyncs, so it never runs on the async thread.
 struct StoreWorker {
-    jobs: Option<std_mpsc::Sender<(Vec<Incoming>, Reply)>>,
+    jobs: Option<std_mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StoreWorker {
     fn spawn(mut store: Store) -> std::io::Result<StoreWorker> {
-        let (tx, rx) = std_mpsc::channel::<(Vec<Incoming>, Reply)>();
+        let (tx, rx) = std_mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("store".into())
             .spawn(move || {
-                for (batch, reply) in rx {
-                    let result = store.commit_batch(&batch, now_ms());
-                    let failed = result.is_err();
-                    let _ = reply.send(result);
-                    if failed {
-                        return; // latched: no retry loop
+                for job in rx {
+                    match job {
+                        Job::Batch(batch, reply) => {
+                            let result = store.commit_batch(&batch, now_ms());
+                            if let Ok(r) = &result
+                                && r.pruned.total() > 0
+                            {
+                                tracing::debug!(
+                                    audit = r.pruned.audit,
+                                    effects = r.pruned.effects,
+                                    quarantine = r.pruned.quarantine,
+                                    "retention pruned"
+                                );
+                            }
+                            let failed = result.is_err();
+                            let _ = reply.send(result);
+                            if failed {
+                                return; // latched: no retry loop
+                            }
+                        }
+                        Job::Burst(burst) => {
+                            if let Err(e) = store.record_burst(&burst) {
+                                tracing::warn!(error = %e, "could not record the replay burst");
+                            }
+                        }
                     }
                 }
             })?;
@@ -96,9 +123,15 @@ impl StoreWorker {
     fn submit(&self, batch: Vec<Incoming>) -> oneshot::Receiver<Result<BatchReport, StoreError>> {
         let (tx, rx) = oneshot::channel();
         if let Some(jobs) = &self.jobs {
-            let _ = jobs.send((batch, tx)); // a dead worker drops `tx`: the receiver errors
+            let _ = jobs.send(Job::Batch(batch, tx)); // a dead worker drops `tx`: the receiver errors
         }
         rx
+    }
+
+    fn record_burst(&self, burst: BurstRecord) {
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::Burst(burst));
+        }
     }
 }
 
@@ -148,8 +181,9 @@ struct Consumer<'a> {
     worker: StoreWorker,
     notifier: &'a Notifier,
     summary: RunSummary,
-    /// Duplicates absorbed since the last (re)connect, reported once the burst ends.
-    burst: Option<(String, u64)>,
+    /// Duplicates absorbed since the last (re)connect (broker, connected at, count), reported
+    /// and recorded once the burst ends.
+    burst: Option<(String, u64, u64)>,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -262,7 +296,7 @@ impl<'a> Consumer<'a> {
                 self.end_burst();
                 // Replays come after a reconnect: count what is absorbed until a batch has none.
                 if self.summary.reconnects > 0 {
-                    self.burst = Some((broker, 0));
+                    self.burst = Some((broker, now_ms(), 0));
                 }
             }
             TransportEvent::Disconnected { broker, error } => {
@@ -324,7 +358,7 @@ impl<'a> Consumer<'a> {
         self.summary.batches += 1;
         let dups = report.counts.get(Outcome::Duplicate);
         match &mut self.burst {
-            Some((_, n)) if dups > 0 => *n += dups,
+            Some((_, _, n)) if dups > 0 => *n += dups,
             Some(_) => self.end_burst(),
             None => {}
         }
@@ -338,10 +372,16 @@ impl<'a> Consumer<'a> {
     }
 
     fn end_burst(&mut self) {
-        if let Some((broker, n)) = self.burst.take() {
-            if n > 0 {
-                tracing::info!(%broker, duplicates = n, "replay burst absorbed: {n} duplicates after connecting to {broker}");
-            }
+        if let Some((broker, connected_at_ms, n)) = self.burst.take()
+            && n > 0
+        {
+            tracing::info!(%broker, duplicates = n, "replay burst absorbed: {n} duplicates after connecting to {broker}");
+            self.worker.record_burst(BurstRecord {
+                broker,
+                connected_at_ms,
+                ended_at_ms: now_ms(),
+                duplicates: n,
+            });
         }
     }
 

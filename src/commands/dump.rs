@@ -178,6 +178,11 @@ fn columns(table: Table) -> &'static [(&'static str, usize)] {
     }
 }
 
+/// A producer-supplied string made safe for a terminal line: control characters escaped.
+pub fn escape_cell(s: &str) -> String {
+    cell(&Json::String(s.to_string()), 0)
+}
+
 /// One table cell. Strings come from producers: control characters are shown escaped so a
 /// crafted value cannot forge rows or colour the terminal.
 fn cell(v: &Json, width: usize) -> String {

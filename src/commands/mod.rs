@@ -1,9 +1,12 @@
 //! One module per subcommand, and the exit-code contract they share.
 
 pub mod check_config;
+pub mod compact;
 pub mod dump;
 pub mod ingest;
+pub mod quarantine;
 pub mod run;
+pub mod stats;
 pub mod verify;
 
 use std::process::ExitCode;

@@ -19,9 +19,17 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
         .collect();
     match report.violation {
         None => {
+            let from = if report.audit_from == 0 {
+                "from the first entry".to_string()
+            } else {
+                format!(
+                    "from the retention anchor (entries before #{} were pruned)",
+                    report.audit_from
+                )
+            };
             let _ = writeln!(
                 std::io::stdout(),
-                "verified {}: {} audit entries, hash chain intact; {} effects each applied once and audited; {}",
+                "verified {}: {} audit entries, hash chain intact {from}; {} effects each backed by their audit entry, no key applied twice except by operator release; {}",
                 db.display(),
                 report.audit_entries,
                 report.effects,

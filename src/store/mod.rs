@@ -3,7 +3,9 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
+mod operator;
 mod read;
+mod retention;
 pub mod tables;
 pub mod verify;
 
@@ -20,7 +22,9 @@ use crate::key::sha256;
 use crate::model::{Digest, IdempotencyKey, Message, Outcome, OutcomeCounts, Position, Source};
 use crate::wire::{self, DecodeError, FeedContract};
 pub use audit::{body_fields as audit_body_fields, entry_hash as audit_entry_hash};
+pub use operator::{CompactReport, Resolution, compact};
 pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot, StoreSummary};
+pub use retention::{LogRetention, PruneCounts, RetentionPolicy};
 use tables::*;
 
 /// Default redb page cache: bounds the process's memory whatever the window size.
@@ -50,6 +54,31 @@ pub struct StoreOptions {
     pub cache_bytes: usize,
     pub window: WindowPolicy,
     pub out_of_order: OutOfOrder,
+    /// redb's concurrency mode. `MultiWriter` (the default, and what every command uses) lets
+    /// an operator command such as `quarantine release` write while `run` holds the file;
+    /// `SingleWriter` exists only so the benchmark can measure what that costs.
+    pub concurrency: Concurrency,
+    /// What the logs keep; pruned a bounded slice at a time inside `commit_batch`.
+    pub retention: RetentionPolicy,
+}
+
+/// How many processes may write the database file at once (all its handles must agree).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Concurrency {
+    /// Any number of writing processes; write transactions are serialised by a file lock.
+    #[default]
+    MultiWriter,
+    /// One writing process (benchmark comparison only).
+    SingleWriter,
+}
+
+impl Concurrency {
+    fn mode(self) -> ConcurrencyMode {
+        match self {
+            Concurrency::MultiWriter => ConcurrencyMode::MultiWriter,
+            Concurrency::SingleWriter => ConcurrencyMode::SingleWriter,
+        }
+    }
 }
 
 impl Default for StoreOptions {
@@ -58,6 +87,8 @@ impl Default for StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             window: WindowPolicy::default(),
             out_of_order: OutOfOrder::Apply,
+            concurrency: Concurrency::default(),
+            retention: RetentionPolicy::keep_all(),
         }
     }
 }
@@ -85,6 +116,9 @@ pub enum StoreError {
     Record(RecordError),
     #[error("database schema version {found} is not supported by this build (expects {expected})")]
     Schema { found: u32, expected: u32 },
+    /// An operator action that cannot be carried out as asked; nothing was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 // Manual conversions: the wrapped error's text is already in the message, so it is not also
@@ -172,18 +206,51 @@ pub struct BatchReport {
     pub decided: Vec<Decided>,
     pub counts: OutcomeCounts,
     pub evicted: u64,
+    /// What retention removed in the same transaction.
+    pub pruned: PruneCounts,
 }
 
 /// The writer's handle on the database file.
 pub struct Store {
     db: Database,
     opts: StoreOptions,
+    /// The feed writer's lock (`PATH.lock`), held while open; `None` for operator writers.
+    _feed_lock: Option<std::fs::File>,
 }
 
-fn builder(cache_bytes: usize) -> Builder {
+/// The lock file beside `db` that one feed writer (`run`, `ingest`) or `compact` holds.
+pub fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Takes `PATH.lock` exclusively (an advisory `flock`, released by the kernel when the process
+/// dies, so a `kill -9` never leaves it stale). The database file itself cannot carry this
+/// lock: redb takes its own locks on it.
+fn take_feed_lock(db: &Path) -> Result<std::fs::File, StoreError> {
+    let path = lock_path(db);
+    let io_err = |e: std::io::Error| StoreError::Open {
+        path: path.clone(),
+        error: DatabaseError::Storage(redb::StorageError::Io(e)),
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Busy(db.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_err(e)),
+    }
+}
+
+fn builder(cache_bytes: usize, concurrency: Concurrency) -> Builder {
     let mut b = Builder::new();
     b.set_cache_size(cache_bytes)
-        .set_concurrency_mode(ConcurrencyMode::SingleWriter);
+        .set_concurrency_mode(concurrency.mode());
     b
 }
 
@@ -204,13 +271,38 @@ impl Store {
                 },
             }
         };
+        let lock = take_feed_lock(path)?;
         let existing_len = std::fs::metadata(path).map(|m| m.len()).ok();
         if existing_len.is_none_or(|len| len == 0) {
             Store::create_in_place(path, &opts)?;
         }
-        let db = builder(opts.cache_bytes)
+        let db = builder(opts.cache_bytes, opts.concurrency)
             .create(path)
             .map_err(open_err(path))?;
+        let mut store = Store::init(db, opts, false)?;
+        store._feed_lock = Some(lock);
+        Ok(store)
+    }
+
+    /// Opens an existing database for an operator's write (`quarantine release`), alongside
+    /// a running feed writer: redb's `MultiWriter` mode serialises the two processes' write
+    /// transactions. Takes no feed lock and never creates the file.
+    pub fn open_operator(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Open {
+                path: path.to_path_buf(),
+                error: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such file",
+                ))),
+            });
+        }
+        let db = builder(opts.cache_bytes, opts.concurrency)
+            .open(path)
+            .map_err(|error| StoreError::Open {
+                path: path.to_path_buf(),
+                error,
+            })?;
         Store::init(db, opts, false)
     }
 
@@ -230,14 +322,14 @@ impl Store {
             _ => PathBuf::from("."),
         };
         let tmp = dir.join(format!(".{name}.creating"));
-        let created = match builder(opts.cache_bytes).create(&tmp) {
+        let created = match builder(opts.cache_bytes, opts.concurrency).create(&tmp) {
             Err(DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(StoreError::Busy(path.to_path_buf()));
             }
             // A leftover of a creation that crashed before completing: ours to discard.
             Err(_) if tmp.exists() => {
                 std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, e))?;
-                builder(opts.cache_bytes).create(&tmp)
+                builder(opts.cache_bytes, opts.concurrency).create(&tmp)
             }
             ok => ok,
         };
@@ -266,7 +358,7 @@ impl Store {
         backend: impl StorageBackend,
         opts: StoreOptions,
     ) -> Result<Store, StoreError> {
-        let db = builder(opts.cache_bytes)
+        let db = builder(opts.cache_bytes, opts.concurrency)
             .create_with_backend(backend)
             .map_err(|source| StoreError::Open {
                 path: PathBuf::from("<backend>"),
@@ -325,9 +417,16 @@ impl Store {
             txn.open_table(AUDIT).map_err(StoreError::redb)?;
             txn.open_table(QUARANTINE).map_err(StoreError::redb)?;
             txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?;
+            txn.open_table(QUARANTINE_FP_BY_ID)
+                .map_err(StoreError::redb)?;
+            txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?;
         }
         txn.commit().map_err(StoreError::redb)?;
-        Ok(Store { db, opts })
+        Ok(Store {
+            db,
+            opts,
+            _feed_lock: None,
+        })
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -354,15 +453,23 @@ impl Store {
         })
     }
 
+    /// A durable write transaction with quick-repair on (every writer's).
+    fn begin_durable(&self) -> Result<WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
+        txn.set_quick_repair(true);
+        Ok(txn)
+    }
+
     fn try_commit_batch(
         &mut self,
         batch: &[Incoming],
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
-        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
-        txn.set_quick_repair(true);
+        let txn = self.begin_durable()?;
+        // Looking costs one read at the oldest end of each log, so every commit looks.
+        let prune_due = self.opts.retention.is_active();
         let report = {
             let mut w = Writer::open(&txn, &self.opts)?;
             let mut budget = batch.len() as u64 + EVICTION_SLACK;
@@ -374,6 +481,9 @@ impl Store {
                 report.decided.push(d);
             }
             report.evicted += w.evict(now_ms, &mut budget)?;
+            if prune_due {
+                report.pruned = w.prune(now_ms, &self.opts.retention)?;
+            }
             w.finish()?;
             report
         };
@@ -400,10 +510,15 @@ struct Writer<'t> {
     audit: Table<'t, u64, &'static [u8]>,
     quarantine: Table<'t, u64, &'static [u8]>,
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
+    quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
     names: HashMap<Source, u64>,
     states: HashMap<u64, SourceState>,
     /// Reused encoding buffer (one allocation per batch, not per record).
     buf: Vec<u8>,
+    /// Retention's marks, loaded when first needed; written back by `finish` when changed.
+    marks: Option<RetentionMarks>,
+    marks_dirty: bool,
+    counters: Counters,
 }
 
 fn pos_pair(p: Position) -> (u64, u64) {
@@ -428,6 +543,27 @@ impl<'t> Writer<'t> {
                 })
             })?;
         let meta: Meta = decode("meta", META_KEY, &meta_bytes)?;
+        let stored_counters = meta_table
+            .get(COUNTS_KEY)
+            .map_err(StoreError::redb)?
+            .map(|g| decode::<Counters>("meta", COUNTS_KEY, g.value()))
+            .transpose()?;
+        let counters = match stored_counters {
+            Some(c) => c,
+            // A database from before the counters: count its (never pruned) audit log once.
+            None => {
+                let mut c = Counters::default();
+                let audit = txn.open_table(AUDIT).map_err(StoreError::redb)?;
+                for item in audit.iter().map_err(StoreError::redb)? {
+                    let (k, v) = item.map_err(StoreError::redb)?;
+                    let rec: AuditRecord = decode("audit", k.value(), v.value())?;
+                    if let Some(n) = c.by_outcome.get_mut(usize::from(rec.outcome)) {
+                        *n += 1;
+                    }
+                }
+                c
+            }
+        };
         Ok(Writer {
             opts,
             meta,
@@ -439,9 +575,15 @@ impl<'t> Writer<'t> {
             audit: txn.open_table(AUDIT).map_err(StoreError::redb)?,
             quarantine: txn.open_table(QUARANTINE).map_err(StoreError::redb)?,
             quarantine_fp: txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?,
+            quarantine_fp_by_id: txn
+                .open_table(QUARANTINE_FP_BY_ID)
+                .map_err(StoreError::redb)?,
             names: HashMap::new(),
             states: HashMap::new(),
             buf: Vec::with_capacity(1024),
+            marks: None,
+            marks_dirty: false,
+            counters,
         })
     }
 
@@ -580,7 +722,9 @@ impl<'t> Writer<'t> {
                     audit_index,
                 )?);
             }
-            Outcome::Malformed => unreachable!("decide never returns malformed"),
+            Outcome::Malformed | Outcome::Released | Outcome::Discarded => {
+                unreachable!("decide never returns {}", decision.outcome)
+            }
         }
         self.append_audit(AuditRecord {
             recorded_at_ms: now_ms,
@@ -737,6 +881,9 @@ impl<'t> Writer<'t> {
         self.quarantine_fp
             .insert(&fp, id)
             .map_err(StoreError::redb)?;
+        self.quarantine_fp_by_id
+            .insert(id, &fp)
+            .map_err(StoreError::redb)?;
         Ok(id)
     }
 
@@ -749,6 +896,9 @@ impl<'t> Writer<'t> {
             .map_err(StoreError::redb)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;
+        if let Some(n) = self.counters.by_outcome.get_mut(usize::from(rec.outcome)) {
+            *n += 1;
+        }
         Ok(index)
     }
 
@@ -816,9 +966,38 @@ impl<'t> Writer<'t> {
                     .map_err(StoreError::redb)?;
             }
         }
+        if let (Some(marks), true) = (&self.marks, self.marks_dirty) {
+            self.meta_table
+                .insert(RETENTION_KEY, encode_into(marks, &mut self.buf))
+                .map_err(StoreError::redb)?;
+        }
+        self.meta_table
+            .insert(COUNTS_KEY, encode_into(&self.counters, &mut self.buf))
+            .map_err(StoreError::redb)?;
         self.meta_table
             .insert(META_KEY, encode_into(&self.meta, &mut self.buf))
             .map_err(StoreError::redb)?;
         Ok(())
+    }
+
+    /// Retention's marks (all zero before anything was pruned).
+    fn marks(&mut self) -> Result<RetentionMarks, StoreError> {
+        if let Some(m) = self.marks {
+            return Ok(m);
+        }
+        let stored = self
+            .meta_table
+            .get(RETENTION_KEY)
+            .map_err(StoreError::redb)?
+            .map(|g| decode::<RetentionMarks>("meta", RETENTION_KEY, g.value()))
+            .transpose()?
+            .unwrap_or_default();
+        self.marks = Some(stored);
+        Ok(stored)
+    }
+
+    fn set_marks(&mut self, marks: RetentionMarks) {
+        self.marks = Some(marks);
+        self.marks_dirty = true;
     }
 }

@@ -6,12 +6,13 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use redb::{
-    DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTableMetadata,
+    DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata,
 };
 
 use super::tables::*;
 use super::{StoreError, builder};
-use crate::model::{Digest, IdempotencyKey, Outcome};
+use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
 
 /// A read-only handle that follows a live writer's commits.
 pub struct Reader {
@@ -29,7 +30,7 @@ impl Reader {
                 ))),
             });
         }
-        let db = builder(16 * 1024 * 1024)
+        let db = builder(16 * 1024 * 1024, super::Concurrency::default())
             .open_read_only(path)
             .map_err(|e| match e {
                 DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
@@ -119,6 +120,142 @@ impl Snapshot {
             why: "missing: not a replay-guard database".into(),
         })?;
         Ok(decode("meta", META_KEY, g.value())?)
+    }
+
+    /// What retention has removed so far (all zero if nothing).
+    pub fn retention_marks(&self) -> Result<RetentionMarks, StoreError> {
+        let t = self.0.open_table(META).map_err(r)?;
+        let marks = t.get(RETENTION_KEY).map_err(r)?;
+        Ok(match marks {
+            Some(g) => decode("meta", RETENTION_KEY, g.value())?,
+            None => RetentionMarks::default(),
+        })
+    }
+
+    /// Audit entries per outcome since the database was created (`None` for a database no
+    /// writer of this version has opened yet).
+    pub fn counters(&self) -> Result<Option<OutcomeCounts>, StoreError> {
+        let t = self.0.open_table(META).map_err(r)?;
+        let c = t.get(COUNTS_KEY).map_err(r)?;
+        c.map(|g| decode::<Counters>("meta", COUNTS_KEY, g.value()))
+            .transpose()
+            .map(|c| c.map(|c| OutcomeCounts::from_array(c.by_outcome)))
+            .map_err(StoreError::from)
+    }
+
+    /// Audit entries per outcome recorded at or after `since_ms` (a backward scan from the
+    /// newest entry, stopping at the first older one).
+    pub fn counts_since(&self, since_ms: u64) -> Result<OutcomeCounts, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            recorded_at_ms: u64,
+            outcome: u8,
+        }
+        let t = self.0.open_table(AUDIT).map_err(r)?;
+        let mut counts = OutcomeCounts::default();
+        for item in t.iter().map_err(r)?.rev() {
+            let (k, v) = item.map_err(r)?;
+            let head: Head = match v.value().split_first() {
+                Some((&RECORD_V1, rest)) => postcard::take_from_bytes(rest)
+                    .map(|(h, _)| h)
+                    .map_err(|e| RecordError {
+                        table: "audit",
+                        key: k.value().to_string(),
+                        why: format!("postcard: {e}"),
+                    })?,
+                _ => decode::<AuditRecord>("audit", k.value(), v.value()).map(|a| Head {
+                    recorded_at_ms: a.recorded_at_ms,
+                    outcome: a.outcome,
+                })?,
+            };
+            if head.recorded_at_ms < since_ms {
+                break;
+            }
+            if let Some(o) = Outcome::from_code(head.outcome) {
+                counts.add(o);
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Every source with its marks, in source-number order.
+    pub fn sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        let t = self.0.open_table(SOURCES).map_err(r)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(r)? {
+            let (k, v) = item.map_err(r)?;
+            out.push(decode("sources", k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// When the oldest effect still in the window was received (`None`: empty window).
+    pub fn oldest_in_window_ms(&self) -> Result<Option<u64>, StoreError> {
+        let m = self.meta()?;
+        if m.window_start >= m.next_effect {
+            return Ok(None);
+        }
+        let t = self.0.open_table(EFFECTS).map_err(r)?;
+        let first = t.range(m.window_start..).map_err(r)?.next();
+        match first {
+            Some(item) => {
+                let (k, v) = item.map_err(r)?;
+                Ok(Some(
+                    decode_effect_head(k.value(), v.value())?.received_at_ms,
+                ))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Bytes each table takes in the file: (name, stored, metadata + fragmentation).
+    pub fn table_sizes(&self) -> Result<Vec<(&'static str, u64, u64)>, StoreError> {
+        let mut out = Vec::new();
+        let mut add = |name: &'static str, s: redb::TableStats| {
+            out.push((
+                name,
+                s.stored_bytes(),
+                s.metadata_bytes() + s.fragmented_bytes(),
+            ));
+        };
+        let txn = &self.0;
+        add(
+            "audit",
+            txn.open_table(AUDIT).map_err(r)?.stats().map_err(r)?,
+        );
+        add(
+            "effects",
+            txn.open_table(EFFECTS).map_err(r)?.stats().map_err(r)?,
+        );
+        add(
+            "window",
+            txn.open_table(WINDOW).map_err(r)?.stats().map_err(r)?,
+        );
+        add(
+            "quarantine",
+            txn.open_table(QUARANTINE).map_err(r)?.stats().map_err(r)?,
+        );
+        add(
+            "sources",
+            txn.open_table(SOURCES).map_err(r)?.stats().map_err(r)?,
+        );
+        Ok(out)
+    }
+
+    /// Every recorded replay burst, oldest first (a handful per failover).
+    pub fn replay_bursts(&self) -> Result<Vec<BurstRecord>, StoreError> {
+        let t = match self.0.open_table(REPLAY_BURSTS) {
+            Ok(t) => t,
+            // A database last written before bursts were recorded.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(r(e)),
+        };
+        let mut out = Vec::new();
+        for item in t.iter().map_err(r)? {
+            let (k, v) = item.map_err(r)?;
+            out.push(decode("replay_bursts", k.value(), v.value())?);
+        }
+        Ok(out)
     }
 
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {

@@ -25,9 +25,25 @@ pub const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 pub const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
 /// quarantine fingerprint -> quarantine id, so replays of the same bytes do not grow it.
 pub const QUARANTINE_FP: TableDefinition<&[u8; 32], u64> = TableDefinition::new("quarantine_fp");
-/// "meta" -> `Meta`.
+/// quarantine id -> its fingerprint, so pruning or resolving a quarantined message also
+/// removes its `QUARANTINE_FP` entry.
+pub const QUARANTINE_FP_BY_ID: TableDefinition<u64, &[u8; 32]> =
+    TableDefinition::new("quarantine_fp_by_id");
+/// burst number -> `BurstRecord`: failover replay bursts `run` absorbed (for `stats`).
+pub const REPLAY_BURSTS: TableDefinition<u64, &[u8]> = TableDefinition::new("replay_bursts");
+/// "meta" -> `Meta`; "retention" -> `RetentionMarks`.
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const META_KEY: &str = "meta";
+pub const RETENTION_KEY: &str = "retention";
+/// "counts" -> `Counters`: audit entries per outcome code since the database was created
+/// (retention does not lower them).
+pub const COUNTS_KEY: &str = "counts";
+
+/// Audit entries per outcome code, since creation.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub by_outcome: [u64; 8],
+}
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
@@ -43,6 +59,29 @@ pub struct Meta {
     pub chain_head: [u8; 32],
     /// Index and hash of the last audit entry removed by retention; verification starts there.
     pub audit_anchor: Option<(u64, [u8; 32])>,
+}
+
+/// What retention has removed: every effect below `effects_floor` and every quarantine id
+/// below `quarantine_floor` is gone by policy (the audit log's own mark is
+/// `Meta::audit_anchor`). Absent (all zero) until retention first prunes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionMarks {
+    pub effects_floor: u64,
+    pub quarantine_floor: u64,
+    /// Totals removed so far, per log.
+    pub audit_pruned: u64,
+    pub effects_pruned: u64,
+    pub quarantine_pruned: u64,
+    pub last_pruned_at_ms: u64,
+}
+
+/// One replay burst: duplicates absorbed after `run` (re)connected to `broker`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct BurstRecord {
+    pub broker: String,
+    pub connected_at_ms: u64,
+    pub ended_at_ms: u64,
+    pub duplicates: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

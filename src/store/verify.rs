@@ -1,7 +1,7 @@
 //! `verify`: recompute the audit hash chain from its anchor and check the record's invariants,
 //! streaming through the logs (point lookups for cross-references).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
 use super::{Snapshot, StoreError};
@@ -13,8 +13,24 @@ pub struct VerifyReport {
     pub audit_entries: u64,
     pub effects: u64,
     pub counts: crate::model::OutcomeCounts,
+    /// Where the retained record starts: the first audit index checked, the first effect
+    /// offset and quarantine id still kept (earlier ones were removed by retention).
+    pub audit_from: u64,
+    pub effects_from: u64,
+    pub quarantine_from: u64,
     /// The first broken entry, in words; `None` when everything holds.
     pub violation: Option<String>,
+}
+
+/// What the audit scan carries from entry to entry.
+struct Scan {
+    marks: super::tables::RetentionMarks,
+    audit_from: u64,
+    /// One 32-byte key per applied entry, to prove no key is applied twice.
+    applied_keys: HashSet<[u8; 32]>,
+    /// Quarantine ids whose record is gone, with the first entry that named them: each must
+    /// be released or discarded by a later entry.
+    unresolved: BTreeMap<u64, u64>,
 }
 
 /// Checks, in order:
@@ -23,8 +39,13 @@ pub struct VerifyReport {
 /// - each `applied`/`applied_late` entry has its effect record (same key, pointing back), and no
 ///   key is applied twice;
 /// - each `duplicate` refers to an earlier applied entry with the same key and digest;
-/// - each `conflict`/`stale`/`malformed` entry has its quarantine record;
+/// - each `conflict`/`stale`/`malformed` entry has its quarantine record, or a later
+///   `released`/`discarded` entry took it out;
+/// - each `released` entry has its effect record marked `released`;
 /// - each effect record has its applied audit entry.
+///
+/// What retention removed (audit entries before the anchor, effects and quarantine records
+/// below their floors) is not required; references into it are accepted as pruned.
 ///
 /// Memory: one 32-byte key per applied entry (to prove no key is applied twice).
 pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
@@ -33,8 +54,19 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
         Some((index, hash)) => (index + 1, hash),
         None => (0, [0u8; 32]),
     };
-    let mut report = VerifyReport::default();
-    let mut applied_keys: HashSet<[u8; 32]> = HashSet::new();
+    let marks = snap.retention_marks()?;
+    let mut report = VerifyReport {
+        audit_from: expected,
+        effects_from: marks.effects_floor,
+        quarantine_from: marks.quarantine_floor,
+        ..VerifyReport::default()
+    };
+    let mut scan = Scan {
+        marks,
+        audit_from: expected,
+        applied_keys: HashSet::new(),
+        unresolved: BTreeMap::new(),
+    };
     let mut fail = None;
     snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
@@ -51,7 +83,7 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
         } else if !e.hash_is_valid() {
             at("its hash does not match its content (edited)".into())
         } else {
-            check_entry(snap, &e, &mut applied_keys)?.and_then(at)
+            check_entry(snap, &e, &mut scan)?.and_then(at)
         };
         if problem.is_some() {
             fail = problem;
@@ -75,13 +107,33 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
             hex(&meta.chain_head)
         ));
     }
+    let first_unresolved = scan
+        .unresolved
+        .iter()
+        .map(|(q, i)| (*q, *i))
+        .min_by_key(|p| p.1);
+    if fail.is_none()
+        && let Some((q, index)) = first_unresolved
+    {
+        {
+            let outcome = snap
+                .audit_entry(index)?
+                .and_then(|e| e.outcome())
+                .map_or("quarantining", Outcome::as_str);
+            fail = Some(format!(
+                "audit entry {index}: {outcome} without its quarantine record #{q} (deleted, and no released or discarded entry records taking it out)"
+            ));
+        }
+    }
     if fail.is_none() {
-        snap.scan_effects::<StoreError>(0, |eff| {
+        snap.scan_effects::<StoreError>(marks.effects_floor, |eff| {
             report.effects += 1;
-            let ok = snap.audit_entry(eff.record.audit_index)?.is_some_and(|a| {
-                a.outcome().is_some_and(Outcome::applies)
-                    && a.record.effect_offset == Some(eff.offset)
-            });
+            let ok = eff.record.audit_index < scan.audit_from
+                || snap.audit_entry(eff.record.audit_index)?.is_some_and(|a| {
+                    a.outcome().is_some_and(Outcome::applies)
+                        && a.record.effect_offset == Some(eff.offset)
+                        && (a.outcome() == Some(Outcome::Released)) == eff.record.released
+                });
             if !ok {
                 fail = Some(format!(
                     "effect {}: its audit entry {} is missing or does not record applying it",
@@ -100,37 +152,55 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
 fn check_entry(
     snap: &Snapshot,
     e: &super::AuditEntry,
-    applied_keys: &mut HashSet<[u8; 32]>,
+    scan: &mut Scan,
 ) -> Result<Option<String>, StoreError> {
     let Some(outcome) = e.outcome() else {
         return Ok(Some(format!("unknown outcome code {}", e.record.outcome)));
     };
+    let effects_floor = scan.marks.effects_floor;
+    let pruned_effect = |offset: u64| offset < effects_floor;
     Ok(match outcome {
-        Outcome::Applied | Outcome::AppliedLate => {
+        Outcome::Applied | Outcome::AppliedLate | Outcome::Released => {
             let Some(offset) = e.record.effect_offset else {
                 return Ok(Some(format!("{outcome} without an effect offset")));
             };
             let Some(key) = e.record.key else {
                 return Ok(Some(format!("{outcome} without a key")));
             };
+            let released = outcome == Outcome::Released;
+            // An operator's release re-applies a key on purpose; the feed never does.
+            if !released && !scan.applied_keys.insert(key) {
+                return Ok(Some(format!("key {} applied a second time", hex(&key))));
+            }
+            if released && let Some(problem) = resolves(e, scan) {
+                return Ok(Some(problem));
+            }
             match snap.effect(offset)? {
+                None if pruned_effect(offset) => None,
                 None => Some(format!("{outcome} but effect {offset} does not exist")),
                 Some(eff) if eff.record.key != key || eff.record.audit_index != e.index => Some(
                     format!("{outcome} but effect {offset} records another key or audit entry"),
                 ),
-                Some(_) if !applied_keys.insert(key) => {
-                    Some(format!("key {} applied a second time", hex(&key)))
-                }
+                Some(eff) if eff.record.released != released => Some(format!(
+                    "{outcome} but effect {offset} has released={}",
+                    eff.record.released
+                )),
                 Some(_) => None,
             }
         }
         Outcome::Duplicate => {
-            let original = match e.record.effect_offset {
-                Some(o) => snap.effect(o)?,
-                None => None,
+            let Some(offset) = e.record.effect_offset else {
+                return Ok(Some("duplicate without the effect it duplicates".into()));
             };
-            match original {
-                None => Some("duplicate without the effect it duplicates".into()),
+            match snap.effect(offset)? {
+                None if pruned_effect(offset) => None,
+                None => Some(format!(
+                    "duplicate of effect {offset}, which does not exist"
+                )),
+                // The applied entry itself was pruned: the effect still names the same key.
+                Some(eff) if eff.record.audit_index < scan.audit_from => (Some(eff.record.key)
+                    != e.record.key)
+                    .then(|| format!("duplicate of effect {offset}, which records another key")),
                 Some(eff) => match snap.audit_entry(eff.record.audit_index)? {
                     Some(a)
                         if a.index < e.index
@@ -141,15 +211,33 @@ fn check_entry(
                         None
                     }
                     _ => Some(format!(
-                        "duplicate of effect {} is not backed by an earlier applied entry with the same key and digest",
-                        eff.offset
+                        "duplicate of effect {offset} is not backed by an earlier applied entry with the same key and digest"
                     )),
                 },
             }
         }
         Outcome::Conflict | Outcome::Stale | Outcome::Malformed => match e.record.quarantine_id {
+            None => Some(format!("{outcome} without a quarantine id")),
+            Some(q) if q < scan.marks.quarantine_floor => None,
             Some(q) if snap.quarantined(q)?.is_some() => None,
-            _ => Some(format!("{outcome} without its quarantine record")),
+            Some(q) => {
+                scan.unresolved.entry(q).or_insert(e.index);
+                None
+            }
         },
+        Outcome::Discarded => resolves(e, scan),
     })
+}
+
+/// A `released`/`discarded` entry takes its quarantine record out: from then on its absence
+/// is accounted for.
+fn resolves(e: &super::AuditEntry, scan: &mut Scan) -> Option<String> {
+    let Some(q) = e.record.quarantine_id else {
+        return Some(format!(
+            "{} without a quarantine id",
+            e.outcome().map_or("?", Outcome::as_str)
+        ));
+    };
+    scan.unresolved.remove(&q);
+    None
 }

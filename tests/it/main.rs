@@ -11,6 +11,7 @@
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
+//! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,6 +24,7 @@ mod fake_peer;
 mod faults;
 mod live_read;
 mod model;
+mod operator;
 mod service;
 mod systemd;
 mod tls;

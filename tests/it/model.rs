@@ -7,7 +7,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use proptest::prelude::*;
 use replay_guard::decide::OutOfOrder;
 use replay_guard::model::Outcome;
-use replay_guard::store::{Incoming, Store, StoreError, StoreOptions, WindowPolicy};
+use replay_guard::store::{
+    Incoming, LogRetention, RetentionPolicy, Store, StoreError, StoreOptions, WindowPolicy,
+};
 use replay_guard::wire::FeedContract;
 
 /// What the feed generator does next.
@@ -216,8 +218,24 @@ fn run_case(
             max_entries,
         },
         out_of_order: policy,
+        ..StoreOptions::default()
+    };
+    // The same feed into a store that prunes hard: retention must change no decision and
+    // must leave a record `verify` still proves.
+    let keep = |age: u64, entries: u64| LogRetention {
+        max_age_seconds: Some(age),
+        max_entries: Some(entries),
+    };
+    let pruning_opts = StoreOptions {
+        retention: RetentionPolicy {
+            audit: keep(20, 16),
+            effects: keep(5, 8),
+            quarantine: keep(10, 2),
+        },
+        ..opts.clone()
     };
     let mut store = Store::open(&dir.path().join("m.redb"), opts).unwrap();
+    let mut pruning = Store::open(&dir.path().join("pruned.redb"), pruning_opts).unwrap();
     let mut model = ModelState {
         window: HashMap::new(),
         order: VecDeque::new(),
@@ -240,6 +258,15 @@ fn run_case(
             .map(|d| Incoming::decode("t", d.bytes.clone(), now_ms, &contract))
             .collect();
         let report = store.commit_batch(&batch, now_ms).unwrap();
+        let pruned = pruning.commit_batch(&batch, now_ms).unwrap();
+        let outcomes = |r: &replay_guard::store::BatchReport| {
+            r.decided.iter().map(|d| d.outcome).collect::<Vec<_>>()
+        };
+        prop_assert_eq!(
+            outcomes(&pruned),
+            outcomes(&report),
+            "retention changed a decision"
+        );
         model.evict(now_ms);
         for (d, got) in deliveries[i..i + size].iter().zip(&report.decided) {
             let want = model.decide(d, now_ms);
@@ -249,6 +276,10 @@ fn run_case(
         model.evict(now_ms);
         i += size;
     }
+
+    let pruned_view = pruning.reader().unwrap();
+    let check = replay_guard::store::verify::verify(&pruned_view).unwrap();
+    prop_assert_eq!(check.violation, None, "verify on the pruned store");
 
     // Independent of the model: the properties the product promises.
     let txn = store.reader().unwrap();
@@ -311,6 +342,9 @@ fn run_case(
                         "quarantined other content"
                     );
                 }
+            }
+            Outcome::Released | Outcome::Discarded => {
+                prop_assert!(false, "the feed alone never releases or discards");
             }
         }
     }

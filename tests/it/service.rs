@@ -14,15 +14,15 @@ use super::broker::{Broker, signal};
 use super::common;
 
 /// A `replay-guard run` process with its config and database.
-struct Consumer {
-    config: PathBuf,
-    db: PathBuf,
+pub struct Consumer {
+    pub config: PathBuf,
+    pub db: PathBuf,
     log: PathBuf,
     child: Option<Child>,
 }
 
 impl Consumer {
-    fn new(dir: &Path, brokers: &[String], protocol: &str, client_id: &str) -> Consumer {
+    pub fn new(dir: &Path, brokers: &[String], protocol: &str, client_id: &str) -> Consumer {
         let db = dir.join("rg.redb");
         let config = dir.join("rg.toml");
         let list: Vec<String> = brokers.iter().map(|b| format!("{b:?}")).collect();
@@ -45,7 +45,7 @@ impl Consumer {
         }
     }
 
-    fn start(&mut self) {
+    pub fn start(&mut self) {
         assert!(self.child.is_none());
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -63,7 +63,7 @@ impl Consumer {
     }
 
     /// SIGTERM, then the exit code (which must come within `limit`).
-    fn stop(&mut self, limit: Duration) -> Option<i32> {
+    pub fn stop(&mut self, limit: Duration) -> Option<i32> {
         let mut child = self.child.take().expect("running");
         signal(child.id() as i32, "TERM");
         let start = Instant::now();
@@ -88,17 +88,17 @@ impl Consumer {
         child.wait().unwrap();
     }
 
-    fn log_text(&self) -> String {
+    pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Number of audit entries, once the database can be read.
-    fn decided(&self) -> Option<u64> {
+    pub fn decided(&self) -> Option<u64> {
         let reader = Reader::open(&self.db).ok()?;
         Some(reader.begin().ok()?.summary().ok()?.audit_entries)
     }
 
-    fn wait_decided(&self, at_least: u64, limit: Duration) {
+    pub fn wait_decided(&self, at_least: u64, limit: Duration) {
         let start = Instant::now();
         while self.decided().unwrap_or(0) < at_least {
             assert!(
@@ -112,7 +112,7 @@ impl Consumer {
     }
 
     /// Outcome counts from the audit log.
-    fn outcomes(&self) -> BTreeMap<Outcome, u64> {
+    pub fn outcomes(&self) -> BTreeMap<Outcome, u64> {
         let reader = Reader::open(&self.db).unwrap();
         let txn = reader.begin().unwrap();
         let mut out = BTreeMap::new();
@@ -134,7 +134,7 @@ impl Drop for Consumer {
     }
 }
 
-fn events(from: u64, to: u64) -> Vec<String> {
+pub fn events(from: u64, to: u64) -> Vec<String> {
     (from..to)
         .map(|i| common::msg("CALFIRE", &format!("E{}", i % 7), 1, i, "status"))
         .collect()
@@ -238,6 +238,29 @@ fn failover_replay(protocol: &str) {
     assert!(
         log.contains("replay burst absorbed: 300 duplicates"),
         "{log}"
+    );
+    // `stats` reports the burst, with the broker that replayed it.
+    let stats = common::run(&["stats", "--format", "json", "--db", c.db.to_str().unwrap()]);
+    assert_eq!(stats.status.code(), Some(0));
+    let stats = replay_guard::json::parse(&stats.stdout, 16).unwrap();
+    let bursts = match stats.pointer(&replay_guard::json::Pointer::parse("/replay_bursts").unwrap())
+    {
+        Some(replay_guard::json::Json::Array(b)) => b.clone(),
+        other => panic!("replay_bursts: {other:?}"),
+    };
+    assert_eq!(bursts.len(), 1, "{bursts:?}");
+    let field = |name: &str| {
+        bursts[0]
+            .pointer(&replay_guard::json::Pointer::parse(&format!("/{name}")).unwrap())
+            .cloned()
+    };
+    assert_eq!(
+        field("duplicates"),
+        Some(replay_guard::json::Json::Number("300".into()))
+    );
+    assert_eq!(
+        field("broker"),
+        Some(replay_guard::json::Json::String(b.url()))
     );
 }
 

@@ -66,7 +66,7 @@ fn verify_passes_on_an_honest_database() {
     let (code, out, err) = verify(&db);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains("28 audit entries, hash chain intact; 8 effects"),
+        out.contains("28 audit entries, hash chain intact from the first entry; 8 effects"),
         "{out}"
     );
     assert!(out.contains("duplicate=14"), "{out}");

@@ -1,0 +1,307 @@
+//! `stats`: the record's health at a glance, as labelled lines or one JSON object. Reads
+//! counters and table metadata, not the logs (the last-hour counts scan back one hour only).
+
+use std::io::{self, Write};
+
+use super::Failure;
+use crate::cli::{StatsArgs, StatsFormat};
+use crate::json::Json;
+use crate::model::{Outcome, OutcomeCounts, hex};
+use crate::store::Snapshot;
+use crate::timefmt::{now_ms, rfc3339_ms};
+
+const HOUR_MS: u64 = 3_600_000;
+
+pub fn run(args: &StatsArgs) -> Result<(), Failure> {
+    let (db, snap) = super::open_existing(&args.db)?;
+    let stats = Stats::read(&snap, &db, now_ms())?;
+    let mut out = io::stdout().lock();
+    let text = match args.format {
+        StatsFormat::Json => stats.to_json().to_compact() + "\n",
+        StatsFormat::Text => stats.to_text(),
+    };
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+struct Stats {
+    path: String,
+    file_bytes: u64,
+    created_at_ms: u64,
+    now_ms: u64,
+    total: Option<OutcomeCounts>,
+    last_hour: OutcomeCounts,
+    window_entries: u64,
+    oldest_in_window_ms: Option<u64>,
+    quarantined: u64,
+    audit_first: u64,
+    audit_next: u64,
+    audit_anchor: Option<(u64, [u8; 32])>,
+    marks: crate::store::tables::RetentionMarks,
+    sources: Vec<crate::store::tables::SourceRecord>,
+    bursts: Vec<crate::store::tables::BurstRecord>,
+    tables: Vec<(&'static str, u64, u64)>,
+}
+
+impl Stats {
+    fn read(snap: &Snapshot, path: &std::path::Path, now: u64) -> Result<Stats, Failure> {
+        let meta = snap.meta()?;
+        let summary = snap.summary()?;
+        Ok(Stats {
+            path: path.display().to_string(),
+            file_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+            created_at_ms: meta.created_at_ms,
+            now_ms: now,
+            total: snap.counters()?,
+            last_hour: snap.counts_since(now.saturating_sub(HOUR_MS))?,
+            window_entries: summary.window_entries,
+            oldest_in_window_ms: snap.oldest_in_window_ms()?,
+            quarantined: summary.quarantined,
+            audit_first: meta.audit_anchor.map_or(0, |(i, _)| i + 1),
+            audit_next: meta.next_audit,
+            audit_anchor: meta.audit_anchor,
+            marks: snap.retention_marks()?,
+            sources: snap.sources()?,
+            bursts: snap.replay_bursts()?,
+            tables: snap.table_sizes()?,
+        })
+    }
+
+    fn to_json(&self) -> Json {
+        let num = |n: u64| Json::Number(n.to_string());
+        let text = |s: &str| Json::String(s.to_string());
+        let time = |ms: u64| Json::String(rfc3339_ms(ms));
+        let counts = |c: &OutcomeCounts| {
+            let mut fields = vec![("total".to_string(), num(c.total()))];
+            fields.extend(Outcome::ALL.iter().map(|o| (o.to_string(), num(c.get(*o)))));
+            Json::Object(fields)
+        };
+        let obj = |fields: Vec<(&str, Json)>| {
+            Json::Object(
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            )
+        };
+        obj(vec![
+            ("database", text(&self.path)),
+            ("file_bytes", num(self.file_bytes)),
+            ("created_at", time(self.created_at_ms)),
+            ("now", time(self.now_ms)),
+            (
+                "decisions_total",
+                self.total.as_ref().map_or(Json::Null, counts),
+            ),
+            ("decisions_last_hour", counts(&self.last_hour)),
+            (
+                "window",
+                obj(vec![
+                    ("entries", num(self.window_entries)),
+                    (
+                        "oldest_at",
+                        self.oldest_in_window_ms.map_or(Json::Null, time),
+                    ),
+                    (
+                        "oldest_age_seconds",
+                        self.oldest_in_window_ms
+                            .map_or(Json::Null, |t| num(self.now_ms.saturating_sub(t) / 1000)),
+                    ),
+                ]),
+            ),
+            ("quarantined", num(self.quarantined)),
+            (
+                "audit",
+                obj(vec![
+                    ("first_index", num(self.audit_first)),
+                    ("next_index", num(self.audit_next)),
+                    (
+                        "anchor",
+                        self.audit_anchor.map_or(Json::Null, |(i, h)| {
+                            obj(vec![("index", num(i)), ("hash", text(&hex(&h)))])
+                        }),
+                    ),
+                ]),
+            ),
+            (
+                "retention",
+                obj(vec![
+                    ("audit_pruned", num(self.marks.audit_pruned)),
+                    ("effects_pruned", num(self.marks.effects_pruned)),
+                    ("quarantine_pruned", num(self.marks.quarantine_pruned)),
+                    ("effects_floor", num(self.marks.effects_floor)),
+                    ("quarantine_floor", num(self.marks.quarantine_floor)),
+                    (
+                        "last_pruned_at",
+                        if self.marks.last_pruned_at_ms > 0 {
+                            time(self.marks.last_pruned_at_ms)
+                        } else {
+                            Json::Null
+                        },
+                    ),
+                ]),
+            ),
+            (
+                "sources",
+                Json::Array(
+                    self.sources
+                        .iter()
+                        .map(|s| {
+                            obj(vec![
+                                ("agency", text(&s.agency)),
+                                ("source_id", text(&s.source_id)),
+                                ("high_water_epoch", num(s.high_water.0)),
+                                ("high_water_sequence", num(s.high_water.1)),
+                                (
+                                    "evicted_floor",
+                                    s.evicted_floor.map_or(Json::Null, |(e, q)| {
+                                        obj(vec![("epoch", num(e)), ("sequence", num(q))])
+                                    }),
+                                ),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "replay_bursts",
+                Json::Array(
+                    self.bursts
+                        .iter()
+                        .map(|b| {
+                            obj(vec![
+                                ("connected_at", time(b.connected_at_ms)),
+                                ("ended_at", time(b.ended_at_ms)),
+                                ("broker", text(&b.broker)),
+                                ("duplicates", num(b.duplicates)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "tables",
+                Json::Array(
+                    self.tables
+                        .iter()
+                        .map(|(name, stored, overhead)| {
+                            obj(vec![
+                                ("name", text(name)),
+                                ("stored_bytes", num(*stored)),
+                                ("overhead_bytes", num(*overhead)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    fn to_text(&self) -> String {
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+        let counts = |c: &OutcomeCounts| {
+            let parts: Vec<String> = Outcome::ALL
+                .iter()
+                .filter(|o| c.get(**o) > 0)
+                .map(|o| format!("{o} {}", c.get(*o)))
+                .collect();
+            if parts.is_empty() {
+                "0".to_string()
+            } else {
+                format!("{} ({})", c.total(), parts.join(", "))
+            }
+        };
+        let mut s = String::new();
+        let mut line = |label: &str, value: String| {
+            s.push_str(&format!("{label:<15}{value}\n"));
+        };
+        line(
+            "database",
+            format!(
+                "{} ({}, created {})",
+                self.path,
+                mib(self.file_bytes),
+                rfc3339_ms(self.created_at_ms)
+            ),
+        );
+        line(
+            "decisions",
+            self.total.as_ref().map_or_else(
+                || "not counted yet (no writer of this version has opened the database)".into(),
+                counts,
+            ),
+        );
+        line("last hour", counts(&self.last_hour));
+        line(
+            "window",
+            match self.oldest_in_window_ms {
+                Some(t) => format!(
+                    "{} entries, oldest received {} ({} s ago)",
+                    self.window_entries,
+                    rfc3339_ms(t),
+                    self.now_ms.saturating_sub(t) / 1000
+                ),
+                None => format!("{} entries", self.window_entries),
+            },
+        );
+        line("quarantine", format!("{} messages", self.quarantined));
+        line(
+            "audit log",
+            match self.audit_anchor {
+                Some((i, h)) => format!(
+                    "entries {}..{} kept; earlier ones pruned, chain anchored at #{i} ({}…)",
+                    self.audit_first,
+                    self.audit_next,
+                    &hex(&h)[..16]
+                ),
+                None => format!("entries 0..{} (nothing pruned)", self.audit_next),
+            },
+        );
+        if self.marks.last_pruned_at_ms > 0 {
+            line(
+                "retention",
+                format!(
+                    "pruned audit {}, effects {}, quarantine {}; last at {}",
+                    self.marks.audit_pruned,
+                    self.marks.effects_pruned,
+                    self.marks.quarantine_pruned,
+                    rfc3339_ms(self.marks.last_pruned_at_ms)
+                ),
+            );
+        }
+        line("sources", self.sources.len().to_string());
+        for src in &self.sources {
+            let floor = src
+                .evicted_floor
+                .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
+            s.push_str(&format!(
+                "  {}/{}  high-water {}/{}  evicted floor {floor}\n",
+                crate::commands::dump::escape_cell(&src.agency),
+                crate::commands::dump::escape_cell(&src.source_id),
+                src.high_water.0,
+                src.high_water.1
+            ));
+        }
+        let mut line = |label: &str, value: String| {
+            s.push_str(&format!("{label:<15}{value}\n"));
+        };
+        line("replay bursts", self.bursts.len().to_string());
+        for b in &self.bursts {
+            s.push_str(&format!(
+                "  {}  {}  {} duplicates absorbed\n",
+                rfc3339_ms(b.connected_at_ms),
+                b.broker,
+                b.duplicates
+            ));
+        }
+        let tables: Vec<String> = self
+            .tables
+            .iter()
+            .map(|(n, stored, _)| format!("{n} {}", mib(*stored)))
+            .collect();
+        s.push_str(&format!("{:<15}{}\n", "tables", tables.join(", ")));
+        s
+    }
+}

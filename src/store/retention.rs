@@ -1,0 +1,467 @@
+//! Retention: what the audit log, the effect log and the quarantine keep. Pruning runs inside
+//! `commit_batch`'s own write transaction, a bounded slice per commit, so it never holds the
+//! write lock for long and costs no extra fsync; a backlog (a policy just tightened) is worked
+//! off over the following commits. Each log is pruned from its oldest end only:
+//! - the audit log up to an index; the last removed entry's index and hash become
+//!   `Meta::audit_anchor`, from which `verify` still proves the rest of the chain;
+//! - the effect log up to an offset, never into the dedup window (offsets below
+//!   `Meta::window_start` only); `RetentionMarks::effects_floor` records the cut;
+//! - the quarantine up to an id (with its fingerprints); `RetentionMarks::quarantine_floor`.
+
+use serde::Deserialize;
+
+use redb::ReadableTable;
+
+use super::tables::*;
+use super::{StoreError, Writer};
+
+/// Records removed per commit at most (all logs together), so a commit that prunes stays short.
+pub(super) const PRUNE_SLICE: u64 = 2_048;
+
+/// What one log keeps: entries younger than `max_age_seconds` and at most `max_entries` of
+/// them. `None` keeps without that bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogRetention {
+    pub max_age_seconds: Option<u64>,
+    pub max_entries: Option<u64>,
+}
+
+impl LogRetention {
+    fn is_active(self) -> bool {
+        self.max_age_seconds.is_some() || self.max_entries.is_some()
+    }
+
+    /// The oldest time kept, or `None` for no age bound.
+    fn cutoff(self, now_ms: u64) -> Option<u64> {
+        self.max_age_seconds
+            .map(|s| now_ms.saturating_sub(s.saturating_mul(1000)))
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    pub audit: LogRetention,
+    pub effects: LogRetention,
+    pub quarantine: LogRetention,
+}
+
+impl RetentionPolicy {
+    /// Nothing is ever pruned (the library default; `run` reads `[retention]`).
+    pub fn keep_all() -> RetentionPolicy {
+        RetentionPolicy::default()
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.audit.is_active() || self.effects.is_active() || self.quarantine.is_active()
+    }
+}
+
+/// Records removed by one commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PruneCounts {
+    pub audit: u64,
+    pub effects: u64,
+    pub quarantine: u64,
+    /// The slice ran out before everything due was removed.
+    pub more: bool,
+}
+
+impl PruneCounts {
+    pub fn total(&self) -> u64 {
+        self.audit + self.effects + self.quarantine
+    }
+}
+
+/// The first field of every audit record, decoded without the rest.
+#[derive(Deserialize)]
+struct AuditHead {
+    recorded_at_ms: u64,
+}
+
+impl Writer<'_> {
+    /// Removes, oldest first, what `policy` no longer keeps, at most `PRUNE_SLICE` records.
+    pub(super) fn prune(
+        &mut self,
+        now_ms: u64,
+        policy: &RetentionPolicy,
+    ) -> Result<PruneCounts, StoreError> {
+        let mut budget = PRUNE_SLICE;
+        let mut counts = PruneCounts::default();
+        let mut marks = self.marks()?;
+        if policy.audit.is_active() {
+            counts.audit = self.prune_audit(now_ms, policy.audit, &mut budget)?;
+            marks.audit_pruned += counts.audit;
+        }
+        if policy.effects.is_active() {
+            counts.effects = self.prune_effects(now_ms, policy.effects, &mut budget, &mut marks)?;
+            marks.effects_pruned += counts.effects;
+        }
+        if policy.quarantine.is_active() {
+            counts.quarantine =
+                self.prune_quarantine(now_ms, policy.quarantine, &mut budget, &mut marks)?;
+            marks.quarantine_pruned += counts.quarantine;
+        }
+        counts.more = budget == 0;
+        if counts.total() > 0 {
+            marks.last_pruned_at_ms = now_ms;
+            self.set_marks(marks);
+        }
+        Ok(counts)
+    }
+
+    fn prune_audit(
+        &mut self,
+        now_ms: u64,
+        keep: LogRetention,
+        budget: &mut u64,
+    ) -> Result<u64, StoreError> {
+        let start = self.meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        let end = self.meta.next_audit;
+        let cutoff = keep.cutoff(now_ms);
+        let mut len = end - start;
+        let mut last = None;
+        for item in self.audit.range(start..end).map_err(StoreError::redb)? {
+            if *budget == 0 {
+                break;
+            }
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let head = decode_head::<AuditHead>("audit", k.value(), v.value())?;
+            let too_old = cutoff.is_some_and(|c| head.recorded_at_ms < c);
+            let too_many = keep.max_entries.is_some_and(|m| len > m);
+            if !(too_old || too_many) {
+                break;
+            }
+            last = Some(k.value());
+            len -= 1;
+            *budget -= 1;
+        }
+        let Some(last) = last else { return Ok(0) };
+        let hash = {
+            let g = self
+                .audit
+                .get(last)
+                .map_err(StoreError::redb)?
+                .ok_or_else(|| RecordError {
+                    table: "audit",
+                    key: last.to_string(),
+                    why: "vanished while pruning".into(),
+                })?;
+            decode::<AuditRecord>("audit", last, g.value())?.hash
+        };
+        self.audit
+            .retain_in(start..=last, |_, _| false)
+            .map_err(StoreError::redb)?;
+        self.meta.audit_anchor = Some((last, hash));
+        Ok(last + 1 - start)
+    }
+
+    fn prune_effects(
+        &mut self,
+        now_ms: u64,
+        keep: LogRetention,
+        budget: &mut u64,
+        marks: &mut RetentionMarks,
+    ) -> Result<u64, StoreError> {
+        let start = marks.effects_floor;
+        // Never into the window: the effect log is its time index.
+        let end = self.meta.window_start;
+        let cutoff = keep.cutoff(now_ms);
+        let mut len = self.meta.next_effect.saturating_sub(start);
+        let mut next = start;
+        for item in self.effects.range(start..end).map_err(StoreError::redb)? {
+            if *budget == 0 {
+                break;
+            }
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let head = decode_effect_head(k.value(), v.value())?;
+            let too_old = cutoff.is_some_and(|c| head.received_at_ms < c);
+            let too_many = keep.max_entries.is_some_and(|m| len > m);
+            if !(too_old || too_many) {
+                break;
+            }
+            next = k.value() + 1;
+            len -= 1;
+            *budget -= 1;
+        }
+        if next == start {
+            return Ok(0);
+        }
+        let mut removed = 0;
+        self.effects
+            .retain_in(start..next, |_, _| {
+                removed += 1;
+                false
+            })
+            .map_err(StoreError::redb)?;
+        marks.effects_floor = next;
+        Ok(removed)
+    }
+
+    fn prune_quarantine(
+        &mut self,
+        now_ms: u64,
+        keep: LogRetention,
+        budget: &mut u64,
+        marks: &mut RetentionMarks,
+    ) -> Result<u64, StoreError> {
+        use redb::ReadableTableMetadata;
+        let start = marks.quarantine_floor;
+        let cutoff = keep.cutoff(now_ms);
+        let mut len = self.quarantine.len().map_err(StoreError::redb)?;
+        let mut victims = Vec::new();
+        let mut next = start;
+        for item in self.quarantine.range(start..).map_err(StoreError::redb)? {
+            if *budget == 0 {
+                break;
+            }
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let rec: QuarantineRecord = decode("quarantine", k.value(), v.value())?;
+            let too_old = cutoff.is_some_and(|c| rec.received_at_ms < c);
+            let too_many = keep.max_entries.is_some_and(|m| len > m);
+            if !(too_old || too_many) {
+                break;
+            }
+            victims.push(k.value());
+            next = k.value() + 1;
+            len -= 1;
+            *budget -= 1;
+        }
+        for id in &victims {
+            self.forget_quarantined(*id)?;
+        }
+        if next > start {
+            marks.quarantine_floor = next;
+        }
+        Ok(victims.len() as u64)
+    }
+
+    /// Removes quarantine record `id` and its fingerprint entries.
+    pub(super) fn forget_quarantined(&mut self, id: u64) -> Result<(), StoreError> {
+        self.quarantine.remove(id).map_err(StoreError::redb)?;
+        let fp = self
+            .quarantine_fp_by_id
+            .remove(id)
+            .map_err(StoreError::redb)?
+            .map(|g| *g.value());
+        if let Some(fp) = fp {
+            // Only if it still names this id (a later record may have taken the fingerprint).
+            let owner = self
+                .quarantine_fp
+                .get(&fp)
+                .map_err(StoreError::redb)?
+                .map(|g| g.value());
+            if owner == Some(id) {
+                self.quarantine_fp.remove(&fp).map_err(StoreError::redb)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decodes only the leading fields `H` of a stored record.
+fn decode_head<'a, H: Deserialize<'a>>(
+    table: &'static str,
+    key: u64,
+    bytes: &'a [u8],
+) -> Result<H, RecordError> {
+    match bytes.split_first() {
+        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<H>(rest)
+            .map(|(h, _)| h)
+            .map_err(|e| RecordError {
+                table,
+                key: key.to_string(),
+                why: format!("postcard: {e}"),
+            }),
+        Some((v, _)) => Err(RecordError {
+            table,
+            key: key.to_string(),
+            why: format!("unknown record version {v}"),
+        }),
+        None => Err(RecordError {
+            table,
+            key: key.to_string(),
+            why: "empty record".into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::verify::verify;
+    use crate::store::{Incoming, Resolution, Store, StoreOptions};
+    use crate::wire::FeedContract;
+
+    const T0: u64 = 1_800_000_000_000;
+    const DAY: u64 = 86_400_000;
+
+    fn msg(seq: u64, body: &str) -> Vec<u8> {
+        format!(r#"{{"agency":"A","source_id":"S","epoch":0,"sequence":{seq},"b":"{body}"}}"#)
+            .into_bytes()
+    }
+
+    fn batch(payloads: Vec<Vec<u8>>, at: u64) -> Vec<Incoming> {
+        let c = FeedContract::default();
+        payloads
+            .into_iter()
+            .map(|p| Incoming::decode("t", p, at, &c))
+            .collect()
+    }
+
+    fn store(dir: &tempfile::TempDir, retention: RetentionPolicy) -> Store {
+        let mut opts = StoreOptions {
+            retention,
+            ..StoreOptions::default()
+        };
+        opts.window.seconds = 60;
+        Store::open(&dir.path().join("r.redb"), opts).unwrap()
+    }
+
+    fn days(d: u64) -> LogRetention {
+        LogRetention {
+            max_age_seconds: Some(d * 86_400),
+            max_entries: None,
+        }
+    }
+
+    #[test]
+    fn pruning_by_age_keeps_the_window_and_a_verifiable_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = RetentionPolicy {
+            audit: days(2),
+            effects: days(2),
+            quarantine: days(2),
+        };
+        let mut s = store(&dir, policy);
+        // Day 0: 10 applied, 1 duplicate, 1 conflict (quarantined).
+        let mut day0: Vec<_> = (1..=10).map(|q| msg(q, "x")).collect();
+        day0.push(msg(3, "x"));
+        day0.push(msg(4, "changed"));
+        s.commit_batch(&batch(day0, T0), T0).unwrap();
+        // Day 3: 5 more; everything from day 0 is now older than 2 days.
+        let day3 = T0 + 3 * DAY;
+        let r = s
+            .commit_batch(&batch((11..=15).map(|q| msg(q, "x")).collect(), day3), day3)
+            .unwrap();
+        assert_eq!(
+            (r.pruned.audit, r.pruned.effects, r.pruned.quarantine),
+            (12, 10, 1),
+            "{:?}",
+            r.pruned
+        );
+        let snap = s.reader().unwrap();
+        let meta = snap.meta().unwrap();
+        assert_eq!(meta.audit_anchor.map(|a| a.0), Some(11));
+        let marks = snap.retention_marks().unwrap();
+        assert_eq!((marks.effects_floor, marks.quarantine_floor), (10, 1));
+        // The window (effects 10..15 received on day 3) is untouched.
+        assert_eq!(snap.summary().unwrap().window_entries, 5);
+        let report = verify(&snap).unwrap();
+        assert_eq!(report.violation, None);
+        assert_eq!((report.audit_from, report.audit_entries), (12, 5));
+        // A replay of a pruned, evicted message is stale, never applied again.
+        drop(snap);
+        let r = s
+            .commit_batch(&batch(vec![msg(2, "x")], day3 + 1), day3 + 1)
+            .unwrap();
+        assert_eq!(r.decided[0].outcome, crate::model::Outcome::Stale);
+        assert_eq!(verify(&s.reader().unwrap()).unwrap().violation, None);
+    }
+
+    #[test]
+    fn pruning_by_count_goes_a_slice_per_commit_and_never_into_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = LogRetention {
+            max_age_seconds: None,
+            max_entries: Some(100),
+        };
+        let policy = RetentionPolicy {
+            audit: keep,
+            effects: keep,
+            quarantine: keep,
+        };
+        let mut s = store(&dir, policy);
+        let n = PRUNE_SLICE + 500;
+        // All within the window's 60 s: effects stay, the audit log is cut to 100.
+        let r = s
+            .commit_batch(&batch((1..=n).map(|q| msg(q, "x")).collect(), T0), T0)
+            .unwrap();
+        assert!(r.pruned.more, "{:?}", r.pruned);
+        assert_eq!(r.pruned.audit, PRUNE_SLICE);
+        assert_eq!(
+            r.pruned.effects, 0,
+            "effects in the window are never pruned"
+        );
+        let r = s.commit_batch(&[], T0 + 1).unwrap();
+        assert_eq!(r.pruned.audit, n - PRUNE_SLICE - 100);
+        assert!(!r.pruned.more);
+        // After the window passes, the effect log is cut to 100 too (a slice at a time).
+        let later = T0 + 120_000;
+        let mut pruned = 0;
+        for i in 0..3 {
+            pruned += s.commit_batch(&[], later + i).unwrap().pruned.effects;
+        }
+        assert_eq!(pruned, n - 100);
+        let snap = s.reader().unwrap();
+        assert_eq!(verify(&snap).unwrap().violation, None);
+        assert_eq!(snap.summary().unwrap().window_entries, 0);
+    }
+
+    #[test]
+    fn release_and_discard_are_audited_and_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(&dir, RetentionPolicy::keep_all());
+        let r = s
+            .commit_batch(
+                &batch(vec![msg(1, "a"), msg(1, "b"), b"{oops".to_vec()], T0),
+                T0,
+            )
+            .unwrap();
+        let conflict = r.decided[1].quarantine_id.unwrap();
+        let malformed = r.decided[2].quarantine_id.unwrap();
+        let who = |reason: &str| Resolution::Release {
+            operator: "alice".into(),
+            reason: reason.into(),
+        };
+        let c = FeedContract::default();
+        let e = s
+            .resolve_quarantined(malformed, &who("no"), &c, T0 + 1)
+            .unwrap_err();
+        assert!(e.to_string().contains("malformed"), "{e}");
+        let d = s
+            .resolve_quarantined(conflict, &who("IC confirmed by radio"), &c, T0 + 2)
+            .unwrap();
+        assert_eq!(d.outcome, crate::model::Outcome::Released);
+        assert_eq!(d.effect_offset, Some(1));
+        let gone = s
+            .resolve_quarantined(conflict, &who("again"), &c, T0 + 3)
+            .unwrap_err();
+        assert!(gone.to_string().contains("does not exist"), "{gone}");
+        let discard = Resolution::Discard {
+            operator: "bob".into(),
+            reason: "test rig noise".into(),
+        };
+        s.resolve_quarantined(malformed, &discard, &c, T0 + 4)
+            .unwrap();
+        // The released bytes are now the window's version: a replay is a duplicate of it.
+        let r = s
+            .commit_batch(&batch(vec![msg(1, "b"), msg(1, "a")], T0 + 5), T0 + 5)
+            .unwrap();
+        assert_eq!(r.decided[0].outcome, crate::model::Outcome::Duplicate);
+        assert_eq!(r.decided[0].effect_offset, Some(1));
+        assert_eq!(r.decided[1].outcome, crate::model::Outcome::Conflict);
+        let snap = s.reader().unwrap();
+        let eff = snap.effect(1).unwrap().unwrap();
+        assert!(eff.record.released);
+        let audit = snap.audit_entry(d.audit_index).unwrap().unwrap();
+        assert_eq!(
+            audit.record.reason,
+            format!("quarantine #{conflict} released by alice: IC confirmed by radio")
+        );
+        assert!(snap.quarantined(conflict).unwrap().is_none());
+        let report = verify(&snap).unwrap();
+        assert_eq!(report.violation, None);
+        assert_eq!(report.counts.get(crate::model::Outcome::Released), 1);
+        assert_eq!(report.counts.get(crate::model::Outcome::Discarded), 1);
+    }
+}
