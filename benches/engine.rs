@@ -12,6 +12,8 @@
 //!   applied message also evicts one. Shared by the three batch sizes.
 //! - `concurrency/{single_writer,multi_writer}/<batch>`: the empty-window run under each redb
 //!   concurrency mode, to measure what letting operator commands write beside `run` costs.
+//! - `retention/{keep_all,pruning}/64`: a 2,000-entry window with no retention, or with
+//!   every log capped at 2,000 entries so each commit also prunes about a batch's worth.
 //! - `window_1m_cache256/512`: the same database reopened with a 256 MiB page cache instead of
 //!   the default 64 MiB.
 //!
@@ -25,7 +27,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use replay_guard::model::{Outcome, OutcomeCounts};
 use replay_guard::store::{
-    Concurrency, DEFAULT_CACHE_BYTES, Incoming, Store, StoreOptions, WindowPolicy,
+    Concurrency, DEFAULT_CACHE_BYTES, Incoming, LogRetention, RetentionPolicy, Store, StoreOptions,
+    WindowPolicy,
 };
 use replay_guard::wire::FeedContract;
 use tempfile::TempDir;
@@ -96,6 +99,8 @@ struct Feed {
     /// Highest sequence committed, per source (0: none yet).
     committed: Vec<u64>,
     counter: u64,
+    /// Replays pick among each source's last `span` committed sequences.
+    span: u64,
 }
 
 /// One batch's payloads and how they must be decided.
@@ -111,6 +116,7 @@ impl Feed {
             next: vec![1; SOURCES],
             committed: vec![0; SOURCES],
             counter: 0,
+            span: REPLAY_SPAN,
         }
     }
 
@@ -128,7 +134,7 @@ impl Feed {
             let s = (h % SOURCES as u64) as usize;
             if replays && self.counter.is_multiple_of(REPLAY_EVERY) && self.committed[s] > 0 {
                 let top = self.committed[s];
-                let span = top.min(REPLAY_SPAN);
+                let span = top.min(self.span);
                 let seq = top - (h >> 32) % span;
                 p.payloads.push(payload(s, seq));
                 p.replays += 1;
@@ -190,11 +196,17 @@ fn timed_run(
 
 /// A fresh database seeded (untimed) with one message per source.
 fn fresh_store(contract: &FeedContract, concurrency: Concurrency) -> (TempDir, Store, Feed) {
+    fresh_store_with(
+        contract,
+        StoreOptions {
+            concurrency,
+            ..options(DEFAULT_CACHE_BYTES)
+        },
+    )
+}
+
+fn fresh_store_with(contract: &FeedContract, opts: StoreOptions) -> (TempDir, Store, Feed) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = StoreOptions {
-        concurrency,
-        ..options(DEFAULT_CACHE_BYTES)
-    };
     let mut store = Store::open(&dir.path().join("bench.redb"), opts).expect("open store");
     let mut feed = Feed::new();
     let mut seed = Vec::new();
@@ -328,6 +340,52 @@ fn concurrency(c: &mut Criterion, contract: &FeedContract) {
     group.finish();
 }
 
+/// What retention costs while it is pruning: a window of 2,000 entries, and either no
+/// retention or every log capped at 2,000 entries, so that in steady state each commit also
+/// deletes about one batch's worth of audit entries and effects.
+fn retention(c: &mut Criterion, contract: &FeedContract) {
+    let mut group = c.benchmark_group("retention");
+    configure(&mut group);
+    let cap = LogRetention {
+        max_age_seconds: None,
+        max_entries: Some(2_000),
+    };
+    for (name, policy) in [
+        ("keep_all", RetentionPolicy::keep_all()),
+        (
+            "pruning",
+            RetentionPolicy {
+                audit: cap,
+                effects: cap,
+                quarantine: cap,
+            },
+        ),
+    ] {
+        group.throughput(Throughput::Elements(64));
+        group.bench_function(BenchmarkId::new(name, 64), |b| {
+            b.iter_custom(|batches| {
+                let opts = StoreOptions {
+                    window: WindowPolicy {
+                        seconds: 86_400,
+                        max_entries: 2_000,
+                    },
+                    retention: policy,
+                    ..options(DEFAULT_CACHE_BYTES)
+                };
+                let (dir, mut store, mut feed) = fresh_store_with(contract, opts);
+                feed.span = 10; // ~40 entries per source in the window: replays stay in it
+                // Untimed: fill past the caps so every timed commit prunes.
+                timed_run(&mut store, &mut feed, contract, 100, 64);
+                let t = timed_run(&mut store, &mut feed, contract, batches, 64);
+                drop(store);
+                drop(dir);
+                t
+            });
+        });
+    }
+    group.finish();
+}
+
 fn window_1m(c: &mut Criterion, contract: &FeedContract) {
     let mut big: Option<Prefilled> = None;
     let mut group = c.benchmark_group("window_1m");
@@ -357,6 +415,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     empty_window(&mut c, &contract);
     concurrency(&mut c, &contract);
+    retention(&mut c, &contract);
     window_1m(&mut c, &contract);
     c.final_summary();
 }

@@ -647,6 +647,22 @@ mod tests {
         assert_eq!(c.feed.max_payload_bytes, 262_144);
         assert_eq!(c.max_batch, 1000);
         assert!(c.db_path.is_none());
+        let r = c.store.retention;
+        assert_eq!(r.audit.max_age_seconds, Some(400 * 86_400));
+        assert_eq!(r.audit.max_entries, Some(20_000_000));
+        assert_eq!(r.effects.max_age_seconds, Some(30 * 86_400));
+        assert_eq!(r.quarantine.max_entries, Some(1_000_000));
+    }
+
+    #[test]
+    fn retention_bounds_turn_off_with_zero() {
+        let c = Config::parse("[retention]\naudit_max_age_days = 0\neffects_max_entries = 0\n")
+            .unwrap();
+        assert_eq!(c.store.retention.audit.max_age_seconds, None);
+        assert_eq!(c.store.retention.audit.max_entries, Some(20_000_000));
+        assert_eq!(c.store.retention.effects.max_entries, None);
+        let e = Config::parse("[retention]\naudit_days = 3\n").unwrap_err();
+        assert!(e.to_string().contains("audit_days"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,8 @@ use crate::store::Snapshot;
 use crate::timefmt::{now_ms, rfc3339_ms};
 
 const HOUR_MS: u64 = 3_600_000;
+/// Sources listed by the text form (JSON lists all).
+const TEXT_SOURCES: usize = 20;
 
 pub fn run(args: &StatsArgs) -> Result<(), Failure> {
     let (db, snap) = super::open_existing(&args.db)?;
@@ -200,7 +202,13 @@ impl Stats {
     }
 
     fn to_text(&self) -> String {
-        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+        let mib = |b: u64| {
+            if b < 1024 * 1024 {
+                format!("{:.1} KiB", b as f64 / 1024.0)
+            } else {
+                format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+            }
+        };
         let counts = |c: &OutcomeCounts| {
             let parts: Vec<String> = Outcome::ALL
                 .iter()
@@ -246,7 +254,10 @@ impl Stats {
                 None => format!("{} entries", self.window_entries),
             },
         );
-        line("quarantine", format!("{} messages", self.quarantined));
+        line(
+            "quarantine",
+            format!("{} held for review", self.quarantined),
+        );
         line(
             "audit log",
             match self.audit_anchor {
@@ -272,7 +283,7 @@ impl Stats {
             );
         }
         line("sources", self.sources.len().to_string());
-        for src in &self.sources {
+        for src in self.sources.iter().take(TEXT_SOURCES) {
             let floor = src
                 .evicted_floor
                 .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
@@ -282,6 +293,12 @@ impl Stats {
                 crate::commands::dump::escape_cell(&src.source_id),
                 src.high_water.0,
                 src.high_water.1
+            ));
+        }
+        if self.sources.len() > TEXT_SOURCES {
+            s.push_str(&format!(
+                "  … {} more (--format json lists every source)\n",
+                self.sources.len() - TEXT_SOURCES
             ));
         }
         let mut line = |label: &str, value: String| {
