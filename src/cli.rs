@@ -60,6 +60,23 @@ pub enum Command {
     Stats(StatsArgs),
     /// Rewrite the database file to give back the space retention freed. Stop `run` first.
     Compact(DbArgs),
+    /// See the problem and the fix: a real broker failover replay, in-process, with a naive
+    /// consumer beside replay-guard. Exits 0 only if every event was applied exactly once.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Seed of the scripted feed (the same seed gives the same feed).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Messages in the feed (at least 40; the surge the standby replays is half of them).
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(40..=1_000_000))]
+    pub messages: u64,
+    /// Keep the database at this new path (default: a new temporary directory, kept).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod decide;
+pub mod demo;
 pub mod json;
 pub mod key;
 pub mod model;

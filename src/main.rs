@@ -19,8 +19,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    // The demo tells its own story on stdout: the service's own lines would drown it.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "error"
+    } else {
+        "info"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -41,6 +47,7 @@ fn main() -> ExitCode {
         Command::Quarantine(a) => commands::quarantine::run(a),
         Command::Stats(a) => commands::stats::run(a),
         Command::Compact(a) => commands::compact::run(a),
+        Command::Demo(a) => commands::demo::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,14 @@ pub struct Notifier {
 }
 
 impl Notifier {
+    /// Sends nothing (the service run inside `demo`).
+    pub fn none() -> Notifier {
+        Notifier {
+            socket: None,
+            abstract_name: None,
+        }
+    }
+
     /// Reads `$NOTIFY_SOCKET` (a path, or `@name` for the abstract namespace).
     pub fn from_env() -> Notifier {
         let Some(addr) = std::env::var_os("NOTIFY_SOCKET") else {

@@ -461,3 +461,45 @@ pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
         .saturating_mul(1 << failures.saturating_sub(1).min(16))
         .min(max)
 }
+
+/// Publishes `payloads` to `topic` at QoS 1 over MQTT 3.1.1, in order, and returns once the
+/// broker has acknowledged every one (a field feed for `demo` and tests).
+pub async fn publish_all(
+    broker: &BrokerUrl,
+    client_id: &str,
+    topic: &str,
+    payloads: Vec<Vec<u8>>,
+) -> Result<(), String> {
+    let mut o = rumqttc::MqttOptions::new(client_id, &broker.host, broker.port);
+    o.set_clean_session(true)
+        .set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 64);
+    let n = payloads.len();
+    let topic = topic.to_string();
+    let sender = tokio::spawn(async move {
+        for p in payloads {
+            if client
+                .publish(topic.clone(), rumqttc::QoS::AtLeastOnce, false, p)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        client
+    });
+    let mut acked = 0;
+    while acked < n {
+        match eventloop.poll().await {
+            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::PubAck(_))) => acked += 1,
+            Ok(_) => {}
+            Err(e) => return Err(format!("publishing to {broker}: {e}")),
+        }
+    }
+    if let Ok(client) = sender.await {
+        let _ = client.disconnect().await;
+        // Let the DISCONNECT go out.
+        let _ = tokio::time::timeout(Duration::from_millis(200), eventloop.poll()).await;
+    }
+    Ok(())
+}

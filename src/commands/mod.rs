@@ -2,6 +2,7 @@
 
 pub mod check_config;
 pub mod compact;
+pub mod demo;
 pub mod dump;
 pub mod ingest;
 pub mod quarantine;

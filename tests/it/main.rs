@@ -11,6 +11,7 @@
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
+//! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,6 +21,7 @@ mod broker;
 mod cli;
 mod common;
 mod crash;
+mod demo;
 mod fake_peer;
 mod faults;
 mod live_read;

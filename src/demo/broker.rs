@@ -1,0 +1,445 @@
+//! A small in-process MQTT 3.1.1 broker for `demo`: QoS 0/1 publish, subscriptions with `+`/`#`,
+//! persistent sessions (clean session = 0) with queued and in-flight messages, PINGREQ. It can
+//! hold deliveries, snapshot its session state the way Mosquitto's autosave does, and fail
+//! abruptly (every connection dropped, the port closed). A standby started from a snapshot
+//! holds the sessions as they were then, so it re-delivers what was unacknowledged *at the
+//! snapshot*, including messages the consumers acknowledged since: the failover replay.
+//!
+//! Not a production broker: no retained messages, wills, QoS 2, auth or limits.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// In-flight PUBLISHes per session before the broker waits for PUBACKs.
+const MAX_INFLIGHT: usize = 100;
+/// Largest packet accepted.
+const MAX_PACKET: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+struct Msg {
+    topic: String,
+    payload: Vec<u8>,
+}
+
+/// One client's persistent state.
+#[derive(Clone, Debug, Default)]
+struct Session {
+    filters: Vec<String>,
+    /// Sent, not yet acknowledged: (packet id, message), oldest first.
+    inflight: VecDeque<(u16, Msg)>,
+    queue: VecDeque<Msg>,
+    next_pid: u16,
+    /// Writer of the live connection, and its number (a reconnect replaces it).
+    conn: Option<(u64, mpsc::UnboundedSender<Vec<u8>>)>,
+}
+
+/// Session state as a standby restores it: subscriptions and every unacknowledged message.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    sessions: HashMap<String, (Vec<String>, Vec<Msg>)>,
+}
+
+impl Snapshot {
+    /// Unacknowledged messages held for `client`.
+    pub fn pending(&self, client: &str) -> usize {
+        self.sessions.get(client).map_or(0, |s| s.1.len())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<String, Session>,
+    held: bool,
+    next_conn: u64,
+}
+
+/// A running broker.
+pub struct Broker {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Broker {
+    /// Starts a broker on `listener` (bound by the caller), seeded with `snapshot`'s sessions.
+    pub fn start(
+        rt: &tokio::runtime::Handle,
+        listener: StdListener,
+        snapshot: Option<&Snapshot>,
+    ) -> std::io::Result<Broker> {
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let mut st = State::default();
+        if let Some(s) = snapshot {
+            for (client, (filters, msgs)) in &s.sessions {
+                st.sessions.insert(
+                    client.clone(),
+                    Session {
+                        filters: filters.clone(),
+                        queue: msgs.iter().cloned().collect(),
+                        next_pid: 1,
+                        ..Session::default()
+                    },
+                );
+            }
+        }
+        let state = Arc::new(Mutex::new(st));
+        let tasks = Arc::new(Mutex::new(Vec::new()));
+        let _guard = rt.enter();
+        let listener = TcpListener::from_std(listener)?;
+        let (s, t) = (state.clone(), tasks.clone());
+        let accept = rt.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                let task = tokio::spawn(connection(stream, s.clone()));
+                t.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+            }
+        });
+        tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(accept);
+        Ok(Broker { addr, state, tasks })
+    }
+
+    /// Stops forwarding to subscribers (publishes are still accepted and queued).
+    pub fn hold(&self) {
+        lock(&self.state).held = true;
+    }
+
+    /// Resumes forwarding.
+    pub fn release(&self) {
+        let mut st = lock(&self.state);
+        st.held = false;
+        for s in st.sessions.values_mut() {
+            pump(s);
+        }
+    }
+
+    /// The session state now, as an autosave would write it.
+    pub fn snapshot(&self) -> Snapshot {
+        let st = lock(&self.state);
+        Snapshot {
+            sessions: st
+                .sessions
+                .iter()
+                .map(|(c, s)| {
+                    let msgs = s
+                        .inflight
+                        .iter()
+                        .map(|(_, m)| m.clone())
+                        .chain(s.queue.iter().cloned())
+                        .collect();
+                    (c.clone(), (s.filters.clone(), msgs))
+                })
+                .collect(),
+        }
+    }
+
+    /// Unacknowledged messages held for `client` (in flight or queued).
+    pub fn pending(&self, client: &str) -> usize {
+        lock(&self.state)
+            .sessions
+            .get(client)
+            .map_or(0, |s| s.inflight.len() + s.queue.len())
+    }
+
+    /// Whether `client` is connected and subscribed to something.
+    pub fn subscribed(&self, client: &str) -> bool {
+        lock(&self.state)
+            .sessions
+            .get(client)
+            .is_some_and(|s| s.conn.is_some() && !s.filters.is_empty())
+    }
+
+    /// Fails at once: the port closes and every connection drops without a DISCONNECT.
+    pub fn kill(&self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            t.abort();
+        }
+        for s in lock(&self.state).sessions.values_mut() {
+            s.conn = None;
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Sends what the session may have in flight, unless held.
+fn pump(s: &mut Session) {
+    let Some((_, tx)) = &s.conn else { return };
+    let tx = tx.clone();
+    while s.inflight.len() < MAX_INFLIGHT {
+        let Some(m) = s.queue.pop_front() else { break };
+        let pid = s.next_pid.max(1);
+        s.next_pid = pid.wrapping_add(1).max(1);
+        let _ = tx.send(publish_packet(&m, pid, false));
+        s.inflight.push_back((pid, m));
+    }
+}
+
+fn pump_unless_held(st: &mut State, client: &str) {
+    if !st.held
+        && let Some(s) = st.sessions.get_mut(client)
+    {
+        pump(s);
+    }
+}
+
+async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut client: Option<(String, u64)> = None;
+    while let Ok(Some((header, body))) = read_packet(&mut rd).await {
+        match header >> 4 {
+            1 => {
+                let Some((id, clean)) = parse_connect(&body) else {
+                    break;
+                };
+                let mut st = lock(&state);
+                st.next_conn += 1;
+                let conn = st.next_conn;
+                if clean {
+                    st.sessions.remove(&id);
+                }
+                let present = st.sessions.contains_key(&id);
+                let s = st.sessions.entry(id.clone()).or_default();
+                s.conn = Some((conn, tx.clone()));
+                let _ = tx.send(vec![0x20, 2, u8::from(present), 0]);
+                // A resumed session: what was in flight goes again (DUP), then the queue.
+                for (pid, m) in &s.inflight {
+                    let _ = tx.send(publish_packet(m, *pid, true));
+                }
+                pump_unless_held(&mut st, &id);
+                client = Some((id, conn));
+            }
+            3 => {
+                let qos = (header >> 1) & 3;
+                let Some((topic, pid, payload)) = parse_publish(&body, qos) else {
+                    break;
+                };
+                let mut st = lock(&state);
+                let msg = Msg { topic, payload };
+                let targets: Vec<String> = st
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.filters.iter().any(|f| matches(f, &msg.topic)))
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                for c in targets {
+                    if let Some(s) = st.sessions.get_mut(&c) {
+                        s.queue.push_back(msg.clone());
+                    }
+                    pump_unless_held(&mut st, &c);
+                }
+                if let Some(pid) = pid {
+                    let _ = tx.send(vec![0x40, 2, (pid >> 8) as u8, pid as u8]);
+                }
+            }
+            4 => {
+                let (Some((id, _)), Some(pid)) = (&client, be16(&body, 0)) else {
+                    continue;
+                };
+                let mut st = lock(&state);
+                if let Some(s) = st.sessions.get_mut(id) {
+                    s.inflight.retain(|(p, _)| *p != pid);
+                }
+                pump_unless_held(&mut st, id);
+            }
+            8 => {
+                let Some((pid, filters)) = parse_subscribe(&body) else {
+                    break;
+                };
+                if let Some((id, _)) = &client {
+                    let mut st = lock(&state);
+                    if let Some(s) = st.sessions.get_mut(id) {
+                        for f in &filters {
+                            if !s.filters.contains(f) {
+                                s.filters.push(f.clone());
+                            }
+                        }
+                    }
+                }
+                let mut ack = vec![0x90, (2 + filters.len()) as u8, (pid >> 8) as u8, pid as u8];
+                ack.extend(std::iter::repeat_n(1u8, filters.len()));
+                let _ = tx.send(ack);
+            }
+            12 => {
+                let _ = tx.send(vec![0xd0, 0]);
+            }
+            14 => break,
+            _ => {}
+        }
+    }
+    if let Some((id, conn)) = client {
+        let mut st = lock(&state);
+        if let Some(s) = st.sessions.get_mut(&id)
+            && s.conn.as_ref().is_some_and(|(c, _)| *c == conn)
+        {
+            s.conn = None;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// MQTT topic filter matching with `+` and `#`.
+fn matches(filter: &str, topic: &str) -> bool {
+    let mut f = filter.split('/');
+    let mut t = topic.split('/');
+    loop {
+        match (f.next(), t.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+async fn read_packet(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+) -> std::io::Result<Option<(u8, Vec<u8>)>> {
+    let mut first = [0u8; 1];
+    if rd.read(&mut first).await? == 0 {
+        return Ok(None);
+    }
+    let mut len = 0usize;
+    for shift in 0..4 {
+        let mut b = [0u8; 1];
+        rd.read_exact(&mut b).await?;
+        len |= usize::from(b[0] & 0x7f) << (7 * shift);
+        if b[0] & 0x80 == 0 {
+            break;
+        }
+    }
+    if len > MAX_PACKET {
+        return Ok(None);
+    }
+    let mut body = vec![0u8; len];
+    rd.read_exact(&mut body).await?;
+    Ok(Some((first[0], body)))
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+fn string(b: &[u8], at: usize) -> Option<(String, usize)> {
+    let len = usize::from(be16(b, at)?);
+    let s = b.get(at + 2..at + 2 + len)?;
+    Some((String::from_utf8(s.to_vec()).ok()?, at + 2 + len))
+}
+
+/// (client id, clean session) of a CONNECT.
+fn parse_connect(b: &[u8]) -> Option<(String, bool)> {
+    let (_, at) = string(b, 0)?; // protocol name
+    let flags = *b.get(at + 1)?;
+    let (id, _) = string(b, at + 4)?;
+    Some((id, flags & 0x02 != 0))
+}
+
+fn parse_publish(b: &[u8], qos: u8) -> Option<(String, Option<u16>, Vec<u8>)> {
+    let (topic, mut at) = string(b, 0)?;
+    let pid = if qos > 0 {
+        let p = be16(b, at)?;
+        at += 2;
+        Some(p)
+    } else {
+        None
+    };
+    Some((topic, pid, b.get(at..)?.to_vec()))
+}
+
+fn parse_subscribe(b: &[u8]) -> Option<(u16, Vec<String>)> {
+    let pid = be16(b, 0)?;
+    let mut at = 2;
+    let mut filters = Vec::new();
+    while at < b.len() {
+        let (f, next) = string(b, at)?;
+        filters.push(f);
+        at = next + 1; // requested QoS
+    }
+    Some((pid, filters))
+}
+
+fn publish_packet(m: &Msg, pid: u16, dup: bool) -> Vec<u8> {
+    let mut body = Vec::with_capacity(m.topic.len() + m.payload.len() + 4);
+    body.extend_from_slice(&(m.topic.len() as u16).to_be_bytes());
+    body.extend_from_slice(m.topic.as_bytes());
+    body.extend_from_slice(&pid.to_be_bytes());
+    body.extend_from_slice(&m.payload);
+    let mut out = vec![0x32 | if dup { 0x08 } else { 0 }];
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_filters_match_like_mqtt() {
+        assert!(matches("incidents/#", "incidents/ca/fire"));
+        assert!(matches("incidents/+/fire", "incidents/ca/fire"));
+        assert!(!matches("incidents/+", "incidents/ca/fire"));
+        assert!(matches("a/b", "a/b"));
+        assert!(!matches("a/b", "a/c"));
+    }
+
+    #[test]
+    fn publish_packets_round_trip() {
+        let m = Msg {
+            topic: "t/x".into(),
+            payload: vec![7; 300],
+        };
+        let p = publish_packet(&m, 513, true);
+        assert_eq!(p[0], 0x3a);
+        // 300 + 2 + 3 + 2 = 307 = 0xb3 0x02 as a varint
+        assert_eq!(&p[1..3], &[0xb3, 0x02]);
+        let (topic, pid, payload) = parse_publish(&p[3..], 1).unwrap();
+        assert_eq!(
+            (topic.as_str(), pid, payload.len()),
+            ("t/x", Some(513), 300)
+        );
+    }
+}
