@@ -38,6 +38,8 @@ fn main() -> ExitCode {
         Command::DumpAudit(a) => dump::run(dump::Table::Audit, a),
         Command::DumpEffects(a) => dump::run(dump::Table::Effects, a),
         Command::DumpQuarantine(a) => dump::run(dump::Table::Quarantine, a),
+        Command::Explain(a) => commands::explain::run(a),
+        Command::Gaps(a) => commands::gaps::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
+pub mod lookup;
 mod read;
 pub mod tables;
 pub mod verify;
