@@ -68,7 +68,7 @@ in order (index, time, outcome, topic, reason, in plain words), the effect recor
 (offset, received_at, late, released), the quarantine records they name, and the state now: \
 whether the position is still in the dedup window, the source's high-water mark and evicted \
 floor, and what a resend would become.\n\n\
-It scans the whole audit log for the key (about 2 s per million entries), read-only, so it \
+It scans the whole audit log for the key (about 1 s per million entries), read-only, so it \
 works on a live database. Exits 1 if no audit entry has the key.";
 
 const GAPS_ABOUT: &str = "List, per source and epoch, the sequence numbers missing between the \
