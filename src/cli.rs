@@ -52,6 +52,14 @@ pub enum Command {
     DumpEffects(DumpArgs),
     /// Print the quarantine: conflicting, stale and malformed messages kept for review.
     DumpQuarantine(DumpArgs),
+    /// Tell the whole story of one event: every audit entry with its key, its effect,
+    /// quarantine records, and whether a resend now would be suppressed.
+    #[command(long_about = EXPLAIN_ABOUT)]
+    Explain(ExplainArgs),
+    /// List missing sequence ranges per source and epoch (what a producer sent that never
+    /// arrived, as far as the audit log can tell).
+    #[command(long_about = GAPS_ABOUT)]
+    Gaps(GapsArgs),
     /// Release (apply) or discard a quarantined message, audited with who and why. Works
     /// while `run` is consuming.
     Quarantine(QuarantineArgs),
@@ -127,6 +135,24 @@ pub enum StatsFormat {
     Json,
 }
 
+const EXPLAIN_ABOUT: &str = "Tell the whole story of one event, named by its idempotency key or \
+by --source/--sequence/--epoch (key v1 is derived from them): every audit entry with that key \
+in order (index, time, outcome, topic, reason, in plain words), the effect records they name \
+(offset, received_at, late, released), the quarantine records they name, and the state now: \
+whether the position is still in the dedup window, the source's high-water mark and evicted \
+floor, and what a resend would become.\n\n\
+It scans the whole audit log for the key (about 1 s per million entries), read-only, so it \
+works on a live database. Exits 1 if no audit entry has the key.";
+
+const GAPS_ABOUT: &str = "List, per source and epoch, the sequence numbers missing between the \
+lowest and the highest sequence the audit log has seen. Every audit entry with a position \
+counts as seen (applied, applied_late, duplicate, conflict, stale; malformed messages have \
+none). Nothing before the lowest or after the highest sequence of an epoch is reported, and \
+gaps are never counted across epochs (a new epoch may restart its counter).\n\n\
+It streams the audit log once, keeping per source and epoch only the seen sequences as merged \
+ranges: memory grows with the number of gaps, not entries. Exit code 0 whether or not gaps \
+exist: they are information, not an error.";
+
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// TOML config file.
@@ -170,6 +196,43 @@ pub struct DumpArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub format: Format,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// After printing what exists, keep printing new entries as they are committed (polls every
+    /// 200 ms, like `tail -f`) until SIGINT/SIGTERM or a closed pipe, then exit 0. Only new
+    /// entries are printed: an existing quarantine record whose delivery counter grows is not
+    /// printed again.
+    #[arg(long)]
+    pub follow: bool,
+}
+
+/// Which entries to print. Every given flag must hold (AND); repeated --outcome flags match any
+/// of their outcomes (OR). Values are checked before the database is opened.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct FilterArgs {
+    /// Only entries at or after T: RFC 3339 (2026-11-30T02:00:00Z, 2026-11-30T04:00:00.250+02:00)
+    /// or a duration before now (90s, 15m, 2h, 3d). The time is recorded_at for audit entries,
+    /// received_at for effects and quarantine records.
+    #[arg(long, value_name = "T", allow_hyphen_values = true)]
+    pub since: Option<String>,
+    /// Only entries before T (exclusive); same forms as --since.
+    #[arg(long, value_name = "T", allow_hyphen_values = true)]
+    pub until: Option<String>,
+    /// Only entries of this producer. Split at the first '/': `Cal/Fire/E7` is agency `Cal`,
+    /// source `Fire/E7` (an agency containing '/' cannot be selected).
+    #[arg(long, value_name = "AGENCY/SOURCE")]
+    pub source: Option<String>,
+    /// Only entries with this outcome (applied, applied_late, duplicate, conflict, stale,
+    /// malformed); repeat for several. Effects are applied, applied_late or, once released
+    /// from quarantine, released.
+    #[arg(long, value_name = "NAME")]
+    pub outcome: Vec<String>,
+    /// Only entries with this idempotency key (64 hex digits).
+    #[arg(long, value_name = "HEX64")]
+    pub key: Option<String>,
+    /// Only entries received on exactly this MQTT topic.
+    #[arg(long, value_name = "TOPIC")]
+    pub topic: Option<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,4 +241,48 @@ pub enum Format {
     Jsonl,
     /// Aligned columns for people.
     Table,
+    /// RFC 4180 CSV: a header row of the jsonl field names, CRLF line ends, null as an empty
+    /// field, nested JSON as compact JSON text.
+    Csv,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The event's idempotency key (64 hex digits, as in dump-audit's `key`).
+    #[arg(value_name = "KEY")]
+    pub key: Option<String>,
+    /// Instead of KEY: the producer, AGENCY/SOURCE (split at the first '/').
+    #[arg(long, value_name = "AGENCY/SOURCE")]
+    pub source: Option<String>,
+    /// With --source: the message's sequence number.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub sequence: Option<String>,
+    /// With --source: the message's epoch (default 0).
+    #[arg(long, value_name = "E", allow_hyphen_values = true)]
+    pub epoch: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
+    pub format: ExplainFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExplainFormat {
+    /// Sentences for people.
+    Text,
+    /// One JSON object, for scripts.
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GapsArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Only this producer, AGENCY/SOURCE (split at the first '/').
+    #[arg(long, value_name = "AGENCY/SOURCE")]
+    pub source: Option<String>,
+    /// Output format (table adds a summary line per source and epoch).
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    pub format: Format,
 }

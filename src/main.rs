@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         Command::Stats(a) => commands::stats::run(a),
         Command::Compact(a) => commands::compact::run(a),
         Command::Demo(a) => commands::demo::run(a),
+        Command::Explain(a) => commands::explain::run(a),
+        Command::Gaps(a) => commands::gaps::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,6 @@
 //! SIGTERM/SIGINT -> shutdown. The first signal asks for a graceful drain; a second one exits
 //! at once, which is safe: nothing is acknowledged before its commit, so the broker redelivers
-//! whatever was in flight.
+//! whatever was in flight. `stop_flag` serves the polling inspectors (`--follow`).
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -30,4 +30,14 @@ pub fn install(trigger: watch::Sender<bool>) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// A flag that SIGTERM or SIGINT sets, for loops that poll (`dump-* --follow`); the signals
+/// no longer terminate the process, so the loop ends cleanly and exits 0.
+pub fn stop_flag() -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&flag))?;
+    }
+    Ok(flag)
 }

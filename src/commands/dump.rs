@@ -1,15 +1,24 @@
 //! `dump-audit`, `dump-effects`, `dump-quarantine`: stream a table of a (possibly live)
-//! database as JSON lines or aligned columns.
+//! database as JSON lines, aligned columns or CSV, filtered, and with `--follow` keep printing
+//! what other processes commit.
 
 use std::io::{self, BufWriter, Write};
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::Failure;
 use crate::cli::{DumpArgs, Format};
+use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
-use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Snapshot};
-use crate::timefmt::rfc3339_ms;
+use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
+use crate::timefmt::{now_ms, rfc3339_ms};
+
+/// How long `--follow` waits between two read snapshots.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+/// How often a waiting `--follow` looks at the stop flag.
+const STOP_CHECK: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Table {
@@ -18,12 +27,32 @@ pub enum Table {
     Quarantine,
 }
 
-type Row = Vec<(String, Json)>;
+pub type Row = Vec<(String, Json)>;
 
 pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
-    let (_, txn) = super::open_existing(&args.db)?;
+    let filter = Filter::parse(&args.filter, now_ms()).map_err(|e| Failure::Usage(e.into()))?;
+    let stop = if args.follow {
+        Some(crate::signals::stop_flag().map_err(|e| {
+            Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
+        })?)
+    } else {
+        None
+    };
+    let (_, reader) = super::open_reader(&args.db)?;
     let mut out = BufWriter::new(io::stdout().lock());
-    let result = dump(&txn, table, args.format, &mut out).and_then(|()| Ok(out.flush()?));
+    let result = follow(
+        &reader,
+        table,
+        args.format,
+        &filter,
+        stop.as_deref(),
+        &mut out,
+    );
+    quiet_on_closed_pipe(result)
+}
+
+/// A closed pipe (`| head`) ends a command quietly, with success.
+pub fn quiet_on_closed_pipe(result: Result<(), Failure>) -> Result<(), Failure> {
     match result {
         Err(Failure::Runtime(e))
             if e.downcast_ref::<io::Error>()
@@ -35,28 +64,134 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
     }
 }
 
-/// Writes every row of `table` to `out` in `format`.
+/// Prints the header and every matching row of the latest snapshot; with `stop`, keeps taking
+/// a new snapshot every `FOLLOW_POLL` and printing the rows committed since, until `stop` is set.
+/// Output is flushed after each round.
+pub fn follow(
+    reader: &Reader,
+    table: Table,
+    format: Format,
+    filter: &Filter,
+    stop: Option<&AtomicBool>,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    write_header(out, table, format)?;
+    let mut next = 0;
+    loop {
+        let snapshot = reader.begin()?;
+        next = dump_from(&snapshot, table, format, filter, next, stop, out)?;
+        drop(snapshot);
+        out.flush()?;
+        let Some(stop) = stop else {
+            return Ok(());
+        };
+        let mut waited = Duration::ZERO;
+        while waited < FOLLOW_POLL {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            std::thread::sleep(STOP_CHECK);
+            waited += STOP_CHECK;
+        }
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes every row of `table` to `out` in `format`, header included.
 pub fn dump(
     txn: &Snapshot,
     table: Table,
     format: Format,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
-    let columns = columns(table);
-    if format == Format::Table {
-        write_table_row(out, columns, None)?;
+    write_header(out, table, format)?;
+    dump_from(txn, table, format, &Filter::default(), 0, None, out).map(|_| ())
+}
+
+fn write_header(out: &mut impl Write, table: Table, format: Format) -> io::Result<()> {
+    match format {
+        Format::Jsonl => Ok(()),
+        Format::Table => write_table_row(out, columns(table), None),
+        Format::Csv => write_csv_row(out, csv_columns(table), None),
     }
-    let mut emit = |row: Row| -> Result<ControlFlow<()>, Failure> {
-        match format {
-            Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact())?,
-            Format::Table => write_table_row(out, columns, Some(&row))?,
+}
+
+/// Writes the rows of `table` matching `filter` from key `from` on (stopping early once `stop`
+/// is set); returns the key after the last one read, where the next round starts.
+pub fn dump_from(
+    txn: &Snapshot,
+    table: Table,
+    format: Format,
+    filter: &Filter,
+    from: u64,
+    stop: Option<&AtomicBool>,
+    out: &mut impl Write,
+) -> Result<u64, Failure> {
+    let mut next = from;
+    let mut emit = |key: u64, row: Option<Row>| -> Result<ControlFlow<()>, Failure> {
+        next = key + 1;
+        if let Some(row) = row {
+            write_row(out, format, table, row)?;
         }
-        Ok(ControlFlow::Continue(()))
+        Ok(if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        })
     };
     match table {
-        Table::Audit => txn.scan_audit(0, |e| emit(audit_row(&e))),
-        Table::Effects => txn.scan_effects(0, |e| emit(effect_row(&e))),
-        Table::Quarantine => txn.scan_quarantine(0, |e| emit(quarantine_row(&e))),
+        Table::Audit => txn.scan_audit(from, |e| {
+            let r = &e.record;
+            let keep = filter.matches(&Candidate {
+                time_ms: r.recorded_at_ms,
+                outcome: Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
+                source: r.agency.as_deref().zip(r.source_id.as_deref()),
+                key: r.key.as_ref(),
+                topic: &r.topic,
+            });
+            emit(e.index, keep.then(|| audit_row(&e)))
+        }),
+        Table::Effects => txn.scan_effects(from, |e| {
+            let r = &e.record;
+            let keep = filter.matches(&Candidate {
+                time_ms: r.received_at_ms,
+                outcome: effect_outcome(r.late, r.released),
+                source: Some((&r.agency, &r.source_id)),
+                key: Some(&r.key),
+                topic: &r.topic,
+            });
+            emit(e.offset, keep.then(|| effect_row(&e)))
+        }),
+        Table::Quarantine => txn.scan_quarantine(from, |q| {
+            let r = &q.record;
+            // Quarantine records do not name their source: the audit entry of their first
+            // delivery does (none for malformed messages).
+            let source = if filter.wants_source() {
+                txn.audit_entry(r.audit_index)?
+                    .and_then(|a| a.record.agency.zip(a.record.source_id))
+            } else {
+                None
+            };
+            let keep = filter.matches(&Candidate {
+                time_ms: r.received_at_ms,
+                outcome: Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
+                source: source.as_ref().map(|(a, s)| (a.as_str(), s.as_str())),
+                key: r.key.as_ref(),
+                topic: &r.topic,
+            });
+            emit(q.id, keep.then(|| quarantine_row(&q)))
+        }),
+    }?;
+    Ok(next)
+}
+
+fn write_row(out: &mut impl Write, format: Format, table: Table, row: Row) -> io::Result<()> {
+    match format {
+        Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact()),
+        Format::Table => write_table_row(out, columns(table), Some(&row)),
+        Format::Csv => write_csv_row(out, csv_columns(table), Some(&row)),
     }
 }
 
@@ -178,9 +313,100 @@ fn columns(table: Table) -> &'static [(&'static str, usize)] {
     }
 }
 
-/// A producer-supplied string made safe for a terminal line: control characters escaped.
-pub fn escape_cell(s: &str) -> String {
-    cell(&Json::String(s.to_string()), 0)
+/// The CSV columns: every jsonl field, in the jsonl order.
+fn csv_columns(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Audit => &[
+            "index",
+            "recorded_at",
+            "outcome",
+            "key",
+            "agency",
+            "source_id",
+            "epoch",
+            "sequence",
+            "topic",
+            "reason",
+            "digest",
+            "effect_offset",
+            "quarantine_id",
+            "prev_hash",
+            "hash",
+        ],
+        Table::Effects => &[
+            "offset",
+            "key",
+            "agency",
+            "source_id",
+            "epoch",
+            "sequence",
+            "topic",
+            "received_at",
+            "late",
+            "released",
+            "audit_index",
+            "message",
+        ],
+        Table::Quarantine => &[
+            "id",
+            "outcome",
+            "reason",
+            "topic",
+            "received_at",
+            "last_seen_at",
+            "deliveries",
+            "key",
+            "audit_index",
+            "payload_encoding",
+            "payload",
+        ],
+    }
+}
+
+/// One RFC 4180 record (CRLF-terminated): the header when `row` is `None`. Null is an empty
+/// field, strings are verbatim, nested JSON is its compact text; a field holding `,`, `"`, CR
+/// or LF is quoted with `"` doubled.
+pub(super) fn write_csv_row(
+    out: &mut impl Write,
+    columns: &[&str],
+    row: Option<&Row>,
+) -> io::Result<()> {
+    let mut line = String::with_capacity(256);
+    for (i, name) in columns.iter().enumerate() {
+        if i > 0 {
+            line.push(',');
+        }
+        let value = match row {
+            None => (*name).to_string(),
+            Some(row) => match row.iter().find(|(k, _)| k == name).map(|(_, v)| v) {
+                None | Some(Json::Null) => String::new(),
+                Some(Json::String(s)) => s.clone(),
+                Some(Json::Number(n)) => n.clone(),
+                Some(Json::Bool(b)) => b.to_string(),
+                Some(other) => other.to_compact(),
+            },
+        };
+        if value.contains([',', '"', '\r', '\n']) {
+            line.push('"');
+            line.push_str(&value.replace('"', "\"\""));
+            line.push('"');
+        } else {
+            line.push_str(&value);
+        }
+    }
+    line.push_str("\r\n");
+    out.write_all(line.as_bytes())
+}
+
+/// A producer-supplied string made safe for a terminal: control characters are shown escaped
+/// (JSON style, DEL as `\u007f`) so a crafted value cannot forge lines or colour the terminal.
+pub(super) fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    let mut quoted = String::new();
+    json::write_string(&mut quoted, s);
+    quoted[1..quoted.len() - 1].replace('\u{7f}', "\\u007f")
 }
 
 /// One table cell. Strings come from producers: control characters are shown escaped so a
@@ -188,12 +414,7 @@ pub fn escape_cell(s: &str) -> String {
 fn cell(v: &Json, width: usize) -> String {
     let s = match v {
         Json::Null => "-".to_string(),
-        Json::String(s) if s.chars().any(char::is_control) => {
-            let mut quoted = String::new();
-            json::write_string(&mut quoted, s);
-            quoted[1..quoted.len() - 1].replace('\u{7f}', "\\u007f")
-        }
-        Json::String(s) => s.clone(),
+        Json::String(s) => printable(s),
         Json::Number(n) => n.clone(),
         Json::Bool(b) => b.to_string(),
         other => other.to_compact(),
@@ -207,7 +428,7 @@ fn cell(v: &Json, width: usize) -> String {
     }
 }
 
-fn write_table_row(
+pub(super) fn write_table_row(
     out: &mut impl Write,
     columns: &[(&str, usize)],
     row: Option<&Row>,
@@ -244,6 +465,99 @@ mod tests {
             escape_bytes(b"a\\b\xff"),
             ("a\\\\b\\xff".to_string(), "escaped")
         );
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_only_when_needed() {
+        let row: Row = vec![
+            ("a".into(), Json::String("plain".into())),
+            ("b".into(), Json::String("x,\"y\"\r\nz".into())),
+            ("c".into(), Json::Null),
+            ("d".into(), Json::Number("7".into())),
+            (
+                "e".into(),
+                Json::Object(vec![("k".into(), Json::String("v,w".into()))]),
+            ),
+        ];
+        let mut out = Vec::new();
+        write_csv_row(&mut out, &["a", "b", "c", "d", "e"], None).unwrap();
+        write_csv_row(&mut out, &["a", "b", "c", "d", "e"], Some(&row)).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "a,b,c,d,e\r\nplain,\"x,\"\"y\"\"\r\nz\",,7,\"{\"\"k\"\":\"\"v,w\"\"}\"\r\n"
+        );
+    }
+
+    #[test]
+    fn csv_columns_are_the_jsonl_fields_in_order() {
+        let audit = crate::store::tables::AuditRecord {
+            recorded_at_ms: 0,
+            outcome: 0,
+            key: None,
+            agency: None,
+            source_id: None,
+            epoch: None,
+            sequence: None,
+            topic: String::new(),
+            reason: String::new(),
+            digest: None,
+            effect_offset: None,
+            quarantine_id: None,
+            prev_hash: [0; 32],
+            hash: [0; 32],
+        };
+        let effect = crate::store::tables::EffectRecord {
+            source_no: 0,
+            epoch: 0,
+            sequence: 0,
+            received_at_ms: 0,
+            key: [0; 32],
+            agency: String::new(),
+            source_id: String::new(),
+            topic: String::new(),
+            late: false,
+            released: false,
+            audit_index: 0,
+            payload: b"{}".to_vec(),
+        };
+        let quarantine = crate::store::tables::QuarantineRecord {
+            outcome: 0,
+            reason: String::new(),
+            topic: String::new(),
+            received_at_ms: 0,
+            last_seen_ms: 0,
+            deliveries: 1,
+            key: None,
+            audit_index: 0,
+            payload: Vec::new(),
+        };
+        let names = |row: Row| row.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        let rows = [
+            (
+                Table::Audit,
+                names(audit_row(&AuditEntry {
+                    index: 0,
+                    record: audit,
+                })),
+            ),
+            (
+                Table::Effects,
+                names(effect_row(&Effect {
+                    offset: 0,
+                    record: effect,
+                })),
+            ),
+            (
+                Table::Quarantine,
+                names(quarantine_row(&QuarantineEntry {
+                    id: 0,
+                    record: quarantine,
+                })),
+            ),
+        ];
+        for (table, fields) in rows {
+            assert_eq!(csv_columns(table), fields, "{table:?}");
+        }
     }
 
     #[test]

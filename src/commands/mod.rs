@@ -4,6 +4,8 @@ pub mod check_config;
 pub mod compact;
 pub mod demo;
 pub mod dump;
+pub mod explain;
+pub mod gaps;
 pub mod ingest;
 pub mod quarantine;
 pub mod run;
@@ -27,6 +29,15 @@ pub const EXIT_VIOLATION: u8 = 4;
 pub fn open_existing(
     args: &crate::cli::DbArgs,
 ) -> Result<(std::path::PathBuf, crate::store::Snapshot), Failure> {
+    let (db, reader) = open_reader(args)?;
+    Ok((db, reader.begin()?))
+}
+
+/// A read-only handle on an existing database named by `--db` or `--config`, for commands
+/// that take several snapshots (`--follow`).
+pub fn open_reader(
+    args: &crate::cli::DbArgs,
+) -> Result<(std::path::PathBuf, crate::store::Reader), Failure> {
     let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     let db = config.require_db()?.to_path_buf();
     if !db.exists() {
@@ -35,8 +46,8 @@ pub fn open_existing(
             db.display()
         )));
     }
-    let snapshot = crate::store::Reader::open(&db)?.begin()?;
-    Ok((db, snapshot))
+    let reader = crate::store::Reader::open(&db)?;
+    Ok((db, reader))
 }
 
 /// A command's failure, classified by what the operator must do about it.

@@ -289,8 +289,8 @@ impl Stats {
                 .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
             s.push_str(&format!(
                 "  {}/{}  high-water {}/{}  evicted floor {floor}\n",
-                crate::commands::dump::escape_cell(&src.agency),
-                crate::commands::dump::escape_cell(&src.source_id),
+                crate::commands::dump::printable(&src.agency),
+                crate::commands::dump::printable(&src.source_id),
                 src.high_water.0,
                 src.high_water.1
             ));

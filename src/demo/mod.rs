@@ -388,7 +388,12 @@ impl Report {
                 return Ok(ControlFlow::Continue(()));
             };
             r.counts.add(o);
-            if o == Outcome::Duplicate && r.suppressed.len() < 3 {
+            // The story's own replays (casualty reports, Engine 7) make the point best.
+            let story = matches!(
+                e.record.source_id.as_deref(),
+                Some("IC-4471") | Some("E7-AVL")
+            );
+            if o == Outcome::Duplicate && story && r.suppressed.len() < 4 {
                 r.suppressed.push(format!(
                     "#{} {} {}/{} epoch {} seq {}: {}",
                     e.index,
@@ -546,6 +551,12 @@ impl Report {
             )));
         }
         let d = db.display();
+        // The way this binary was invoked (e.g. target/release/replay-guard), so the lines
+        // below run as printed.
+        let bin = std::env::args()
+            .next()
+            .filter(|a| a.contains('/'))
+            .unwrap_or_else(|| "replay-guard".into());
         let key = crate::key::derive_key(
             &crate::model::Source::new("CALFIRE".into(), "IC-4471".into()),
             crate::model::Position {
@@ -556,17 +567,14 @@ impl Report {
         w(String::new());
         w(st.bold("Look closer (the database is kept):"));
         w(format!(
-            "  replay-guard dump-audit --db {d} --outcome duplicate --format table | head"
+            "  {bin} dump-audit --db {d} --outcome duplicate --format table | head"
         ));
         w(format!(
-            "  replay-guard explain --db {d} --source CALFIRE/IC-4471 --epoch 1 --sequence 2"
+            "  {bin} explain --db {d} --source CALFIRE/IC-4471 --epoch 1 --sequence 2"
         ));
-        w(format!(
-            "  replay-guard explain --db {d} {}",
-            hex(key.as_bytes())
-        ));
-        w(format!("  replay-guard stats --db {d}"));
-        w(format!("  replay-guard verify --db {d}"));
+        w(format!("  {bin} explain --db {d} {}", hex(key.as_bytes())));
+        w(format!("  {bin} stats --db {d}"));
+        w(format!("  {bin} verify --db {d}"));
     }
 }
 

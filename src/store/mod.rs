@@ -3,6 +3,7 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
+pub mod lookup;
 mod operator;
 mod read;
 mod retention;

@@ -6,6 +6,7 @@
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
 //! - `live_read`: `dump-audit` while another process writes the database.
+//! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
@@ -24,6 +25,7 @@ mod crash;
 mod demo;
 mod fake_peer;
 mod faults;
+mod inspect;
 mod live_read;
 mod model;
 mod operator;

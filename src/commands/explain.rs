@@ -1,0 +1,449 @@
+//! `explain`: the whole story of one event (one idempotency key) in plain words: its audit
+//! entries, the effects and quarantine records they name, and the window and source marks now.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write as _};
+use std::ops::ControlFlow;
+
+use anyhow::anyhow;
+
+use super::Failure;
+use super::dump::{self, printable};
+use crate::cli::{ExplainArgs, ExplainFormat};
+use crate::filter::{FilterError, parse_key, parse_source, parse_u64};
+use crate::json::Json;
+use crate::key::derive_key;
+use crate::model::{Outcome, Position, Source, hex};
+use crate::store::lookup::PositionState;
+use crate::store::{AuditEntry, Effect, QuarantineEntry, Snapshot, StoreError};
+use crate::timefmt::rfc3339_ms;
+
+pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
+    let usage = |e: FilterError| Failure::Usage(e.into());
+    let key = match (&args.key, &args.source) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::Usage(anyhow!(
+                "give either KEY or --source/--sequence/--epoch, not both"
+            )));
+        }
+        (Some(_), None) if args.sequence.is_some() || args.epoch.is_some() => {
+            return Err(Failure::Usage(anyhow!(
+                "--sequence and --epoch go with --source AGENCY/SOURCE, not with KEY"
+            )));
+        }
+        (Some(k), None) => parse_key("KEY", k).map_err(usage)?,
+        (None, Some(s)) => {
+            let (agency, source_id) = parse_source("--source", s).map_err(usage)?;
+            let Some(sequence) = &args.sequence else {
+                return Err(Failure::Usage(anyhow!("--source needs --sequence N")));
+            };
+            let sequence = parse_u64("--sequence", sequence).map_err(usage)?;
+            let epoch = match &args.epoch {
+                Some(e) => parse_u64("--epoch", e).map_err(usage)?,
+                None => 0,
+            };
+            *derive_key(
+                &Source::new(agency, source_id),
+                Position { epoch, sequence },
+            )
+            .as_bytes()
+        }
+        (None, None) => {
+            return Err(Failure::Usage(anyhow!(
+                "name the event: KEY, or --source AGENCY/SOURCE --sequence N [--epoch E]"
+            )));
+        }
+    };
+    let (_, snapshot) = super::open_existing(&args.db)?;
+    let story = Story::collect(&snapshot, key)?;
+    if story.audit.is_empty() {
+        let named = match (&args.source, &args.sequence) {
+            (Some(s), Some(n)) => format!(
+                " ({} epoch {} sequence {n})",
+                printable(s),
+                args.epoch.as_deref().unwrap_or("0")
+            ),
+            _ => String::new(),
+        };
+        return Err(Failure::Usage(anyhow!(
+            "no audit entry has key {}{named}",
+            hex(&key)
+        )));
+    }
+    let text = match args.format {
+        ExplainFormat::Text => story.text(),
+        ExplainFormat::Json => format!("{}\n", story.json().to_compact()),
+    };
+    let mut out = io::stdout().lock();
+    dump::quiet_on_closed_pipe(
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(Failure::from),
+    )
+}
+
+/// Everything the database holds about one key.
+struct Story {
+    key: [u8; 32],
+    /// Every audit entry with the key, oldest first.
+    audit: Vec<AuditEntry>,
+    effects: BTreeMap<u64, Effect>,
+    quarantine: BTreeMap<u64, QuarantineEntry>,
+    /// (agency, source_id, position), from the audit entries.
+    position: Option<(String, String, Position)>,
+    state: Option<PositionState>,
+}
+
+impl Story {
+    fn collect(snapshot: &Snapshot, key: [u8; 32]) -> Result<Story, StoreError> {
+        let mut audit = Vec::new();
+        snapshot.scan_audit::<StoreError>(0, |e| {
+            if e.record.key == Some(key) {
+                audit.push(e);
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        let position = audit.iter().find_map(|e| {
+            let r = &e.record;
+            Some((
+                r.agency.clone()?,
+                r.source_id.clone()?,
+                Position {
+                    epoch: r.epoch?,
+                    sequence: r.sequence?,
+                },
+            ))
+        });
+        let state = match &position {
+            Some((a, s, p)) => snapshot.position_state(a, s, *p)?,
+            None => None,
+        };
+        let mut effects = BTreeMap::new();
+        let mut quarantine = BTreeMap::new();
+        let window_offset = state.as_ref().and_then(|s| s.seen).map(|s| s.effect_offset);
+        for offset in audit
+            .iter()
+            .filter_map(|e| e.record.effect_offset)
+            .chain(window_offset)
+        {
+            if effects.contains_key(&offset) {
+                continue;
+            }
+            if let Some(effect) = snapshot.effect(offset)? {
+                effects.insert(offset, effect);
+            }
+        }
+        for id in audit.iter().filter_map(|e| e.record.quarantine_id) {
+            if quarantine.contains_key(&id) {
+                continue;
+            }
+            if let Some(q) = snapshot.quarantined(id)? {
+                quarantine.insert(id, q);
+            }
+        }
+        Ok(Story {
+            key,
+            audit,
+            effects,
+            quarantine,
+            position,
+            state,
+        })
+    }
+
+    /// "applied at T as effect #N" for the effect an entry names, with T its reception time.
+    fn effect_ref(&self, offset: u64, reference_ms: u64) -> String {
+        match self.effects.get(&offset) {
+            Some(e) => format!(
+                "the message applied at {} as effect #{offset}",
+                time_near(e.record.received_at_ms, reference_ms)
+            ),
+            None => format!("effect #{offset} (its record is gone)"),
+        }
+    }
+
+    /// One audit entry in plain words.
+    fn sentence(&self, e: &AuditEntry) -> String {
+        let r = &e.record;
+        let t = time_near(r.recorded_at_ms, r.recorded_at_ms);
+        let outcome = Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str);
+        let quarantined = |what: &str| match r.quarantine_id {
+            Some(q) => format!("quarantined as {what} at {t} (quarantine #{q})"),
+            None => format!("quarantined as {what} at {t}"),
+        };
+        match (Outcome::from_code(r.outcome), r.effect_offset) {
+            (Some(Outcome::Applied), Some(off)) => format!("applied at {t} as effect #{off}"),
+            (Some(Outcome::AppliedLate), Some(off)) => format!(
+                "applied late at {t} as effect #{off} (late: true; it was never applied before)"
+            ),
+            (Some(Outcome::Duplicate), Some(off)) => format!(
+                "suppressed at {t}: same content as {}",
+                self.effect_ref(off, r.recorded_at_ms)
+            ),
+            (Some(Outcome::Conflict), Some(off)) => format!(
+                "{}: same key as {}, but different content; not applied",
+                quarantined("a conflict"),
+                self.effect_ref(off, r.recorded_at_ms)
+            ),
+            (Some(Outcome::Stale), _) => format!(
+                "{}: not in the window and not provably new; not applied",
+                quarantined("stale")
+            ),
+            (Some(Outcome::Released), Some(off)) => format!(
+                "released from quarantine by an operator at {t}; applied as effect #{off} \
+                 (released: true)"
+            ),
+            (Some(Outcome::Discarded), _) => {
+                format!("discarded from quarantine by an operator at {t}; not applied")
+            }
+            _ => {
+                let mut s = format!("{outcome} at {t}");
+                if let Some(off) = r.effect_offset {
+                    s.push_str(&format!(", effect #{off}"));
+                }
+                if let Some(q) = r.quarantine_id {
+                    s.push_str(&format!(", quarantine #{q}"));
+                }
+                s
+            }
+        }
+    }
+
+    /// What the window and the source's marks say now, and what a resend would become.
+    fn now(&self) -> Vec<String> {
+        let Some((agency, source_id, pos)) = &self.position else {
+            return vec!["The entries name no source or position.".into()];
+        };
+        let source = printable(&format!("{agency}/{source_id}"));
+        let Some(state) = &self.state else {
+            return vec![format!(
+                "Source {source} has no marks (nothing of it was ever applied): a message at \
+                 {pos} now would be applied."
+            )];
+        };
+        let marks = &state.marks;
+        let window = match (state.seen, marks.evicted_floor) {
+            (Some(seen), _) => format!(
+                "Position {pos} is still in the dedup window, holding effect #{}: a resend with the same \
+                 content would be suppressed as a duplicate, one with other content \
+                 quarantined as a conflict.",
+                seen.effect_offset
+            ),
+            (None, _) if *pos > marks.high_water => format!(
+                "Position {pos} is not in the dedup window and lies above the high-water mark: a \
+                 message there now would be applied."
+            ),
+            (None, Some(floor)) if *pos <= floor => format!(
+                "Position {pos} is no longer in the dedup window (at or below the evicted floor): a \
+                 resend now would be quarantined as stale, never applied twice."
+            ),
+            (None, _) => format!(
+                "Position {pos} is not in the dedup window, below the high-water mark and above the \
+                 evicted floor (never applied): a message there now would be applied late \
+                 (out_of_order = \"apply\") or quarantined as stale (\"quarantine\")."
+            ),
+        };
+        let floor = marks.evicted_floor.map_or_else(
+            || "none (nothing evicted yet)".to_string(),
+            |f| f.to_string(),
+        );
+        vec![
+            window,
+            format!(
+                "Source {source}: high-water mark {}, evicted floor {floor}.",
+                marks.high_water
+            ),
+        ]
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        let mut line = |l: String| {
+            s.push_str(&l);
+            s.push('\n');
+        };
+        match &self.position {
+            Some((a, src, pos)) => {
+                line(format!("Event {} {pos}", printable(&format!("{a}/{src}"))))
+            }
+            None => line("Event without a position".into()),
+        }
+        line(format!("key {} (key v1)", hex(&self.key)));
+        line(String::new());
+        line(format!(
+            "Audit log: {} {} with this key, oldest first",
+            self.audit.len(),
+            if self.audit.len() == 1 {
+                "entry"
+            } else {
+                "entries"
+            }
+        ));
+        for e in &self.audit {
+            let r = &e.record;
+            line(format!(
+                "  #{} {} {} on topic {}",
+                e.index,
+                rfc3339_ms(r.recorded_at_ms),
+                Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
+                printable(&r.topic)
+            ));
+            line(format!("      {}", self.sentence(e)));
+            line(format!("      reason: {}", printable(&r.reason)));
+        }
+        line(String::new());
+        if self.effects.is_empty() {
+            line("Effect records: none (never applied)".into());
+        } else {
+            line("Effect records:".into());
+        }
+        for (offset, e) in &self.effects {
+            let r = &e.record;
+            line(format!(
+                "  #{offset} received {} on topic {}, {}, {}, audit entry #{}",
+                rfc3339_ms(r.received_at_ms),
+                printable(&r.topic),
+                if r.late {
+                    "late (late: true)"
+                } else {
+                    "in order (late: false)"
+                },
+                if r.released {
+                    "released from quarantine"
+                } else {
+                    "not released"
+                },
+                r.audit_index
+            ));
+        }
+        line(String::new());
+        if self.quarantine.is_empty() {
+            line("Quarantine records: none".into());
+        } else {
+            line("Quarantine records:".into());
+        }
+        for (id, q) in &self.quarantine {
+            let r = &q.record;
+            line(format!(
+                "  #{id} {}, first received {}, last seen {}, {} {}, audit entry #{}",
+                Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
+                rfc3339_ms(r.received_at_ms),
+                rfc3339_ms(r.last_seen_ms),
+                r.deliveries,
+                if r.deliveries == 1 {
+                    "delivery"
+                } else {
+                    "deliveries"
+                },
+                r.audit_index
+            ));
+            line(format!("      reason: {}", printable(&r.reason)));
+        }
+        line(String::new());
+        line("Now:".into());
+        for l in self.now() {
+            line(format!("  {l}"));
+        }
+        s
+    }
+
+    fn json(&self) -> Json {
+        let num = |n: u64| Json::Number(n.to_string());
+        let pos = |p: Position| {
+            Json::Object(vec![
+                ("epoch".into(), num(p.epoch)),
+                ("sequence".into(), num(p.sequence)),
+            ])
+        };
+        let (agency, source_id, epoch, sequence) = match &self.position {
+            Some((a, s, p)) => (
+                Json::String(a.clone()),
+                Json::String(s.clone()),
+                num(p.epoch),
+                num(p.sequence),
+            ),
+            None => (Json::Null, Json::Null, Json::Null, Json::Null),
+        };
+        let audit = self
+            .audit
+            .iter()
+            .map(|e| {
+                let mut row = dump::audit_row(e);
+                row.push(("story".into(), Json::String(self.sentence(e))));
+                Json::Object(row)
+            })
+            .collect();
+        let seen = self.state.as_ref().and_then(|s| s.seen);
+        Json::Object(vec![
+            ("key".into(), Json::String(hex(&self.key))),
+            ("agency".into(), agency),
+            ("source_id".into(), source_id),
+            ("epoch".into(), epoch),
+            ("sequence".into(), sequence),
+            ("audit".into(), Json::Array(audit)),
+            (
+                "effects".into(),
+                Json::Array(
+                    self.effects
+                        .values()
+                        .map(|e| Json::Object(dump::effect_row(e)))
+                        .collect(),
+                ),
+            ),
+            (
+                "quarantine".into(),
+                Json::Array(
+                    self.quarantine
+                        .values()
+                        .map(|q| Json::Object(dump::quarantine_row(q)))
+                        .collect(),
+                ),
+            ),
+            ("in_window".into(), Json::Bool(seen.is_some())),
+            (
+                "window_effect_offset".into(),
+                seen.map_or(Json::Null, |s| num(s.effect_offset)),
+            ),
+            (
+                "high_water".into(),
+                self.state
+                    .as_ref()
+                    .map_or(Json::Null, |s| pos(s.marks.high_water)),
+            ),
+            (
+                "evicted_floor".into(),
+                self.state
+                    .as_ref()
+                    .and_then(|s| s.marks.evicted_floor)
+                    .map_or(Json::Null, pos),
+            ),
+            (
+                "now".into(),
+                Json::Array(self.now().into_iter().map(Json::String).collect()),
+            ),
+        ])
+    }
+}
+
+/// `02:14:07.120Z` when `ms` falls on the same UTC day as `reference_ms`, else the full
+/// RFC 3339 time.
+fn time_near(ms: u64, reference_ms: u64) -> String {
+    let full = rfc3339_ms(ms);
+    if ms / 86_400_000 == reference_ms / 86_400_000 {
+        full[11..].to_string()
+    } else {
+        full
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_on_the_same_day_are_shortened() {
+        let t = 1_796_007_134_123; // 2026-11-30T02:52:14.123Z
+        assert_eq!(time_near(t, t), "02:52:14.123Z");
+        assert_eq!(time_near(t - 86_400_000, t), "2026-11-29T02:52:14.123Z");
+    }
+}
