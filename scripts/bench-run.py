@@ -11,7 +11,8 @@
 
 Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3)
 Env:   RG_MAX_BATCH, RG_RECEIVE_MAXIMUM, RG_CACHE_MB override [commit] max_batch,
-       [mqtt] receive_maximum and [store] cache_mb.
+       [mqtt] receive_maximum and [store] cache_mb; RG_BIN another replay-guard binary (to
+       compare builds, e.g. redb concurrency modes).
 Needs: mosquitto, mosquitto_sub, and the release builds (cargo build --release --bins --examples).
 """
 import os, random, re, shutil, signal, socket, subprocess, sys, tempfile, time
@@ -19,7 +20,7 @@ import os, random, re, shutil, signal, socket, subprocess, sys, tempfile, time
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "replay-guard")
+BIN = os.environ.get("RG_BIN") or os.path.join(ROOT, "target", "release", "replay-guard")
 PUB = os.path.join(ROOT, "target", "release", "examples", "publish")
 # Settings under test (env overrides; defaults are the shipped defaults).
 def setting(key, env):

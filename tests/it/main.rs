@@ -14,6 +14,7 @@
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
+//! - `readme`: the README's commands run as written and print what it shows.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -29,6 +30,7 @@ mod inspect;
 mod live_read;
 mod model;
 mod operator;
+mod readme;
 mod service;
 mod systemd;
 mod tls;
