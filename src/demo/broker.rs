@@ -57,6 +57,8 @@ struct State {
     sessions: HashMap<String, Session>,
     held: bool,
     next_conn: u64,
+    /// Failed: accepts nothing and serves nothing any more (task aborts are asynchronous).
+    killed: bool,
 }
 
 /// A running broker.
@@ -100,6 +102,9 @@ impl Broker {
         let (s, t) = (state.clone(), tasks.clone());
         let accept = rt.spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                if lock(&s).killed {
+                    break;
+                }
                 let _ = stream.set_nodelay(true);
                 let task = tokio::spawn(connection(stream, s.clone()));
                 t.lock().unwrap_or_else(PoisonError::into_inner).push(task);
@@ -164,6 +169,7 @@ impl Broker {
 
     /// Fails at once: the port closes and every connection drops without a DISCONNECT.
     pub fn kill(&self) {
+        lock(&self.state).killed = true;
         for t in self
             .tasks
             .lock()
@@ -216,7 +222,11 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
         }
     });
     let mut client: Option<(String, u64)> = None;
+    let mut clean_session = false;
     while let Ok(Some((header, body))) = read_packet(&mut rd).await {
+        if lock(&state).killed {
+            break;
+        }
         match header >> 4 {
             1 => {
                 let Some((id, clean)) = parse_connect(&body) else {
@@ -228,6 +238,7 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
                 if clean {
                     st.sessions.remove(&id);
                 }
+                clean_session = clean;
                 let present = st.sessions.contains_key(&id);
                 let s = st.sessions.entry(id.clone()).or_default();
                 s.conn = Some((conn, tx.clone()));
@@ -303,6 +314,10 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
             && s.conn.as_ref().is_some_and(|(c, _)| *c == conn)
         {
             s.conn = None;
+            // A clean session lasts as long as its connection (MQTT-3.1.2-6).
+            if clean_session {
+                st.sessions.remove(&id);
+            }
         }
     }
     drop(tx);

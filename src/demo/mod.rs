@@ -86,9 +86,15 @@ fn listener() -> Result<TcpListener, DemoError> {
     TcpListener::bind("127.0.0.1:0").map_err(|e| failed(format!("cannot bind loopback: {e}")))
 }
 
-fn wait(what: &str, mut done: impl FnMut() -> bool) -> Result<(), DemoError> {
+/// Waits for `done`, failing if it takes longer than a stage may or the service stops.
+fn wait(guard: &mut Guard, what: &str, mut done: impl FnMut() -> bool) -> Result<(), DemoError> {
     let start = Instant::now();
     while !done() {
+        if let Some(why) = guard.stopped() {
+            return Err(failed(format!(
+                "the service stopped while waiting for {what}: {why}"
+            )));
+        }
         if start.elapsed() > STAGE_LIMIT {
             return Err(failed(format!("timed out waiting for {what}")));
         }
@@ -177,7 +183,7 @@ impl Naive {
 /// The real service (`replay-guard run`) on its own thread.
 struct Guard {
     shutdown: tokio::sync::watch::Sender<bool>,
-    thread: std::thread::JoinHandle<Result<crate::service::RunSummary, String>>,
+    thread: Option<std::thread::JoinHandle<Result<crate::service::RunSummary, String>>>,
 }
 
 impl Guard {
@@ -190,12 +196,29 @@ impl Guard {
                     .map_err(|e| e.to_string())
             })
             .map_err(failed)?;
-        Ok(Guard { shutdown, thread })
+        Ok(Guard {
+            shutdown,
+            thread: Some(thread),
+        })
     }
 
-    fn finish(self) -> Result<crate::service::RunSummary, DemoError> {
+    /// Why the service stopped, if it has (before being asked to).
+    fn stopped(&mut self) -> Option<String> {
+        if !self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return None;
+        }
+        Some(match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Ok(Ok(_))) => "it exited".into(),
+            _ => "its thread panicked".into(),
+        })
+    }
+
+    fn finish(mut self) -> Result<crate::service::RunSummary, DemoError> {
         let _ = self.shutdown.send(true);
         self.thread
+            .take()
+            .ok_or_else(|| failed("the service had already stopped"))?
             .join()
             .map_err(|_| failed("the service thread panicked"))?
             .map_err(|e| failed(format!("the service failed: {e}")))
@@ -234,7 +257,16 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
                 p.display()
             )));
         }
-        Some(p) => p.clone(),
+        Some(p) => {
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(DemoError::Usage(format!(
+                    "{}: no such directory for --db",
+                    p.display()
+                )));
+            }
+            p.clone()
+        }
         None => default_db()?,
     };
     let script = feed::script(opts.seed, opts.messages);
@@ -254,12 +286,14 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
     let config = demo_config(&db, &url(primary.addr), &url(standby_addr))?;
     let publish = |to: std::net::SocketAddr, msgs: &[Vec<u8>]| -> Result<(), DemoError> {
         let broker = BrokerUrl::parse(&url(to)).map_err(failed)?;
-        rt.block_on(transport::publish_all(
-            &broker,
-            "field-feed",
-            TOPIC,
-            msgs.to_vec(),
-        ))
+        rt.block_on(async {
+            tokio::time::timeout(
+                STAGE_LIMIT,
+                transport::publish_all(&broker, "field-feed", TOPIC, msgs.to_vec()),
+            )
+            .await
+        })
+        .map_err(|_| failed(format!("publishing to {broker} timed out")))?
         .map_err(failed)
     };
 
@@ -277,15 +311,17 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
         db.display()
     ));
 
-    let guard = Guard::start(config.clone())?;
+    let mut guard = Guard::start(config.clone())?;
     let naive = Naive::start(&config)?;
-    wait("both consumers to subscribe", || {
+    wait(&mut guard, "both consumers to subscribe", || {
         primary.subscribed(GUARD_ID) && primary.subscribed(NAIVE_ID)
     })?;
     let drained = |b: &Broker| b.pending(GUARD_ID) == 0 && b.pending(NAIVE_ID) == 0;
 
     publish(primary.addr, &script.opening)?;
-    wait("the opening to be acknowledged", || drained(&primary))?;
+    wait(&mut guard, "the opening to be acknowledged", || {
+        drained(&primary)
+    })?;
     say(format!(
         "[1/5] incident opened, period 1: {} messages applied and acknowledged by both",
         script.opening.len()
@@ -295,7 +331,9 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
     publish(primary.addr, &script.surge)?;
     let autosave = primary.snapshot();
     primary.release();
-    wait("the surge to be acknowledged", || drained(&primary))?;
+    wait(&mut guard, "the surge to be acknowledged", || {
+        drained(&primary)
+    })?;
     say(format!(
         "[2/5] surge of {} messages (3 casualty reports, Engine 7 assigned): the primary \
          autosaved its sessions with {} unacknowledged, then delivered them; both consumers \
@@ -305,7 +343,7 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
     ));
 
     publish(primary.addr, &script.after_autosave)?;
-    wait("Engine 7's release to be acknowledged", || {
+    wait(&mut guard, "Engine 7's release to be acknowledged", || {
         drained(&primary)
     })?;
     say(format!(
@@ -327,14 +365,18 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
          primary's persistence file does)",
         autosave.pending(GUARD_ID)
     )));
-    wait("both consumers to fail over and take the replay", || {
-        standby.subscribed(GUARD_ID) && standby.subscribed(NAIVE_ID) && drained(&standby)
-    })?;
+    wait(
+        &mut guard,
+        "both consumers to fail over and take the replay",
+        || standby.subscribed(GUARD_ID) && standby.subscribed(NAIVE_ID) && drained(&standby),
+    )?;
 
     publish(standby.addr, &script.after_failover)?;
-    wait("the rest of the feed to be acknowledged", || {
-        drained(&standby)
-    })?;
+    wait(
+        &mut guard,
+        "the rest of the feed to be acknowledged",
+        || drained(&standby),
+    )?;
     say(format!(
         "[5/5] the feed continues on the standby (period 2, an AVL reboot): {} messages",
         script.after_failover.len()
@@ -345,7 +387,7 @@ pub fn run(opts: &DemoOptions, out: &mut impl Write) -> Result<DemoResult, DemoE
     drop(standby);
     drop(primary);
 
-    let report = Report::read(&db, &script)?;
+    let report = Report::read(&db)?;
     let mut expected = Cop::default();
     script.all().for_each(|m| expected.apply(m));
     let exactly_once = report.problems(&script, &expected).is_empty();
@@ -361,21 +403,28 @@ struct Report {
     counts: crate::model::OutcomeCounts,
     suppressed: Vec<String>,
     quarantined: u64,
+    /// What `verify` found wrong with the record, if anything.
+    violation: Option<String>,
 }
 
 impl Report {
-    fn read(db: &Path, _script: &Script) -> Result<Report, DemoError> {
-        let snap = Reader::open(db)
-            .and_then(|r| r.begin())
-            .map_err(|e| failed(format!("cannot read {}: {e}", db.display())))?;
-        let mut r = Report {
+    fn empty() -> Report {
+        Report {
             cop: Cop::default(),
             effects: 0,
             effect_keys: Default::default(),
             counts: Default::default(),
             suppressed: Vec::new(),
             quarantined: 0,
-        };
+            violation: None,
+        }
+    }
+
+    fn read(db: &Path) -> Result<Report, DemoError> {
+        let snap = Reader::open(db)
+            .and_then(|r| r.begin())
+            .map_err(|e| failed(format!("cannot read {}: {e}", db.display())))?;
+        let mut r = Report::empty();
         snap.scan_effects::<StoreError>(0, |e| {
             r.cop.apply(&e.record.payload);
             r.effects += 1;
@@ -409,6 +458,9 @@ impl Report {
         })
         .map_err(failed)?;
         r.quarantined = snap.summary().map_err(failed)?.quarantined;
+        r.violation = crate::store::verify::verify(&snap)
+            .map_err(failed)?
+            .violation;
         Ok(r)
     }
 
@@ -430,6 +482,9 @@ impl Report {
         }
         if !self.cop.same_picture(expected) {
             p.push("replay-guard's picture differs from the feed's".into());
+        }
+        if let Some(v) = &self.violation {
+            p.push(format!("verify: {v}"));
         }
         if self.quarantined > 0 {
             p.push(format!("{} messages quarantined", self.quarantined));
@@ -588,16 +643,9 @@ fn pad(painted: &str, plain: &str, width: usize) -> String {
 mod tests {
     use super::*;
 
-    fn report_of(script: &Script, applied: &[&Vec<u8>], duplicates: u64) -> Report {
+    fn report_of(applied: &[&Vec<u8>], duplicates: u64) -> Report {
         let contract = crate::wire::FeedContract::default();
-        let mut r = Report {
-            cop: Cop::default(),
-            effects: 0,
-            effect_keys: Default::default(),
-            counts: Default::default(),
-            suppressed: Vec::new(),
-            quarantined: 0,
-        };
+        let mut r = Report::empty();
         for m in applied {
             r.cop.apply(m);
             r.effects += 1;
@@ -608,7 +656,6 @@ mod tests {
         for _ in 0..duplicates {
             r.counts.add(Outcome::Duplicate);
         }
-        let _ = script;
         r
     }
 
@@ -620,7 +667,7 @@ mod tests {
         let all: Vec<&Vec<u8>> = script.all().collect();
         let dups = script.surge.len() as u64;
         assert!(
-            report_of(&script, &all, dups)
+            report_of(&all, dups)
                 .problems(&script, &expected)
                 .is_empty()
         );
@@ -628,22 +675,18 @@ mod tests {
         let mut twice = all.clone();
         twice.push(&script.surge[0]);
         assert!(
-            !report_of(&script, &twice, dups)
+            !report_of(&twice, dups)
                 .problems(&script, &expected)
                 .is_empty()
         );
         // A genuine update lost.
         let lost = &all[..all.len() - 1];
         assert!(
-            !report_of(&script, lost, dups)
+            !report_of(lost, dups)
                 .problems(&script, &expected)
                 .is_empty()
         );
         // No replay at all: the demo proved nothing.
-        assert!(
-            !report_of(&script, &all, 0)
-                .problems(&script, &expected)
-                .is_empty()
-        );
+        assert!(!report_of(&all, 0).problems(&script, &expected).is_empty());
     }
 }

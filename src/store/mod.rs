@@ -493,6 +493,16 @@ impl Store {
     }
 }
 
+/// Where an effect's bytes came from and how it was applied.
+struct EffectOrigin<'a> {
+    topic: &'a str,
+    received_at_ms: u64,
+    payload: &'a [u8],
+    late: bool,
+    released: bool,
+    audit_index: u64,
+}
+
 /// Cached state of one source during a batch.
 struct SourceState {
     record: SourceRecord,
@@ -669,35 +679,18 @@ impl<'t> Writer<'t> {
                     Some(no) => no,
                     None => self.new_source(&msg.source, msg.position)?,
                 };
-                let offset = self.meta.next_effect;
-                self.meta.next_effect += 1;
-                let effect = EffectRecord {
-                    source_no: no,
-                    epoch: msg.position.epoch,
-                    sequence: msg.position.sequence,
-                    received_at_ms: incoming.received_at_ms,
-                    key: *msg.key.as_bytes(),
-                    agency: msg.source.agency().into(),
-                    source_id: msg.source.source_id().into(),
-                    topic: incoming.topic.clone(),
-                    late,
-                    released: false,
-                    audit_index,
-                    payload: incoming.payload.clone(),
-                };
-                self.effects
-                    .insert(offset, encode_into(&effect, &mut self.buf))
-                    .map_err(StoreError::redb)?;
-                let w = WindowRecord {
-                    digest: *msg.digest.as_bytes(),
-                    effect_offset: offset,
-                };
-                self.window
-                    .insert(
-                        (no, msg.position.epoch, msg.position.sequence),
-                        encode_into(&w, &mut self.buf),
-                    )
-                    .map_err(StoreError::redb)?;
+                let offset = self.write_effect(
+                    no,
+                    msg,
+                    &EffectOrigin {
+                        topic: &incoming.topic,
+                        received_at_ms: incoming.received_at_ms,
+                        payload: &incoming.payload,
+                        late,
+                        released: false,
+                        audit_index,
+                    },
+                )?;
                 if !late {
                     let st = self.state(no)?;
                     st.record.high_water = pos_pair(msg.position);
@@ -750,6 +743,46 @@ impl<'t> Writer<'t> {
             effect_offset,
             quarantine_id,
         })
+    }
+
+    /// Writes an applied message's effect record at the next offset and makes it the window
+    /// entry of its position (the feed's decision and an operator's release both apply here).
+    fn write_effect(
+        &mut self,
+        no: u64,
+        msg: &Message,
+        origin: &EffectOrigin<'_>,
+    ) -> Result<u64, StoreError> {
+        let offset = self.meta.next_effect;
+        self.meta.next_effect += 1;
+        let effect = EffectRecord {
+            source_no: no,
+            epoch: msg.position.epoch,
+            sequence: msg.position.sequence,
+            received_at_ms: origin.received_at_ms,
+            key: *msg.key.as_bytes(),
+            agency: msg.source.agency().into(),
+            source_id: msg.source.source_id().into(),
+            topic: origin.topic.to_string(),
+            late: origin.late,
+            released: origin.released,
+            audit_index: origin.audit_index,
+            payload: origin.payload.to_vec(),
+        };
+        self.effects
+            .insert(offset, encode_into(&effect, &mut self.buf))
+            .map_err(StoreError::redb)?;
+        let w = WindowRecord {
+            digest: *msg.digest.as_bytes(),
+            effect_offset: offset,
+        };
+        self.window
+            .insert(
+                (no, msg.position.epoch, msg.position.sequence),
+                encode_into(&w, &mut self.buf),
+            )
+            .map_err(StoreError::redb)?;
+        Ok(offset)
     }
 
     fn record_malformed(

@@ -3,6 +3,9 @@
 //! `MultiWriter` mode may come from another process while `run` is committing batches: redb
 //! serialises the two processes' transactions, and each starts from the latest commit.
 
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
 use redb::ReadableTable;
 
 use super::tables::*;
@@ -51,10 +54,16 @@ impl Store {
         contract: &FeedContract,
         now_ms: u64,
     ) -> Result<Decided, StoreError> {
+        // The long look for earlier applications runs on a read snapshot, so `run`'s commits
+        // are not held up; the write transaction then checks only what was committed since.
+        let prior = match resolution {
+            Resolution::Release { .. } => Some(self.prior_applications(id, contract)?),
+            Resolution::Discard { .. } => None,
+        };
         let txn = self.begin_durable()?;
         let decided = {
             let mut w = Writer::open(&txn, &self.opts)?;
-            let d = w.resolve(id, resolution, contract, now_ms)?;
+            let d = w.resolve(id, resolution, contract, prior, now_ms)?;
             w.finish()?;
             d
         };
@@ -83,12 +92,79 @@ fn refuse(why: String) -> StoreError {
     StoreError::Refused(why)
 }
 
+/// What has been applied under one key: digest -> effect offset, from every applying audit
+/// entry below `scanned_to` (and, where the audit log was pruned, from the effect records).
+struct PriorApplications {
+    key: Option<[u8; 32]>,
+    digests: HashMap<[u8; 32], u64>,
+    scanned_to: u64,
+}
+
+impl PriorApplications {
+    fn note(&mut self, e: &AuditRecord) {
+        let applies = Outcome::from_code(e.outcome).is_some_and(Outcome::applies);
+        if applies
+            && e.key == self.key
+            && let (Some(d), Some(off)) = (e.digest, e.effect_offset)
+        {
+            self.digests.entry(d).or_insert(off);
+        }
+    }
+}
+
+impl Store {
+    /// Every content already applied under quarantined message `id`'s key, read from a
+    /// snapshot (one pass over the audit log, plus the effects whose audit entries were
+    /// pruned).
+    fn prior_applications(
+        &self,
+        id: u64,
+        contract: &FeedContract,
+    ) -> Result<PriorApplications, StoreError> {
+        let snap = self.reader()?;
+        let meta = snap.meta()?;
+        let key = snap.quarantined(id)?.and_then(|q| q.record.key);
+        let mut prior = PriorApplications {
+            key,
+            digests: HashMap::new(),
+            scanned_to: meta.next_audit,
+        };
+        if key.is_none() {
+            return Ok(prior);
+        }
+        let audit_from = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        snap.scan_audit::<StoreError>(audit_from, |e| {
+            prior.note(&e.record);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        if audit_from > 0 {
+            let floor = snap.retention_marks()?.effects_floor;
+            snap.scan_effects::<StoreError>(floor, |e| {
+                if e.record.audit_index >= audit_from {
+                    return Ok(ControlFlow::Break(()));
+                }
+                if Some(e.record.key) == key
+                    && let Ok(m) = wire::decode(&e.record.payload, contract)
+                {
+                    prior
+                        .digests
+                        .entry(*m.digest.as_bytes())
+                        .or_insert(e.offset);
+                }
+                Ok(ControlFlow::Continue(()))
+            })?;
+        }
+        Ok(prior)
+    }
+}
+
 impl Writer<'_> {
     fn resolve(
         &mut self,
         id: u64,
         resolution: &Resolution,
         contract: &FeedContract,
+        prior: Option<PriorApplications>,
         now_ms: u64,
     ) -> Result<Decided, StoreError> {
         let rec: QuarantineRecord = match self.quarantine.get(id).map_err(StoreError::redb)? {
@@ -126,7 +202,8 @@ impl Writer<'_> {
                     rec.key.map_or_else(|| "none".into(), |k| hex(&k))
                 )));
             }
-            effect_offset = Some(self.apply_released(msg, &rec, audit_index)?);
+            self.check_release(id, msg, &rec, prior)?;
+            effect_offset = Some(self.apply_released(msg, &rec, audit_index, now_ms)?);
         }
         let msg = decoded.ok();
         let outcome = resolution.outcome();
@@ -156,6 +233,64 @@ impl Writer<'_> {
         })
     }
 
+    /// Refuses a release that would apply content already applied under the same key (in
+    /// the window or not), or whose digest differs from the one `run` computed when it
+    /// quarantined the message (another `[feed] digest_ignore`).
+    fn check_release(
+        &mut self,
+        id: u64,
+        msg: &crate::model::Message,
+        rec: &QuarantineRecord,
+        prior: Option<PriorApplications>,
+    ) -> Result<(), StoreError> {
+        let decided_with = match self.audit.get(rec.audit_index).map_err(StoreError::redb)? {
+            Some(g) => decode::<AuditRecord>("audit", rec.audit_index, g.value())?.digest,
+            None => {
+                return Err(refuse(format!(
+                    "quarantine #{id}: the audit entry that quarantined it (#{}) was pruned, so its \
+                     content cannot be checked against what was applied; discard it instead",
+                    rec.audit_index
+                )));
+            }
+        };
+        if decided_with != Some(*msg.digest.as_bytes()) {
+            return Err(refuse(format!(
+                "quarantine #{id}: its content digest under this feed contract differs from the \
+                 one `run` computed: run the command with the --config that `run` uses \
+                 ([feed] digest_ignore)"
+            )));
+        }
+        let mut prior = prior.unwrap_or(PriorApplications {
+            key: rec.key,
+            digests: HashMap::new(),
+            scanned_to: 0,
+        });
+        if prior.key != rec.key {
+            return Err(refuse(format!(
+                "quarantine #{id} changed while it was being checked; run the command again"
+            )));
+        }
+        // What was committed since the snapshot.
+        let tail: Vec<AuditRecord> = self
+            .audit
+            .range(prior.scanned_to..self.meta.next_audit)
+            .map_err(StoreError::redb)?
+            .map(|item| {
+                let (k, v) = item.map_err(StoreError::redb)?;
+                Ok(decode::<AuditRecord>("audit", k.value(), v.value())?)
+            })
+            .collect::<Result<_, StoreError>>()?;
+        tail.iter().for_each(|e| prior.note(e));
+        if let Some(offset) = prior.digests.get(msg.digest.as_bytes()) {
+            return Err(refuse(format!(
+                "quarantine #{id}: key {} with this same content is already applied as effect \
+                 #{offset}; discard it instead",
+                msg.key
+            )));
+        }
+        Ok(())
+    }
+
     /// Writes the released message's effect and makes it the window's entry for its
     /// position, so a replay of the released bytes is a duplicate of it from now on.
     fn apply_released(
@@ -163,54 +298,33 @@ impl Writer<'_> {
         msg: &crate::model::Message,
         rec: &QuarantineRecord,
         audit_index: u64,
+        now_ms: u64,
     ) -> Result<u64, StoreError> {
-        let no = match self.source_no(&msg.source)? {
-            Some(no) => no,
-            None => self.new_source(&msg.source, msg.position)?,
-        };
-        let wkey = (no, msg.position.epoch, msg.position.sequence);
-        if let Some(g) = self.window.get(wkey).map_err(StoreError::redb)? {
-            let w: WindowRecord = decode("window", format_args!("{wkey:?}"), g.value())?;
-            if w.digest == *msg.digest.as_bytes() {
-                return Err(refuse(format!(
-                    "key {} with these exact contents is already applied as effect #{}",
-                    msg.key, w.effect_offset
-                )));
+        let (no, late) = match self.source_no(&msg.source)? {
+            Some(no) => {
+                let state = self.state(no)?;
+                let late = msg.position <= pair_pos(state.record.high_water);
+                if !late {
+                    state.record.high_water = pos_pair(msg.position);
+                    state.dirty = true;
+                }
+                (no, late)
             }
-        }
-        let state = self.state(no)?;
-        let late = msg.position <= pair_pos(state.record.high_water);
-        if !late {
-            state.record.high_water = pos_pair(msg.position);
-            state.dirty = true;
-        }
-        let offset = self.meta.next_effect;
-        self.meta.next_effect += 1;
-        let effect = EffectRecord {
-            source_no: no,
-            epoch: msg.position.epoch,
-            sequence: msg.position.sequence,
-            received_at_ms: rec.received_at_ms,
-            key: *msg.key.as_bytes(),
-            agency: msg.source.agency().into(),
-            source_id: msg.source.source_id().into(),
-            topic: rec.topic.clone(),
-            late,
-            released: true,
-            audit_index,
-            payload: rec.payload.clone(),
+            None => (self.new_source(&msg.source, msg.position)?, false),
         };
-        self.effects
-            .insert(offset, encode_into(&effect, &mut self.buf))
-            .map_err(StoreError::redb)?;
-        let w = WindowRecord {
-            digest: *msg.digest.as_bytes(),
-            effect_offset: offset,
-        };
-        self.window
-            .insert(wkey, encode_into(&w, &mut self.buf))
-            .map_err(StoreError::redb)?;
-        Ok(offset)
+        self.write_effect(
+            no,
+            msg,
+            &super::EffectOrigin {
+                topic: &rec.topic,
+                // Applied now: the window keeps it (and suppresses its replays) from now on.
+                received_at_ms: now_ms,
+                payload: &rec.payload,
+                late,
+                released: true,
+                audit_index,
+            },
+        )
     }
 }
 

@@ -117,25 +117,18 @@ impl Writer<'_> {
     ) -> Result<u64, StoreError> {
         let start = self.meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         let end = self.meta.next_audit;
-        let cutoff = keep.cutoff(now_ms);
-        let mut len = end - start;
-        let mut last = None;
-        for item in self.audit.range(start..end).map_err(StoreError::redb)? {
-            if *budget == 0 {
-                break;
-            }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let head = decode_head::<AuditHead>("audit", k.value(), v.value())?;
-            let too_old = cutoff.is_some_and(|c| head.recorded_at_ms < c);
-            let too_many = keep.max_entries.is_some_and(|m| len > m);
-            if !(too_old || too_many) {
-                break;
-            }
-            last = Some(k.value());
-            len -= 1;
-            *budget -= 1;
-        }
-        let Some(last) = last else { return Ok(0) };
+        let due = expired_front(
+            &self.audit,
+            start..end,
+            end - start,
+            keep,
+            now_ms,
+            budget,
+            |k, v| Ok(decode_head::<AuditHead>("audit", k, v)?.recorded_at_ms),
+        )?;
+        let Some(&last) = due.last() else {
+            return Ok(0);
+        };
         let hash = {
             let g = self
                 .audit
@@ -152,7 +145,7 @@ impl Writer<'_> {
             .retain_in(start..=last, |_, _| false)
             .map_err(StoreError::redb)?;
         self.meta.audit_anchor = Some((last, hash));
-        Ok(last + 1 - start)
+        Ok(due.len() as u64)
     }
 
     fn prune_effects(
@@ -165,36 +158,24 @@ impl Writer<'_> {
         let start = marks.effects_floor;
         // Never into the window: the effect log is its time index.
         let end = self.meta.window_start;
-        let cutoff = keep.cutoff(now_ms);
-        let mut len = self.meta.next_effect.saturating_sub(start);
-        let mut next = start;
-        for item in self.effects.range(start..end).map_err(StoreError::redb)? {
-            if *budget == 0 {
-                break;
-            }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let head = decode_effect_head(k.value(), v.value())?;
-            let too_old = cutoff.is_some_and(|c| head.received_at_ms < c);
-            let too_many = keep.max_entries.is_some_and(|m| len > m);
-            if !(too_old || too_many) {
-                break;
-            }
-            next = k.value() + 1;
-            len -= 1;
-            *budget -= 1;
-        }
-        if next == start {
+        let len = self.meta.next_effect.saturating_sub(start);
+        let due = expired_front(
+            &self.effects,
+            start..end,
+            len,
+            keep,
+            now_ms,
+            budget,
+            |k, v| Ok(decode_effect_head(k, v)?.received_at_ms),
+        )?;
+        let Some(&last) = due.last() else {
             return Ok(0);
-        }
-        let mut removed = 0;
+        };
         self.effects
-            .retain_in(start..next, |_, _| {
-                removed += 1;
-                false
-            })
+            .retain_in(start..=last, |_, _| false)
             .map_err(StoreError::redb)?;
-        marks.effects_floor = next;
-        Ok(removed)
+        marks.effects_floor = last + 1;
+        Ok(due.len() as u64)
     }
 
     fn prune_quarantine(
@@ -206,33 +187,24 @@ impl Writer<'_> {
     ) -> Result<u64, StoreError> {
         use redb::ReadableTableMetadata;
         let start = marks.quarantine_floor;
-        let cutoff = keep.cutoff(now_ms);
-        let mut len = self.quarantine.len().map_err(StoreError::redb)?;
-        let mut victims = Vec::new();
-        let mut next = start;
-        for item in self.quarantine.range(start..).map_err(StoreError::redb)? {
-            if *budget == 0 {
-                break;
-            }
-            let (k, v) = item.map_err(StoreError::redb)?;
-            let rec: QuarantineRecord = decode("quarantine", k.value(), v.value())?;
-            let too_old = cutoff.is_some_and(|c| rec.received_at_ms < c);
-            let too_many = keep.max_entries.is_some_and(|m| len > m);
-            if !(too_old || too_many) {
-                break;
-            }
-            victims.push(k.value());
-            next = k.value() + 1;
-            len -= 1;
-            *budget -= 1;
-        }
-        for id in &victims {
+        let len = self.quarantine.len().map_err(StoreError::redb)?;
+        // Ids are taken in order of first receipt; released and discarded ids are already gone.
+        let due = expired_front(
+            &self.quarantine,
+            start..u64::MAX,
+            len,
+            keep,
+            now_ms,
+            budget,
+            |k, v| Ok(decode::<QuarantineRecord>("quarantine", k, v)?.received_at_ms),
+        )?;
+        for id in &due {
             self.forget_quarantined(*id)?;
         }
-        if next > start {
-            marks.quarantine_floor = next;
+        if let Some(&last) = due.last() {
+            marks.quarantine_floor = last + 1;
         }
-        Ok(victims.len() as u64)
+        Ok(due.len() as u64)
     }
 
     /// Removes quarantine record `id` and its fingerprint entries.
@@ -256,6 +228,40 @@ impl Writer<'_> {
         }
         Ok(())
     }
+}
+
+/// The keys at the front of `range` that `keep` no longer keeps, oldest first, at most
+/// `budget` of them (taken from it). `len` is how many entries the log holds; `time` reads an
+/// entry's time (of recording or receipt). Stops at the first entry still kept.
+fn expired_front(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    range: std::ops::Range<u64>,
+    mut len: u64,
+    keep: LogRetention,
+    now_ms: u64,
+    budget: &mut u64,
+    time: impl Fn(u64, &[u8]) -> Result<u64, StoreError>,
+) -> Result<Vec<u64>, StoreError> {
+    let cutoff = keep.cutoff(now_ms);
+    let mut due = Vec::new();
+    for item in table.range(range).map_err(StoreError::redb)? {
+        if *budget == 0 {
+            break;
+        }
+        let (k, v) = item.map_err(StoreError::redb)?;
+        let too_old = match cutoff {
+            Some(c) => time(k.value(), v.value())? < c,
+            None => false,
+        };
+        let too_many = keep.max_entries.is_some_and(|m| len > m);
+        if !(too_old || too_many) {
+            break;
+        }
+        due.push(k.value());
+        len -= 1;
+        *budget -= 1;
+    }
+    Ok(due)
 }
 
 /// Decodes only the leading fields `H` of a stored record.
@@ -450,6 +456,16 @@ mod tests {
         assert_eq!(r.decided[0].outcome, crate::model::Outcome::Duplicate);
         assert_eq!(r.decided[0].effect_offset, Some(1));
         assert_eq!(r.decided[1].outcome, crate::model::Outcome::Conflict);
+        // That replay of the original is quarantined again; releasing it would apply "a" a
+        // second time: refused, naming the effect that already holds it.
+        let again = r.decided[1].quarantine_id.unwrap();
+        let twice = s
+            .resolve_quarantined(again, &who("looks genuine"), &c, T0 + 6)
+            .unwrap_err();
+        assert!(
+            twice.to_string().contains("already applied as effect #0"),
+            "{twice}"
+        );
         let snap = s.reader().unwrap();
         let eff = snap.effect(1).unwrap().unwrap();
         assert!(eff.record.released);
@@ -463,5 +479,36 @@ mod tests {
         assert_eq!(report.violation, None);
         assert_eq!(report.counts.get(crate::model::Outcome::Released), 1);
         assert_eq!(report.counts.get(crate::model::Outcome::Discarded), 1);
+    }
+
+    #[test]
+    fn a_release_under_another_digest_contract_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(&dir, RetentionPolicy::keep_all());
+        // `run` ignores "/b" in the digest; the operator's contract does not.
+        let run_contract = FeedContract {
+            digest_ignore: vec![crate::json::Pointer::parse("/b").unwrap()],
+            ..FeedContract::default()
+        };
+        let conflicting =
+            r#"{"agency":"A","source_id":"S","epoch":0,"sequence":1,"b":"y","c":2}"#.to_string();
+        let batch: Vec<Incoming> = [msg(1, "a"), conflicting.into_bytes()]
+            .into_iter()
+            .map(|p| Incoming::decode("t", p, T0, &run_contract))
+            .collect();
+        let r = s.commit_batch(&batch, T0).unwrap();
+        assert_eq!(r.decided[1].outcome, crate::model::Outcome::Conflict);
+        let q = r.decided[1].quarantine_id.unwrap();
+        let release = Resolution::Release {
+            operator: "alice".into(),
+            reason: "r".into(),
+        };
+        let e = s
+            .resolve_quarantined(q, &release, &FeedContract::default(), T0 + 1)
+            .unwrap_err();
+        assert!(e.to_string().contains("digest"), "{e}");
+        // With `run`'s own contract it goes through.
+        s.resolve_quarantined(q, &release, &run_contract, T0 + 2)
+            .unwrap();
     }
 }

@@ -126,7 +126,22 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
         }
     }
     if fail.is_none() {
+        fail = marks_out_of_bounds(&meta, &marks);
+    }
+    if fail.is_none() {
+        // Offsets run without a gap from the retention floor to the end: an effect can only
+        // leave the log by retention, from the front.
+        let mut expected_offset = marks.effects_floor;
         snap.scan_effects::<StoreError>(marks.effects_floor, |eff| {
+            if eff.offset != expected_offset {
+                fail = Some(format!(
+                    "effect {expected_offset} is missing (the log jumps to {}; retention only \
+                     removes effects below its floor {})",
+                    eff.offset, marks.effects_floor
+                ));
+                return Ok(ControlFlow::Break(()));
+            }
+            expected_offset += 1;
             report.effects += 1;
             let ok = eff.record.audit_index < scan.audit_from
                 || snap.audit_entry(eff.record.audit_index)?.is_some_and(|a| {
@@ -143,9 +158,44 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
             }
             Ok(ControlFlow::Continue(()))
         })?;
+        if fail.is_none() && expected_offset != meta.next_effect {
+            fail = Some(format!(
+                "the effect log ends before offset {} but the database has issued offsets up to {} \
+                 (effects were removed from the end)",
+                expected_offset,
+                meta.next_effect.saturating_sub(1)
+            ));
+        }
     }
     report.violation = fail;
     Ok(report)
+}
+
+/// Retention's marks must lie inside what was ever written, and never inside the window.
+fn marks_out_of_bounds(
+    meta: &super::tables::Meta,
+    marks: &super::tables::RetentionMarks,
+) -> Option<String> {
+    if marks.effects_floor > meta.window_start {
+        return Some(format!(
+            "the effects retention floor {} lies inside the dedup window (which starts at {}): \
+             retention never prunes the window",
+            marks.effects_floor, meta.window_start
+        ));
+    }
+    if marks.quarantine_floor > meta.next_quarantine {
+        return Some(format!(
+            "the quarantine retention floor {} is beyond the last quarantine id issued ({})",
+            marks.quarantine_floor, meta.next_quarantine
+        ));
+    }
+    match meta.audit_anchor {
+        Some((i, _)) if i >= meta.next_audit => Some(format!(
+            "the audit anchor {i} is beyond the last audit entry issued ({})",
+            meta.next_audit
+        )),
+        _ => None,
+    }
 }
 
 /// The invariants of one (hash-valid) entry; `Some(problem)` if broken.

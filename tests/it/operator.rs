@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use redb::ReadableTable as _;
 use replay_guard::json::{self, Json, Pointer};
-use replay_guard::store::tables::{AUDIT, AuditRecord, QUARANTINE, decode, encode};
+use replay_guard::store::tables::{
+    AUDIT, AuditRecord, EFFECTS, META, QUARANTINE, RETENTION_KEY, RetentionMarks, decode, encode,
+};
 
 use super::broker::Broker;
 use super::common;
@@ -301,6 +303,55 @@ fn retention_prunes_during_ingest_and_verify_still_proves_the_rest() {
         out.contains(&format!("quarantine record #{victim}")),
         "{out}"
     );
+
+    // An effect whose audit entry was pruned, deleted: the offsets no longer run unbroken.
+    let short = tempfile::tempdir().unwrap();
+    let gap = short.path().join("gap.redb");
+    let short_cfg = config(
+        short.path(),
+        "[window]\nmax_entries = 100\n[commit]\nmax_batch = 100\n\
+         [retention]\naudit_max_entries = 50\neffects_max_entries = 300\n",
+    );
+    ingest(&short_cfg, &gap, &common::generate_feed(12, 2_000).bytes);
+    let effects_floor = num(&stats(&gap), "/retention/effects_floor");
+    let (code, out) = verify(&gap);
+    assert_eq!(code, Some(0), "{out}");
+    {
+        let rdb = redb::Database::create(&gap).unwrap();
+        let txn = rdb.begin_write().unwrap();
+        txn.open_table(EFFECTS)
+            .unwrap()
+            .remove(effects_floor + 1)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let (code, out) = verify(&gap);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains(&format!("effect {} is missing", effects_floor + 1)),
+        "{out}"
+    );
+
+    // Hiding a deletion by raising the retention floor into the window is caught too.
+    let floor = dir.path().join("floor.redb");
+    std::fs::copy(&db, &floor).unwrap();
+    {
+        let rdb = redb::Database::create(&floor).unwrap();
+        let txn = rdb.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(META).unwrap();
+            let mut marks: RetentionMarks = {
+                let g = t.get(RETENTION_KEY).unwrap().unwrap();
+                decode("meta", RETENTION_KEY, g.value()).unwrap()
+            };
+            marks.effects_floor = 4_999;
+            t.insert(RETENTION_KEY, encode(&marks).as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (code, out) = verify(&floor);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(out.contains("lies inside the dedup window"), "{out}");
 }
 
 #[test]
