@@ -52,6 +52,9 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
 }
 
 /// A closed pipe (`| head`) ends a command quietly, with success.
+/// How long after `--until` `--follow` keeps looking for entries stamped before it.
+const UNTIL_GRACE_MS: u64 = 120_000;
+
 pub fn quiet_on_closed_pipe(result: Result<(), Failure>) -> Result<(), Failure> {
     match result {
         Err(Failure::Runtime(e))
@@ -78,6 +81,8 @@ pub fn follow(
     write_header(out, table, format)?;
     let mut next = 0;
     loop {
+        // Taken before the snapshot: whatever commits after it is stamped at or after it.
+        let round_started = crate::timefmt::now_ms();
         let snapshot = reader.begin()?;
         next = dump_from(&snapshot, table, format, filter, next, stop, out)?;
         drop(snapshot);
@@ -85,6 +90,15 @@ pub fn follow(
         let Some(stop) = stop else {
             return Ok(());
         };
+        // Well past `--until`, nothing committed from now on can match (an entry's time is
+        // taken when it is received, at most `linger_ms` plus a commit before it is
+        // committed): following is over.
+        if filter
+            .until_ms
+            .is_some_and(|u| round_started >= u.saturating_add(UNTIL_GRACE_MS))
+        {
+            return Ok(());
+        }
         let mut waited = Duration::ZERO;
         while waited < FOLLOW_POLL {
             if stop.load(Ordering::Relaxed) {

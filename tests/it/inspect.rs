@@ -930,3 +930,39 @@ fn malformed_arguments_are_one_line_errors_with_exit_1() {
         );
     }
 }
+
+#[test]
+fn follow_with_a_past_until_ends_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("u.redb");
+    let out = common::run_with_stdin(
+        &["ingest", "--db", db.to_str().unwrap(), "-"],
+        (common::msg("A", "S", 0, 1, "x") + "\n").as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    // Everything before an `--until` three minutes ago: nothing can match any more.
+    let mut child = std::process::Command::new(common::bin())
+        .args([
+            "dump-audit",
+            "--follow",
+            "--until",
+            "3m",
+            "--db",
+            db.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("--follow --until 3m was still following after 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}
