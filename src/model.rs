@@ -163,15 +163,8 @@ impl Outcome {
         Outcome::Discarded,
     ];
 
-    /// The outcomes a delivery can get (the rest are operator actions).
-    pub const DECIDED: [Outcome; 6] = [
-        Outcome::Applied,
-        Outcome::AppliedLate,
-        Outcome::Duplicate,
-        Outcome::Conflict,
-        Outcome::Stale,
-        Outcome::Malformed,
-    ];
+    /// The outcomes a delivery can get (the rest of `ALL` are operator actions).
+    pub const DECIDED: &[Outcome] = Outcome::ALL.split_at(6).0;
 
     pub fn as_str(self) -> &'static str {
         match self {

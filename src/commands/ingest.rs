@@ -55,7 +55,7 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
         summary.batches,
         db.display()
     );
-    for o in Outcome::DECIDED {
+    for &o in Outcome::DECIDED {
         let _ = writeln!(err, "  {:<13}{:>10}", o.as_str(), summary.counts.get(o));
     }
     Ok(())

@@ -140,6 +140,17 @@ impl StoreError {
     fn redb(e: impl Into<redb::Error>) -> StoreError {
         StoreError::Storage(e.into())
     }
+
+    /// The database file does not exist (commands that never create one).
+    fn missing(path: &Path) -> StoreError {
+        StoreError::Open {
+            path: path.to_path_buf(),
+            error: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file",
+            ))),
+        }
+    }
 }
 
 /// One delivery to decide: where it came from, its bytes, and what `wire` made of them.
@@ -290,13 +301,7 @@ impl Store {
     /// transactions. Takes no feed lock and never creates the file.
     pub fn open_operator(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         if !path.exists() {
-            return Err(StoreError::Open {
-                path: path.to_path_buf(),
-                error: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no such file",
-                ))),
-            });
+            return Err(StoreError::missing(path));
         }
         let db = builder(opts.cache_bytes, opts.concurrency)
             .open(path)

@@ -22,13 +22,7 @@ pub struct Reader {
 impl Reader {
     pub fn open(path: &Path) -> Result<Reader, StoreError> {
         if !path.exists() {
-            return Err(StoreError::Open {
-                path: path.to_path_buf(),
-                error: DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no such file",
-                ))),
-            });
+            return Err(StoreError::missing(path));
         }
         let db = builder(16 * 1024 * 1024, super::Concurrency::default())
             .open_read_only(path)
