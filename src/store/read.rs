@@ -140,28 +140,11 @@ impl Snapshot {
     /// Audit entries per outcome recorded at or after `since_ms` (a backward scan from the
     /// newest entry, stopping at the first older one).
     pub fn counts_since(&self, since_ms: u64) -> Result<OutcomeCounts, StoreError> {
-        #[derive(serde::Deserialize)]
-        struct Head {
-            recorded_at_ms: u64,
-            outcome: u8,
-        }
         let t = self.0.open_table(AUDIT).map_err(r)?;
         let mut counts = OutcomeCounts::default();
         for item in t.iter().map_err(r)?.rev() {
             let (k, v) = item.map_err(r)?;
-            let head: Head = match v.value().split_first() {
-                Some((&RECORD_V1, rest)) => postcard::take_from_bytes(rest)
-                    .map(|(h, _)| h)
-                    .map_err(|e| RecordError {
-                        table: "audit",
-                        key: k.value().to_string(),
-                        why: format!("postcard: {e}"),
-                    })?,
-                _ => decode::<AuditRecord>("audit", k.value(), v.value()).map(|a| Head {
-                    recorded_at_ms: a.recorded_at_ms,
-                    outcome: a.outcome,
-                })?,
-            };
+            let head: AuditHead = decode_head("audit", k.value(), v.value())?;
             if head.recorded_at_ms < since_ms {
                 break;
             }

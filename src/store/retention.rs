@@ -8,8 +8,6 @@
 //!   `Meta::window_start` only); `RetentionMarks::effects_floor` records the cut;
 //! - the quarantine up to an id (with its fingerprints); `RetentionMarks::quarantine_floor`.
 
-use serde::Deserialize;
-
 use redb::ReadableTable;
 
 use super::tables::*;
@@ -70,12 +68,6 @@ impl PruneCounts {
     pub fn total(&self) -> u64 {
         self.audit + self.effects + self.quarantine
     }
-}
-
-/// The first field of every audit record, decoded without the rest.
-#[derive(Deserialize)]
-struct AuditHead {
-    recorded_at_ms: u64,
 }
 
 impl Writer<'_> {
@@ -262,33 +254,6 @@ fn expired_front(
         *budget -= 1;
     }
     Ok(due)
-}
-
-/// Decodes only the leading fields `H` of a stored record.
-fn decode_head<'a, H: Deserialize<'a>>(
-    table: &'static str,
-    key: u64,
-    bytes: &'a [u8],
-) -> Result<H, RecordError> {
-    match bytes.split_first() {
-        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<H>(rest)
-            .map(|(h, _)| h)
-            .map_err(|e| RecordError {
-                table,
-                key: key.to_string(),
-                why: format!("postcard: {e}"),
-            }),
-        Some((v, _)) => Err(RecordError {
-            table,
-            key: key.to_string(),
-            why: format!("unknown record version {v}"),
-        }),
-        None => Err(RecordError {
-            table,
-            key: key.to_string(),
-            why: "empty record".into(),
-        }),
-    }
 }
 
 #[cfg(test)]

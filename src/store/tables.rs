@@ -129,6 +129,7 @@ pub struct EffectRecord {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct AuditRecord {
+    // Must start with exactly the fields of `AuditHead`, in its order.
     pub recorded_at_ms: u64,
     pub outcome: u8,
     pub key: Option<[u8; 32]>,
@@ -242,23 +243,37 @@ pub fn decode<T: DeserializeOwned>(
     }
 }
 
+/// The leading fields of `AuditRecord`; retention and `stats` decode only these.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditHead {
+    // Must be exactly the first fields of `AuditRecord`, in its order.
+    pub recorded_at_ms: u64,
+    pub outcome: u8,
+}
+
+/// Decodes only the leading fields `H` of a stored record (a prefix struct of its record).
+pub fn decode_head<'a, H: Deserialize<'a>>(
+    table: &'static str,
+    key: u64,
+    bytes: &'a [u8],
+) -> Result<H, RecordError> {
+    let err = |why: String| RecordError {
+        table,
+        key: key.to_string(),
+        why,
+    };
+    match bytes.split_first() {
+        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<H>(rest)
+            .map(|(h, _)| h)
+            .map_err(|e| err(format!("postcard: {e}"))),
+        Some((v, _)) => Err(err(format!("unknown record version {v}"))),
+        None => Err(err("empty record".into())),
+    }
+}
+
 /// Decodes only the leading `EffectHead` of an effect record.
 pub fn decode_effect_head(offset: u64, bytes: &[u8]) -> Result<EffectHead, RecordError> {
-    match bytes.split_first() {
-        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<EffectHead>(rest)
-            .map(|(h, _)| h)
-            .map_err(|e| RecordError {
-                table: "effects",
-                key: offset.to_string(),
-                why: format!("postcard: {e}"),
-            }),
-        _ => decode::<EffectRecord>("effects", offset, bytes).map(|r| EffectHead {
-            source_no: r.source_no,
-            epoch: r.epoch,
-            sequence: r.sequence,
-            received_at_ms: r.received_at_ms,
-        }),
-    }
+    decode_head("effects", offset, bytes)
 }
 
 #[cfg(test)]
@@ -290,6 +305,28 @@ mod tests {
             (7, 2, 300, 1_700_000_000_000)
         );
         assert_eq!(decode::<EffectRecord>("effects", 0, &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn audit_head_is_a_prefix_of_the_audit_record() {
+        let r = AuditRecord {
+            recorded_at_ms: 1_700_000_000_123,
+            outcome: 2,
+            key: Some([3; 32]),
+            agency: Some("A".into()),
+            source_id: Some("S".into()),
+            epoch: Some(1),
+            sequence: Some(9),
+            topic: "t".into(),
+            reason: "r".into(),
+            digest: None,
+            effect_offset: Some(4),
+            quarantine_id: None,
+            prev_hash: [0; 32],
+            hash: [1; 32],
+        };
+        let h: AuditHead = decode_head("audit", 0, &encode(&r)).unwrap();
+        assert_eq!((h.recorded_at_ms, h.outcome), (1_700_000_000_123, 2));
     }
 
     #[test]
