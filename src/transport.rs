@@ -337,11 +337,16 @@ impl Loop {
 }
 
 /// Subscribes to every filter in one SUBSCRIBE, so its SUBACK lists them in `topics` order.
+/// MQTT 5 asks for retained messages only for subscriptions the session does not hold yet
+/// (Retain Handling 1); a 3.1.1 broker re-sends them, and the engine absorbs them as replays.
 fn subscribe(client: &Client, topics: &[String]) -> Result<(), String> {
     let queued = match client {
         Client::V5(c) => c
             .try_subscribe_many(topics.iter().map(|t| {
-                v5::mqttbytes::v5::Filter::new(t.clone(), v5::mqttbytes::QoS::AtLeastOnce)
+                let mut f =
+                    v5::mqttbytes::v5::Filter::new(t.clone(), v5::mqttbytes::QoS::AtLeastOnce);
+                f.retain_forward_rule = v5::mqttbytes::v5::RetainForwardRule::OnNewSubscribe;
+                f
             }))
             .map_err(|e| e.to_string()),
         Client::V311(c) => c
@@ -469,14 +474,15 @@ async fn poll_loop(
                 failures = 0;
                 attempts = 0;
                 connected = true;
-                if !session_present {
-                    let queued = subscribe(
-                        &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
-                        &cfg.topics,
-                    );
-                    if let Err(e) = queued {
-                        let _ = events.send(TransportEvent::Fatal(e));
-                    }
+                // On every connect, session or not: a kept session may predate a change of
+                // `topics`, or lack a subscription the broker refused before, and would
+                // otherwise leave us receiving nothing on it without a word.
+                let queued = subscribe(
+                    &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
+                    &cfg.topics,
+                );
+                if let Err(e) = queued {
+                    let _ = events.send(TransportEvent::Fatal(e));
                 }
                 TransportEvent::Connected {
                     broker: cfg.brokers[broker].to_string(),

@@ -186,9 +186,9 @@ fn pubacks_leave_in_the_order_the_publishes_arrived() {
     assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }
 
-/// `run` against a fake broker that answers the SUBSCRIBE with `granted`: the exit code within
-/// 10 s (or `None`) and stderr.
-fn run_with_suback(granted: u8) -> (Option<i32>, String) {
+/// `run` against a fake broker that answers the SUBSCRIBE with `granted` (after a CONNACK with
+/// `session_present`): the exit code within 10 s (or `None`) and stderr.
+fn run_with_suback(session_present: bool, granted: u8) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -212,9 +212,12 @@ fn run_with_suback(granted: u8) -> (Option<i32>, String) {
     let (mut s, _) = listener.accept().unwrap();
     let (kind, _) = read_packet(&mut s).expect("CONNECT");
     assert_eq!(kind, 1);
-    s.write_all(&[0x20, 2, 0, 0]).unwrap();
-    let (kind, body) = read_packet(&mut s).expect("SUBSCRIBE");
-    assert_eq!(kind, 8);
+    s.write_all(&[0x20, 2, u8::from(session_present), 0])
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let Some((8, body)) = read_packet(&mut s) else {
+        return (None, "no SUBSCRIBE after the CONNACK".into());
+    };
     s.write_all(&[0x90, 3, body[0], body[1], granted]).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
@@ -238,7 +241,7 @@ fn run_with_suback(granted: u8) -> (Option<i32>, String) {
 
 #[test]
 fn a_refused_subscription_stops_run_with_a_configuration_error() {
-    let (code, err) = run_with_suback(0x80);
+    let (code, err) = run_with_suback(false, 0x80);
     assert_eq!(code, Some(1), "{err}");
     let last = err.lines().last().unwrap_or("");
     assert!(
@@ -251,11 +254,23 @@ fn a_refused_subscription_stops_run_with_a_configuration_error() {
 #[test]
 fn a_subscription_granted_only_at_qos_0_stops_run_with_a_configuration_error() {
     // QoS 0 deliveries carry no acknowledgement: the broker would drop what we never commit.
-    let (code, err) = run_with_suback(0);
+    let (code, err) = run_with_suback(false, 0);
     assert_eq!(code, Some(1), "{err}");
     let last = err.lines().last().unwrap_or("");
     assert!(
         last.contains("incidents/#") && last.contains("QoS 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_subscribes_even_when_the_broker_kept_the_session() {
+    // The session may predate a config change or hold no subscription at all (a refused one):
+    // the configured topics are subscribed on every connect, so a refusal is seen here too.
+    let (code, err) = run_with_suback(true, 0x80);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().last().unwrap_or("").contains("incidents/#"),
         "{err}"
     );
 }
