@@ -18,6 +18,118 @@ pub const DEFAULT_MAX_BATCH: usize = 1000;
 /// How long a batch waits for more messages after its first one before it commits anyway.
 pub const DEFAULT_LINGER_MS: u64 = 10;
 
+// The allowed range of every numeric key, checked in `Config::from_raw`, which every command
+// (`check-config`, `run`, `ingest`, ...) goes through: nothing validates later, so a value
+// `check-config` accepts can never panic or misbehave in `run`. README "Configuration" lists
+// the same ranges.
+type Range = std::ops::RangeInclusive<u64>;
+pub const CACHE_MB: Range = 1..=65_536;
+/// 365 days.
+pub const WINDOW_SECONDS: Range = 1..=31_536_000;
+pub const WINDOW_MAX_ENTRIES: Range = 1..=1_000_000_000;
+/// 64 MiB: far above any incident update; payloads are parsed whole in memory.
+pub const MAX_PAYLOAD_BYTES: Range = 1..=67_108_864;
+pub const MAX_DEPTH: Range = 1..=128;
+pub const MAX_BATCH: Range = 1..=MAX_BATCH_LIMIT as u64;
+pub const LINGER_MS: Range = 0..=60_000;
+/// 100 years; 0 turns the bound off.
+pub const RETENTION_DAYS: Range = 0..=36_500;
+/// 0 turns the bound off.
+pub const RETENTION_ENTRIES: Range = 0..=10_000_000_000;
+/// Up to `u32::MAX`, which MQTT 5 reads as "never expires".
+pub const SESSION_EXPIRY_SECONDS: Range = 60..=4_294_967_295;
+pub const RECEIVE_MAXIMUM: Range = 1..=65_535;
+/// rumqttc's MQTT 5 client panics below 5 s, and the protocol field is 16 bits.
+pub const KEEP_ALIVE_SECONDS: Range = 5..=65_535;
+pub const RETRIES_PER_BROKER: Range = 0..=1_000;
+pub const BACKOFF_INITIAL_MS: Range = 10..=60_000;
+/// The lower end is `backoff_initial_ms`.
+pub const BACKOFF_MAX_MS: u64 = 600_000;
+pub const SHUTDOWN_TIMEOUT_SECONDS: Range = 1..=3_600;
+/// MQTT strings (topic filters) are at most 65,535 bytes.
+pub const MAX_TOPIC_FILTER_BYTES: usize = 65_535;
+
+/// `key = value` within `range`, or a one-line error naming the key and the allowed range.
+fn in_range(key: &str, value: u64, range: Range) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "{key} = {value} is out of range: allowed {}..={}",
+        range.start(),
+        range.end()
+    )))
+}
+
+/// Why a `[mqtt] topics` entry cannot be subscribed to (MQTT 3.1.1 and 5, section 4.7).
+pub fn topic_filter_problem(filter: &str) -> Option<String> {
+    if filter.is_empty() {
+        return Some("is empty".into());
+    }
+    if filter.len() > MAX_TOPIC_FILTER_BYTES {
+        return Some(format!(
+            "is {} bytes long (MQTT allows {MAX_TOPIC_FILTER_BYTES})",
+            filter.len()
+        ));
+    }
+    if filter.contains('\0') {
+        return Some("contains NUL".into());
+    }
+    if filter.chars().any(char::is_control) {
+        return Some("contains a control character (brokers may close the connection)".into());
+    }
+    if filter.starts_with("$share/") {
+        return Some(
+            "is a shared subscription, which is not supported: the group's other members \
+             would receive redeliveries this database never sees"
+                .into(),
+        );
+    }
+    let levels: Vec<&str> = filter.split('/').collect();
+    for (i, level) in levels.iter().enumerate() {
+        if level.contains('#') && (*level != "#" || i + 1 != levels.len()) {
+            return Some("has '#' that is not the whole last level".into());
+        }
+        if level.contains('+') && *level != "+" {
+            return Some("has '+' that is not a whole level".into());
+        }
+    }
+    None
+}
+
+/// Replaces whatever precedes an '@' in a URL-like value (`"mqtt://user:pass@host"`,
+/// `"user:pass@host"`) with `<redacted>`, keeping any `scheme://`: a TOML error echoes the
+/// offending line and value, and must never echo a password. The hidden part reaches back to
+/// the nearest `://`, else to the nearest quote or backtick (a password may hold spaces,
+/// commas or quotes); hiding too much is harmless, too little is not.
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('@') {
+        let before = &rest[..at];
+        let start = match before.rfind("://") {
+            Some(i) => i + 3,
+            None => before.rfind(['"', '\'', '`']).map_or(0, |i| i + 1),
+        };
+        out.push_str(&before[..start]);
+        out.push_str("<redacted>@");
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A broker URL for an error message: everything between the scheme and the last '@' hidden.
+fn redact_url(url: &str) -> String {
+    match url.rfind('@') {
+        None => url.to_string(),
+        Some(at) => {
+            let keep = url[..at].find("://").map_or(0, |i| i + 3);
+            format!("{}<redacted>@{}", &url[..keep], &url[at + 1..])
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {error}")]
@@ -31,10 +143,11 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// A TOML error as one line: where it is, the offending line, and the message.
+/// A TOML error as one line: where it is, the offending line, and the message, with any URL
+/// user info redacted (both can quote a broker URL).
 fn one_line(e: &toml::de::Error, text: &str) -> String {
     let message = e.message().trim().replace('\n', " ");
-    match e.span() {
+    redact_userinfo(&match e.span() {
         None => message,
         Some(span) => {
             let start = span.start.min(text.len());
@@ -42,7 +155,7 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
             let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
             format!("line {line_no} `{line}`: {message}")
         }
-    }
+    })
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -147,8 +260,17 @@ impl std::fmt::Display for BrokerUrl {
 }
 
 impl BrokerUrl {
-    /// `mqtt://host[:port]` or `mqtts://host[:port]` (IPv6 hosts in brackets).
+    /// `mqtt://host[:port]` or `mqtts://host[:port]` (IPv6 hosts in brackets). User info
+    /// (`user:pass@`) is refused without being echoed: it would be printed in every log line
+    /// naming the broker, and resolved as part of the host name.
     pub fn parse(s: &str) -> Result<BrokerUrl, String> {
+        if s.contains('@') {
+            return Err(format!(
+                "broker {:?}: a user name or password in the URL is not accepted (it would be \
+                 logged); use [mqtt] username and password_file",
+                redact_url(s)
+            ));
+        }
         let (tls, rest) = if let Some(r) = s.strip_prefix("mqtts://") {
             (true, r)
         } else if let Some(r) = s.strip_prefix("mqtt://") {
@@ -423,27 +545,62 @@ impl Config {
         let ptr = |key: &str, s: &str| {
             Pointer::parse(s).map_err(|e| invalid(format!("[feed] {key}: {e}")))
         };
-        if raw.window.seconds == 0 {
-            return Err(invalid("[window] seconds must be at least 1".into()));
-        }
-        if raw.window.max_entries == 0 {
-            return Err(invalid("[window] max_entries must be at least 1".into()));
-        }
-        if raw.feed.max_payload_bytes == 0 {
-            return Err(invalid(
-                "[feed] max_payload_bytes must be at least 1".into(),
-            ));
-        }
-        if !(1..=128).contains(&raw.feed.max_depth) {
-            return Err(invalid("[feed] max_depth must be between 1 and 128".into()));
-        }
-        if !(1..=MAX_BATCH_LIMIT).contains(&raw.commit.max_batch) {
-            return Err(invalid(format!(
-                "[commit] max_batch must be between 1 and {MAX_BATCH_LIMIT}"
-            )));
-        }
-        if raw.commit.linger_ms > 60_000 {
-            return Err(invalid("[commit] linger_ms must be at most 60000".into()));
+        let r = &raw.retention;
+        let wide = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let numbers: [(&str, u64, Range); 14] = [
+            ("[store] cache_mb", raw.store.cache_mb, CACHE_MB),
+            ("[window] seconds", raw.window.seconds, WINDOW_SECONDS),
+            (
+                "[window] max_entries",
+                raw.window.max_entries,
+                WINDOW_MAX_ENTRIES,
+            ),
+            (
+                "[feed] max_payload_bytes",
+                wide(raw.feed.max_payload_bytes),
+                MAX_PAYLOAD_BYTES,
+            ),
+            ("[feed] max_depth", wide(raw.feed.max_depth), MAX_DEPTH),
+            ("[commit] max_batch", wide(raw.commit.max_batch), MAX_BATCH),
+            ("[commit] linger_ms", raw.commit.linger_ms, LINGER_MS),
+            (
+                "[retention] audit_max_age_days",
+                r.audit_max_age_days,
+                RETENTION_DAYS,
+            ),
+            (
+                "[retention] audit_max_entries",
+                r.audit_max_entries,
+                RETENTION_ENTRIES,
+            ),
+            (
+                "[retention] effects_max_age_days",
+                r.effects_max_age_days,
+                RETENTION_DAYS,
+            ),
+            (
+                "[retention] effects_max_entries",
+                r.effects_max_entries,
+                RETENTION_ENTRIES,
+            ),
+            (
+                "[retention] quarantine_max_age_days",
+                r.quarantine_max_age_days,
+                RETENTION_DAYS,
+            ),
+            (
+                "[retention] quarantine_max_entries",
+                r.quarantine_max_entries,
+                RETENTION_ENTRIES,
+            ),
+            (
+                "[service] shutdown_timeout_seconds",
+                raw.service.shutdown_timeout_seconds,
+                SHUTDOWN_TIMEOUT_SECONDS,
+            ),
+        ];
+        for (key, value, range) in numbers {
+            in_range(key, value, range)?;
         }
         let fields = [
             ("agency", &raw.feed.agency),
@@ -468,21 +625,30 @@ impl Config {
                 "[feed] digest_ignore: \"\" would ignore the whole message; name fields".into(),
             ));
         }
-        if raw.store.cache_mb == 0 {
-            return Err(invalid("[store] cache_mb must be at least 1".into()));
+        let digest_ignore: Vec<Pointer> = raw
+            .feed
+            .digest_ignore
+            .iter()
+            .map(|s| ptr("digest_ignore", s))
+            .collect::<Result<_, _>>()?;
+        // Each ignored value named once: a repeated or nested pointer would make the removal
+        // depend on how the list is read (issue 9: "/list/0" twice removed two items).
+        for (i, a) in digest_ignore.iter().enumerate() {
+            if let Some(b) = digest_ignore[..i].iter().find(|b| b.overlaps(a)) {
+                return Err(invalid(format!(
+                    "[feed] digest_ignore: {:?} and {:?} overlap (the same value, or one inside \
+                     the other): list each field once",
+                    b.to_string(),
+                    a.to_string()
+                )));
+            }
         }
-        let r = &raw.retention;
         let feed = FeedContract {
             agency: ptr("agency", &raw.feed.agency)?,
             source_id: ptr("source_id", &raw.feed.source_id)?,
             sequence: ptr("sequence", &raw.feed.sequence)?,
             epoch: ptr("epoch", &raw.feed.epoch)?,
-            digest_ignore: raw
-                .feed
-                .digest_ignore
-                .iter()
-                .map(|s| ptr("digest_ignore", s))
-                .collect::<Result<_, _>>()?,
+            digest_ignore,
             max_payload_bytes: raw.feed.max_payload_bytes,
             max_depth: raw.feed.max_depth,
         };
@@ -533,31 +699,58 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
             "client_id is required (1 to 256 bytes): a fixed id keeps the broker session".into(),
         ));
     }
-    if m.topics.is_empty() || m.topics.iter().any(|t| t.is_empty()) {
-        return Err(invalid(
-            "topics: give at least one non-empty topic filter".into(),
-        ));
+    if m.topics.is_empty() {
+        return Err(invalid("topics: give at least one topic filter".into()));
     }
-    if m.session_expiry_seconds < 60 {
-        return Err(invalid(
-            "session_expiry_seconds must be at least 60: a session that ends with the connection \
-             discards the unacknowledged messages replay-guard relies on the broker to redeliver"
-                .into(),
-        ));
+    for t in &m.topics {
+        if let Some(why) = topic_filter_problem(t) {
+            // Quote at most 64 characters: a filter can be 64 KiB long.
+            let shown: String = t.chars().take(64).collect();
+            return Err(invalid(format!(
+                "topics: {shown:?}{} {why}",
+                if shown.len() < t.len() { "..." } else { "" }
+            )));
+        }
+    }
+    for (key, value, range) in [
+        (
+            "session_expiry_seconds",
+            u64::from(m.session_expiry_seconds),
+            SESSION_EXPIRY_SECONDS,
+        ),
+        (
+            "receive_maximum",
+            u64::from(m.receive_maximum),
+            RECEIVE_MAXIMUM,
+        ),
+        (
+            "keep_alive_seconds",
+            m.keep_alive_seconds,
+            KEEP_ALIVE_SECONDS,
+        ),
+        (
+            "retries_per_broker",
+            u64::from(m.retries_per_broker),
+            RETRIES_PER_BROKER,
+        ),
+        (
+            "backoff_initial_ms",
+            m.backoff_initial_ms,
+            BACKOFF_INITIAL_MS,
+        ),
+        (
+            "backoff_max_ms",
+            m.backoff_max_ms,
+            m.backoff_initial_ms..=BACKOFF_MAX_MS,
+        ),
+    ] {
+        in_range(&format!("[mqtt] {key}"), value, range)?;
     }
     if m.username.is_some() && brokers.iter().any(|b| b.tls) && brokers.iter().any(|b| !b.tls) {
         return Err(invalid(
             "brokers mix mqtts:// and mqtt:// while a username is set: a failover would send the \
              password in clear; use mqtts:// for all of them"
                 .into(),
-        ));
-    }
-    if m.receive_maximum == 0 {
-        return Err(invalid("receive_maximum must be at least 1".into()));
-    }
-    if m.backoff_initial_ms == 0 || m.backoff_max_ms < m.backoff_initial_ms {
-        return Err(invalid(
-            "backoff_initial_ms must be at least 1 and at most backoff_max_ms".into(),
         ));
     }
     let readable = |key: &str, p: &Path| -> Result<(), ConfigError> {
@@ -772,5 +965,235 @@ mod tests {
         assert_eq!(c.store.out_of_order, OutOfOrder::Quarantine);
         assert_eq!(c.feed.digest_ignore.len(), 1);
         assert_eq!(c.store.cache_bytes, 32 * 1024 * 1024);
+    }
+
+    const MQTT_OK: &str =
+        "[mqtt]\nbrokers = [\"mqtt://127.0.0.1:1883\"]\nclient_id = \"rg\"\ntopics = [\"t/#\"]\n";
+
+    /// Every numeric key: (table, key, range, other lines the boundary needs).
+    fn every_range() -> Vec<(&'static str, &'static str, Range, &'static str)> {
+        vec![
+            ("store", "cache_mb", CACHE_MB, ""),
+            ("window", "seconds", WINDOW_SECONDS, ""),
+            ("window", "max_entries", WINDOW_MAX_ENTRIES, ""),
+            ("feed", "max_payload_bytes", MAX_PAYLOAD_BYTES, ""),
+            ("feed", "max_depth", MAX_DEPTH, ""),
+            ("commit", "max_batch", MAX_BATCH, ""),
+            ("commit", "linger_ms", LINGER_MS, ""),
+            ("retention", "audit_max_age_days", RETENTION_DAYS, ""),
+            ("retention", "audit_max_entries", RETENTION_ENTRIES, ""),
+            ("retention", "effects_max_age_days", RETENTION_DAYS, ""),
+            ("retention", "effects_max_entries", RETENTION_ENTRIES, ""),
+            ("retention", "quarantine_max_age_days", RETENTION_DAYS, ""),
+            ("retention", "quarantine_max_entries", RETENTION_ENTRIES, ""),
+            (
+                "service",
+                "shutdown_timeout_seconds",
+                SHUTDOWN_TIMEOUT_SECONDS,
+                "",
+            ),
+            ("mqtt", "session_expiry_seconds", SESSION_EXPIRY_SECONDS, ""),
+            ("mqtt", "receive_maximum", RECEIVE_MAXIMUM, ""),
+            ("mqtt", "keep_alive_seconds", KEEP_ALIVE_SECONDS, ""),
+            (
+                "mqtt",
+                "keep_alive_seconds",
+                KEEP_ALIVE_SECONDS,
+                "protocol = \"v3.1.1\"\n",
+            ),
+            ("mqtt", "retries_per_broker", RETRIES_PER_BROKER, ""),
+            (
+                "mqtt",
+                "backoff_initial_ms",
+                BACKOFF_INITIAL_MS,
+                "backoff_max_ms = 600000\n",
+            ),
+            (
+                "mqtt",
+                "backoff_max_ms",
+                10..=BACKOFF_MAX_MS,
+                "backoff_initial_ms = 10\n",
+            ),
+            (
+                "mqtt",
+                "backoff_max_ms",
+                700..=BACKOFF_MAX_MS,
+                "backoff_initial_ms = 700\n",
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_numeric_key_accepts_its_range_ends_and_names_the_range_beyond_them() {
+        for (table, key, range, extra) in every_range() {
+            let text = |v: u64| {
+                if table == "mqtt" {
+                    format!("{MQTT_OK}{extra}{key} = {v}\n")
+                } else {
+                    format!("{MQTT_OK}{extra}[{table}]\n{key} = {v}\n")
+                }
+            };
+            for ok in [*range.start(), *range.end()] {
+                if let Err(e) = Config::parse(&text(ok)) {
+                    panic!("[{table}] {key} = {ok} {extra:?}: {e}");
+                }
+            }
+            let mut bad = vec![range.end() + 1];
+            if *range.start() > 0 {
+                bad.push(range.start() - 1);
+            }
+            for v in bad {
+                let e = Config::parse(&text(v)).unwrap_err().to_string();
+                assert!(e.contains(key), "[{table}] {key} = {v}: {e}");
+                assert!(!e.contains('\n'), "{e}");
+                // Keys typed wider than their range name the range; u16/u32 ones fail in TOML.
+                if !matches!(key, "receive_maximum" | "session_expiry_seconds")
+                    || v < *range.start()
+                {
+                    let want = format!("allowed {}..={}", range.start(), range.end());
+                    assert!(e.contains(&want), "[{table}] {key} = {v}: {e} lacks {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_values_that_crashed_run_are_rejected() {
+        for (extra, want) in [
+            (
+                "keep_alive_seconds = 4\n",
+                "[mqtt] keep_alive_seconds = 4 is out of range: allowed 5..=65535",
+            ),
+            (
+                "keep_alive_seconds = 0\nprotocol = \"v3.1.1\"\n",
+                "keep_alive_seconds = 0",
+            ),
+            (
+                "[service]\nshutdown_timeout_seconds = 18446744073709551615\n",
+                "shutdown_timeout_seconds",
+            ),
+        ] {
+            let e = Config::parse(&format!("{MQTT_OK}{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn topic_filters_follow_the_mqtt_rules() {
+        for ok in [
+            "#",
+            "+",
+            "a/b",
+            "a/+/c",
+            "a/#",
+            "+/+/#",
+            "/",
+            "a//b",
+            "$SYS/#",
+            "é/ü",
+            "$shared/x",
+        ] {
+            assert_eq!(topic_filter_problem(ok), None, "{ok}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("a/#/b", "'#'"),
+            ("#/a", "'#'"),
+            ("a#", "'#'"),
+            ("a/b#", "'#'"),
+            ("a+", "'+'"),
+            ("+a/b", "'+'"),
+            ("a/+b/c", "'+'"),
+            ("a\0b", "NUL"),
+            ("a\u{7}b", "control"),
+            ("$share/group/t", "shared subscription"),
+        ] {
+            let got = topic_filter_problem(bad).unwrap_or_default();
+            assert!(got.contains(why), "{bad:?}: {got}");
+        }
+        let long = "x".repeat(MAX_TOPIC_FILTER_BYTES);
+        assert_eq!(topic_filter_problem(&long), None);
+        let longer = format!("{long}x");
+        assert!(
+            topic_filter_problem(&longer)
+                .unwrap()
+                .contains("65536 bytes")
+        );
+        let e = Config::parse(
+            "[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"c\"\ntopics = [\"ok\", \"a/#/b\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("[mqtt] topics: \"a/#/b\" has '#'"), "{e}");
+    }
+
+    #[test]
+    fn repeated_or_nested_digest_ignore_pointers_are_refused_naming_both() {
+        for (list, a, b) in [
+            ("[\"/list/0\", \"/list/0\"]", "/list/0", "/list/0"),
+            ("[\"/a\", \"/x\", \"/a/b\"]", "/a", "/a/b"),
+            ("[\"/a/b/0\", \"/a/b\"]", "/a/b/0", "/a/b"),
+            ("[\"/m~1n\", \"/m~1n/x\"]", "/m~1n", "/m~1n/x"),
+        ] {
+            let e = Config::parse(&format!("[feed]\ndigest_ignore = {list}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("{a:?} and {b:?} overlap")),
+                "{list}: {e}"
+            );
+        }
+        // Distinct siblings, and "/list/00" (an object member, never array item 0), are fine.
+        for ok in [
+            "[\"/list/0\", \"/list/1\"]",
+            "[\"/a\", \"/ab\"]",
+            "[\"/list/0\", \"/list/00\"]",
+        ] {
+            let c = Config::parse(&format!("[feed]\ndigest_ignore = {ok}\n")).unwrap();
+            assert_eq!(c.feed.digest_ignore.len(), 2, "{ok}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_broker_urls_are_refused_and_never_echoed() {
+        for url in [
+            "mqtt://user:s3cret@h:1883",
+            "mqtts://user:s3cret@[::1]",
+            "mqtt://:s3cret@h",
+            "tcp://user:s3cret@h",
+            "user:s3cret@h",
+            "mqtt://us@er:s3cret@h",
+            "mqtt://user:s3cr/et@h",
+            "mqtt://user:s3cr et@h",
+            "mqtt://user:s3cr\"et@h",
+        ] {
+            let e = BrokerUrl::parse(url).unwrap_err();
+            assert!(!e.contains("s3cr"), "{url}: {e}");
+            assert!(e.contains("password_file"), "{url}: {e}");
+            let e = Config::parse(&format!(
+                "[mqtt]\nbrokers = [{url:?}]\nclient_id = \"c\"\ntopics = [\"t\"]\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(!e.contains("s3cr"), "{url}: {e}");
+        }
+        // TOML errors quote the line and the value: redacted too.
+        for text in [
+            "[mqtt]\nbrokers = \"mqtt://user:s3cret@h\"\n",
+            "[mqtt]\nbrokers = [\"mqtt://user:s3cret@h\", 5]\n",
+            "[mqtt]\nbrokers = [\"user:s3cret@h\"] x\n",
+            "[mqtt]\nbrokers = [\"mqtt://user:s3c, ret@h\", 5]\n",
+            "[mqtt]\nbrokers = [mqtt://user:s3cret@h]\n",
+            "[mqtt]\nbrokers = 'mqtt://user:s3c\"ret@h'\n",
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("s3c"), "{text}: {e}");
+        }
+        assert_eq!(
+            redact_userinfo("line 2 `brokers = [\"mqtt://u:p@h:1\", \"u2:p2@h2\"]`"),
+            "line 2 `brokers = [\"mqtt://<redacted>@h:1\", \"<redacted>@h2\"]`"
+        );
     }
 }

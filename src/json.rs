@@ -277,39 +277,74 @@ impl Json {
         Some(cur)
     }
 
-    /// Removes the value a pointer names, if any. Returns whether something was removed.
-    pub fn remove(&mut self, pointer: &Pointer) -> bool {
-        let Some((last, parents)) = pointer.tokens.split_last() else {
-            return false;
-        };
-        let mut cur = self;
-        for token in parents {
-            cur = match cur {
-                Json::Object(members) => match members.iter_mut().find(|(k, _)| k == token) {
-                    Some((_, v)) => v,
-                    None => return false,
-                },
-                Json::Array(items) => match array_index(token).and_then(|i| items.get_mut(i)) {
-                    Some(v) => v,
-                    None => return false,
-                },
-                _ => return false,
-            };
-        }
-        match cur {
-            Json::Object(members) => {
-                let before = members.len();
-                members.retain(|(k, _)| k != last);
-                members.len() != before
+    /// A copy without the values the `pointers` name. Every pointer is resolved against this
+    /// (original) document first and only then are the resolved nodes left out of the copy, so
+    /// the result is the same whatever the order of `pointers`, and a repeated pointer removes
+    /// its value once: `/list/0` and `/list/1` remove exactly the original items 0 and 1.
+    /// Pointers naming nothing are ignored.
+    pub fn without(&self, pointers: &[Pointer]) -> Json {
+        let mut marks = Marks::default();
+        for p in pointers {
+            if let Some(path) = self.resolve(p) {
+                marks.mark(&path);
             }
-            Json::Array(items) => match array_index(last) {
-                Some(i) if i < items.len() => {
-                    items.remove(i);
-                    true
+        }
+        self.copy_without(&marks)
+    }
+
+    /// The child positions (member index, array index) a pointer walks to, if it names a value.
+    fn resolve(&self, pointer: &Pointer) -> Option<Vec<usize>> {
+        let mut cur = self;
+        let mut path = Vec::with_capacity(pointer.tokens.len());
+        for token in &pointer.tokens {
+            let (i, next) = match cur {
+                Json::Object(members) => members
+                    .iter()
+                    .enumerate()
+                    .find(|(_, (k, _))| k == token)
+                    .map(|(i, (_, v))| (i, v))?,
+                Json::Array(items) => {
+                    let i = array_index(token)?;
+                    (i, items.get(i)?)
                 }
-                _ => false,
-            },
-            _ => false,
+                _ => return None,
+            };
+            path.push(i);
+            cur = next;
+        }
+        Some(path)
+    }
+
+    fn copy_without(&self, marks: &Marks) -> Json {
+        let keep = |i: usize| match marks.children.get(&i) {
+            Some(m) if m.removed => None,
+            other => Some(other),
+        };
+        match self {
+            Json::Object(members) => Json::Object(
+                members
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, (k, v))| {
+                        keep(i).map(|m| {
+                            (
+                                k.clone(),
+                                m.map_or_else(|| v.clone(), |m| v.copy_without(m)),
+                            )
+                        })
+                    })
+                    .collect(),
+            ),
+            Json::Array(items) => Json::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| {
+                        keep(i).map(|m| m.map_or_else(|| v.clone(), |m| v.copy_without(m)))
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
         }
     }
 
@@ -402,6 +437,22 @@ fn array_index(token: &str) -> Option<usize> {
     token.parse().ok()
 }
 
+/// Resolved removals: a tree of child positions, `removed` where a whole value goes.
+#[derive(Default)]
+struct Marks {
+    removed: bool,
+    children: std::collections::BTreeMap<usize, Marks>,
+}
+
+impl Marks {
+    fn mark(&mut self, path: &[usize]) {
+        match path.split_first() {
+            None => self.removed = true,
+            Some((first, rest)) => self.children.entry(*first).or_default().mark(rest),
+        }
+    }
+}
+
 /// A parsed RFC 6901 JSON pointer such as `/agency` or `/meta/source~1id`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pointer {
@@ -416,20 +467,13 @@ impl std::fmt::Display for Pointer {
 }
 
 impl Pointer {
-    /// Order for removing several pointers from one document: token by token, array indices
-    /// numerically, a prefix before its extensions. Removing in descending order of this means
-    /// no removal shifts an array element a later pointer names.
-    pub fn removal_cmp(&self, other: &Pointer) -> std::cmp::Ordering {
-        for (a, b) in self.tokens.iter().zip(&other.tokens) {
-            let ord = match (array_index(a), array_index(b)) {
-                (Some(x), Some(y)) => x.cmp(&y),
-                _ => a.cmp(b),
-            };
-            if ord != std::cmp::Ordering::Equal {
-                return ord;
-            }
-        }
-        self.tokens.len().cmp(&other.tokens.len())
+    /// Whether one pointer names the other's value or something inside it (equal pointers
+    /// included), so that leaving both out of a digest would mean something different from
+    /// leaving out one. Tokens compare as decoded strings, which is exact: an array index has
+    /// one spelling only (`0`, never `00` or `-0`, see `array_index`), and a token that is not
+    /// a valid index (`00`) can only name an object member of that name.
+    pub fn overlaps(&self, other: &Pointer) -> bool {
+        self.tokens.iter().zip(&other.tokens).all(|(a, b)| a == b)
     }
 
     pub fn parse(s: &str) -> Result<Pointer, String> {
@@ -677,9 +721,83 @@ mod tests {
         let ptr = Pointer::parse("/a~1b/m~0n/1").unwrap();
         assert_eq!(v.pointer(&ptr), Some(&Json::Number("20".into())));
         assert!(Pointer::parse("a").is_err());
-        let mut w = v.clone();
-        assert!(w.remove(&Pointer::parse("/a~1b/m~0n/0").unwrap()));
+        let w = v.without(&[Pointer::parse("/a~1b/m~0n/0").unwrap()]);
         assert_eq!(w.to_compact(), r#"{"a/b":{"m~n":[20]}}"#);
-        assert!(!w.remove(&Pointer::parse("/nope").unwrap()));
+        assert_eq!(v.without(&[Pointer::parse("/nope").unwrap()]), v);
+    }
+
+    #[test]
+    fn removal_resolves_every_pointer_against_the_original_document() {
+        let v = p(r#"{"list":["a","b","c","d"],"m":{"x":1,"y":2},"k":0}"#).unwrap();
+        let ptr = |s: &str| Pointer::parse(s).unwrap();
+        let set = [ptr("/list/0"), ptr("/list/1"), ptr("/m/x"), ptr("/k")];
+        let want = r#"{"list":["c","d"],"m":{"y":2}}"#;
+        // Every order of the list, and repeats, give the same result.
+        let orders: [&[usize]; 5] = [
+            &[0, 1, 2, 3],
+            &[3, 2, 1, 0],
+            &[1, 0, 3, 2],
+            &[0, 0, 1, 1, 2, 3],
+            &[1, 3, 1, 0, 2, 0],
+        ];
+        for order in orders {
+            let list: Vec<Pointer> = order.iter().map(|&i| set[i].clone()).collect();
+            assert_eq!(v.without(&list).to_compact(), want, "{order:?}");
+        }
+        // A pointer into a removed value, and pointers naming nothing, change nothing more.
+        let more = [
+            ptr("/m"),
+            ptr("/m/x"),
+            ptr("/list/9"),
+            ptr("/list/00"),
+            ptr("/k/0"),
+        ];
+        assert_eq!(
+            v.without(&more).to_compact(),
+            r#"{"list":["a","b","c","d"],"k":0}"#
+        );
+    }
+
+    #[test]
+    fn pointers_overlap_when_one_contains_the_other() {
+        let ptr = |s: &str| Pointer::parse(s).unwrap();
+        assert!(ptr("/a").overlaps(&ptr("/a")));
+        assert!(ptr("/a").overlaps(&ptr("/a/b")));
+        assert!(ptr("/a/b").overlaps(&ptr("/a")));
+        assert!(ptr("/a~1b").overlaps(&ptr("/a~1b/0")));
+        assert!(!ptr("/a").overlaps(&ptr("/ab")));
+        assert!(!ptr("/a~1b").overlaps(&ptr("/a/b")));
+        // `00` is not an array index, so it never names what `0` names.
+        assert!(!ptr("/list/0").overlaps(&ptr("/list/00")));
+        let v = p(r#"{"list":["x"]}"#).unwrap();
+        assert_eq!(v.pointer(&ptr("/list/00")), None);
+        assert_eq!(v.pointer(&ptr("/list/-0")), None);
+    }
+
+    #[test]
+    fn numbers_with_an_exponent_of_16_or_more_digits_are_out_of_range() {
+        // The documented range: an exponent of at most 15 significant digits.
+        assert_eq!(
+            canonical_number("1e999999999999999").unwrap(),
+            "1e+999999999999999"
+        );
+        assert_eq!(
+            canonical_number("-2.5E-000000000000000000000999999999999999").unwrap(),
+            "-2.5e-999999999999999"
+        );
+        for text in [
+            "1e1000000000000000",
+            "1e-1000000000000000",
+            "1e9999999999999999999",
+        ] {
+            assert_eq!(
+                canonical_number(text),
+                Err(JsonError::NumberRange(text.into())),
+                "{text}"
+            );
+        }
+        // Valid JSON: it parses; only the canonical form (the digest) refuses it.
+        let v = p(r#"{"x":1e9999999999999999999}"#).unwrap();
+        assert!(matches!(v.to_canonical(), Err(JsonError::NumberRange(_))));
     }
 }

@@ -27,19 +27,13 @@ pub fn derive_key(source: &Source, position: Position) -> IdempotencyKey {
 
 /// SHA-256 of the message's canonical JSON after removing the `ignore` pointers, so a resend
 /// with other member order, spacing or number spelling (`1.0` vs `1`) has the same digest.
-/// Every pointer names a value of the original message: they are removed in descending order,
-/// so removing `/a/0` never shifts what `/a/1` names.
+/// Every pointer names a value of the original message (`Json::without`): the digest never
+/// depends on the order of `ignore`, and a repeated pointer removes one value, not two.
 pub fn message_digest(message: &Json, ignore: &[Pointer]) -> Result<Digest, JsonError> {
     let canonical = if ignore.is_empty() {
         message.to_canonical()?
     } else {
-        let mut order: Vec<&Pointer> = ignore.iter().collect();
-        order.sort_by(|a, b| b.removal_cmp(a));
-        let mut pruned = message.clone();
-        for p in order {
-            pruned.remove(p);
-        }
-        pruned.to_canonical()?
+        message.without(ignore).to_canonical()?
     };
     Ok(Digest::from_hash(
         Sha256::digest(canonical.as_bytes()).into(),
@@ -173,5 +167,73 @@ mod tests {
             message_digest(&a, &[]).unwrap(),
             message_digest(&b, &[]).unwrap()
         );
+    }
+
+    fn ptrs(list: &[&str]) -> Vec<Pointer> {
+        list.iter().map(|s| Pointer::parse(s).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_repeated_ignore_pointer_removes_one_item_not_two() {
+        let a = parse(
+            br#"{"agency":"A","source_id":"S","sequence":1,"list":["stamp-1","casualties:3"]}"#,
+            32,
+        )
+        .unwrap();
+        let b = parse(
+            br#"{"agency":"A","source_id":"S","sequence":1,"list":["stamp-2","casualties:6"]}"#,
+            32,
+        )
+        .unwrap();
+        let twice = ptrs(&["/list/0", "/list/0"]);
+        assert_ne!(
+            message_digest(&a, &twice).unwrap(),
+            message_digest(&b, &twice).unwrap(),
+            "casualties 3 -> 6 is a real change"
+        );
+        assert_eq!(
+            message_digest(&a, &twice).unwrap(),
+            message_digest(&a, &ptrs(&["/list/0"])).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_digest_is_the_same_whatever_the_order_of_digest_ignore() {
+        let m = parse(
+            br#"{"agency":"A","list":["t0","keep","t2","t3"],"meta":{"at":1,"by":"x"},"z":true}"#,
+            32,
+        )
+        .unwrap();
+        let set = ["/list/0", "/list/2", "/list/3", "/meta/at", "/z"];
+        let want = parse(br#"{"agency":"A","list":["keep"],"meta":{"by":"x"}}"#, 32).unwrap();
+        let want = message_digest(&want, &[]).unwrap();
+        // Every rotation and the reverse of every rotation.
+        for r in 0..set.len() {
+            let mut order: Vec<&str> = set[r..].iter().chain(&set[..r]).copied().collect();
+            assert_eq!(
+                message_digest(&m, &ptrs(&order)).unwrap(),
+                want,
+                "{order:?}"
+            );
+            order.reverse();
+            assert_eq!(
+                message_digest(&m, &ptrs(&order)).unwrap(),
+                want,
+                "{order:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn removing_list_0_and_list_1_removes_exactly_those_items_of_the_original() {
+        let m = parse(br#"{"list":["a","b","c"]}"#, 32).unwrap();
+        let only_c = parse(br#"{"list":["c"]}"#, 32).unwrap();
+        for order in [["/list/0", "/list/1"], ["/list/1", "/list/0"]] {
+            assert_eq!(
+                message_digest(&m, &ptrs(&order)).unwrap(),
+                message_digest(&only_c, &[]).unwrap(),
+                "{order:?}"
+            );
+        }
     }
 }

@@ -184,6 +184,8 @@ struct Consumer<'a> {
     /// Duplicates absorbed since the last (re)connect (broker, connected at, count), reported
     /// and recorded once the burst ends.
     burst: Option<(String, u64, u64)>,
+    /// A configuration error the broker reported (a refused subscription): drain, then stop.
+    fatal: Option<String>,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -212,6 +214,7 @@ impl<'a> Consumer<'a> {
             notifier,
             summary: RunSummary::default(),
             burst: None,
+            fatal: None,
         }
     }
 
@@ -245,6 +248,10 @@ impl<'a> Consumer<'a> {
                     self.finish_commit(done, tokens, &handle)?;
                 }
                 ev = events.recv() => match ev {
+                    Some(TransportEvent::Fatal(e)) => {
+                        self.fatal = Some(e);
+                        break;
+                    }
                     Some(ev) => self.on_event(ev, &mut p),
                     None => return Err(ServiceError::Runtime("the MQTT poll loop stopped unexpectedly".into())),
                 },
@@ -264,7 +271,10 @@ impl<'a> Consumer<'a> {
             self.maybe_commit(&mut p, false);
         }
         self.drain(p, &handle, &mut events, poller).await?;
-        Ok(self.summary)
+        match self.fatal.take() {
+            Some(e) => Err(ServiceError::Config(e)),
+            None => Ok(self.summary),
+        }
     }
 
     fn status(&self) -> String {
@@ -308,6 +318,7 @@ impl<'a> Consumer<'a> {
                 tracing::warn!(%from, %to, "switching broker");
             }
             TransportEvent::Closed => {}
+            TransportEvent::Fatal(e) => self.fatal = Some(e),
         }
     }
 
@@ -396,7 +407,11 @@ impl<'a> Consumer<'a> {
     ) -> Result<(), ServiceError> {
         self.notifier.notify("STOPPING=1");
         tracing::info!(open = p.open.len(), "draining");
-        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        // `Config` bounds the timeout (at most an hour); checked so no value can panic here.
+        let now = tokio::time::Instant::now();
+        let deadline = now
+            .checked_add(self.drain_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(3600));
         let work = async {
             loop {
                 if let Some((rx, tokens)) = p.committing.take() {

@@ -39,6 +39,9 @@ pub enum TransportEvent {
     Delivery(Delivery),
     /// The DISCONNECT went out (or the connection was already gone) after `disconnect()`.
     Closed,
+    /// A configuration the broker will not serve (a refused subscription): `run` must stop
+    /// with this one-line message rather than stay up receiving nothing.
+    Fatal(String),
 }
 
 /// One PUBLISH received, to be decided and then acknowledged.
@@ -182,6 +185,11 @@ fn build(
         None
     };
     let max_packet_u32 = u32::try_from(max_packet).unwrap_or(u32::MAX);
+    // `Config` guarantees 5..=65535 s; clamped again because rumqttc's MQTT 5 client panics
+    // below 5 s and both clients truncate the 16-bit protocol field above 65535 s.
+    let keep_alive = cfg
+        .keep_alive
+        .clamp(Duration::from_secs(5), Duration::from_secs(65_535));
     Ok(match cfg.protocol {
         Protocol::V5 => {
             let mut o = v5::MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
@@ -190,7 +198,7 @@ fn build(
                 .set_session_expiry_interval(Some(cfg.session_expiry_seconds))
                 .set_receive_maximum(Some(cfg.receive_maximum))
                 .set_max_packet_size(Some(max_packet_u32))
-                .set_keep_alive(cfg.keep_alive)
+                .set_keep_alive(keep_alive)
                 .set_request_channel_capacity(cap);
             if let Some((user, pass)) = &cfg.credentials {
                 o.set_credentials(user, pass.expose());
@@ -206,7 +214,7 @@ fn build(
             o.set_manual_acks(true)
                 .set_clean_session(false)
                 .set_max_packet_size(max_packet, max_packet)
-                .set_keep_alive(cfg.keep_alive)
+                .set_keep_alive(keep_alive)
                 .set_request_channel_capacity(cap);
             if let Some((user, pass)) = &cfg.credentials {
                 o.set_credentials(user, pass.expose());
@@ -225,22 +233,44 @@ fn build(
 enum Polled {
     ConnAck {
         session_present: bool,
-        refused: Option<String>,
     },
+    /// Per filter of our SUBSCRIBE, in order: `None` if granted at QoS 1 or 2, else why not.
+    SubAck(Vec<Option<String>>),
     Publish(Delivery),
     DisconnectSent,
     Other,
     Error(String),
 }
 
+/// Why a subscription granted at QoS 0 is as bad as a refused one.
+const QOS0: &str = "granted only at QoS 0, whose deliveries carry no acknowledgement: the \
+                    broker would drop what replay-guard never committed; allow QoS 1 for it";
+
 async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
     match l {
         Loop::V5(l) => match l.poll().await {
-            Ok(v5::Event::Incoming(v5::Incoming::ConnAck(a))) => Polled::ConnAck {
-                session_present: a.session_present,
-                refused: (a.code != v5::mqttbytes::v5::ConnectReturnCode::Success)
-                    .then(|| format!("{:?}", a.code)),
-            },
+            Ok(v5::Event::Incoming(v5::Incoming::ConnAck(a))) => {
+                if a.code == v5::mqttbytes::v5::ConnectReturnCode::Success {
+                    Polled::ConnAck {
+                        session_present: a.session_present,
+                    }
+                } else {
+                    Polled::Error(format!("broker refused the connection: {:?}", a.code))
+                }
+            }
+            Ok(v5::Event::Incoming(v5::Incoming::SubAck(a))) => Polled::SubAck(
+                a.return_codes
+                    .iter()
+                    .map(|c| {
+                        use v5::mqttbytes::v5::SubscribeReasonCode as C;
+                        match c {
+                            C::Success(v5::mqttbytes::QoS::AtMostOnce) => Some(QOS0.to_string()),
+                            C::Success(_) => None,
+                            other => Some(format!("refused ({other:?})")),
+                        }
+                    })
+                    .collect(),
+            ),
             Ok(v5::Event::Incoming(v5::Incoming::Publish(p))) => Polled::Publish(Delivery {
                 topic: String::from_utf8_lossy(&p.topic).into_owned(),
                 payload: p.payload.to_vec(),
@@ -254,11 +284,29 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
             Err(e) => Polled::Error(e.to_string()),
         },
         Loop::V311(l) => match l.poll().await {
-            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(a))) => Polled::ConnAck {
-                session_present: a.session_present,
-                refused: (a.code != rumqttc::ConnectReturnCode::Success)
-                    .then(|| format!("{:?}", a.code)),
-            },
+            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(a))) => {
+                if a.code == rumqttc::ConnectReturnCode::Success {
+                    Polled::ConnAck {
+                        session_present: a.session_present,
+                    }
+                } else {
+                    Polled::Error(format!("broker refused the connection: {:?}", a.code))
+                }
+            }
+            Ok(rumqttc::Event::Incoming(rumqttc::Incoming::SubAck(a))) => Polled::SubAck(
+                a.return_codes
+                    .iter()
+                    .map(|c| match c {
+                        rumqttc::SubscribeReasonCode::Success(rumqttc::QoS::AtMostOnce) => {
+                            Some(QOS0.to_string())
+                        }
+                        rumqttc::SubscribeReasonCode::Success(_) => None,
+                        rumqttc::SubscribeReasonCode::Failure => {
+                            Some("refused (Failure)".to_string())
+                        }
+                    })
+                    .collect(),
+            ),
             Ok(rumqttc::Event::Incoming(rumqttc::Incoming::Publish(p))) => {
                 Polled::Publish(Delivery {
                     topic: p.topic.clone(),
@@ -288,20 +336,41 @@ impl Loop {
     }
 }
 
-fn subscribe(client: &Client, topics: &[String]) {
-    for t in topics {
-        let queued = match client {
-            Client::V5(c) => c
-                .try_subscribe(t.clone(), v5::mqttbytes::QoS::AtLeastOnce)
-                .is_ok(),
-            Client::V311(c) => c
-                .try_subscribe(t.clone(), rumqttc::QoS::AtLeastOnce)
-                .is_ok(),
-        };
-        if !queued {
-            tracing::error!(topic = %t, "cannot queue SUBSCRIBE");
-        }
-    }
+/// Subscribes to every filter in one SUBSCRIBE, so its SUBACK lists them in `topics` order.
+/// MQTT 5 asks for retained messages only for subscriptions the session does not hold yet
+/// (Retain Handling 1); a 3.1.1 broker re-sends them, and the engine absorbs them as replays.
+fn subscribe(client: &Client, topics: &[String]) -> Result<(), String> {
+    let queued = match client {
+        Client::V5(c) => c
+            .try_subscribe_many(topics.iter().map(|t| {
+                let mut f =
+                    v5::mqttbytes::v5::Filter::new(t.clone(), v5::mqttbytes::QoS::AtLeastOnce);
+                f.retain_forward_rule = v5::mqttbytes::v5::RetainForwardRule::OnNewSubscribe;
+                f
+            }))
+            .map_err(|e| e.to_string()),
+        Client::V311(c) => c
+            .try_subscribe_many(
+                topics
+                    .iter()
+                    .map(|t| rumqttc::SubscribeFilter::new(t.clone(), rumqttc::QoS::AtLeastOnce)),
+            )
+            .map_err(|e| e.to_string()),
+    };
+    queued.map_err(|e| format!("cannot queue the SUBSCRIBE for [mqtt] topics: {e}"))
+}
+
+/// The one-line error for a SUBACK that refused (or downgraded) some of `topics`, if any.
+fn suback_problem(codes: &[Option<String>], topics: &[String]) -> Option<String> {
+    let (i, why) = codes
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| c.as_ref().map(|why| (i, why)))?;
+    let topic = topics.get(i).map_or("?", String::as_str);
+    Some(format!(
+        "the broker did not grant the subscription to {topic:?} at QoS 1: {why}; check [mqtt] \
+         topics and the broker's ACL for this client"
+    ))
 }
 
 /// Starts the poll loop on the current runtime. Events go to `events`; the loop ends after
@@ -333,7 +402,10 @@ async fn poll_loop(
     events: UnboundedSender<TransportEvent>,
 ) {
     let mut broker = 0usize;
+    // Failures on the current broker (for failover) and since the last CONNACK (for backoff:
+    // a failover does not reset it, so `retries_per_broker = 0` cannot make a tight loop).
     let mut failures = 0u32;
+    let mut attempts = 0u32;
     // Between a connection error and the next CONNACK no delivery is genuine: a PUBLISH then
     // is a leftover of the broken connection (second guard beside `discard_leftovers`).
     let mut connected = false;
@@ -362,7 +434,8 @@ async fn poll_loop(
                     let _ = events.send(TransportEvent::Closed);
                     return;
                 }
-                failures += 1;
+                failures = failures.saturating_add(1);
+                attempts = attempts.saturating_add(1);
                 let name = cfg.brokers[broker].to_string();
                 if events
                     .send(TransportEvent::Disconnected {
@@ -383,40 +456,44 @@ async fn poll_loop(
                             failures = 0;
                             let to = cfg.brokers[next].to_string();
                             let _ = events.send(TransportEvent::Failover { from: name, to });
-                            continue;
                         }
                         Err(e) => {
                             tracing::error!(broker = %cfg.brokers[next], error = %e, "cannot prepare broker")
                         }
                     }
                 }
-                tokio::time::sleep(backoff(cfg.backoff_initial, cfg.backoff_max, failures)).await;
+                // Every reconnect attempt, to the same broker or the next, waits first.
+                let wait = backoff(cfg.backoff_initial, cfg.backoff_max, attempts);
+                if !wait_unless_stopping(&handle, wait).await {
+                    let _ = events.send(TransportEvent::Closed);
+                    return;
+                }
                 continue;
             }
-            Polled::ConnAck {
-                session_present,
-                refused: Some(code),
-            } => {
-                tracing::warn!(broker = %cfg.brokers[broker], session_present, code = %code, "broker refused the connection");
-                continue;
-            }
-            Polled::ConnAck {
-                session_present,
-                refused: None,
-            } => {
+            Polled::ConnAck { session_present } => {
                 failures = 0;
+                attempts = 0;
                 connected = true;
-                if !session_present {
-                    subscribe(
-                        &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
-                        &cfg.topics,
-                    );
+                // On every connect, session or not: a kept session may predate a change of
+                // `topics`, or lack a subscription the broker refused before, and would
+                // otherwise leave us receiving nothing on it without a word.
+                let queued = subscribe(
+                    &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
+                    &cfg.topics,
+                );
+                if let Err(e) = queued {
+                    let _ = events.send(TransportEvent::Fatal(e));
                 }
                 TransportEvent::Connected {
                     broker: cfg.brokers[broker].to_string(),
                     session_present,
                 }
             }
+            Polled::SubAck(codes) => match suback_problem(&codes, &cfg.topics) {
+                // Keep polling: the service drains (commits, acks, DISCONNECT) and stops.
+                Some(problem) => TransportEvent::Fatal(problem),
+                None => continue,
+            },
             Polled::Publish(_) if !connected => {
                 tracing::debug!(
                     "dropped a delivery read before a reconnect; the broker redelivers it"
@@ -453,6 +530,22 @@ async fn poll_loop(
             return;
         }
     }
+}
+
+/// Sleeps `wait`, cut short by `disconnect()`; false if the transport is stopping.
+async fn wait_unless_stopping(handle: &TransportHandle, wait: Duration) -> bool {
+    let until = tokio::time::Instant::now() + wait;
+    while !handle.stopping.load(Ordering::SeqCst) {
+        let room = handle.room.notified();
+        if handle.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => return true,
+            () = room => {}
+        }
+    }
+    false
 }
 
 /// How long to wait between connection attempts: doubling from `initial`, capped at `max`.

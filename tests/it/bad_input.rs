@@ -164,3 +164,35 @@ fn malformed_messages_are_quarantined_with_reasons_and_the_feed_keeps_flowing() 
         2 * (bad.len() + 2)
     );
 }
+
+#[test]
+fn a_number_beyond_the_canonical_range_is_quarantined_as_malformed_never_dropped() {
+    // Valid JSON (RFC 8259 puts no bound on exponents), but its canonical form would need an
+    // exponent of 19 digits: documented as `malformed` in the feed contract.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("n.redb");
+    let db_s = db.to_str().unwrap();
+    let line = r#"{"agency":"A","source_id":"S","sequence":1,"x":1e9999999999999999999}"#;
+    let edge = r#"{"agency":"A","source_id":"S","sequence":2,"x":1e999999999999999}"#;
+    let out = run_with_stdin(
+        &["ingest", "--db", db_s, "-"],
+        format!("{line}\n{edge}\n").as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let q = run(&["dump-quarantine", "--db", db_s]);
+    let rows: Vec<Json> = String::from_utf8(q.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| parse(l.as_bytes(), 16).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "only the out-of-range one is quarantined");
+    assert_eq!(string(&rows[0], "outcome"), "malformed");
+    assert_eq!(string(&rows[0], "payload"), line);
+    assert!(
+        string(&rows[0], "reason").contains("out of the range replay-guard can canonicalise"),
+        "{:?}",
+        string(&rows[0], "reason")
+    );
+    let e = run(&["dump-effects", "--db", db_s]);
+    assert_eq!(String::from_utf8(e.stdout).unwrap().lines().count(), 1);
+}

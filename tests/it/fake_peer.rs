@@ -185,3 +185,92 @@ fn pubacks_leave_in_the_order_the_publishes_arrived() {
     drop(c);
     assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }
+
+/// `run` against a fake broker that answers the SUBSCRIBE with `granted` (after a CONNACK with
+/// `session_present`): the exit code within 10 s (or `None`) and stderr.
+fn run_with_suback(session_present: bool, granted: u8) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{port}\"]\nclient_id = \"sub\"\n\
+             topics = [\"incidents/#\"]\nprotocol = \"v3.1.1\"\nbackoff_initial_ms = 20\nbackoff_max_ms = 50\n",
+            dir.path().join("db.redb").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(common::bin())
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (mut s, _) = listener.accept().unwrap();
+    let (kind, _) = read_packet(&mut s).expect("CONNECT");
+    assert_eq!(kind, 1);
+    s.write_all(&[0x20, 2, u8::from(session_present), 0])
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let Some((8, body)) = read_packet(&mut s) else {
+        return (None, "no SUBSCRIBE after the CONNACK".into());
+    };
+    s.write_all(&[0x90, 3, body[0], body[1], granted]).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let start = Instant::now();
+    let code = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status.code();
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        if let Some((12, _)) = read_packet(&mut s) {
+            s.write_all(&[0xD0, 0]).unwrap();
+        }
+    };
+    let _ = child.0.kill();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (code, err)
+}
+
+#[test]
+fn a_refused_subscription_stops_run_with_a_configuration_error() {
+    let (code, err) = run_with_suback(false, 0x80);
+    assert_eq!(code, Some(1), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.contains("incidents/#") && last.contains("refused"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_subscription_granted_only_at_qos_0_stops_run_with_a_configuration_error() {
+    // QoS 0 deliveries carry no acknowledgement: the broker would drop what we never commit.
+    let (code, err) = run_with_suback(false, 0);
+    assert_eq!(code, Some(1), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.contains("incidents/#") && last.contains("QoS 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_subscribes_even_when_the_broker_kept_the_session() {
+    // The session may predate a config change or hold no subscription at all (a refused one):
+    // the configured topics are subscribed on every connect, so a refusal is seen here too.
+    let (code, err) = run_with_suback(true, 0x80);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().last().unwrap_or("").contains("incidents/#"),
+        "{err}"
+    );
+}

@@ -4,6 +4,7 @@
 //! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
 //! - `bad_input`: malformed payloads through the real binary: quarantined, never a panic.
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
+//! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
 //! - `live_read`: `dump-audit` while another process writes the database.
 //! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
@@ -22,6 +23,7 @@ mod bad_input;
 mod broker;
 mod cli;
 mod common;
+mod config;
 mod crash;
 mod demo;
 mod fake_peer;
