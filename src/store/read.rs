@@ -318,6 +318,12 @@ impl Snapshot {
         })
     }
 
+    /// The fingerprint stored beside quarantined message `id` when it was quarantined.
+    pub fn quarantine_fingerprint(&self, id: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        let t = self.0.open_table(QUARANTINE_FP_BY_ID).map_err(r)?;
+        Ok(t.get(id).map_err(r)?.map(|g| *g.value()))
+    }
+
     fn get<R: serde::de::DeserializeOwned, T>(
         &self,
         table: redb::TableDefinition<u64, &[u8]>,
