@@ -240,6 +240,25 @@ fn an_unparseable_effect_payload_fails_verify_and_dump_flags_it() {
             "{format}: {text}"
         );
     }
+    // `explain` shows the same field. Effect 1 is Engine 7's epoch 3 sequence 40.
+    let (code, story, err) = output(&[
+        "explain",
+        "--db",
+        d,
+        "--source",
+        "CALFIRE/E7-AVL",
+        "--epoch",
+        "3",
+        "--sequence",
+        "40",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        story.contains(r#""payload_error":"invalid JSON at byte"#),
+        "{story}"
+    );
 }
 
 #[test]
