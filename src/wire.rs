@@ -64,6 +64,47 @@ pub enum DecodeError {
     Invalid { field: &'static str, why: String },
 }
 
+impl DecodeError {
+    /// Whether the failure could be a matter of the feed contract (its pointers and limits)
+    /// rather than of the bytes: a payload that is not UTF-8, not JSON, has a duplicate name
+    /// or an out-of-range number, or is not an object fails under every contract.
+    pub fn depends_on_contract(&self) -> bool {
+        match self {
+            DecodeError::Json(JsonError::TooDeep(_)) => true,
+            DecodeError::Json(_) | DecodeError::NotObject(_) => false,
+            DecodeError::TooLarge { .. } | DecodeError::Missing { .. } => true,
+            DecodeError::Invalid { .. } => true,
+        }
+    }
+
+    /// The whole payload's size, the limit and its SHA-256, read back from the text of a
+    /// `TooLarge` error (the audit reason of an oversized message: only the first `limit`
+    /// bytes of it were kept). `None` for any other text.
+    pub fn parse_too_large(reason: &str) -> Option<(usize, usize, [u8; 32])> {
+        let rest = reason.strip_prefix("payload of ")?;
+        let (size, rest) = rest.split_once(" bytes (SHA-256 ")?;
+        let (sha, rest) = rest.split_once(") exceeds max_payload_bytes (")?;
+        let (limit, rest) = rest.split_once("); only its first ")?;
+        if rest != format!("{limit} bytes are kept") || sha.len() != 64 {
+            return None;
+        }
+        let mut digest = [0u8; 32];
+        for (i, b) in digest.iter_mut().enumerate() {
+            *b = u8::from_str_radix(sha.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        let size: usize = size.parse().ok()?;
+        let limit: usize = limit.parse().ok()?;
+        (DecodeError::TooLarge {
+            size,
+            limit,
+            sha256: digest,
+        }
+        .to_string()
+            == reason)
+            .then_some((size, limit, digest))
+    }
+}
+
 /// Decodes one payload under `contract`.
 pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, DecodeError> {
     if payload.len() > contract.max_payload_bytes {
@@ -258,6 +299,24 @@ mod tests {
                 .to_string()
                 .contains("UTF-8")
         );
+    }
+
+    #[test]
+    fn a_too_large_reason_reads_back_its_size_limit_and_digest() {
+        let e = DecodeError::TooLarge {
+            size: 300,
+            limit: 256,
+            sha256: [0xab; 32],
+        };
+        let text = e.to_string();
+        assert_eq!(
+            DecodeError::parse_too_large(&text),
+            Some((300, 256, [0xab; 32]))
+        );
+        assert_eq!(DecodeError::parse_too_large(&text[1..]), None);
+        assert_eq!(DecodeError::parse_too_large("missing field sequence"), None);
+        assert!(e.depends_on_contract());
+        assert!(!DecodeError::NotObject("array").depends_on_contract());
     }
 
     #[test]

@@ -201,11 +201,39 @@ pub fn dump_from(
     Ok(next)
 }
 
-fn write_row(out: &mut impl Write, format: Format, table: Table, row: Row) -> io::Result<()> {
+fn write_row(out: &mut impl Write, format: Format, table: Table, mut row: Row) -> io::Result<()> {
+    if format != Format::Jsonl {
+        mark_damaged(table, &mut row);
+    }
     match format {
         Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact()),
         Format::Table => write_table_row(out, columns(table), Some(&row)),
         Format::Csv => write_csv_row(out, csv_columns(table), Some(&row)),
+    }
+}
+
+/// Table and CSV have fixed columns: a damaged payload is flagged in front of the effect's
+/// `message` (the bytes as a string) or the quarantine record's `reason` (its `payload`
+/// column stays the reversible bytes).
+fn mark_damaged(table: Table, row: &mut Row) {
+    let Some(err) = row
+        .iter()
+        .find(|(k, _)| k == PAYLOAD_ERROR)
+        .map(|(_, v)| v.clone())
+    else {
+        return;
+    };
+    let column = match table {
+        Table::Effects => "message",
+        Table::Quarantine => "reason",
+        Table::Audit => return,
+    };
+    if let (Some((_, v)), Json::String(err)) = (row.iter_mut().find(|(k, _)| k == column), err) {
+        let shown = match &*v {
+            Json::String(s) => s.clone(),
+            other => other.to_compact(),
+        };
+        *v = Json::String(format!("[payload damaged: {err}] {shown}"));
     }
 }
 
@@ -230,12 +258,19 @@ pub fn audit_row(e: &AuditEntry) -> Row {
     row
 }
 
+/// The field a row gains, only when its stored payload should be JSON and is not (the record
+/// was damaged or edited): the parser's error.
+pub const PAYLOAD_ERROR: &str = "payload_error";
+
 pub fn effect_row(e: &Effect) -> Row {
     let r = &e.record;
-    // Effects hold payloads that parsed as JSON objects; keep a string if that ever fails.
-    let message =
-        json::parse(&r.payload, 128).unwrap_or_else(|_| Json::String(escape_bytes(&r.payload).0));
-    vec![
+    // Effects hold payloads that parsed as JSON objects (at most 128 levels deep, the
+    // largest `max_depth`); if that fails now, show the bytes as a string and say so.
+    let (message, damaged) = match json::parse(&r.payload, 128) {
+        Ok(v) => (v, None),
+        Err(e) => (Json::String(escape_bytes(&r.payload).0), Some(e)),
+    };
+    let mut row = vec![
         ("offset".into(), num(e.offset)),
         ("key".into(), opt_hex(Some(r.key))),
         ("agency".into(), text(&r.agency)),
@@ -248,17 +283,28 @@ pub fn effect_row(e: &Effect) -> Row {
         ("released".into(), Json::Bool(r.released)),
         ("audit_index".into(), num(r.audit_index)),
         ("message".into(), message),
-    ]
+    ];
+    if let Some(e) = damaged {
+        row.push((PAYLOAD_ERROR.into(), text(&e.to_string())));
+    }
+    row
 }
 
 pub fn quarantine_row(q: &QuarantineEntry) -> Row {
     let r = &q.record;
     let (payload, encoding) = escape_bytes(&r.payload);
-    vec![
+    let outcome = Outcome::from_code(r.outcome);
+    // A conflicting or stale message decoded when it was quarantined; a malformed one need
+    // not be JSON at all.
+    let damaged = match outcome {
+        Some(Outcome::Malformed) => None,
+        _ => json::parse(&r.payload, 128).err(),
+    };
+    let mut row = vec![
         ("id".into(), num(q.id)),
         (
             "outcome".into(),
-            text(Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str)),
+            text(outcome.map_or("unknown", Outcome::as_str)),
         ),
         ("reason".into(), text(&r.reason)),
         ("topic".into(), text(&r.topic)),
@@ -269,7 +315,11 @@ pub fn quarantine_row(q: &QuarantineEntry) -> Row {
         ("audit_index".into(), opt_num(Some(r.audit_index))),
         ("payload_encoding".into(), text(encoding)),
         ("payload".into(), Json::String(payload)),
-    ]
+    ];
+    if let Some(e) = damaged {
+        row.push((PAYLOAD_ERROR.into(), text(&e.to_string())));
+    }
+    row
 }
 
 /// The payload as text: verbatim when it is UTF-8 (`"utf-8"`); otherwise `"escaped"`, where
@@ -534,8 +584,9 @@ mod tests {
             audit_index: 0,
             payload: b"{}".to_vec(),
         };
+        // Intact records: a damaged one adds `payload_error`, which CSV shows as a marker.
         let quarantine = crate::store::tables::QuarantineRecord {
-            outcome: 0,
+            outcome: Outcome::Conflict.code(),
             reason: String::new(),
             topic: String::new(),
             received_at_ms: 0,
@@ -543,7 +594,7 @@ mod tests {
             deliveries: 1,
             key: None,
             audit_index: 0,
-            payload: Vec::new(),
+            payload: b"{}".to_vec(),
         };
         let names = |row: Row| row.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
         let rows = [

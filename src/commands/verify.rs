@@ -1,5 +1,5 @@
-//! `verify`: prove the audit chain and the record's invariants; exit 4 naming the first
-//! broken entry.
+//! `verify`: prove the audit chain, the record's invariants and every stored payload against
+//! its audit entry; exit 4 naming the first broken entry or record.
 
 use std::io::Write as _;
 
@@ -7,12 +7,15 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::cli::DbArgs;
+use crate::config::Config;
 use crate::model::Outcome;
 use crate::store::verify;
 
 pub fn run(args: &DbArgs) -> Result<(), Failure> {
+    // Digests depend on the feed contract: `run`'s --config, or the defaults.
+    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     let (db, snapshot) = super::open_existing(args)?;
-    let report = verify::verify(&snapshot)?;
+    let report = verify::verify(&snapshot, &config.feed)?;
     let counts: Vec<String> = Outcome::ALL
         .iter()
         .map(|o| format!("{o}={}", report.counts.get(*o)))
@@ -29,10 +32,11 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
             };
             let _ = writeln!(
                 std::io::stdout(),
-                "verified {}: {} audit entries, hash chain intact {from}; {} effects each backed by their audit entry, no key applied twice except by operator release; {}",
+                "verified {}: {} audit entries, hash chain intact {from}; {} effects each backed by their audit entry and matching its digest, no key applied twice except by operator release; {} quarantine records matching their audit entries; {}",
                 db.display(),
                 report.audit_entries,
                 report.effects,
+                report.quarantined,
                 counts.join(" ")
             );
             Ok(())

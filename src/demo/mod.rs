@@ -458,7 +458,7 @@ impl Report {
         })
         .map_err(failed)?;
         r.quarantined = snap.summary().map_err(failed)?.quarantined;
-        r.violation = crate::store::verify::verify(&snap)
+        r.violation = crate::store::verify::verify(&snap, &crate::wire::FeedContract::default())
             .map_err(failed)?
             .violation;
         Ok(r)

@@ -153,6 +153,21 @@ impl StoreError {
     }
 }
 
+/// The quarantine fingerprint of a conflicting or stale message: its outcome, key and
+/// digest (replays of the same content land on the same record).
+fn fingerprint_decided(outcome: u8, key: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
+    sha256(&[b"replay-guard/quarantine/v1\0", &[outcome], key, digest])
+}
+
+/// The quarantine fingerprint of a malformed message: the SHA-256 of all its bytes.
+fn fingerprint_malformed(whole_sha256: &[u8; 32]) -> [u8; 32] {
+    sha256(&[
+        b"replay-guard/quarantine/v1\0",
+        &[Outcome::Malformed.code()],
+        whole_sha256,
+    ])
+}
+
 /// One delivery to decide: where it came from, its bytes, and what `wire` made of them.
 #[derive(Debug, Clone)]
 pub struct Incoming {
@@ -705,12 +720,11 @@ impl<'t> Writer<'t> {
             }
             Outcome::Duplicate => {}
             Outcome::Conflict | Outcome::Stale => {
-                let fp = sha256(&[
-                    b"replay-guard/quarantine/v1\0",
-                    &[decision.outcome.code()],
+                let fp = fingerprint_decided(
+                    decision.outcome.code(),
                     msg.key.as_bytes(),
                     msg.digest.as_bytes(),
-                ]);
+                );
                 quarantine_id = Some(self.quarantine(
                     fp,
                     decision.outcome,
@@ -807,11 +821,7 @@ impl<'t> Writer<'t> {
             ),
             _ => (sha256(&[&incoming.payload]), incoming.payload.as_slice()),
         };
-        let fp = sha256(&[
-            b"replay-guard/quarantine/v1\0",
-            &[Outcome::Malformed.code()],
-            &whole,
-        ]);
+        let fp = fingerprint_malformed(&whole);
         let qid = self.quarantine(
             fp,
             Outcome::Malformed,

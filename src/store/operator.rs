@@ -88,6 +88,16 @@ impl Store {
     }
 }
 
+/// What to do about stored bytes that no longer match their audit entry, when the feed
+/// contract cannot be ruled out: from the record alone the two causes look the same.
+const DAMAGED_OR_CONFIG: &str = "either the record was damaged or edited (`verify` with the same \
+     --config names every such record; discard it and have the producer resend), or this \
+     --config's [feed] contract differs from the one `run` uses (pass that --config)";
+
+/// What to do about stored bytes that no contract could have accepted.
+const DAMAGED: &str = "check the database with `verify`, discard the record and have the \
+     producer resend";
+
 fn refuse(why: String) -> StoreError {
     StoreError::Refused(why)
 }
@@ -188,16 +198,25 @@ impl Writer<'_> {
                      apply it under; discard it and have the producer resend it"
                 )));
             }
+            // `run` decoded these bytes when it quarantined them: a failure now is either
+            // another feed contract or bytes that changed since (damaged or edited).
             let msg = decoded.as_ref().map_err(|e| {
-                refuse(format!(
-                    "quarantine #{id} does not decode under this feed contract ({e}): run the \
-                     command with the --config that `run` uses"
-                ))
+                refuse(if e.depends_on_contract() {
+                    format!(
+                        "quarantine #{id}: its stored payload does not decode under this feed \
+                         contract ({e}): {DAMAGED_OR_CONFIG}"
+                    )
+                } else {
+                    format!(
+                        "quarantine #{id}: its stored payload is damaged or was edited ({e}), \
+                         so it is not what `run` quarantined: {DAMAGED}"
+                    )
+                })
             })?;
             if rec.key != Some(*msg.key.as_bytes()) {
                 return Err(refuse(format!(
-                    "quarantine #{id} decodes to key {} but was quarantined under key {}: run \
-                     the command with the --config that `run` uses",
+                    "quarantine #{id}: its stored payload decodes to key {} but was quarantined \
+                     under key {}: {DAMAGED_OR_CONFIG}",
                     msg.key,
                     rec.key.map_or_else(|| "none".into(), |k| hex(&k))
                 )));
@@ -255,9 +274,9 @@ impl Writer<'_> {
         };
         if decided_with != Some(*msg.digest.as_bytes()) {
             return Err(refuse(format!(
-                "quarantine #{id}: its content digest under this feed contract differs from the \
-                 one `run` computed: run the command with the --config that `run` uses \
-                 ([feed] digest_ignore)"
+                "quarantine #{id}: its stored payload does not match the digest audit entry {} \
+                 recorded: {DAMAGED_OR_CONFIG}",
+                rec.audit_index
             )));
         }
         let mut prior = prior.unwrap_or(PriorApplications {

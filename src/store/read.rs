@@ -318,6 +318,17 @@ impl Snapshot {
         })
     }
 
+    /// The fingerprint stored beside quarantined message `id` when it was quarantined.
+    /// `None` also for a database last written before that table existed.
+    pub fn quarantine_fingerprint(&self, id: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        let t = match self.0.open_table(QUARANTINE_FP_BY_ID) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(r(e)),
+        };
+        Ok(t.get(id).map_err(r)?.map(|g| *g.value()))
+    }
+
     fn get<R: serde::de::DeserializeOwned, T>(
         &self,
         table: redb::TableDefinition<u64, &[u8]>,

@@ -327,7 +327,7 @@ mod tests {
         assert_eq!((marks.effects_floor, marks.quarantine_floor), (10, 1));
         // The window (effects 10..15 received on day 3) is untouched.
         assert_eq!(snap.summary().unwrap().window_entries, 5);
-        let report = verify(&snap).unwrap();
+        let report = verify(&snap, &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
         assert_eq!((report.audit_from, report.audit_entries), (12, 5));
         // A replay of a pruned, evicted message is stale, never applied again.
@@ -336,7 +336,12 @@ mod tests {
             .commit_batch(&batch(vec![msg(2, "x")], day3 + 1), day3 + 1)
             .unwrap();
         assert_eq!(r.decided[0].outcome, crate::model::Outcome::Stale);
-        assert_eq!(verify(&s.reader().unwrap()).unwrap().violation, None);
+        assert_eq!(
+            verify(&s.reader().unwrap(), &FeedContract::default())
+                .unwrap()
+                .violation,
+            None
+        );
     }
 
     #[test]
@@ -374,7 +379,10 @@ mod tests {
         }
         assert_eq!(pruned, n - 100);
         let snap = s.reader().unwrap();
-        assert_eq!(verify(&snap).unwrap().violation, None);
+        assert_eq!(
+            verify(&snap, &FeedContract::default()).unwrap().violation,
+            None
+        );
         assert_eq!(snap.summary().unwrap().window_entries, 0);
     }
 
@@ -440,7 +448,7 @@ mod tests {
             format!("quarantine #{conflict} released by alice: IC confirmed by radio")
         );
         assert!(snap.quarantined(conflict).unwrap().is_none());
-        let report = verify(&snap).unwrap();
+        let report = verify(&snap, &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
         assert_eq!(report.counts.get(crate::model::Outcome::Released), 1);
         assert_eq!(report.counts.get(crate::model::Outcome::Discarded), 1);

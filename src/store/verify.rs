@@ -1,17 +1,22 @@
 //! `verify`: recompute the audit hash chain from its anchor and check the record's invariants,
-//! streaming through the logs (point lookups for cross-references).
+//! streaming through the logs (point lookups for cross-references); re-decode every stored
+//! payload and compare it with what its audit entry recorded.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
-use super::{Snapshot, StoreError};
+use super::{Snapshot, StoreError, fingerprint_decided, fingerprint_malformed};
+use crate::key::sha256;
 use crate::model::{Outcome, hex};
+use crate::wire::{self, DecodeError, FeedContract};
 
 /// What `verify` checked, or the first violation it found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
     pub audit_entries: u64,
     pub effects: u64,
+    /// Quarantine records checked (all still kept).
+    pub quarantined: u64,
     pub counts: crate::model::OutcomeCounts,
     /// Where the retained record starts: the first audit index checked, the first effect
     /// offset and quarantine id still kept (earlier ones were removed by retention).
@@ -42,13 +47,22 @@ struct Scan {
 /// - each `conflict`/`stale`/`malformed` entry has its quarantine record, or a later
 ///   `released`/`discarded` entry took it out;
 /// - each `released` entry has its effect record marked `released`;
-/// - each effect record has its applied audit entry.
+/// - each effect record has its applied audit entry, with the same key, source and position,
+///   and its stored payload decodes under `contract` to that entry's key and digest;
+/// - each quarantine record has the audit entry that quarantined it, with the same outcome,
+///   key, reason and topic; a conflicting or stale one's payload decodes to that entry's key
+///   and digest; a malformed one's payload matches the fingerprint stored beside it (its
+///   audit entry records no digest; the fingerprint table is not hash-chained).
 ///
 /// What retention removed (audit entries before the anchor, effects and quarantine records
-/// below their floors) is not required; references into it are accepted as pruned.
+/// below their floors) is not required; references into it are accepted as pruned. A record
+/// whose audit entry was pruned must still decode to the key it holds (and a quarantined one
+/// match its fingerprint); a retained `duplicate` entry still proves its effect's digest.
+///
+/// `contract` must be the feed contract `run` decodes with: digests depend on it.
 ///
 /// Memory: one 32-byte key per applied entry (to prove no key is applied twice).
-pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
+pub fn verify(snap: &Snapshot, contract: &FeedContract) -> Result<VerifyReport, StoreError> {
     let meta = snap.meta()?;
     let (mut expected, mut prev) = match meta.audit_anchor {
         Some((index, hash)) => (index + 1, hash),
@@ -83,7 +97,7 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
         } else if !e.hash_is_valid() {
             at("its hash does not match its content (edited)".into())
         } else {
-            check_entry(snap, &e, &mut scan)?.and_then(at)
+            check_entry(snap, &e, &mut scan, contract)?.and_then(at)
         };
         if problem.is_some() {
             fail = problem;
@@ -143,17 +157,34 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
             }
             expected_offset += 1;
             report.effects += 1;
-            let ok = eff.record.audit_index < scan.audit_from
-                || snap.audit_entry(eff.record.audit_index)?.is_some_and(|a| {
-                    a.outcome().is_some_and(Outcome::applies)
-                        && a.record.effect_offset == Some(eff.offset)
-                        && (a.outcome() == Some(Outcome::Released)) == eff.record.released
-                });
-            if !ok {
-                fail = Some(format!(
-                    "effect {}: its audit entry {} is missing or does not record applying it",
-                    eff.offset, eff.record.audit_index
-                ));
+            let r = &eff.record;
+            let problem = if r.audit_index < scan.audit_from {
+                // The applying entry was pruned: the payload must still be the message the
+                // record names (its digest is proven only by a retained `duplicate`).
+                content_problem(
+                    &r.payload,
+                    contract,
+                    Some(r.key),
+                    None,
+                    "the effect record holds (its audit entry was pruned)",
+                )
+            } else {
+                match snap.audit_entry(r.audit_index)? {
+                    Some(a)
+                        if a.outcome().is_some_and(Outcome::applies)
+                            && a.record.effect_offset == Some(eff.offset)
+                            && (a.outcome() == Some(Outcome::Released)) == r.released =>
+                    {
+                        effect_content(&eff, &a, contract)
+                    }
+                    _ => Some(format!(
+                        "its audit entry {} is missing or does not record applying it",
+                        r.audit_index
+                    )),
+                }
+            };
+            if let Some(p) = problem {
+                fail = Some(format!("effect {}: {p}", eff.offset));
                 return Ok(ControlFlow::Break(()));
             }
             Ok(ControlFlow::Continue(()))
@@ -167,8 +198,210 @@ pub fn verify(snap: &Snapshot) -> Result<VerifyReport, StoreError> {
             ));
         }
     }
+    if fail.is_none() {
+        snap.scan_quarantine::<StoreError>(marks.quarantine_floor, |q| {
+            report.quarantined += 1;
+            fail = quarantine_problem(snap, &q, scan.audit_from, contract)?
+                .map(|p| format!("quarantine #{}: {p}", q.id));
+            Ok(if fail.is_some() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            })
+        })?;
+    }
     report.violation = fail;
     Ok(report)
+}
+
+/// What to suspect when a stored payload disagrees with its audit entry.
+fn cause(contract_may_differ: bool) -> &'static str {
+    if contract_may_differ {
+        "the record was damaged or edited, or `run` uses another feed contract than this \
+         one: pass its --config"
+    } else {
+        "the record was damaged or edited"
+    }
+}
+
+/// Decodes a stored payload under `contract` and compares it with the key (and, when one was
+/// recorded, the digest) that `recorded_by` holds; `Some(problem)` if it differs.
+fn content_problem(
+    payload: &[u8],
+    contract: &FeedContract,
+    key: Option<[u8; 32]>,
+    digest: Option<[u8; 32]>,
+    recorded_by: &str,
+) -> Option<String> {
+    let m = match wire::decode(payload, contract) {
+        Ok(m) => m,
+        Err(e) => {
+            return Some(format!(
+                "stored payload does not decode: {e} ({})",
+                cause(e.depends_on_contract())
+            ));
+        }
+    };
+    if Some(*m.key.as_bytes()) != key {
+        return Some(format!(
+            "stored payload decodes to key {} ({}/{} epoch {} sequence {}), not the key {} \
+             recorded ({})",
+            m.key,
+            m.source.agency(),
+            m.source.source_id(),
+            m.position.epoch,
+            m.position.sequence,
+            recorded_by,
+            cause(true)
+        ));
+    }
+    match digest {
+        Some(d) if d != *m.digest.as_bytes() => Some(format!(
+            "content differs from what {recorded_by} recorded (digest {} under this feed \
+             contract, {} recorded): {}",
+            short(m.digest.as_bytes()),
+            short(&d),
+            cause(true)
+        )),
+        _ => None,
+    }
+}
+
+/// The first 8 bytes of a digest in hex, enough to tell two apart in a message.
+fn short(d: &[u8; 32]) -> String {
+    hex(&d[..8])
+}
+
+/// An effect against the (retained) audit entry that applied it: the fields `dump-effects`
+/// shows, then the payload's key and digest.
+fn effect_content(
+    eff: &super::Effect,
+    a: &super::AuditEntry,
+    contract: &FeedContract,
+) -> Option<String> {
+    let (r, ar) = (&eff.record, &a.record);
+    let same_fields = ar.key == Some(r.key)
+        && ar.agency.as_deref() == Some(r.agency.as_str())
+        && ar.source_id.as_deref() == Some(r.source_id.as_str())
+        && ar.epoch == Some(r.epoch)
+        && ar.sequence == Some(r.sequence);
+    if !same_fields {
+        return Some(format!(
+            "its key, source or position differs from what audit entry {} recorded ({})",
+            a.index,
+            cause(false)
+        ));
+    }
+    content_problem(
+        &r.payload,
+        contract,
+        ar.key,
+        ar.digest,
+        &format!("audit entry {}", a.index),
+    )
+}
+
+/// One kept quarantine record against the audit entry that quarantined it (when retained)
+/// and the fingerprint stored beside it.
+fn quarantine_problem(
+    snap: &Snapshot,
+    q: &super::QuarantineEntry,
+    audit_from: u64,
+    contract: &FeedContract,
+) -> Result<Option<String>, StoreError> {
+    let r = &q.record;
+    let Some(outcome) = q.outcome() else {
+        return Ok(Some(format!("unknown outcome code {}", r.outcome)));
+    };
+    let audit = if r.audit_index < audit_from {
+        None
+    } else {
+        match snap.audit_entry(r.audit_index)? {
+            Some(a) => Some(a),
+            None => {
+                return Ok(Some(format!(
+                    "its audit entry {} does not exist",
+                    r.audit_index
+                )));
+            }
+        }
+    };
+    if let Some(a) = &audit {
+        let ar = &a.record;
+        if a.outcome() != Some(outcome)
+            || ar.quarantine_id != Some(q.id)
+            || ar.key != r.key
+            || ar.reason != r.reason
+            || ar.topic != r.topic
+        {
+            return Ok(Some(format!(
+                "its outcome, key, reason or topic differs from what audit entry {} recorded ({})",
+                a.index,
+                cause(false)
+            )));
+        }
+    }
+    let stored_fp = snap.quarantine_fingerprint(q.id)?;
+    let fp_differs = |fp: [u8; 32]| stored_fp.is_some_and(|s| s != fp);
+    Ok(match outcome {
+        Outcome::Conflict | Outcome::Stale => match &audit {
+            Some(a) => content_problem(
+                &r.payload,
+                contract,
+                a.record.key,
+                a.record.digest,
+                &format!("audit entry {}", a.index),
+            ),
+            None => content_problem(
+                &r.payload,
+                contract,
+                r.key,
+                None,
+                "the quarantine record holds (its audit entry was pruned)",
+            )
+            .or_else(|| {
+                // Decodes (checked above): its digest must give the stored fingerprint.
+                let m = wire::decode(&r.payload, contract).ok()?;
+                fp_differs(fingerprint_decided(
+                    r.outcome,
+                    m.key.as_bytes(),
+                    m.digest.as_bytes(),
+                ))
+                .then(|| {
+                    format!(
+                        "content differs from the fingerprint taken when it was quarantined \
+                         (its audit entry was pruned): {}",
+                        cause(true)
+                    )
+                })
+            }),
+        },
+        Outcome::Malformed => {
+            // The audit entry records no digest of a malformed message, but its reason names
+            // an oversized payload's size, limit and SHA-256 (only `limit` bytes are kept).
+            let reason = audit.as_ref().map_or(&r.reason, |a| &a.record.reason);
+            let whole = match DecodeError::parse_too_large(reason) {
+                Some((size, limit, _)) if r.payload.len() != limit.min(size) => {
+                    return Ok(Some(format!(
+                        "keeps {} bytes of an oversized payload, but its reason says the first \
+                         {limit} were kept ({})",
+                        r.payload.len(),
+                        cause(false)
+                    )));
+                }
+                Some((_, _, whole)) => whole,
+                None => sha256(&[&r.payload]),
+            };
+            fp_differs(fingerprint_malformed(&whole)).then(|| {
+                format!(
+                    "stored payload differs from the fingerprint taken when it was quarantined \
+                     ({})",
+                    cause(false)
+                )
+            })
+        }
+        other => Some(format!("{other} is not a quarantine outcome")),
+    })
 }
 
 /// Retention's marks must lie inside what was ever written, and never inside the window.
@@ -203,6 +436,7 @@ fn check_entry(
     snap: &Snapshot,
     e: &super::AuditEntry,
     scan: &mut Scan,
+    contract: &FeedContract,
 ) -> Result<Option<String>, StoreError> {
     let Some(outcome) = e.outcome() else {
         return Ok(Some(format!("unknown outcome code {}", e.record.outcome)));
@@ -247,10 +481,24 @@ fn check_entry(
                 None => Some(format!(
                     "duplicate of effect {offset}, which does not exist"
                 )),
-                // The applied entry itself was pruned: the effect still names the same key.
-                Some(eff) if eff.record.audit_index < scan.audit_from => (Some(eff.record.key)
-                    != e.record.key)
-                    .then(|| format!("duplicate of effect {offset}, which records another key")),
+                // The applied entry itself was pruned: the effect still names the same key,
+                // and this entry's digest is the one its content had when it was decided.
+                Some(eff) if eff.record.audit_index < scan.audit_from => {
+                    if Some(eff.record.key) != e.record.key {
+                        Some(format!(
+                            "duplicate of effect {offset}, which records another key"
+                        ))
+                    } else {
+                        content_problem(
+                            &eff.record.payload,
+                            contract,
+                            e.record.key,
+                            e.record.digest,
+                            "this duplicate entry",
+                        )
+                        .map(|p| format!("duplicate of effect {offset}, whose {p}"))
+                    }
+                }
                 Some(eff) => match snap.audit_entry(eff.record.audit_index)? {
                     Some(a)
                         if a.index < e.index

@@ -278,7 +278,7 @@ fn run_case(
     }
 
     let pruned_view = pruning.reader().unwrap();
-    let check = replay_guard::store::verify::verify(&pruned_view).unwrap();
+    let check = replay_guard::store::verify::verify(&pruned_view, &contract).unwrap();
     prop_assert_eq!(check.violation, None, "verify on the pruned store");
 
     // Independent of the model: the properties the product promises.

@@ -1,11 +1,12 @@
 //! `verify` passes on honest databases built by real `ingest` runs and catches each kind of
-//! tampering done to a copy: an edited, deleted, reordered or truncated audit entry, and a
-//! deleted effect.
+//! tampering done to a copy: an edited, deleted, reordered or truncated audit entry, a deleted
+//! effect, and a stored effect or quarantine payload edited or damaged in place (which
+//! `dump-*` then flag and `quarantine release` names as damage).
 
 use std::path::{Path, PathBuf};
 
 use redb::{Builder, ConcurrencyMode, ReadableTable};
-use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, decode, encode};
+use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, QUARANTINE, decode, encode};
 
 use super::common::run;
 
@@ -51,7 +52,13 @@ fn audit_record(txn: &redb::WriteTransaction, index: u64) -> (Vec<u8>, AuditReco
 }
 
 fn verify(db: &Path) -> (Option<i32>, String, String) {
-    let out = run(&["verify", "--db", db.to_str().unwrap()]);
+    verify_with(db, &[])
+}
+
+fn verify_with(db: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["verify", "--db", db.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = run(&args);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -66,7 +73,14 @@ fn verify_passes_on_an_honest_database() {
     let (code, out, err) = verify(&db);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains("28 audit entries, hash chain intact from the first entry; 8 effects"),
+        out.contains(
+            "28 audit entries, hash chain intact from the first entry; 8 effects each backed by \
+             their audit entry and matching its digest"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("3 quarantine records matching their audit entries"),
         "{out}"
     );
     assert!(out.contains("duplicate=14"), "{out}");
@@ -128,4 +142,328 @@ fn verify_catches_each_kind_of_tampering() {
         assert!(err.contains(want), "{name}: {err:?} lacks {want:?}");
         assert_eq!(err.lines().count(), 1, "{name}: {err}");
     }
+}
+
+/// Replaces `from` with `to` inside the stored bytes of record `key` of `table`, as an edit of
+/// the file would: the record is not decoded, so its other fields stay byte for byte.
+fn edit_stored(
+    txn: &redb::WriteTransaction,
+    table: redb::TableDefinition<u64, &[u8]>,
+    key: u64,
+    from: &[u8],
+    to: &[u8],
+) {
+    let mut t = txn.open_table(table).unwrap();
+    let mut bytes = t.get(key).unwrap().unwrap().value().to_vec();
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{key} lacks {:?}", String::from_utf8_lossy(from)));
+    bytes.splice(at..at + from.len(), to.iter().copied());
+    t.insert(key, bytes.as_slice()).unwrap();
+}
+
+fn output(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = run(args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_effect_payload_edited_in_place_fails_verify_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let db = tampered(dir.path(), &honest, "forged", |txn| {
+        edit_stored(txn, EFFECTS, 0, br#""delta":1"#, br#""delta":7"#);
+    });
+    // Same length: the record still reads, and dump-effects shows the forged value.
+    let (code, out, _) = output(&["dump-effects", "--db", db.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.lines().next().unwrap().contains(r#""delta":7"#),
+        "{out}"
+    );
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("effect 0: content differs from what audit entry 0 recorded"),
+        "{err}"
+    );
+    assert!(err.contains("damaged or edited"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn an_unparseable_effect_payload_fails_verify_and_dump_flags_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    // One bit flipped: ':' (0x3a) becomes ';' (0x3b).
+    let db = tampered(dir.path(), &honest, "flipped", |txn| {
+        edit_stored(txn, EFFECTS, 1, br#""unit":"#, br#""unit";"#);
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("effect 1: stored payload does not decode: invalid JSON at byte"),
+        "{err}"
+    );
+    // Not a contract question: the bytes are damaged whatever the config.
+    assert!(!err.contains("--config"), "{err}");
+
+    let d = db.to_str().unwrap();
+    let (code, jsonl, _) = output(&["dump-effects", "--db", d]);
+    assert_eq!(code, Some(0));
+    let lines: Vec<&str> = jsonl.lines().collect();
+    assert!(
+        lines[1].contains(r#""payload_error":"invalid JSON at byte"#),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines.iter().filter(|l| l.contains("payload_error")).count() == 1,
+        "only the damaged record is flagged: {jsonl}"
+    );
+    for format in ["table", "csv"] {
+        let (code, text, _) = output(&["dump-effects", "--db", d, "--format", format]);
+        assert_eq!(code, Some(0));
+        let row = text.lines().nth(2).unwrap();
+        assert!(
+            row.contains("[payload damaged: invalid JSON at byte"),
+            "{format}: {row}"
+        );
+        assert_eq!(
+            text.matches("payload damaged").count(),
+            1,
+            "{format}: {text}"
+        );
+    }
+    // `explain` shows the same field. Effect 1 is Engine 7's epoch 3 sequence 40.
+    let (code, story, err) = output(&[
+        "explain",
+        "--db",
+        d,
+        "--source",
+        "CALFIRE/E7-AVL",
+        "--epoch",
+        "3",
+        "--sequence",
+        "40",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        story.contains(r#""payload_error":"invalid JSON at byte"#),
+        "{story}"
+    );
+}
+
+#[test]
+fn an_edited_conflict_payload_fails_verify_and_release_names_the_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let db = tampered(dir.path(), &honest, "conflict", |txn| {
+        edit_stored(txn, QUARANTINE, 0, br#""delta":5"#, br#""delta":9"#);
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("quarantine #0: content differs from what audit entry 10 recorded"),
+        "{err}"
+    );
+    let (code, _, err) = output(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        db.to_str().unwrap(),
+        "--reason",
+        "confirmed by radio",
+        "--operator",
+        "t",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("stored payload does not match the digest audit entry 10 recorded"),
+        "{err}"
+    );
+    assert!(err.contains("damaged or edited"), "{err}");
+    assert!(err.contains("--config"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn a_damaged_conflict_payload_is_flagged_by_dump_and_named_by_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let db = tampered(dir.path(), &honest, "conflict-flipped", |txn| {
+        edit_stored(txn, QUARANTINE, 0, br#""delta":"#, br#""delta";"#);
+    });
+    let d = db.to_str().unwrap();
+    let (_, jsonl, _) = output(&["dump-quarantine", "--db", d]);
+    let lines: Vec<&str> = jsonl.lines().collect();
+    assert!(
+        lines[0].contains(r#""payload_error":"invalid JSON"#),
+        "{jsonl}"
+    );
+    // Malformed records are not JSON by nature: not flagged.
+    assert_eq!(jsonl.matches("payload_error").count(), 1, "{jsonl}");
+    let (_, table, _) = output(&["dump-quarantine", "--db", d, "--format", "table"]);
+    assert!(table.contains("[payload damaged: invalid JSON"), "{table}");
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("quarantine #0: stored payload does not decode"),
+        "{err}"
+    );
+    let (code, _, err) = output(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        d,
+        "--reason",
+        "r",
+        "--operator",
+        "t",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("stored payload is damaged or was edited"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_edited_malformed_payload_fails_verify_against_its_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let db = tampered(dir.path(), &honest, "malformed", |txn| {
+        edit_stored(txn, QUARANTINE, 2, b"not json", b"NOT JSON");
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains(
+            "quarantine #2: stored payload differs from the fingerprint taken when it was \
+             quarantined"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn verify_under_another_feed_contract_says_so_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let cfg = dir.path().join("other.toml");
+    std::fs::write(&cfg, "[feed]\ndigest_ignore = [\"/delta\"]\n").unwrap();
+    let (code, _, err) = verify_with(&honest, &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("effect 0: content differs from what audit entry 0 recorded")
+            && err.contains("under this feed contract")
+            && err.contains("pass its --config"),
+        "{err}"
+    );
+}
+
+#[test]
+fn verify_passes_after_releases_discards_and_late_effects() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = honest_db(dir.path());
+    let d = db.to_str().unwrap();
+    for (action, id) in [("release", "0"), ("discard", "2")] {
+        let (code, _, err) = output(&[
+            "quarantine",
+            action,
+            id,
+            "--db",
+            d,
+            "--reason",
+            "checked",
+            "--operator",
+            "t",
+        ]);
+        assert_eq!(code, Some(0), "{action}: {err}");
+    }
+    let (code, out, err) = verify(&db);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("9 effects each backed by their audit entry and matching its digest")
+            && out.contains("1 quarantine records matching")
+            && out.contains("applied_late=1 ")
+            && out.contains("released=1 discarded=1"),
+        "{out}"
+    );
+}
+
+#[test]
+fn effects_whose_audit_entry_was_pruned_are_still_checked_where_provable() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("pruned.redb");
+    let cfg = dir.path().join("rg.toml");
+    std::fs::write(
+        &cfg,
+        "[commit]\nmax_batch = 1\n[retention]\naudit_max_entries = 4\n",
+    )
+    .unwrap();
+    // Effects 0..=5, then a replay of effect 0's message: its `duplicate` entry is kept after
+    // the applying entries 0..=5 are pruned.
+    let mut feed = String::new();
+    for seq in 1..=6 {
+        feed.push_str(&super::common::msg(
+            "A",
+            "S",
+            0,
+            seq,
+            &format!("body-{seq}"),
+        ));
+        feed.push('\n');
+    }
+    feed.push_str(&super::common::msg("A", "S", 0, 1, "body-1"));
+    feed.push('\n');
+    let out = super::common::run_with_stdin(
+        &[
+            "ingest",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+            "-",
+        ],
+        feed.as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let (code, out, err) = verify(&db);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("entries before #3 were pruned"), "{out}");
+
+    // Effect 0's applying entry is gone, but the retained duplicate records its digest.
+    let forged = tampered(dir.path(), &db, "dup-backed", |txn| {
+        edit_stored(txn, EFFECTS, 0, b"body-1", b"body-X");
+    });
+    let (code, _, err) = verify(&forged);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains(
+            "audit entry 6: duplicate of effect 0, whose content differs from what this \
+             duplicate entry recorded"
+        ),
+        "{err}"
+    );
+    // Effect 1 has no retained entry at all: the payload must still name the record's key.
+    let moved = tampered(dir.path(), &db, "moved", |txn| {
+        edit_stored(txn, EFFECTS, 1, br#""sequence":2"#, br#""sequence":9"#);
+    });
+    let (code, _, err) = verify(&moved);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("effect 1: stored payload decodes to key",)
+            && err.contains("not the key the effect record holds (its audit entry was pruned)"),
+        "{err}"
+    );
 }
