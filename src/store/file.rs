@@ -244,3 +244,50 @@ pub(crate) fn resolved(path: &Path) -> Result<PathBuf, StoreError> {
         Ok(path.to_path_buf())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+
+    fn holder_of(err: StoreError) -> String {
+        match err {
+            StoreError::Busy { holder, .. } => holder,
+            other => panic!("not Busy: {other}"),
+        }
+    }
+
+    /// Guards the choice of bytes against a redb upgrade: redb's own handles in the modes the
+    /// commands use never meet the feed lock, and its exclusive mode does.
+    #[test]
+    fn the_feed_lock_meets_another_feed_lock_and_redbs_exclusive_mode_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.redb");
+        let mut store = Store::open(&path, StoreOptions::default()).unwrap();
+        // A second feed lock in the same process, through another descriptor: refused, and
+        // named after this process.
+        let holder = holder_of(FeedLock::take(&path).err().unwrap());
+        assert!(
+            holder.contains(&format!("PID {}", std::process::id())),
+            "{holder}"
+        );
+        assert!(feed_lock_holder(&path).unwrap().is_some());
+        // Operator writers and readers open alongside it, and the writer still commits.
+        let operator = Store::open_operator(&path, StoreOptions::default()).unwrap();
+        let reader = crate::store::Reader::open(&path).unwrap();
+        store.commit_batch(&[], 1).unwrap();
+        drop((operator, reader));
+        drop(store);
+        assert_eq!(feed_lock_holder(&path).unwrap(), None);
+
+        // An exclusive-mode open (what `compact` uses) keeps a feed writer out.
+        let db = redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
+            .open(&path)
+            .unwrap();
+        let holder = holder_of(Store::open(&path, StoreOptions::default()).err().unwrap());
+        assert!(holder.contains("whole file locked"), "{holder}");
+        drop(db);
+        drop(Store::open(&path, StoreOptions::default()).unwrap());
+    }
+}
