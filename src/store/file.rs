@@ -119,9 +119,22 @@ const HOLDER_SPAN: u64 = 1 << 32;
 /// to the file meets it, it conflicts with another descriptor even in the same process, and
 /// the kernel releases it when the process dies.
 pub(crate) struct FeedLock {
-    _file: FileBackend,
+    _held: Held,
     dev: u64,
     ino: u64,
+}
+
+/// A descriptor's byte-range locks, released explicitly when dropped. Closing the descriptor
+/// is not enough: a child process forked by another thread shares the open file description
+/// until it execs, and the locks live as long as the description does.
+pub(crate) struct Held(FileBackend);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Releases every range this backend took; should that fail, the kernel still releases
+        // them once the description is closed.
+        let _ = self.0.close();
+    }
 }
 
 impl FeedLock {
@@ -129,6 +142,8 @@ impl FeedLock {
     /// `Busy` naming the holder.
     pub(crate) fn take(path: &Path) -> Result<FeedLock, StoreError> {
         let (backend, meta) = open_existing(path, true)?;
+        let held = Held(backend);
+        let backend = &held.0;
         let err = |e| backend_error(path, e);
         if !backend
             .try_lock_range(byte(FEED_BYTE).0, byte(FEED_BYTE).1)
@@ -136,14 +151,14 @@ impl FeedLock {
         {
             return Err(StoreError::Busy {
                 path: path.to_path_buf(),
-                holder: describe(find_holder(&backend).map_err(err)?),
+                holder: describe(find_holder(backend).map_err(err)?),
             });
         }
         // Cannot conflict: any holder of this byte also holds the feed byte.
         let mine = byte(HOLDER_BASE + u64::from(std::process::id()));
         backend.try_lock_range(mine.0, mine.1).map_err(err)?;
         Ok(FeedLock {
-            _file: backend,
+            _held: held,
             dev: meta.dev(),
             ino: meta.ino(),
         })
@@ -156,12 +171,18 @@ impl FeedLock {
 }
 
 /// Takes the feed byte on `backend`, a new database file being created under its temporary
-/// name, so that two processes creating it never both initialise it. `false`: another is.
-pub(crate) fn lock_for_creation(path: &Path, backend: &FileBackend) -> Result<bool, StoreError> {
+/// name, so that two processes creating it never both initialise it. `None`: another is.
+pub(crate) fn lock_for_creation(
+    path: &Path,
+    backend: FileBackend,
+) -> Result<Option<Held>, StoreError> {
     let (start, end) = byte(FEED_BYTE);
-    backend
+    let held = Held(backend);
+    let taken = held
+        .0
         .try_lock_range(start, end)
-        .map_err(|e| backend_error(path, e))
+        .map_err(|e| backend_error(path, e))?;
+    Ok(taken.then_some(held))
 }
 
 /// Who holds the feed lock of the database at `path`, as text for an error message (`None`:
@@ -289,5 +310,30 @@ mod tests {
         assert!(holder.contains("whole file locked"), "{holder}");
         drop(db);
         drop(Store::open(&path, StoreOptions::default()).unwrap());
+    }
+
+    /// A child forked by another thread shares every descriptor until it execs: the locks
+    /// must go when the store is dropped, not when the last copy of the descriptor closes.
+    #[test]
+    fn a_store_reopens_at_once_while_another_thread_spawns_processes() {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spawner = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::process::Command::new("true").status();
+                }
+            })
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let outcome = (0..40).try_for_each(|i| {
+            let path = dir.path().join(format!("{i}.redb"));
+            drop(Store::open(&path, StoreOptions::default())?);
+            drop(Store::open(&path, StoreOptions::default())?);
+            Ok::<(), StoreError>(())
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spawner.join().unwrap();
+        outcome.unwrap();
     }
 }

@@ -407,10 +407,7 @@ impl Store {
 
     /// Creates (or reuses) `tmp` with mode 0600 and initialises a database in it. Returns the
     /// creation lock on it.
-    fn create_file(
-        tmp: &Path,
-        opts: &StoreOptions,
-    ) -> Result<redb::backends::FileBackend, StoreError> {
+    fn create_file(tmp: &Path, opts: &StoreOptions) -> Result<file::Held, StoreError> {
         use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
         let io_err = |e: std::io::Error| file::io_error(tmp, e);
         let open = || {
@@ -433,10 +430,9 @@ impl Store {
         // The umask may have taken bits from `mode` but never adds any: set it exactly.
         f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
             .map_err(io_err)?;
-        let lock = new_backend(f)?;
-        if !file::lock_for_creation(tmp, &lock)? {
+        let Some(lock) = file::lock_for_creation(tmp, new_backend(f)?)? else {
             return Err(StoreError::busy(tmp));
-        }
+        };
         let db = builder(opts.cache_bytes, opts.concurrency)
             .create_with_backend(new_backend(open()?)?)
             .map_err(|error| match error {
