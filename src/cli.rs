@@ -161,6 +161,12 @@ pub struct RunArgs {
     /// Database file; overrides store.path from --config.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
+    /// Start a new, empty database: only where none is (a missing path, or a zero-length
+    /// file, which it replaces); a file holding data is refused. Without it, a zero-length
+    /// file is refused as a truncated database (restore the backup). One-off: do not leave it
+    /// in a unit file.
+    #[arg(long)]
+    pub new_database: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -168,6 +174,12 @@ pub struct IngestArgs {
     /// Database file; overrides store.path from --config.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
+    /// Start a new, empty database: only where none is (a missing path, or a zero-length
+    /// file, which it replaces); a file holding data is refused. Without it, a zero-length
+    /// file is refused as a truncated database (restore the backup). One-off: do not leave it
+    /// in a unit file.
+    #[arg(long)]
+    pub new_database: bool,
     /// TOML config file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -19,10 +19,10 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
         )));
     }
     let report = store::compact(&db, config.store.cache_bytes).map_err(|e| match e {
-        StoreError::Busy(p) => Failure::Runtime(anyhow!(
-            "{} is in use by `run` or `ingest`: stop the service first \
+        StoreError::Busy { path, holder } => Failure::Runtime(anyhow!(
+            "{} is in use by `run` or `ingest`{holder}: stop the service first \
              (systemctl stop replay-guard), then compact",
-            p.display()
+            path.display()
         )),
         StoreError::Refused(why) => Failure::Runtime(anyhow!(why)),
         other => Failure::from(other),

@@ -25,7 +25,8 @@ pub struct IngestSummary {
 }
 
 pub fn run(args: &IngestArgs) -> Result<(), Failure> {
-    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    let mut config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    config.store.new_database = args.new_database;
     let db = config.require_db()?.to_path_buf();
     let input: Box<dyn Read + Send> = if args.input == Path::new("-") {
         Box::new(io::stdin())

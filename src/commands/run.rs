@@ -7,7 +7,8 @@ use crate::notify::Notifier;
 use crate::service::{self, Shutdown};
 
 pub fn run(args: &RunArgs) -> Result<(), Failure> {
-    let config = Config::resolve(Some(&args.config), args.db.as_deref())?;
+    let mut config = Config::resolve(Some(&args.config), args.db.as_deref())?;
+    config.store.new_database = args.new_database;
     let (trigger, shutdown) = Shutdown::new();
     crate::signals::install(trigger).map_err(|e| {
         Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))

@@ -243,7 +243,15 @@ fn default_db() -> Result<PathBuf, DemoError> {
     let stamp = crate::timefmt::now_ms();
     let dir =
         std::env::temp_dir().join(format!("replay-guard-demo-{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+    use std::os::unix::fs::DirBuilderExt as _;
+    // 0700 whatever the umask: the database in it holds every payload of the feed.
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| {
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        });
+    made.map_err(|e| failed(format!("{}: {e}", dir.display())))?;
     Ok(dir.join("demo.redb"))
 }
 

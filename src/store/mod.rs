@@ -3,6 +3,7 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
+mod file;
 pub mod lookup;
 mod operator;
 mod read;
@@ -61,6 +62,10 @@ pub struct StoreOptions {
     pub concurrency: Concurrency,
     /// What the logs keep; pruned a bounded slice at a time inside `commit_batch`.
     pub retention: RetentionPolicy,
+    /// `--new-database`: the operator asks for a new, empty database, so `Store::open` may
+    /// replace a zero-length file (and refuses a file that holds data). Without it a
+    /// zero-length file is refused: it is a truncated database whose window would be lost.
+    pub new_database: bool,
 }
 
 /// How many processes may write the database file at once (all its handles must agree).
@@ -90,14 +95,36 @@ impl Default for StoreOptions {
             out_of_order: OutOfOrder::Apply,
             concurrency: Concurrency::default(),
             retention: RetentionPolicy::keep_all(),
+            new_database: false,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("another process is writing {0}: stop it first (read-only commands work meanwhile)")]
-    Busy(PathBuf),
+    /// `holder` is empty or " (PID n: command)".
+    #[error(
+        "another process is writing {path}{holder}: stop it first (read-only commands work \
+         meanwhile)"
+    )]
+    Busy { path: PathBuf, holder: String },
+    #[error(
+        "{path} is a {kind}, not a database file: give the path of a database (or of a new \
+         one to create); nothing was changed"
+    )]
+    NotAFile { path: PathBuf, kind: &'static str },
+    #[error(
+        "{0} is empty (0 bytes) where a database is expected (truncated by a crash or by \
+         hand?): restore it from the backup; to start a new, empty database instead (its \
+         dedup window and record are lost), remove the file or pass --new-database to `run` \
+         or `ingest`"
+    )]
+    Empty(PathBuf),
+    #[error(
+        "--new-database: {0} already holds data, which is left as it is: drop \
+         --new-database to open it, or move it away first"
+    )]
+    NotNew(PathBuf),
     #[error("cannot open database {path}: {error}")]
     Open { path: PathBuf, error: DatabaseError },
     #[error(
@@ -139,6 +166,13 @@ impl From<RecordError> for StoreError {
 impl StoreError {
     fn redb(e: impl Into<redb::Error>) -> StoreError {
         StoreError::Storage(e.into())
+    }
+
+    fn busy(path: &Path) -> StoreError {
+        StoreError::Busy {
+            path: path.to_path_buf(),
+            holder: String::new(),
+        }
     }
 
     /// The database file does not exist (commands that never create one).
@@ -241,37 +275,9 @@ pub struct BatchReport {
 pub struct Store {
     db: Database,
     opts: StoreOptions,
-    /// The feed writer's lock (`PATH.lock`), held while open; `None` for operator writers.
-    _feed_lock: Option<std::fs::File>,
-}
-
-/// The lock file beside `db` that one feed writer (`run`, `ingest`) or `compact` holds.
-pub fn lock_path(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".lock");
-    PathBuf::from(name)
-}
-
-/// Takes `PATH.lock` exclusively (an advisory `flock`, released by the kernel when the process
-/// dies, so a `kill -9` never leaves it stale). The database file itself cannot carry this
-/// lock: redb takes its own locks on it.
-fn take_feed_lock(db: &Path) -> Result<std::fs::File, StoreError> {
-    let path = lock_path(db);
-    let io_err = |e: std::io::Error| StoreError::Open {
-        path: path.clone(),
-        error: DatabaseError::Storage(redb::StorageError::Io(e)),
-    };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io_err)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Busy(db.to_path_buf())),
-        Err(std::fs::TryLockError::Error(e)) => Err(io_err(e)),
-    }
+    /// The feed writer's lock on the database file, held while open; `None` for operator
+    /// writers.
+    _feed_lock: Option<file::FeedLock>,
 }
 
 fn builder(cache_bytes: usize, concurrency: Concurrency) -> Builder {
@@ -281,31 +287,51 @@ fn builder(cache_bytes: usize, concurrency: Concurrency) -> Builder {
     b
 }
 
+/// Mode of every file replay-guard creates: the database holds every payload it was sent.
+const FILE_MODE: u32 = 0o600;
+
 impl Store {
-    /// Opens (creating if needed) the database at `path` for writing. Repairs it after a crash.
+    /// Opens the database at `path` for the one feed writer (`run`, `ingest`), creating it if
+    /// nothing is there. Repairs it after a crash.
     ///
-    /// A new database is built under a private temporary name and linked into place only once
-    /// it holds its tables and meta record, so a crash during creation never leaves `path`
-    /// half-initialised (redb writes its magic number last and refuses a file without it).
+    /// Only a regular file (through symlinks) or a missing path is accepted: a device, FIFO,
+    /// socket or directory is refused untouched, and so is a zero-length file unless
+    /// `opts.new_database` asks for a new database. A new database is built under a private
+    /// temporary name and linked into place only once it holds its tables and meta record, so
+    /// a crash during creation never leaves `path` half-initialised (redb writes its magic
+    /// number last and refuses a file without it).
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        let open_err = |p: &Path| {
-            let p = p.to_path_buf();
-            move |e: DatabaseError| match e {
-                DatabaseError::DatabaseAlreadyOpen => StoreError::Busy(p.clone()),
-                source => StoreError::Open {
-                    path: p.clone(),
-                    error: source,
-                },
+        match file::probe(path)? {
+            file::Found::Missing => Store::create_in_place(path, &opts, false)?,
+            file::Found::Empty if opts.new_database => {
+                Store::create_in_place(&file::resolved(path)?, &opts, true)?;
             }
-        };
-        let lock = take_feed_lock(path)?;
-        let existing_len = std::fs::metadata(path).map(|m| m.len()).ok();
-        if existing_len.is_none_or(|len| len == 0) {
-            Store::create_in_place(path, &opts)?;
+            file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
+            file::Found::File if opts.new_database => {
+                return Err(StoreError::NotNew(path.to_path_buf()));
+            }
+            file::Found::File => {}
+        }
+        let lock = file::FeedLock::take(path)?;
+        let (backend, meta) = file::open_existing(path, true)?;
+        if !lock.is_on(&meta) {
+            return Err(file::io_error(
+                path,
+                std::io::Error::other("the file was replaced while it was being opened: retry"),
+            ));
         }
         let db = builder(opts.cache_bytes, opts.concurrency)
-            .create(path)
-            .map_err(open_err(path))?;
+            .create_with_backend(backend)
+            .map_err(|e| match e {
+                DatabaseError::DatabaseAlreadyOpen => StoreError::Busy {
+                    path: path.to_path_buf(),
+                    holder: String::new(),
+                },
+                error => StoreError::Open {
+                    path: path.to_path_buf(),
+                    error,
+                },
+            })?;
         let mut store = Store::init(db, opts, false)?;
         store._feed_lock = Some(lock);
         Ok(store)
@@ -315,11 +341,14 @@ impl Store {
     /// a running feed writer: redb's `MultiWriter` mode serialises the two processes' write
     /// transactions. Takes no feed lock and never creates the file.
     pub fn open_operator(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        if !path.exists() {
-            return Err(StoreError::missing(path));
+        match file::probe(path)? {
+            file::Found::Missing => return Err(StoreError::missing(path)),
+            file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
+            file::Found::File => {}
         }
+        let (backend, _) = file::open_existing(path, true)?;
         let db = builder(opts.cache_bytes, opts.concurrency)
-            .open(path)
+            .create_with_backend(backend)
             .map_err(|error| StoreError::Open {
                 path: path.to_path_buf(),
                 error,
@@ -327,14 +356,17 @@ impl Store {
         Store::init(db, opts, false)
     }
 
-    /// Creates and initialises a database at a temporary name next to `path`, then links it
-    /// to `path` (never replacing a file another process put there meanwhile).
-    fn create_in_place(path: &Path, opts: &StoreOptions) -> Result<(), StoreError> {
+    /// Creates and initialises a database (mode 0600 whatever the umask) at a temporary name
+    /// next to `path`, then links it to `path`, never replacing a file another process put
+    /// there meanwhile, except, when `replace_empty`, a zero-length regular file. Leaves no
+    /// temporary file behind when it fails, unless another process is creating it.
+    fn create_in_place(
+        path: &Path,
+        opts: &StoreOptions,
+        replace_empty: bool,
+    ) -> Result<(), StoreError> {
         // Errors name the path the operator gave, whichever file the step touched.
-        let io_err = |_: &Path, e: std::io::Error| StoreError::Open {
-            path: path.to_path_buf(),
-            error: DatabaseError::Storage(redb::StorageError::Io(e)),
-        };
+        let io_err = |e: std::io::Error| file::io_error(path, e);
         let name = path
             .file_name()
             .map_or_else(|| "db".into(), |n| n.to_string_lossy().into_owned());
@@ -343,35 +375,90 @@ impl Store {
             _ => PathBuf::from("."),
         };
         let tmp = dir.join(format!(".{name}.creating"));
-        let created = match builder(opts.cache_bytes, opts.concurrency).create(&tmp) {
-            Err(DatabaseError::DatabaseAlreadyOpen) => {
-                return Err(StoreError::Busy(path.to_path_buf()));
-            }
+        let created = match Store::create_file(&tmp, opts) {
+            Err(StoreError::Busy { .. }) => return Err(StoreError::busy(path)),
             // A leftover of a creation that crashed before completing: ours to discard.
-            Err(_) if tmp.exists() => {
-                std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, e))?;
-                builder(opts.cache_bytes, opts.concurrency).create(&tmp)
+            Err(_) if std::fs::symlink_metadata(&tmp).is_ok() => {
+                std::fs::remove_file(&tmp).map_err(io_err)?;
+                Store::create_file(&tmp, opts)
             }
-            ok => ok,
+            other => other,
         };
-        let db = created.map_err(|error| StoreError::Open {
-            path: path.to_path_buf(),
-            error,
-        })?;
-        drop(Store::init(db, opts.clone(), true)?);
-        // An empty placeholder at `path` (e.g. from `touch`) is replaced; anything else wins.
-        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
-            std::fs::remove_file(path).map_err(|e| io_err(path, e))?;
-        }
-        match std::fs::hard_link(&tmp, path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err(path, e)),
-        }
-        std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, e))?;
+        // Held until the temporary name is gone, so that no other creator initialises it.
+        let _creating = match created {
+            Ok(lock) => lock,
+            Err(e) => {
+                if !matches!(e, StoreError::Busy { .. }) {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                return Err(e);
+            }
+        };
+        let linked = (|| {
+            if replace_empty
+                && std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0)
+            {
+                std::fs::remove_file(path).map_err(io_err)?;
+            }
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(()),
+                // Another process created the database first: it wins, this one is discarded.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                // ... and had already removed the temporary name this one had opened.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.exists() => Ok(()),
+                Err(e) => Err(io_err(e)),
+            }
+        })();
+        let removed = match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e)),
+            _ => Ok(()),
+        };
+        linked?;
+        removed?;
         std::fs::File::open(&dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| io_err(&dir, e))
+            .map_err(io_err)
+    }
+
+    /// Creates (or reuses) `tmp` with mode 0600 and initialises a database in it. Returns the
+    /// creation lock on it.
+    fn create_file(tmp: &Path, opts: &StoreOptions) -> Result<file::Held, StoreError> {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let io_err = |e: std::io::Error| file::io_error(tmp, e);
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(FILE_MODE)
+                .open(tmp)
+                .map_err(io_err)
+        };
+        let new_backend = |f| {
+            redb::backends::FileBackend::new(f).map_err(|error| StoreError::Open {
+                path: tmp.to_path_buf(),
+                error,
+            })
+        };
+        let f = open()?;
+        // The umask may have taken bits from `mode` but never adds any: set it exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
+            .map_err(io_err)?;
+        let Some(lock) = file::lock_for_creation(tmp, new_backend(f)?)? else {
+            return Err(StoreError::busy(tmp));
+        };
+        let db = builder(opts.cache_bytes, opts.concurrency)
+            .create_with_backend(new_backend(open()?)?)
+            .map_err(|error| match error {
+                DatabaseError::DatabaseAlreadyOpen => StoreError::busy(tmp),
+                error => StoreError::Open {
+                    path: tmp.to_path_buf(),
+                    error,
+                },
+            })?;
+        drop(Store::init(db, opts.clone(), true)?);
+        Ok(lock)
     }
 
     /// Opens a database on a caller-supplied backend (fault-injection tests).

@@ -358,25 +358,43 @@ pub struct CompactReport {
 /// takes the feed writer's lock (refused while `run` or `ingest` holds it) and opens the file
 /// in redb's exclusive mode (refused while any inspector or operator command has it open).
 pub fn compact(path: &std::path::Path, cache_bytes: usize) -> Result<CompactReport, StoreError> {
-    if !path.exists() {
-        return Err(refuse(format!(
-            "database {} does not exist",
-            path.display()
-        )));
+    match super::file::probe(path)? {
+        super::file::Found::Missing => {
+            return Err(refuse(format!(
+                "database {} does not exist",
+                path.display()
+            )));
+        }
+        super::file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
+        super::file::Found::File => {}
     }
-    let _lock = super::take_feed_lock(path)?;
+    // A feed writer is refused by name. There is no lock to take for it: the exclusive open
+    // below locks every byte of the file, the feed lock's included, so no feed writer can
+    // start while compaction runs.
+    let busy = |holder| StoreError::Busy {
+        path: path.to_path_buf(),
+        holder,
+    };
+    if let Some(holder) = super::file::feed_lock_holder(path)? {
+        return Err(busy(holder));
+    }
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let before_bytes = size(path);
     let mut builder = redb::Builder::new();
     builder
         .set_cache_size(cache_bytes)
         .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter);
-    let mut db = builder.open(path).map_err(|e| match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => refuse(format!(
-            "{} is open in another process (an inspector such as dump-audit --follow, or a \
-             quarantine command): compact needs it to itself; retry when that has finished",
-            path.display()
-        )),
+    let (backend, _) = super::file::open_existing(path, true)?;
+    let mut db = builder.create_with_backend(backend).map_err(|e| match e {
+        // A feed writer that started meanwhile, or another process's handle.
+        redb::DatabaseError::DatabaseAlreadyOpen => match super::file::feed_lock_holder(path) {
+            Ok(Some(holder)) => busy(holder),
+            _ => refuse(format!(
+                "{} is open in another process (an inspector such as dump-audit --follow, or \
+                 a quarantine command): compact needs it to itself; retry when that has finished",
+                path.display()
+            )),
+        },
         error => StoreError::Open {
             path: path.to_path_buf(),
             error,

@@ -21,11 +21,15 @@ pub struct Reader {
 
 impl Reader {
     pub fn open(path: &Path) -> Result<Reader, StoreError> {
-        if !path.exists() {
-            return Err(StoreError::missing(path));
+        // Probed before any open: opening a FIFO read-only would block.
+        match super::file::probe(path)? {
+            super::file::Found::Missing => return Err(StoreError::missing(path)),
+            super::file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
+            super::file::Found::File => {}
         }
+        let (backend, _) = super::file::open_existing(path, false)?;
         let db = builder(16 * 1024 * 1024, super::Concurrency::default())
-            .open_read_only(path)
+            .open_read_only_with_backend(backend)
             .map_err(|e| match e {
                 DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
                 error => StoreError::Open {

@@ -6,6 +6,8 @@
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
 //! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
+//! - `db_file`: what may stand at `--db` (FIFO, device, empty file), the feed lock through
+//!   symlinks and hard links, file modes, no stray files after a failed open.
 //! - `live_read`: `dump-audit` while another process writes the database.
 //! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
@@ -25,6 +27,7 @@ mod cli;
 mod common;
 mod config;
 mod crash;
+mod db_file;
 mod demo;
 mod fake_peer;
 mod faults;
