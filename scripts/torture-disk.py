@@ -10,7 +10,8 @@ full:  a small ext4 file system (an image file in the temp dir, loop-mounted the
 eio:   the database lives on scripts/torture_faultfs.py, a pass-through FUSE file system over a
        directory of the temp dir; after a random number of commits of a live surge it starts
        failing every write, sync, truncate, create, rename with EIO (a failed disk; nothing
-       reaches the directory below). Checks: exit 2 with a one-line storage error naming the
+       reaches the directory below), at once or after 1-3 more successful syncs (a commit
+       syncs twice, so the fault lands before, between and after them). Checks: exit 2 with a one-line storage error naming the
        I/O error, no panic. The disk comes back; `run` is restarted. --rounds times.
 lose:  like eio, but Linux's behaviour after a failed writeback: writes "succeed" into a cache
        that reads see but never reach the directory below, and fsync fails with EIO; after the
@@ -38,6 +39,7 @@ missing: nothing is skipped; `apt-get install python3-fusepy` provides it).
 TORTURE_KEEP=1 keeps the temp dir (unmounted).
 """
 import argparse
+import collections
 import os
 import random
 import subprocess
@@ -112,10 +114,12 @@ class FaultFS:
         os.makedirs(self.backing, exist_ok=True)
         os.makedirs(self.mnt, exist_ok=True)
         self.proc = None
-        self.failed_before = self.failed_now = 0
+        self.failed_before, self.failed_now = collections.Counter(), collections.Counter()
+        self.lost_pages = 0
         self.mount()
 
     def mount(self):
+        self.cached = 0
         for f in (self.ctl, self.ctl + ".ack"):
             if os.path.exists(f):
                 os.remove(f)
@@ -139,8 +143,12 @@ class FaultFS:
             try:
                 with open(self.ctl + ".ack") as f:
                     got = f.read().split()
-                if got and got[0] == mode:
-                    self.failed_now = int(got[1])
+                if len(got) == 3 and got[0] == mode.replace(" ", "+"):
+                    self.failed_now = collections.Counter(
+                        {k: int(v) for k, v in (x.split("=") for x in got[1].split(",") if "=" in x)})
+                    if mode == "ok":
+                        self.lost_pages += int(got[2]) - self.cached
+                    self.cached = int(got[2])
                     return
             except FileNotFoundError:
                 pass
@@ -150,12 +158,12 @@ class FaultFS:
 
     @property
     def failed(self):
-        """File system operations failed with EIO so far, over every mount."""
-        return self.failed_before + self.failed_now
+        """File system operations failed with EIO so far, over every mount, per operation."""
+        return ", ".join(f"{v} {k}" for k, v in sorted((self.failed_before + self.failed_now).items()))
 
     def umount(self):
         self.failed_before += self.failed_now
-        self.failed_now = 0
+        self.failed_now = collections.Counter()
         sh("umount", self.mnt)
         self.proc.wait(timeout=10)
         self.proc = None
@@ -204,7 +212,7 @@ def torture(part, a, tmp):
     T.write_config(cfg, db, [broker.port], f"torture-{part}")
     run = T.Run(tmp, cfg)
     pub = None
-    rounds, errors = [], set()
+    rounds, errors, after_syncs = [], set(), []
     want = {"full": "No space left on device (os error 28)"}.get(part, "Input/output error (os error 5)")
     try:
         run.start()
@@ -233,7 +241,11 @@ def torture(part, a, tmp):
                         raise T.Failed(f"round {r}: run exited or stalled before the fault: {run.logfile}")
                     time.sleep(0.002)
                 time.sleep(rng.uniform(0, 0.02))
-                disk.set_mode(part)
+                # At once, or after 1-3 more successful syncs: a redb commit syncs twice
+                # (two-phase, for quick repair), so faults land before, between and after them.
+                after = rng.randint(0, 3)
+                disk.set_mode(f"{part} {after}" if after else part)
+                after_syncs.append(after)
                 rc = wait_exit(run, 60, f"round {r}")
             c = commits(run)
             err = last_line(run)
@@ -259,7 +271,12 @@ def torture(part, a, tmp):
         disk.remount()
         outcomes, _, verify = T.check_exactly_once(db, n)
         dt = time.monotonic() - t0
-        failed_ops = f", {disk.failed} file system operations failed with EIO" if part != "full" else ""
+        failed_ops = ""
+        if part != "full":
+            failed_ops = (f"; armed to fail after {', '.join(map(str, after_syncs))} more syncs; the file "
+                          f"system failed {disk.failed} with EIO")
+            if part == "lose":
+                failed_ops += f" and kept {disk.lost_pages} written pages that never reached the disk in its cache"
         print(f"torture-disk {part}: {a.rounds} faults mid-surge in {dt:.0f} s, each ended by exit 2 with "
               f"the one-line storage error naming '{want}', no panic (after {', '.join(map(str, rounds))} "
               f"commits of the incarnation{failed_ops}); {n} events published, {decisions} deliveries "
