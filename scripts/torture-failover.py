@@ -23,7 +23,7 @@ every replay suppressed as an audited `duplicate`, nothing quarantined, `verify`
 fresh `run` receives nothing more.
 
 Usage: scripts/torture-failover.py [--failovers N] [--rate R] [--resend-last K] [--max-stall S]
-                                   [--seed S]
+                                   [--protocol v5|v3.1.1] [--seed S]
 Defaults: 100 failovers, 500 events/s, 2000, 0.5 s. Prints one summary line with the figures; exit 0
 if every check held, 1 with the failing check. TORTURE_KEEP=1 keeps the temp dir.
 """
@@ -59,7 +59,7 @@ def torture(a, tmp):
     ports = [b.port for b in brokers]
     db = os.path.join(tmp, "rg.redb")
     cfg = os.path.join(tmp, "rg.toml")
-    T.write_config(cfg, db, ports, "torture-failover")
+    T.write_config(cfg, db, ports, "torture-failover", protocol=a.protocol)
     run = T.Run(tmp, cfg)
     pub = None
     try:
@@ -108,7 +108,7 @@ def torture(a, tmp):
             raise T.Failed("no replay was absorbed: the failovers replayed nothing")
         dt = time.monotonic() - t0
         resent = stats["resent_window"] + stats["resent_unacked"]
-        print(f"torture-failover: {a.failovers} live failovers (autosave while run acknowledged, kill -9, "
+        print(f"torture-failover: {a.failovers} live failovers (MQTT {a.protocol} for run; autosave while run acknowledged, kill -9, "
               f"standby started from the autosave, alternating) in {dt:.0f} s; {n} events published; "
               f"{decisions} deliveries decided: {dict(outcomes)}; {dups} replays absorbed as audited "
               f"duplicates, at least {max(0, dups - resent)} of them replayed by a restored broker "
@@ -135,6 +135,7 @@ def main():
     ap.add_argument("--rate", type=float, default=500)
     ap.add_argument("--resend-last", type=int, default=2000)
     ap.add_argument("--max-stall", type=float, default=0.5)
+    ap.add_argument("--protocol", default="v5", choices=["v5", "v3.1.1"], help="run's MQTT version")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     T.build()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Torture run 1: `kill -9` of `run` at random points of a live surge, and of `ingest` mid-file.
+"""Torture run 1: `kill -9` of `run` at random points of a live surge, of `ingest` mid-file, and
+SIGTERM of `run` at random points.
 
 run:    a private Mosquitto (free loopback port, own temp dir) and a field publisher that keeps
         publishing QoS 1 events with a persistent session (bursty, around --rate/s). `run`
@@ -15,11 +16,15 @@ ingest: a feed file of --lines events (with exact resends inside it) is ingested
         --kills times, each time on the same file; then a last uninterrupted ingest. Every line
         applied exactly once, nothing quarantined, verify exit 0, and the effect log equal to a
         clean run's.
+term:   like run, with SIGTERM instead of SIGKILL: every stop must exit 0 (the graceful drain),
+        except a signal that lands before main() has installed its handler (the first
+        milliseconds after exec, an empty log: the default action ends the process); and since
+        the drain acknowledges everything it committed, no delivery may come back as a duplicate.
 
-Usage: scripts/torture-kill.py [run|ingest|both] [--kills N] [--rate R] [--max-delay S]
-                               [--lines L] [--seed S]
-Defaults: both, 1000 kills each, 1000 events/s, 0.6 s, 2000 lines. Prints one summary line per
-part ("torture-kill run: ..."); exit 0 if every check held, 1 with the failing check.
+Usage: scripts/torture-kill.py [run|ingest|term|all] [--kills N] [--rate R] [--max-delay S]
+                               [--lines L] [--protocol v5|v3.1.1] [--seed S]
+Defaults: all, 1000 kills (stops) each, 1000 events/s, 0.6 s, 2000 lines. Prints one summary
+line per part ("torture-kill run: ..."); exit 0 if every check held, 1 with the failing check.
 TORTURE_KEEP=1 keeps the temp dir; RG_BIN uses another replay-guard binary.
 """
 import argparse
@@ -36,34 +41,52 @@ import torture_lib as T  # noqa: E402
 from torture_pub import event  # noqa: E402
 
 
-def torture_run(a, tmp):
+def torture_run(a, tmp, term=False):
+    """kill -9 (or, with `term`, SIGTERM) of `run` at random points of a live surge."""
+    what = "term" if term else "run"
+    tmp = os.path.join(tmp, what)
+    os.makedirs(tmp)
     t0 = time.monotonic()
     rng = random.Random(a.seed)
     broker = T.Broker(os.path.join(tmp, "broker"), T.free_port())
     broker.start()
     db = os.path.join(tmp, "rg.redb")
     cfg = os.path.join(tmp, "rg.toml")
-    T.write_config(cfg, db, [broker.port], "torture-kill")
+    T.write_config(cfg, db, [broker.port], f"torture-{what}", protocol=a.protocol)
     run = T.Run(tmp, cfg)
     # Create the session before the surge, so that every event is queued for us.
     run.start()
     T.settle_connected(run)
     if run.stop() != 0:
         raise T.Failed(f"first run did not stop cleanly: {run.logfile}")
-    pub = T.Publisher(tmp, [broker.port], "field-kill", a.rate, seed=a.seed)
+    pub = T.Publisher(tmp, [broker.port], f"field-{what}", a.rate, seed=a.seed)
     try:
         kills = collections.Counter()
         commits_before_kill = []
+        slowest = 0.0
         for k in range(a.kills):
             run.start()
             time.sleep(rng.uniform(0, a.max_delay))
-            running, rc = run.kill9()
-            text = run.log_text()
+            if term:
+                started = time.monotonic()
+                rc = run.stop(limit=30)
+                slowest = max(slowest, time.monotonic() - started)
+                text = run.log_text()
+                # A SIGTERM that lands before main() has installed its handler (the first
+                # milliseconds after exec) terminates by the signal: nothing was open yet.
+                if rc == -15 and not text.strip():
+                    kills["before the signal handler existed (killed by SIGTERM)"] += 1
+                    continue
+                if rc != 0:
+                    raise T.Failed(f"SIGTERM {k}: run exited {rc} (want 0): {run.logfile}")
+            else:
+                running, rc = run.kill9()
+                text = run.log_text()
+                if not running:
+                    raise T.Failed(f"kill {k}: run had exited on its own ({rc}): {run.logfile}")
             trouble = T.scan_log_for_trouble(text)
             if trouble:
                 raise T.Failed(f"kill {k}: '{trouble}' in {run.logfile}")
-            if not running:
-                raise T.Failed(f"kill {k}: run had exited on its own ({rc}): {run.logfile}")
             commits = len(re.findall(r"batch committed", text))
             commits_before_kill.append(commits)
             kills["mid-surge (after >= 1 commit)" if commits else
@@ -71,7 +94,7 @@ def torture_run(a, tmp):
                   "start-up (before connecting)"] += 1
             os.remove(run.logfile)
             if k % 100 == 99:
-                T.log(f"{k + 1} kills")
+                T.log(f"{what}: {k + 1} stops")
         stats = pub.finish()
         n = stats["events"]
         run.start()
@@ -82,10 +105,19 @@ def torture_run(a, tmp):
         T.assert_session_empty(db, run)
         outcomes, _, verify = T.check_exactly_once(db, n)
         dt = time.monotonic() - t0
-        print(f"torture-kill run: {a.kills} kill -9 of run in {dt:.0f} s ({dict(kills)}; "
-              f"commits per incarnation median {sorted(commits_before_kill)[len(commits_before_kill) // 2]}, "
-              f"max {max(commits_before_kill)}); {n} events published at QoS 1, {decisions} deliveries "
-              f"decided: {dict(outcomes)}; every event applied exactly once, none lost, nothing "
+        median = sorted(commits_before_kill)[len(commits_before_kill) // 2] if commits_before_kill else 0
+        if term:
+            # The drain acknowledges every delivery it committed: nothing committed comes back.
+            if outcomes.get("duplicate", 0):
+                raise T.Failed(f"{outcomes['duplicate']} committed deliveries were redelivered after SIGTERMs")
+            early = kills["before the signal handler existed (killed by SIGTERM)"]
+            head = (f"torture-kill term: {a.kills} SIGTERM of run (MQTT {a.protocol}) in {dt:.0f} s, "
+                    f"{a.kills - early} drained and exited 0 (slowest stop {slowest:.2f} s), no duplicate")
+        else:
+            head = f"torture-kill run: {a.kills} kill -9 of run (MQTT {a.protocol}) in {dt:.0f} s"
+        print(f"{head} ({dict(kills)}; commits per incarnation median {median}, max "
+              f"{max(commits_before_kill, default=0)}); {n} events published at QoS 1, {decisions} "
+              f"deliveries decided: {dict(outcomes)}; every event applied exactly once, none lost, nothing "
               f"quarantined; {verify.split(':')[0]} exit 0", flush=True)
     finally:
         pub.kill()
@@ -164,21 +196,24 @@ def torture_ingest(a, tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", default="both", choices=["run", "ingest", "both"])
+    ap.add_argument("part", nargs="?", default="all", choices=["run", "ingest", "term", "all"])
     ap.add_argument("--kills", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--max-delay", type=float, default=0.6)
     ap.add_argument("--lines", type=int, default=2000)
+    ap.add_argument("--protocol", default="v5", choices=["v5", "v3.1.1"], help="run's MQTT version")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     T.build()
     ok = False
     tmp = tempfile.mkdtemp(prefix="rg-torture-kill.")
     try:
-        if a.part in ("run", "both"):
+        if a.part in ("run", "all"):
             torture_run(a, tmp)
-        if a.part in ("ingest", "both"):
+        if a.part in ("ingest", "all"):
             torture_ingest(a, tmp)
+        if a.part in ("term", "all"):
+            torture_run(a, tmp, term=True)
         ok = True
     except T.Failed as e:
         print(f"torture-kill FAILED: {e}", flush=True)

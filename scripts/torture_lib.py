@@ -113,11 +113,12 @@ class Broker:
             self.proc = None
 
 
-def write_config(path, db, ports, client_id, extra=""):
+def write_config(path, db, ports, client_id, extra="", protocol="v5"):
     brokers = ", ".join(f'"mqtt://127.0.0.1:{p}"' for p in ports)
     with open(path, "w") as f:
         f.write(f'[store]\npath = "{db}"\n[window]\nseconds = 86400\n'
                 f'[mqtt]\nbrokers = [{brokers}]\nclient_id = "{client_id}"\ntopics = ["torture/#"]\n'
+                f'protocol = "{protocol}"\n'
                 'retries_per_broker = 2\nbackoff_initial_ms = 20\nbackoff_max_ms = 200\nkeep_alive_seconds = 5\n'
                 f'[service]\nshutdown_timeout_seconds = 20\n{extra}')
 

@@ -50,7 +50,10 @@ fn three_live_failovers_with_a_resending_field_app_apply_every_event_exactly_onc
 #[test]
 fn run_killed_eight_times_mid_surge_by_the_torture_script_applies_every_event_once() {
     let out = torture("torture-kill.py", &["run", "--kills", "8", "--rate", "500"]);
-    assert!(out.contains("torture-kill run: 8 kill -9 of run"), "{out}");
+    assert!(
+        out.contains("torture-kill run: 8 kill -9 of run (MQTT v5)"),
+        "{out}"
+    );
     assert!(
         out.contains("every event applied exactly once, none lost"),
         "{out}"
