@@ -19,6 +19,7 @@
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
+//! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bad_input;
@@ -39,4 +40,5 @@ mod readme;
 mod service;
 mod systemd;
 mod tls;
+mod torture;
 mod verify;
