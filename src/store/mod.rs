@@ -136,7 +136,8 @@ pub enum StoreError {
     #[error("storage failure: {0}")]
     Storage(redb::Error),
     #[error(
-        "storage failure while committing a batch: {0}; nothing of the batch was committed \
+        "storage failure while committing a batch: {0}; none of the batch was acknowledged \
+         (committed or not, a redelivery of it is decided once after the restart) \
          and the database refuses further writes: restart the process"
     )]
     CommitFailed(redb::Error),
@@ -547,8 +548,9 @@ impl Store {
     }
 
     /// Decides and durably records every delivery of `batch`, in order, in one write
-    /// transaction committed with `Durability::Immediate`. On `Err` nothing of the batch was
-    /// written and the caller must not acknowledge any of it; the error is fatal (redb latches
+    /// transaction committed with `Durability::Immediate`. On `Err` the caller must not
+    /// acknowledge any of the batch (a failure past redb's commit point may still have made it
+    /// durable, so a redelivery is then decided `duplicate`); the error is fatal (redb latches
     /// after an I/O failure), so callers stop rather than retry.
     pub fn commit_batch(
         &mut self,
