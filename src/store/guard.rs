@@ -136,6 +136,14 @@ impl<T> Handle<T> {
         }
     }
 
+    /// Takes the value out (to close it); refused once poisoned.
+    pub(super) fn take(&mut self) -> Result<T, StoreError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(StoreError::poisoned());
+        }
+        self.inner.take().ok_or_else(StoreError::poisoned)
+    }
+
     pub(super) fn poison(&self) {
         self.poisoned.store(true, Ordering::Release);
     }
@@ -143,10 +151,13 @@ impl<T> Handle<T> {
 
 impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
-        if self.poisoned.load(Ordering::Acquire)
-            && let Some(t) = self.inner.take()
-        {
+        let Some(t) = self.inner.take() else { return };
+        if self.poisoned.load(Ordering::Acquire) {
             std::mem::forget(t);
+        } else if catch(move || drop(t)).is_err() {
+            // Closing a database writes its allocator state, which can meet the damage first;
+            // a destructor can only say so. Every commit was durable already.
+            tracing::error!("database damaged: closing it failed; restore the backup");
         }
     }
 }

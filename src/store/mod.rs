@@ -546,6 +546,13 @@ impl Store {
         }
     }
 
+    /// Closes the file (redb saves its allocator state, so the next open needs no repair).
+    /// Dropping a `Store` does the same but cannot report a failure.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        let db = self.db.take()?;
+        guard::catch(move || db.close())?.map_err(|e| StoreError::from(redb::Error::from(e)))
+    }
+
     pub fn options(&self) -> &StoreOptions {
         &self.opts
     }

@@ -6,6 +6,7 @@
 //! record); it never exits 101 or dies of a signal, and `verify` never passes a file that
 //! `ingest` cannot open. `scripts/damage-sweep.sh` runs the same sweep with more trials.
 
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -297,4 +298,133 @@ fn no_damaged_page_or_random_corruption_panics_any_command() {
         panicked(false)
     );
     assert!(failed.is_empty(), "{}", report(&failed, all.len()));
+}
+
+/// An in-memory file whose pages past the first read back as zeros once `damaged` is set:
+/// damage that appears under a store that is already open.
+#[derive(Debug)]
+struct DecayingBackend {
+    bytes: std::sync::Mutex<Vec<u8>>,
+    damaged: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl redb::StorageBackend for DecayingBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.bytes.lock().unwrap().len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let b = self.bytes.lock().unwrap();
+        let end = offset as usize + out.len();
+        if end > b.len() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        out.copy_from_slice(&b[offset as usize..end]);
+        if self.damaged.load(std::sync::atomic::Ordering::SeqCst) && offset >= PAGE {
+            out.fill(0);
+        }
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.bytes.lock().unwrap().resize(len as usize, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let mut b = self.bytes.lock().unwrap();
+        let end = offset as usize + data.len();
+        if end > b.len() {
+            b.resize(end, 0);
+        }
+        b[offset as usize..end].copy_from_slice(data);
+        Ok(())
+    }
+    // Private to this process: every lock is free.
+    fn try_lock_range(&self, _: Bound<u64>, _: Bound<u64>) -> Result<bool, redb::BackendError> {
+        Ok(true)
+    }
+    fn try_lock_shared_range(
+        &self,
+        _: Bound<u64>,
+        _: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        Ok(true)
+    }
+    fn lock_range(&self, _: Bound<u64>, _: Bound<u64>) -> Result<(), redb::BackendError> {
+        Ok(())
+    }
+    fn lock_shared_range(&self, _: Bound<u64>, _: Bound<u64>) -> Result<(), redb::BackendError> {
+        Ok(())
+    }
+    fn unlock_range(&self, _: Bound<u64>, _: Bound<u64>) -> Result<(), redb::BackendError> {
+        Ok(())
+    }
+    fn query_lock_range(&self, _: Bound<u64>, _: Bound<u64>) -> Result<bool, redb::BackendError> {
+        Ok(false)
+    }
+}
+
+#[test]
+fn a_store_that_meets_damage_mid_run_fails_the_batch_and_refuses_further_use() {
+    use replay_guard::store::{Incoming, Store, StoreError, StoreOptions};
+    use replay_guard::wire::FeedContract;
+    let damaged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let backend = DecayingBackend {
+        bytes: std::sync::Mutex::new(Vec::new()),
+        damaged: damaged.clone(),
+    };
+    // No page cache: every read after the damage reaches the backend.
+    let opts = StoreOptions {
+        cache_bytes: 0,
+        ..StoreOptions::default()
+    };
+    let mut store = Store::open_with_backend(backend, opts).unwrap();
+    let contract = FeedContract::default();
+    let batch = |from: u64| -> Vec<Incoming> {
+        (from..from + 50)
+            .map(|s| {
+                let m = super::common::msg("A", "S", 0, s, "x");
+                Incoming::decode("t", m.into_bytes(), 1_000, &contract)
+            })
+            .collect()
+    };
+    store.commit_batch(&batch(1), 1_000).unwrap();
+    damaged.store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = store.commit_batch(&batch(1), 2_000);
+    assert!(
+        matches!(failed, Err(StoreError::Damaged(_))),
+        "{:?}",
+        failed.map(|r| r.counts)
+    );
+    // The damage goes away, but the handle stays refused: its state is not trusted again.
+    damaged.store(false, std::sync::atomic::Ordering::SeqCst);
+    let again = store.commit_batch(&batch(100), 3_000);
+    assert!(matches!(again, Err(StoreError::Damaged(_))));
+    assert!(store.reader().is_err());
+    drop(store); // leaked, not closed: no panic from redb's destructors
+}
+
+#[test]
+fn run_on_a_damaged_database_exits_2_with_one_line_and_never_connects() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _) = small_db(dir.path());
+    // A writer's open reads the allocator state, which a zeroed page 1 destroys.
+    let bytes = Damage::ZeroPage(1).apply(&std::fs::read(&base).unwrap());
+    let db = dir.path().join("run.redb");
+    std::fs::write(&db, bytes).unwrap();
+    let config = dir.path().join("run.toml");
+    // Port 1 on loopback: nothing listens, and `run` must stop before trying it.
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:1\"]\n\
+             client_id = \"damage\"\ntopics = [\"t/#\"]\n",
+            db.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = run_bounded(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(judge("run", &out).is_none(), "{out:?}");
 }
