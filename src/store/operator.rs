@@ -369,6 +369,9 @@ fn compact_unguarded(
         )));
     }
     let _lock = super::take_feed_lock(path)?;
+    // Never compact a damaged file: compaction rewrites it, and on a damaged freed-page list
+    // redb's compaction can loop without end. The check reads the file once, writes nothing.
+    super::check_writer_open(path)?;
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let before_bytes = size(path);
     let mut builder = redb::Builder::new();
