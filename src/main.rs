@@ -8,6 +8,9 @@ use replay_guard::cli::{Cli, Command, LogFormat};
 use replay_guard::commands::{self, EXIT_USAGE, dump};
 
 fn main() -> ExitCode {
+    // Before anything opens the database: redb panics on a damaged file become one-line
+    // errors at the store boundary, and only those are kept off stderr.
+    replay_guard::store::install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {

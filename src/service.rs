@@ -113,6 +113,11 @@ impl StoreWorker {
                         }
                     }
                 }
+                // Every batch is durable already; a failing close leaves the file needing
+                // repair at the next open, or tells of damage.
+                if let Err(e) = store.close() {
+                    tracing::error!(error = %e, "closing the database failed");
+                }
             })?;
         Ok(StoreWorker {
             jobs: Some(tx),

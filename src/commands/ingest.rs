@@ -44,9 +44,11 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     };
     let summary = {
         let mut store = Store::open(&db, config.store.clone())?;
-        ingest(&mut store, &config, &args.topic, BufReader::new(input))?
+        let summary = ingest(&mut store, &config, &args.topic, BufReader::new(input))?;
         // The store closes here, before anything is printed: a failing stderr cannot leave
-        // the file needing recovery.
+        // the file needing recovery, and a file too damaged to close says so.
+        store.close()?;
+        summary
     };
     let mut err = io::stderr().lock();
     let _ = writeln!(

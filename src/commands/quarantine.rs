@@ -63,6 +63,8 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
         line.push_str(&format!(", effect #{offset} (released: true)"));
     }
     let _ = writeln!(std::io::stdout(), "{line}");
+    // After the line: the resolution is committed whatever closing the file meets.
+    store.close()?;
     Ok(())
 }
 

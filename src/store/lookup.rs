@@ -33,41 +33,42 @@ impl Snapshot {
         source_id: &str,
         position: Position,
     ) -> Result<Option<PositionState>, StoreError> {
-        let txn = &self.0;
-        let ids = txn.open_table(SOURCE_IDS).map_err(r)?;
-        let Some(no) = ids.get((agency, source_id)).map_err(r)?.map(|g| g.value()) else {
-            return Ok(None);
-        };
-        let sources = txn.open_table(SOURCES).map_err(r)?;
-        let record: SourceRecord = match sources.get(no).map_err(r)? {
-            Some(g) => decode("sources", no, g.value())?,
-            None => {
-                return Err(RecordError {
-                    table: "sources",
-                    key: no.to_string(),
-                    why: "missing (named in source_ids)".into(),
+        self.guard(|txn| {
+            let ids = txn.open_table(SOURCE_IDS).map_err(r)?;
+            let Some(no) = ids.get((agency, source_id)).map_err(r)?.map(|g| g.value()) else {
+                return Ok(None);
+            };
+            let sources = txn.open_table(SOURCES).map_err(r)?;
+            let record: SourceRecord = match sources.get(no).map_err(r)? {
+                Some(g) => decode("sources", no, g.value())?,
+                None => {
+                    return Err(RecordError {
+                        table: "sources",
+                        key: no.to_string(),
+                        why: "missing (named in source_ids)".into(),
+                    }
+                    .into());
                 }
-                .into());
-            }
-        };
-        let window = txn.open_table(WINDOW).map_err(r)?;
-        let wkey = (no, position.epoch, position.sequence);
-        let seen = match window.get(wkey).map_err(r)? {
-            Some(g) => {
-                let w: WindowRecord = decode("window", format_args!("{wkey:?}"), g.value())?;
-                Some(Seen {
-                    digest: Digest::from_bytes(w.digest),
-                    effect_offset: w.effect_offset,
-                })
-            }
-            None => None,
-        };
-        Ok(Some(PositionState {
-            marks: SourceMarks {
-                high_water: pos(record.high_water),
-                evicted_floor: record.evicted_floor.map(pos),
-            },
-            seen,
-        }))
+            };
+            let window = txn.open_table(WINDOW).map_err(r)?;
+            let wkey = (no, position.epoch, position.sequence);
+            let seen = match window.get(wkey).map_err(r)? {
+                Some(g) => {
+                    let w: WindowRecord = decode("window", format_args!("{wkey:?}"), g.value())?;
+                    Some(Seen {
+                        digest: Digest::from_bytes(w.digest),
+                        effect_offset: w.effect_offset,
+                    })
+                }
+                None => None,
+            };
+            Ok(Some(PositionState {
+                marks: SourceMarks {
+                    high_water: pos(record.high_water),
+                    evicted_floor: record.evicted_floor.map(pos),
+                },
+                seen,
+            }))
+        })
     }
 }

@@ -4,12 +4,14 @@
 
 mod audit;
 mod file;
+mod guard;
 pub mod lookup;
 mod operator;
 mod read;
 mod retention;
 pub mod tables;
 pub mod verify;
+mod writer_check;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,10 +26,13 @@ use crate::key::sha256;
 use crate::model::{Digest, IdempotencyKey, Message, Outcome, OutcomeCounts, Position, Source};
 use crate::wire::{self, DecodeError, FeedContract};
 pub use audit::{body_fields as audit_body_fields, entry_hash as audit_entry_hash};
+use guard::Leak;
+pub use guard::install_panic_hook;
 pub use operator::{CompactReport, Resolution, compact};
 pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot, StoreSummary};
 pub use retention::{LogRetention, PruneCounts, RetentionPolicy};
 use tables::*;
+pub use writer_check::check_writer_open;
 
 /// Default redb page cache: bounds the process's memory whatever the window size.
 pub const DEFAULT_CACHE_BYTES: usize = 32 * 1024 * 1024;
@@ -141,8 +146,12 @@ pub enum StoreError {
          and the database refuses further writes: restart the process"
     )]
     CommitFailed(redb::Error),
-    #[error("database is corrupt: {0}")]
+    #[error("database damaged: {0}{DAMAGED_ADVICE}")]
     Record(RecordError),
+    /// The file's structure is inconsistent: redb reported corruption, the file is shorter
+    /// than its layout, or redb panicked on a page (caught at the store boundary).
+    #[error("database damaged: {0}{DAMAGED_ADVICE}")]
+    Damaged(String),
     #[error("database schema version {found} is not supported by this build (expects {expected})")]
     Schema { found: u32, expected: u32 },
     /// An operator action that cannot be carried out as asked; nothing was written.
@@ -150,11 +159,63 @@ pub enum StoreError {
     Refused(String),
 }
 
+/// What every "database damaged" error tells the operator to do.
+const DAMAGED_ADVICE: &str = " — restore the backup; `dump-audit`, `dump-effects` and `dump-quarantine` print what is \
+     still readable";
+
 // Manual conversions: the wrapped error's text is already in the message, so it is not also
 // exposed as a `source` (which would print it twice in an error chain).
 impl From<redb::Error> for StoreError {
     fn from(e: redb::Error) -> Self {
-        StoreError::Storage(e)
+        match damage(&e) {
+            Some(what) => StoreError::Damaged(what),
+            None => StoreError::Storage(e),
+        }
+    }
+}
+
+/// What is damaged, if `e` is redb's way of saying the file is inconsistent (rather than an
+/// I/O failure, a busy file or a misuse).
+fn damage(e: &redb::Error) -> Option<String> {
+    use redb::Error as E;
+    match e {
+        E::Corrupted(what) => Some(what.clone()),
+        E::Io(io) => io_damage(io),
+        // redb poisons its locks only by panicking, which only a damaged page makes it do.
+        E::LockPoisoned(at) => Some(format!("redb failed earlier in this process (at {at})")),
+        // Every table exists from creation on, with one type: a missing or retyped one is
+        // a damaged table directory.
+        E::TableDoesNotExist(name) => Some(format!("table {name} is missing")),
+        E::TableTypeMismatch { .. }
+        | E::TypeDefinitionChanged { .. }
+        | E::TableIsMultimap(_)
+        | E::TableIsNotMultimap(_) => Some(format!("the table directory is inconsistent: {e}")),
+        _ => None,
+    }
+}
+
+/// `damage` for the storage errors an open returns.
+fn storage_damage(e: &redb::StorageError) -> Option<String> {
+    use redb::StorageError as S;
+    match e {
+        S::Corrupted(what) => Some(what.clone()),
+        S::Io(io) => io_damage(io),
+        S::LockPoisoned(at) => Some(format!("redb failed earlier in this process (at {at})")),
+        _ => None,
+    }
+}
+
+fn io_damage(io: &std::io::Error) -> Option<String> {
+    if io.kind() == std::io::ErrorKind::UnexpectedEof {
+        Some("the file ends before its last page (truncated, or cut short by a copy)".into())
+    } else if io.to_string().contains("magic number mismatch") {
+        Some(
+            "the file does not start with a redb header (overwritten or zeroed, or not a \
+             database at all)"
+                .into(),
+        )
+    } else {
+        None
     }
 }
 
@@ -166,7 +227,27 @@ impl From<RecordError> for StoreError {
 
 impl StoreError {
     fn redb(e: impl Into<redb::Error>) -> StoreError {
-        StoreError::Storage(e.into())
+        StoreError::from(e.into())
+    }
+
+    /// A handle a caught redb panic poisoned earlier.
+    fn poisoned() -> StoreError {
+        StoreError::Damaged(
+            "an earlier read of this file failed and its handle was closed (see above)".into(),
+        )
+    }
+
+    /// Reclassifies an open error whose cause is a damaged file.
+    fn classify(self) -> StoreError {
+        if let StoreError::Open {
+            error: DatabaseError::Storage(e),
+            path,
+        } = &self
+            && let Some(what) = storage_damage(e)
+        {
+            return StoreError::Damaged(format!("{}: {what}", path.display()));
+        }
+        self
     }
 
     fn busy(path: &Path) -> StoreError {
@@ -274,7 +355,8 @@ pub struct BatchReport {
 
 /// The writer's handle on the database file.
 pub struct Store {
-    db: Database,
+    /// Poisoned (and never touched again) once redb panicked on a damaged page.
+    db: guard::Handle<Database>,
     opts: StoreOptions,
     /// The feed writer's lock on the database file, held while open; `None` for operator
     /// writers.
@@ -293,7 +375,13 @@ const FILE_MODE: u32 = 0o600;
 
 impl Store {
     /// Opens the database at `path` for the one feed writer (`run`, `ingest`), creating it if
-    /// nothing is there. Repairs it after a crash.
+    /// nothing is there. Repairs it after a crash. A damaged file is `StoreError::Damaged`,
+    /// even where redb panics on it.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        guard::catch(|| Store::open_unguarded(path, opts))?.map_err(StoreError::classify)
+    }
+
+    /// `open` without the panic guard.
     ///
     /// Only a regular file (through symlinks) or a missing path is accepted: a device, FIFO,
     /// socket or directory is refused untouched, and so is a zero-length file unless
@@ -301,7 +389,7 @@ impl Store {
     /// temporary name and linked into place only once it holds its tables and meta record, so
     /// a crash during creation never leaves `path` half-initialised (redb writes its magic
     /// number last and refuses a file without it).
-    pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+    fn open_unguarded(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         match file::probe(path)? {
             file::Found::Missing => Store::create_in_place(path, &opts, false)?,
             file::Found::Empty if opts.new_database => {
@@ -347,14 +435,17 @@ impl Store {
             file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
             file::Found::File => {}
         }
-        let (backend, _) = file::open_existing(path, true)?;
-        let db = builder(opts.cache_bytes, opts.concurrency)
-            .create_with_backend(backend)
-            .map_err(|error| StoreError::Open {
-                path: path.to_path_buf(),
-                error,
-            })?;
-        Store::init(db, opts, false)
+        let opened = guard::catch(|| {
+            let (backend, _) = file::open_existing(path, true)?;
+            let db = builder(opts.cache_bytes, opts.concurrency)
+                .create_with_backend(backend)
+                .map_err(|error| StoreError::Open {
+                    path: path.to_path_buf(),
+                    error,
+                })?;
+            Store::init(db, opts, false)
+        })?;
+        opened.map_err(StoreError::classify)
     }
 
     /// Creates and initialises a database (mode 0600 whatever the umask) at a temporary name
@@ -467,20 +558,25 @@ impl Store {
         backend: impl StorageBackend,
         opts: StoreOptions,
     ) -> Result<Store, StoreError> {
-        let db = builder(opts.cache_bytes, opts.concurrency)
-            .create_with_backend(backend)
-            .map_err(|source| StoreError::Open {
-                path: PathBuf::from("<backend>"),
-                error: source,
-            })?;
-        Store::init(db, opts, true)
+        let opened = guard::catch(|| {
+            let db = builder(opts.cache_bytes, opts.concurrency)
+                .create_with_backend(backend)
+                .map_err(|source| StoreError::Open {
+                    path: PathBuf::from("<backend>"),
+                    error: source,
+                })?;
+            Store::init(db, opts, true)
+        })?;
+        opened.map_err(StoreError::classify)
     }
 
     /// Checks (or, when `creating`, writes) the meta record and makes sure every table exists.
     fn init(db: Database, opts: StoreOptions, creating: bool) -> Result<Store, StoreError> {
-        let txn = db.begin_write().map_err(StoreError::redb)?;
+        // Held in `Leak`s: a redb panic below must not run their destructors (see `guard`).
+        let db = Leak::new(db);
+        let txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
         {
-            let mut meta = txn.open_table(META).map_err(StoreError::redb)?;
+            let mut meta = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
             let existing = meta
                 .get(META_KEY)
                 .map_err(StoreError::redb)?
@@ -530,12 +626,34 @@ impl Store {
                 .map_err(StoreError::redb)?;
             txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?;
         }
-        txn.commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(Store {
-            db,
+            db: guard::Handle::new(db.into_inner()),
             opts,
             _feed_lock: None,
         })
+    }
+
+    /// Runs `f` under the panic guard; a redb panic poisons this store for good.
+    fn guarded<R>(
+        &mut self,
+        f: impl FnOnce(&mut Store) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.db.get()?;
+        match guard::catch(|| f(self)) {
+            Ok(r) => r,
+            Err(damaged) => {
+                self.db.poison();
+                Err(damaged)
+            }
+        }
+    }
+
+    /// Closes the file (redb saves its allocator state, so the next open needs no repair).
+    /// Dropping a `Store` does the same but cannot report a failure.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        let db = self.db.take()?;
+        guard::catch(move || db.close())?.map_err(|e| StoreError::from(redb::Error::from(e)))
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -544,7 +662,8 @@ impl Store {
 
     /// A read view of this store (the same views `Reader` gives another process).
     pub fn reader(&self) -> Result<Snapshot, StoreError> {
-        self.db.begin_read().map(Snapshot).map_err(StoreError::redb)
+        self.db
+            .guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
     }
 
     /// Decides and durably records every delivery of `batch`, in order, in one write
@@ -557,15 +676,16 @@ impl Store {
         batch: &[Incoming],
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
-        self.try_commit_batch(batch, now_ms).map_err(|e| match e {
-            StoreError::Storage(e) => StoreError::CommitFailed(e),
-            other => other,
-        })
+        self.guarded(|s| s.try_commit_batch(batch, now_ms))
+            .map_err(|e| match e {
+                StoreError::Storage(e) => StoreError::CommitFailed(e),
+                other => other,
+            })
     }
 
     /// A durable write transaction with quick-repair on (every writer's).
     fn begin_durable(&self) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.db.begin_write().map_err(StoreError::redb)?;
+        let mut txn = self.db.get()?.begin_write().map_err(StoreError::redb)?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
         txn.set_quick_repair(true);
@@ -577,11 +697,11 @@ impl Store {
         batch: &[Incoming],
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
-        let txn = self.begin_durable()?;
+        let txn = Leak::new(self.begin_durable()?);
         // Looking costs one read at the oldest end of each log, so every commit looks.
         let prune_due = self.opts.retention.is_active();
         let report = {
-            let mut w = Writer::open(&txn, &self.opts)?;
+            let mut w = Leak::new(Writer::open(&txn, &self.opts)?);
             let mut budget = batch.len() as u64 + EVICTION_SLACK;
             let mut report = BatchReport::default();
             report.evicted += w.evict(now_ms, &mut budget)?;
@@ -594,10 +714,10 @@ impl Store {
             if prune_due {
                 report.pruned = w.prune(now_ms, &self.opts.retention)?;
             }
-            w.finish()?;
+            w.into_inner().finish()?;
             report
         };
-        txn.commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(report)
     }
 }
@@ -650,7 +770,8 @@ fn pair_pos((epoch, sequence): (u64, u64)) -> Position {
 
 impl<'t> Writer<'t> {
     fn open(txn: &'t WriteTransaction, opts: &'t StoreOptions) -> Result<Writer<'t>, StoreError> {
-        let meta_table = txn.open_table(META).map_err(StoreError::redb)?;
+        // Each table is a `Leak` until the `Writer` (itself held in one) owns it.
+        let meta_table = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
         let meta_bytes = meta_table
             .get(META_KEY)
             .map_err(StoreError::redb)?
@@ -684,20 +805,27 @@ impl<'t> Writer<'t> {
                 c
             }
         };
+        let open = |e| StoreError::redb(e);
+        let source_ids = Leak::new(txn.open_table(SOURCE_IDS).map_err(open)?);
+        let sources = Leak::new(txn.open_table(SOURCES).map_err(open)?);
+        let window = Leak::new(txn.open_table(WINDOW).map_err(open)?);
+        let effects = Leak::new(txn.open_table(EFFECTS).map_err(open)?);
+        let audit = Leak::new(txn.open_table(AUDIT).map_err(open)?);
+        let quarantine = Leak::new(txn.open_table(QUARANTINE).map_err(open)?);
+        let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
+        let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
         Ok(Writer {
             opts,
             meta,
-            meta_table,
-            source_ids: txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?,
-            sources: txn.open_table(SOURCES).map_err(StoreError::redb)?,
-            window: txn.open_table(WINDOW).map_err(StoreError::redb)?,
-            effects: txn.open_table(EFFECTS).map_err(StoreError::redb)?,
-            audit: txn.open_table(AUDIT).map_err(StoreError::redb)?,
-            quarantine: txn.open_table(QUARANTINE).map_err(StoreError::redb)?,
-            quarantine_fp: txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?,
-            quarantine_fp_by_id: txn
-                .open_table(QUARANTINE_FP_BY_ID)
-                .map_err(StoreError::redb)?,
+            meta_table: meta_table.into_inner(),
+            source_ids: source_ids.into_inner(),
+            sources: sources.into_inner(),
+            window: window.into_inner(),
+            effects: effects.into_inner(),
+            audit: audit.into_inner(),
+            quarantine: quarantine.into_inner(),
+            quarantine_fp: quarantine_fp.into_inner(),
+            quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
             names: HashMap::new(),
             states: HashMap::new(),
             buf: Vec::with_capacity(1024),

@@ -8,6 +8,7 @@ use std::ops::ControlFlow;
 
 use redb::ReadableTable;
 
+use super::guard::Leak;
 use super::tables::*;
 use super::{Decided, Store, StoreError, Writer, pair_pos, pos_pair};
 use crate::model::{IdempotencyKey, Outcome, hex};
@@ -54,29 +55,43 @@ impl Store {
         contract: &FeedContract,
         now_ms: u64,
     ) -> Result<Decided, StoreError> {
+        self.guarded(|s| s.try_resolve_quarantined(id, resolution, contract, now_ms))
+    }
+
+    fn try_resolve_quarantined(
+        &mut self,
+        id: u64,
+        resolution: &Resolution,
+        contract: &FeedContract,
+        now_ms: u64,
+    ) -> Result<Decided, StoreError> {
         // The long look for earlier applications runs on a read snapshot, so `run`'s commits
         // are not held up; the write transaction then checks only what was committed since.
         let prior = match resolution {
             Resolution::Release { .. } => Some(self.prior_applications(id, contract)?),
             Resolution::Discard { .. } => None,
         };
-        let txn = self.begin_durable()?;
+        let txn = Leak::new(self.begin_durable()?);
         let decided = {
-            let mut w = Writer::open(&txn, &self.opts)?;
+            let mut w = Leak::new(Writer::open(&txn, &self.opts)?);
             let d = w.resolve(id, resolution, contract, prior, now_ms)?;
-            w.finish()?;
+            w.into_inner().finish()?;
             d
         };
-        txn.commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(decided)
     }
 
     /// Records a replay burst (duplicates absorbed after a reconnect) for `stats`.
     pub fn record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
+        self.guarded(|s| s.try_record_burst(burst))
+    }
+
+    fn try_record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
         use redb::ReadableTable;
-        let txn = self.begin_durable()?;
+        let txn = Leak::new(self.begin_durable()?);
         {
-            let mut t = txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?;
+            let mut t = Leak::new(txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?);
             let next = t
                 .last()
                 .map_err(StoreError::redb)?
@@ -84,7 +99,7 @@ impl Store {
             t.insert(next, encode(burst).as_slice())
                 .map_err(StoreError::redb)?;
         }
-        txn.commit().map_err(StoreError::redb)
+        txn.into_inner().commit().map_err(StoreError::redb)
     }
 }
 
@@ -358,6 +373,14 @@ pub struct CompactReport {
 /// takes the feed writer's lock (refused while `run` or `ingest` holds it) and opens the file
 /// in redb's exclusive mode (refused while any inspector or operator command has it open).
 pub fn compact(path: &std::path::Path, cache_bytes: usize) -> Result<CompactReport, StoreError> {
+    // The database is this function's own: a redb panic leaves nothing behind to poison.
+    super::guard::catch(|| compact_unguarded(path, cache_bytes))?.map_err(StoreError::classify)
+}
+
+fn compact_unguarded(
+    path: &std::path::Path,
+    cache_bytes: usize,
+) -> Result<CompactReport, StoreError> {
     match super::file::probe(path)? {
         super::file::Found::Missing => {
             return Err(refuse(format!(
@@ -378,6 +401,9 @@ pub fn compact(path: &std::path::Path, cache_bytes: usize) -> Result<CompactRepo
     if let Some(holder) = super::file::feed_lock_holder(path)? {
         return Err(busy(holder));
     }
+    // Never compact a damaged file: compaction rewrites it, and on a damaged freed-page list
+    // redb's compaction can loop without end. The check reads the file once, writes nothing.
+    super::check_writer_open(path)?;
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let before_bytes = size(path);
     let mut builder = redb::Builder::new();
@@ -385,7 +411,7 @@ pub fn compact(path: &std::path::Path, cache_bytes: usize) -> Result<CompactRepo
         .set_cache_size(cache_bytes)
         .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter);
     let (backend, _) = super::file::open_existing(path, true)?;
-    let mut db = builder.create_with_backend(backend).map_err(|e| match e {
+    let mut db = Leak::new(builder.create_with_backend(backend).map_err(|e| match e {
         // A feed writer that started meanwhile, or another process's handle.
         redb::DatabaseError::DatabaseAlreadyOpen => match super::file::feed_lock_holder(path) {
             Ok(Some(holder)) => busy(holder),
@@ -399,9 +425,9 @@ pub fn compact(path: &std::path::Path, cache_bytes: usize) -> Result<CompactRepo
             path: path.to_path_buf(),
             error,
         },
-    })?;
+    })?);
     while db.compact().map_err(StoreError::redb)? {}
-    drop(db);
+    drop(db.into_inner());
     Ok(CompactReport {
         before_bytes,
         after_bytes: size(path),

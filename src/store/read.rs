@@ -10,13 +10,15 @@ use redb::{
     ReadableTableMetadata,
 };
 
+use super::guard::{self, Handle};
 use super::tables::*;
 use super::{StoreError, builder};
 use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
 
 /// A read-only handle that follows a live writer's commits.
 pub struct Reader {
-    db: ReadOnlyDatabase,
+    /// Poisoned once redb panicked on a damaged page.
+    db: Handle<ReadOnlyDatabase>,
 }
 
 impl Reader {
@@ -27,27 +29,48 @@ impl Reader {
             super::file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
             super::file::Found::File => {}
         }
-        let (backend, _) = super::file::open_existing(path, false)?;
-        let db = builder(16 * 1024 * 1024, super::Concurrency::default())
-            .open_read_only_with_backend(backend)
-            .map_err(|e| match e {
-                DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
-                error => StoreError::Open {
-                    path: path.to_path_buf(),
-                    error,
-                },
-            })?;
-        Ok(Reader { db })
+        let opened = guard::catch(|| {
+            let (backend, _) = super::file::open_existing(path, false)?;
+            builder(16 * 1024 * 1024, super::Concurrency::default())
+                .open_read_only_with_backend(backend)
+                .map_err(|e| match e {
+                    DatabaseError::RepairAborted => StoreError::NeedsRecovery(path.to_path_buf()),
+                    error => StoreError::Open {
+                        path: path.to_path_buf(),
+                        error,
+                    },
+                })
+        })?;
+        let db = opened.map_err(StoreError::classify)?;
+        Ok(Reader {
+            db: Handle::new(db),
+        })
     }
 
     /// A snapshot of the latest commit.
     pub fn begin(&self) -> Result<Snapshot, StoreError> {
-        self.db.begin_read().map(Snapshot).map_err(StoreError::redb)
+        self.db
+            .guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
     }
 }
 
 /// A consistent view of one commit: later commits by the writer are not seen through it.
-pub struct Snapshot(pub(super) ReadTransaction);
+/// Every method runs under the panic guard; a redb panic poisons the snapshot.
+pub struct Snapshot(Handle<ReadTransaction>);
+
+impl Snapshot {
+    pub(super) fn new(txn: ReadTransaction) -> Snapshot {
+        Snapshot(Handle::new(txn))
+    }
+
+    /// Runs `f` on the transaction under the panic guard.
+    pub(super) fn guard<R, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&ReadTransaction) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.0.guard(f)
+    }
+}
 
 /// One audit entry as `dump-audit` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,146 +133,161 @@ fn r<E: Into<redb::Error>>(e: E) -> StoreError {
 
 impl Snapshot {
     pub fn meta(&self) -> Result<Meta, StoreError> {
-        let txn = &self.0;
-        let t = txn.open_table(META).map_err(r)?;
-        let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
-            table: "meta",
-            key: META_KEY.into(),
-            why: "missing: not a replay-guard database".into(),
-        })?;
-        Ok(decode("meta", META_KEY, g.value())?)
+        self.guard(|txn| {
+            let t = txn.open_table(META).map_err(r)?;
+            let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
+                table: "meta",
+                key: META_KEY.into(),
+                why: "missing: not a replay-guard database".into(),
+            })?;
+            Ok(decode("meta", META_KEY, g.value())?)
+        })
     }
 
     /// What retention has removed so far (all zero if nothing).
     pub fn retention_marks(&self) -> Result<RetentionMarks, StoreError> {
-        let t = self.0.open_table(META).map_err(r)?;
-        let marks = t.get(RETENTION_KEY).map_err(r)?;
-        Ok(match marks {
-            Some(g) => decode("meta", RETENTION_KEY, g.value())?,
-            None => RetentionMarks::default(),
+        self.guard(|txn| {
+            let t = txn.open_table(META).map_err(r)?;
+            let marks = t.get(RETENTION_KEY).map_err(r)?;
+            Ok(match marks {
+                Some(g) => decode("meta", RETENTION_KEY, g.value())?,
+                None => RetentionMarks::default(),
+            })
         })
     }
 
     /// Audit entries per outcome since the database was created (`None` for a database no
     /// writer of this version has opened yet).
     pub fn counters(&self) -> Result<Option<OutcomeCounts>, StoreError> {
-        let t = self.0.open_table(META).map_err(r)?;
-        let c = t.get(COUNTS_KEY).map_err(r)?;
-        c.map(|g| decode::<Counters>("meta", COUNTS_KEY, g.value()))
-            .transpose()
-            .map(|c| c.map(|c| OutcomeCounts::from_array(c.by_outcome)))
-            .map_err(StoreError::from)
+        self.guard(|txn| {
+            let t = txn.open_table(META).map_err(r)?;
+            let c = t.get(COUNTS_KEY).map_err(r)?;
+            c.map(|g| decode::<Counters>("meta", COUNTS_KEY, g.value()))
+                .transpose()
+                .map(|c| c.map(|c| OutcomeCounts::from_array(c.by_outcome)))
+                .map_err(StoreError::from)
+        })
     }
 
     /// Audit entries per outcome recorded at or after `since_ms` (a backward scan from the
     /// newest entry, stopping at the first older one).
     pub fn counts_since(&self, since_ms: u64) -> Result<OutcomeCounts, StoreError> {
-        let t = self.0.open_table(AUDIT).map_err(r)?;
-        let mut counts = OutcomeCounts::default();
-        for item in t.iter().map_err(r)?.rev() {
-            let (k, v) = item.map_err(r)?;
-            let head: AuditHead = decode_head("audit", k.value(), v.value())?;
-            if head.recorded_at_ms < since_ms {
-                break;
+        self.guard(|txn| {
+            let t = txn.open_table(AUDIT).map_err(r)?;
+            let mut counts = OutcomeCounts::default();
+            for item in t.iter().map_err(r)?.rev() {
+                let (k, v) = item.map_err(r)?;
+                let head: AuditHead = decode_head("audit", k.value(), v.value())?;
+                if head.recorded_at_ms < since_ms {
+                    break;
+                }
+                if let Some(o) = Outcome::from_code(head.outcome) {
+                    counts.add(o);
+                }
             }
-            if let Some(o) = Outcome::from_code(head.outcome) {
-                counts.add(o);
-            }
-        }
-        Ok(counts)
+            Ok(counts)
+        })
     }
 
     /// Every source with its marks, in source-number order.
     pub fn sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
-        let t = self.0.open_table(SOURCES).map_err(r)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(r)? {
-            let (k, v) = item.map_err(r)?;
-            out.push(decode("sources", k.value(), v.value())?);
-        }
-        Ok(out)
+        self.guard(|txn| {
+            let t = txn.open_table(SOURCES).map_err(r)?;
+            let mut out = Vec::new();
+            for item in t.iter().map_err(r)? {
+                let (k, v) = item.map_err(r)?;
+                out.push(decode("sources", k.value(), v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// When the oldest effect still in the window was received (`None`: empty window).
     pub fn oldest_in_window_ms(&self) -> Result<Option<u64>, StoreError> {
-        let m = self.meta()?;
-        if m.window_start >= m.next_effect {
-            return Ok(None);
-        }
-        let t = self.0.open_table(EFFECTS).map_err(r)?;
-        let first = t.range(m.window_start..).map_err(r)?.next();
-        match first {
-            Some(item) => {
-                let (k, v) = item.map_err(r)?;
-                Ok(Some(
-                    decode_effect_head(k.value(), v.value())?.received_at_ms,
-                ))
+        self.guard(|txn| {
+            let m = self.meta()?;
+            if m.window_start >= m.next_effect {
+                return Ok(None);
             }
-            None => Ok(None),
-        }
+            let t = txn.open_table(EFFECTS).map_err(r)?;
+            let first = t.range(m.window_start..).map_err(r)?.next();
+            match first {
+                Some(item) => {
+                    let (k, v) = item.map_err(r)?;
+                    Ok(Some(
+                        decode_effect_head(k.value(), v.value())?.received_at_ms,
+                    ))
+                }
+                None => Ok(None),
+            }
+        })
     }
 
     /// Bytes each table takes in the file: (name, stored, metadata + fragmentation).
     pub fn table_sizes(&self) -> Result<Vec<(&'static str, u64, u64)>, StoreError> {
-        let mut out = Vec::new();
-        let mut add = |name: &'static str, s: redb::TableStats| {
-            out.push((
-                name,
-                s.stored_bytes(),
-                s.metadata_bytes() + s.fragmented_bytes(),
-            ));
-        };
-        let txn = &self.0;
-        add(
-            "audit",
-            txn.open_table(AUDIT).map_err(r)?.stats().map_err(r)?,
-        );
-        add(
-            "effects",
-            txn.open_table(EFFECTS).map_err(r)?.stats().map_err(r)?,
-        );
-        add(
-            "window",
-            txn.open_table(WINDOW).map_err(r)?.stats().map_err(r)?,
-        );
-        add(
-            "quarantine",
-            txn.open_table(QUARANTINE).map_err(r)?.stats().map_err(r)?,
-        );
-        add(
-            "sources",
-            txn.open_table(SOURCES).map_err(r)?.stats().map_err(r)?,
-        );
-        Ok(out)
+        self.guard(|txn| {
+            let mut out = Vec::new();
+            let mut add = |name: &'static str, s: redb::TableStats| {
+                out.push((
+                    name,
+                    s.stored_bytes(),
+                    s.metadata_bytes() + s.fragmented_bytes(),
+                ));
+            };
+            add(
+                "audit",
+                txn.open_table(AUDIT).map_err(r)?.stats().map_err(r)?,
+            );
+            add(
+                "effects",
+                txn.open_table(EFFECTS).map_err(r)?.stats().map_err(r)?,
+            );
+            add(
+                "window",
+                txn.open_table(WINDOW).map_err(r)?.stats().map_err(r)?,
+            );
+            add(
+                "quarantine",
+                txn.open_table(QUARANTINE).map_err(r)?.stats().map_err(r)?,
+            );
+            add(
+                "sources",
+                txn.open_table(SOURCES).map_err(r)?.stats().map_err(r)?,
+            );
+            Ok(out)
+        })
     }
 
     /// Every recorded replay burst, oldest first (a handful per failover).
     pub fn replay_bursts(&self) -> Result<Vec<BurstRecord>, StoreError> {
-        let t = match self.0.open_table(REPLAY_BURSTS) {
-            Ok(t) => t,
-            // A database last written before bursts were recorded.
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(r(e)),
-        };
-        let mut out = Vec::new();
-        for item in t.iter().map_err(r)? {
-            let (k, v) = item.map_err(r)?;
-            out.push(decode("replay_bursts", k.value(), v.value())?);
-        }
-        Ok(out)
+        self.guard(|txn| {
+            let t = match txn.open_table(REPLAY_BURSTS) {
+                Ok(t) => t,
+                // A database last written before bursts were recorded.
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(r(e)),
+            };
+            let mut out = Vec::new();
+            for item in t.iter().map_err(r)? {
+                let (k, v) = item.map_err(r)?;
+                out.push(decode("replay_bursts", k.value(), v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {
-        let txn = &self.0;
-        let m = self.meta()?;
-        let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
-        Ok(StoreSummary {
-            audit_entries: m.next_audit,
-            effects: m.next_effect,
-            window_entries,
-            quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
-            sources: m.next_source,
-            chain_head: m.chain_head,
+        self.guard(|txn| {
+            let m = self.meta()?;
+            let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
+            Ok(StoreSummary {
+                audit_entries: m.next_audit,
+                effects: m.next_effect,
+                window_entries,
+                quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
+                sources: m.next_source,
+                chain_head: m.chain_head,
+            })
         })
     }
 
@@ -325,12 +363,14 @@ impl Snapshot {
     /// The fingerprint stored beside quarantined message `id` when it was quarantined.
     /// `None` also for a database last written before that table existed.
     pub fn quarantine_fingerprint(&self, id: u64) -> Result<Option<[u8; 32]>, StoreError> {
-        let t = match self.0.open_table(QUARANTINE_FP_BY_ID) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(r(e)),
-        };
-        Ok(t.get(id).map_err(r)?.map(|g| *g.value()))
+        self.guard(|txn| {
+            let t = match txn.open_table(QUARANTINE_FP_BY_ID) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(r(e)),
+            };
+            Ok(t.get(id).map_err(r)?.map(|g| *g.value()))
+        })
     }
 
     fn get<R: serde::de::DeserializeOwned, T>(
@@ -340,11 +380,13 @@ impl Snapshot {
         key: u64,
         make: impl Fn(u64, R) -> T,
     ) -> Result<Option<T>, StoreError> {
-        let t = self.0.open_table(table).map_err(r)?;
-        let Some(v) = t.get(key).map_err(r)? else {
-            return Ok(None);
-        };
-        Ok(Some(make(key, decode(name, key, v.value())?)))
+        self.guard(|txn| {
+            let t = txn.open_table(table).map_err(r)?;
+            let Some(v) = t.get(key).map_err(r)? else {
+                return Ok(None);
+            };
+            Ok(Some(make(key, decode(name, key, v.value())?)))
+        })
     }
 
     /// Streams the records of a `u64`-keyed log table from key `from` on.
@@ -356,14 +398,16 @@ impl Snapshot {
         make: impl Fn(u64, R) -> T,
         mut f: impl FnMut(T) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        let t = self.0.open_table(table).map_err(r)?;
-        for item in t.range(from..).map_err(r)? {
-            let (k, v) = item.map_err(r)?;
-            let record = decode(name, k.value(), v.value()).map_err(StoreError::from)?;
-            if f(make(k.value(), record))?.is_break() {
-                break;
+        self.guard(|txn| {
+            let t = txn.open_table(table).map_err(r)?;
+            for item in t.range(from..).map_err(r)? {
+                let (k, v) = item.map_err(r)?;
+                let record = decode(name, k.value(), v.value()).map_err(StoreError::from)?;
+                if f(make(k.value(), record))?.is_break() {
+                    break;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

@@ -15,6 +15,7 @@
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
+//! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `readme`: the README's commands run as written and print what it shows.
@@ -28,6 +29,7 @@ mod cli;
 mod common;
 mod config;
 mod crash;
+mod damage;
 mod db_file;
 mod demo;
 mod fake_peer;
