@@ -541,6 +541,9 @@ pub fn write_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Largest exponent magnitude read or written: 15 digits.
+const MAX_EXPONENT: u64 = 999_999_999_999_999;
+
 /// Normalises a JSON number's text to one exact decimal spelling, so `1`, `1.0`, `10e-1` and
 /// `0.1E1` are all `1`, while `0.1` and `0.10000000000000000001` stay different (no f64).
 /// Integers are written in full up to 21 digits; beyond that, and below 1e-6, `d.ddde±N`.
@@ -615,6 +618,11 @@ pub fn canonical_number(text: &str) -> Result<String, JsonError> {
             out.push_str(&digits[1..]);
         }
         let e = point - 1;
+        // The canonical text must itself be canonicalisable (a fixed point): its exponent may
+        // have at most the 15 digits accepted on input above.
+        if e.unsigned_abs() > MAX_EXPONENT {
+            return Err(range());
+        }
         let _ = write!(
             out,
             "e{}{}",
@@ -658,6 +666,22 @@ mod tests {
             assert_eq!(canonical_number(a).unwrap(), b, "{a}");
         }
         assert!(canonical_number("1e9999999999999999999").is_err());
+    }
+
+    #[test]
+    fn a_canonical_number_is_its_own_canonical_form_even_at_the_exponent_limit() {
+        // Found by the `decode` fuzz target: 15 exponent digits on input, 16 after
+        // normalising, which the canonical form's own re-parse refused.
+        let text = "999999999999999999999999999998190e999999999999991";
+        assert!(canonical_number(text).is_err());
+        for ok in [
+            "1e999999999999999",
+            "-1.5e-999999999999998",
+            "12e999999999999998",
+        ] {
+            let c = canonical_number(ok).unwrap();
+            assert_eq!(canonical_number(&c).unwrap(), c, "{ok}");
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@ pub mod config;
 pub mod decide;
 pub mod demo;
 pub mod filter;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod json;
 pub mod key;
 pub mod model;

@@ -227,11 +227,15 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
         if lock(&state).killed {
             break;
         }
-        match header >> 4 {
-            1 => {
-                let Some((id, clean)) = parse_connect(&body) else {
-                    break;
-                };
+        // A malformed CONNECT, PUBLISH or SUBSCRIBE ends the connection.
+        let Some(packet) = decode_packet(header, &body) else {
+            break;
+        };
+        match packet {
+            Packet::Connect {
+                client_id: id,
+                clean,
+            } => {
                 let mut st = lock(&state);
                 st.next_conn += 1;
                 let conn = st.next_conn;
@@ -250,11 +254,11 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
                 pump_unless_held(&mut st, &id);
                 client = Some((id, conn));
             }
-            3 => {
-                let qos = (header >> 1) & 3;
-                let Some((topic, pid, payload)) = parse_publish(&body, qos) else {
-                    break;
-                };
+            Packet::Publish {
+                topic,
+                pid,
+                payload,
+            } => {
                 let mut st = lock(&state);
                 let msg = Msg { topic, payload };
                 let targets: Vec<String> = st
@@ -270,11 +274,11 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
                     pump_unless_held(&mut st, &c);
                 }
                 if let Some(pid) = pid {
-                    let _ = tx.send(vec![0x40, 2, (pid >> 8) as u8, pid as u8]);
+                    let _ = tx.send(puback(pid));
                 }
             }
-            4 => {
-                let (Some((id, _)), Some(pid)) = (&client, be16(&body, 0)) else {
+            Packet::Puback(pid) => {
+                let (Some((id, _)), Some(pid)) = (&client, pid) else {
                     continue;
                 };
                 let mut st = lock(&state);
@@ -283,10 +287,7 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
                 }
                 pump_unless_held(&mut st, id);
             }
-            8 => {
-                let Some((pid, filters)) = parse_subscribe(&body) else {
-                    break;
-                };
+            Packet::Subscribe { pid, filters } => {
                 if let Some((id, _)) = &client {
                     let mut st = lock(&state);
                     if let Some(s) = st.sessions.get_mut(id) {
@@ -297,15 +298,13 @@ async fn connection(stream: TcpStream, state: Arc<Mutex<State>>) {
                         }
                     }
                 }
-                let mut ack = vec![0x90, (2 + filters.len()) as u8, (pid >> 8) as u8, pid as u8];
-                ack.extend(std::iter::repeat_n(1u8, filters.len()));
-                let _ = tx.send(ack);
+                let _ = tx.send(suback(pid, filters.len()));
             }
-            12 => {
-                let _ = tx.send(vec![0xd0, 0]);
+            Packet::Pingreq => {
+                let _ = tx.send(PINGRESP.to_vec());
             }
-            14 => break,
-            _ => {}
+            Packet::Disconnect => break,
+            Packet::Other(_) => {}
         }
     }
     if let Some((id, conn)) = client {
@@ -346,21 +345,215 @@ async fn read_packet(
     if rd.read(&mut first).await? == 0 {
         return Ok(None);
     }
-    let mut len = 0usize;
-    for shift in 0..4 {
+    let mut length = Vec::with_capacity(4);
+    let len = loop {
         let mut b = [0u8; 1];
         rd.read_exact(&mut b).await?;
-        len |= usize::from(b[0] & 0x7f) << (7 * shift);
-        if b[0] & 0x80 == 0 {
-            break;
+        length.push(b[0]);
+        match remaining_length(&length) {
+            Ok(Some(len)) => break len,
+            Ok(None) => {}
+            // Malformed or too large: drop the connection.
+            Err(_) => return Ok(None),
         }
-    }
-    if len > MAX_PACKET {
-        return Ok(None);
-    }
+    };
     let mut body = vec![0u8; len];
     rd.read_exact(&mut body).await?;
     Ok(Some((first[0], body)))
+}
+
+/// Why a fixed header is refused.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// A fifth length byte: MQTT's remaining length has at most four.
+    LengthTooLong,
+    /// Larger than `MAX_PACKET`, refused before anything is allocated for it.
+    TooLarge(usize),
+}
+
+/// The remaining length from the length bytes read so far: `Ok(None)` while the last byte
+/// has its continuation bit set. At most four bytes and `MAX_PACKET`, so a reader never
+/// allocates more than `MAX_PACKET` for one packet whatever the peer sends.
+fn remaining_length(bytes: &[u8]) -> Result<Option<usize>, FrameError> {
+    let mut len = 0usize;
+    for (i, b) in bytes.iter().enumerate() {
+        if i == 4 {
+            return Err(FrameError::LengthTooLong);
+        }
+        len |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return if len > MAX_PACKET {
+                Err(FrameError::TooLarge(len))
+            } else {
+                Ok(Some(len))
+            };
+        }
+    }
+    if bytes.len() >= 4 {
+        return Err(FrameError::LengthTooLong);
+    }
+    Ok(None)
+}
+
+/// One frame: its first byte, its body, and how many bytes of the buffer it used.
+#[doc(hidden)]
+pub type Frame<'a> = (u8, &'a [u8], usize);
+
+/// Splits one frame off the front of `buf` with the same rules as the socket reader:
+/// `Ok(None)` if `buf` holds no complete frame yet, else (first byte, body, bytes used).
+#[doc(hidden)]
+pub fn split_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, FrameError> {
+    let Some((&first, rest)) = buf.split_first() else {
+        return Ok(None);
+    };
+    for n in 1..=rest.len().min(4) {
+        if let Some(len) = remaining_length(&rest[..n])? {
+            return Ok(rest.get(n..n + len).map(|body| (first, body, 1 + n + len)));
+        }
+    }
+    // Four continuation bytes and no end: `remaining_length` already refused it above.
+    Ok(None)
+}
+
+/// A packet the broker acts on, decoded from one frame's first byte and body.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Packet {
+    Connect {
+        client_id: String,
+        clean: bool,
+    },
+    Publish {
+        topic: String,
+        pid: Option<u16>,
+        payload: Vec<u8>,
+    },
+    /// A PUBACK too short to hold a packet id is ignored, not fatal.
+    Puback(Option<u16>),
+    Subscribe {
+        pid: u16,
+        filters: Vec<String>,
+    },
+    Pingreq,
+    Disconnect,
+    /// Any other packet type, ignored.
+    Other(u8),
+}
+
+/// Decodes one packet; `None` for a malformed CONNECT, PUBLISH or SUBSCRIBE (the connection
+/// is dropped).
+#[doc(hidden)]
+pub fn decode_packet(header: u8, body: &[u8]) -> Option<Packet> {
+    Some(match header >> 4 {
+        1 => {
+            let (client_id, clean) = parse_connect(body)?;
+            Packet::Connect { client_id, clean }
+        }
+        3 => {
+            let (topic, pid, payload) = parse_publish(body, (header >> 1) & 3)?;
+            Packet::Publish {
+                topic,
+                pid,
+                payload,
+            }
+        }
+        4 => Packet::Puback(be16(body, 0)),
+        8 => {
+            let (pid, filters) = parse_subscribe(body)?;
+            Packet::Subscribe { pid, filters }
+        }
+        12 => Packet::Pingreq,
+        14 => Packet::Disconnect,
+        other => Packet::Other(other),
+    })
+}
+
+const PINGRESP: [u8; 2] = [0xd0, 0];
+
+fn puback(pid: u16) -> Vec<u8> {
+    frame(0x40, &pid.to_be_bytes())
+}
+
+/// One return code (QoS 1) per filter. The remaining length is a varint: a SUBSCRIBE with
+/// more than 253 filters needs two length bytes.
+fn suback(pid: u16, filters: usize) -> Vec<u8> {
+    let mut body = pid.to_be_bytes().to_vec();
+    body.extend(std::iter::repeat_n(1u8, filters));
+    frame(0x90, &body)
+}
+
+/// A frame: first byte, remaining length as a varint, body.
+fn frame(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 5);
+    out.push(first);
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// The fuzz check of the codec (`fuzz/` target `broker_codec` and its regression inputs):
+/// arbitrary bytes split into frames and decode into packets or refusals without panicking,
+/// and every reply the broker would send for a packet is a frame that decodes back.
+#[doc(hidden)]
+pub fn check_codec(bytes: &[u8]) {
+    let mut rest = bytes;
+    while let Ok(Some((header, body, used))) = split_frame(rest) {
+        rest = &rest[used..];
+        let Some(packet) = decode_packet(header, body) else {
+            continue;
+        };
+        let replies = match &packet {
+            Packet::Connect { .. } => vec![vec![0x20, 2, 0, 0]],
+            Packet::Publish {
+                topic,
+                pid,
+                payload,
+            } => {
+                let m = Msg {
+                    topic: topic.clone(),
+                    payload: payload.clone(),
+                };
+                let forward = publish_packet(&m, pid.unwrap_or(1), true);
+                let (h, b, n) = split_frame(&forward)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| panic!("forwarded PUBLISH is not a frame: {packet:?}"));
+                assert_eq!(n, forward.len(), "forwarded PUBLISH has a wrong length");
+                assert_eq!(
+                    decode_packet(h, b),
+                    Some(Packet::Publish {
+                        topic: topic.clone(),
+                        pid: Some(pid.unwrap_or(1)),
+                        payload: payload.clone(),
+                    }),
+                    "forwarded PUBLISH does not decode to what was published"
+                );
+                pid.map(puback).into_iter().collect()
+            }
+            Packet::Subscribe { pid, filters } => vec![suback(*pid, filters.len())],
+            Packet::Pingreq => vec![PINGRESP.to_vec()],
+            Packet::Puback(_) | Packet::Disconnect | Packet::Other(_) => Vec::new(),
+        };
+        for reply in replies {
+            let parsed = split_frame(&reply);
+            assert!(
+                matches!(parsed, Ok(Some((_, _, n))) if n == reply.len()),
+                "reply {reply:?} to {packet:?} is not one well-formed frame: {parsed:?}"
+            );
+        }
+    }
 }
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
@@ -411,21 +604,7 @@ fn publish_packet(m: &Msg, pid: u16, dup: bool) -> Vec<u8> {
     body.extend_from_slice(m.topic.as_bytes());
     body.extend_from_slice(&pid.to_be_bytes());
     body.extend_from_slice(&m.payload);
-    let mut out = vec![0x32 | if dup { 0x08 } else { 0 }];
-    let mut len = body.len();
-    loop {
-        let mut byte = (len % 128) as u8;
-        len /= 128;
-        if len > 0 {
-            byte |= 0x80;
-        }
-        out.push(byte);
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&body);
-    out
+    frame(0x32 | if dup { 0x08 } else { 0 }, &body)
 }
 
 #[cfg(test)]
@@ -439,6 +618,26 @@ mod tests {
         assert!(!matches("incidents/+", "incidents/ca/fire"));
         assert!(matches("a/b", "a/b"));
         assert!(!matches("a/b", "a/c"));
+    }
+
+    #[test]
+    fn suback_for_more_than_253_filters_is_one_well_formed_frame() {
+        let ack = suback(9, 300);
+        assert_eq!(split_frame(&ack), Ok(Some((0x90, &ack[3..], ack.len()))));
+        assert_eq!(ack.len(), 1 + 2 + 2 + 300);
+    }
+
+    #[test]
+    fn a_fifth_length_byte_or_an_oversized_packet_is_refused() {
+        assert_eq!(
+            split_frame(&[0x30, 0x80, 0x80, 0x80, 0x80, 0x01]),
+            Err(FrameError::LengthTooLong)
+        );
+        assert_eq!(
+            split_frame(&[0x30, 0x80, 0x80, 0x80, 0x01]),
+            Err(FrameError::TooLarge(1 << 21))
+        );
+        assert_eq!(split_frame(&[0x30, 0x80]), Ok(None));
     }
 
     #[test]

@@ -9,6 +9,10 @@
 mod broker;
 pub mod feed;
 
+/// The broker's packet codec check, for the fuzz target and its regression inputs.
+#[doc(hidden)]
+pub use broker::check_codec as check_broker_codec;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::ops::ControlFlow;

@@ -570,6 +570,22 @@ impl Store {
         opened.map_err(StoreError::classify)
     }
 
+    /// A new database held in memory (the engine fuzz target: no file, no fsync). A memory
+    /// backend has no locks, and redb then allows only its `ExclusiveWriter` mode.
+    #[doc(hidden)]
+    pub fn open_in_memory(opts: StoreOptions) -> Result<Store, StoreError> {
+        let mut b = Builder::new();
+        b.set_cache_size(opts.cache_bytes)
+            .set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
+        let db = b
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|error| StoreError::Open {
+                path: PathBuf::from("<memory>"),
+                error,
+            })?;
+        Store::init(db, opts, true)
+    }
+
     /// Checks (or, when `creating`, writes) the meta record and makes sure every table exists.
     fn init(db: Database, opts: StoreOptions, creating: bool) -> Result<Store, StoreError> {
         // Held in `Leak`s: a redb panic below must not run their destructors (see `guard`).

@@ -1,6 +1,7 @@
 //! The one integration-test binary (links once). Module map:
 //! - `common`: helpers shared by the modules (temp databases, feeds, running the binary).
 //! - `model`: reference-model property test of the engine against an in-memory model.
+//! - `fuzz_regressions`: the committed fuzz inputs through the fuzz targets' checks.
 //! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
 //! - `bad_input`: malformed payloads through the real binary: quarantined, never a panic.
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
@@ -34,6 +35,7 @@ mod db_file;
 mod demo;
 mod fake_peer;
 mod faults;
+mod fuzz_regressions;
 mod inspect;
 mod live_read;
 mod model;
