@@ -490,10 +490,31 @@ impl Default for Config {
     }
 }
 
+/// Largest config file read: far above any real one, and it bounds `--config /dev/zero`.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+/// Largest password file read (`password_file = "/dev/zero"` must not grow memory).
+const MAX_PASSWORD_BYTES: u64 = 4096;
+
+/// Reads a UTF-8 text file of at most `limit` bytes; a longer one (or an endless device) is an
+/// error rather than an unbounded read.
+fn read_bounded(path: &Path, limit: u64) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        return Err(std::io::Error::other(format!(
+            "longer than {limit} bytes: not a file replay-guard reads"
+        )));
+    }
+    Ok(text)
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        let text = read_bounded(path, MAX_CONFIG_BYTES).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
             error,
         })?;
@@ -795,7 +816,7 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
             let path = m.password_file.clone().or(from_systemd.filter(|p| p.exists())).ok_or_else(|| {
                 invalid("username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password".into())
             })?;
-            let text = std::fs::read_to_string(&path)
+            let text = read_bounded(&path, MAX_PASSWORD_BYTES)
                 .map_err(|e| invalid(format!("password_file {}: {e}", path.display())))?;
             Some((
                 user.clone(),
@@ -933,6 +954,21 @@ mod tests {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn endless_or_huge_files_are_refused_not_read_to_the_end() {
+        let e = Config::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than 1048576 bytes"), "{e}");
+        let text = "[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"x\"\ntopics = [\"t\"]\n\
+                    username = \"u\"\npassword_file = \"/dev/zero\"";
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains("password_file /dev/zero: longer than 4096 bytes"),
+            "{e}"
+        );
     }
 
     #[test]
