@@ -22,6 +22,23 @@ pub struct FeedContract {
     pub max_depth: usize,
 }
 
+impl FeedContract {
+    /// This contract for re-deciding content already admitted (`verify`, `quarantine
+    /// release`): the same fields and digest rule, without the admission limits. The limits
+    /// never change a key or a digest, so a record admitted before an operator lowered
+    /// `max_payload_bytes` or `max_depth` must not read as damaged afterwards.
+    pub fn for_stored(&self) -> FeedContract {
+        FeedContract {
+            max_payload_bytes: usize::MAX,
+            max_depth: STORED_MAX_DEPTH,
+            ..self.clone()
+        }
+    }
+}
+
+/// The deepest nesting any config admits (`[feed] max_depth` is at most this).
+pub const STORED_MAX_DEPTH: usize = 128;
+
 impl Default for FeedContract {
     fn default() -> Self {
         let ptr = |s: &str| Pointer::parse(s).unwrap_or_else(|_| unreachable!("static pointer"));

@@ -65,6 +65,9 @@ impl Store {
         contract: &FeedContract,
         now_ms: u64,
     ) -> Result<Decided, StoreError> {
+        // A limit lowered since the message was quarantined neither changes its digest nor
+        // makes it damaged.
+        let contract = &contract.for_stored();
         // The long look for earlier applications runs on a read snapshot, so `run`'s commits
         // are not held up; the write transaction then checks only what was committed since.
         let prior = match resolution {

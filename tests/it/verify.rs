@@ -467,3 +467,32 @@ fn effects_whose_audit_entry_was_pruned_are_still_checked_where_provable() {
         "{err}"
     );
 }
+
+#[test]
+fn lowered_admission_limits_neither_fail_verify_nor_block_a_release() {
+    // Every line of the example feed is over 40 bytes: under the lowered limit each stored
+    // record would be refused on admission, yet its key and digest are what they were.
+    let dir = tempfile::tempdir().unwrap();
+    let db = honest_db(dir.path());
+    let cfg = dir.path().join("lowered.toml");
+    std::fs::write(&cfg, "[feed]\nmax_payload_bytes = 40\nmax_depth = 1\n").unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let (code, out, err) = verify_with(&db, &["--config", cfg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = output(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        db.to_str().unwrap(),
+        "--config",
+        cfg,
+        "--reason",
+        "checked",
+        "--operator",
+        "t",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = verify_with(&db, &["--config", cfg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+}
