@@ -29,7 +29,7 @@ pub const WINDOW_SECONDS: Range = 1..=31_536_000;
 pub const WINDOW_MAX_ENTRIES: Range = 1..=1_000_000_000;
 /// 64 MiB: far above any incident update; payloads are parsed whole in memory.
 pub const MAX_PAYLOAD_BYTES: Range = 1..=67_108_864;
-pub const MAX_DEPTH: Range = 1..=128;
+pub const MAX_DEPTH: Range = 1..=crate::wire::STORED_MAX_DEPTH as u64;
 pub const MAX_BATCH: Range = 1..=MAX_BATCH_LIMIT as u64;
 pub const LINGER_MS: Range = 0..=60_000;
 /// 100 years; 0 turns the bound off.
@@ -153,9 +153,24 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
             let start = span.start.min(text.len());
             let line_no = text.get(..start).unwrap_or(text).matches('\n').count() + 1;
             let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
-            format!("line {line_no} `{line}`: {message}")
+            format!("line {line_no} `{}`: {message}", redact_secret_line(line))
         }
     })
+}
+
+/// A config line whose key names a secret (`password = "…"` typed where `password_file`
+/// belongs) is quoted by its key alone.
+fn redact_secret_line(line: &str) -> String {
+    let key = line.split('=').next().unwrap_or(line).trim();
+    let lower = key.to_ascii_lowercase();
+    let secret = ["password", "passwd", "secret", "token"]
+        .iter()
+        .any(|w| lower.contains(w));
+    if secret && line.contains('=') && !lower.ends_with("_file") {
+        format!("{key} = <redacted>")
+    } else {
+        line.to_string()
+    }
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -969,6 +984,23 @@ mod tests {
             e.contains("password_file /dev/zero: longer than 4096 bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_secret_typed_inline_is_not_echoed_in_the_error() {
+        let text = "[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"x\"\ntopics = [\"t\"]\n\
+                    password = \"hunter2\"\n";
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            e.contains("`password = <redacted>`") && e.contains("password"),
+            "{e}"
+        );
+        // A file path is not a secret and is still quoted.
+        let e = Config::parse("[mqtt]\npassword_file = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("password_file = 3"), "{e}");
     }
 
     #[test]

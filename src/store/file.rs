@@ -247,7 +247,12 @@ fn describe(holder: Option<u64>) -> String {
                 .filter(|c| !c.is_empty());
             match command {
                 Some(c) => {
-                    let c: String = c.chars().take(200).collect();
+                    // One line whatever the holder's arguments hold.
+                    let c: String = c
+                        .chars()
+                        .flat_map(|ch| ch.escape_debug())
+                        .take(200)
+                        .collect();
                     format!(" (PID {pid}: {c})")
                 }
                 None => format!(" (PID {pid})"),
