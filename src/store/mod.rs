@@ -537,11 +537,22 @@ impl Store {
         // The umask may have taken bits from `mode` but never adds any: set it exactly.
         f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
             .map_err(io_err)?;
+        let identity = |f: &std::fs::File| {
+            use std::os::unix::fs::MetadataExt as _;
+            f.metadata().map(|m| (m.dev(), m.ino())).map_err(io_err)
+        };
+        let locked = identity(&f)?;
         let Some(lock) = file::lock_for_creation(tmp, new_backend(f)?)? else {
             return Err(StoreError::busy(tmp));
         };
+        // Another creator may have finished and unlinked the name between the two opens: the
+        // lock must be on the very file that is initialised.
+        let g = open()?;
+        if identity(&g)? != locked {
+            return Err(StoreError::busy(tmp));
+        }
         let db = builder(opts.cache_bytes, opts.concurrency)
-            .create_with_backend(new_backend(open()?)?)
+            .create_with_backend(new_backend(g)?)
             .map_err(|error| match error {
                 DatabaseError::DatabaseAlreadyOpen => StoreError::busy(tmp),
                 error => StoreError::Open {
