@@ -16,6 +16,7 @@ pub mod key;
 pub mod model;
 pub mod notify;
 pub mod rangeset;
+pub mod relay;
 pub mod service;
 pub mod signals;
 pub mod store;

@@ -149,10 +149,13 @@ pub enum Outcome {
     /// An operator judged a quarantined message not to be applied (`quarantine discard`): it
     /// leaves the quarantine, and the audit keeps why. Never returned by `decide`.
     Discarded,
+    /// An operator's relay action (`relay retry|rewind|forget`): names the sink, who and why.
+    /// Never returned by `decide`, and changes no effect.
+    Relay,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Applied,
         Outcome::AppliedLate,
         Outcome::Duplicate,
@@ -161,6 +164,7 @@ impl Outcome {
         Outcome::Malformed,
         Outcome::Released,
         Outcome::Discarded,
+        Outcome::Relay,
     ];
 
     /// The outcomes a delivery can get (the rest of `ALL` are operator actions).
@@ -176,6 +180,7 @@ impl Outcome {
             Outcome::Malformed => "malformed",
             Outcome::Released => "released",
             Outcome::Discarded => "discarded",
+            Outcome::Relay => "relay",
         }
     }
 
@@ -210,6 +215,7 @@ impl Outcome {
             Outcome::Malformed => 5,
             Outcome::Released => 6,
             Outcome::Discarded => 7,
+            Outcome::Relay => 8,
         }
     }
 
@@ -226,12 +232,14 @@ impl fmt::Display for Outcome {
 
 /// Per-outcome counters, e.g. for a batch or an `ingest` run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OutcomeCounts([u64; 8]);
+pub struct OutcomeCounts([u64; 9]);
 
 impl OutcomeCounts {
-    /// Counts indexed by outcome code (the stored form).
+    /// Counts indexed by outcome code (the stored form, which has no `relay` slot).
     pub fn from_array(by_code: [u64; 8]) -> OutcomeCounts {
-        OutcomeCounts(by_code)
+        let mut all = [0; 9];
+        all[..8].copy_from_slice(&by_code);
+        OutcomeCounts(all)
     }
     pub fn add(&mut self, outcome: Outcome) {
         self.0[usize::from(outcome.code())] += 1;

@@ -396,8 +396,10 @@ pub fn run_case(
                     );
                 }
             }
-            Outcome::Released | Outcome::Discarded => {
-                return Err("the feed alone never releases or discards".into());
+            Outcome::Released | Outcome::Discarded | Outcome::Relay => {
+                return Err(
+                    "the feed alone never releases, discards or records relay actions".into(),
+                );
             }
         }
     }

@@ -8,6 +8,7 @@ mod guard;
 pub mod lookup;
 mod operator;
 mod read;
+pub mod relay;
 mod retention;
 pub mod tables;
 pub mod verify;
@@ -652,6 +653,8 @@ impl Store {
             txn.open_table(QUARANTINE_FP_BY_ID)
                 .map_err(StoreError::redb)?;
             txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?;
+            txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?;
+            txn.open_table(SINK_PARKED).map_err(StoreError::redb)?;
         }
         txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(Store {
@@ -786,6 +789,9 @@ struct Writer<'t> {
     marks: Option<RetentionMarks>,
     marks_dirty: bool,
     counters: Counters,
+    /// The lowest relay sink cursor (read only when retention prunes effects): retention
+    /// never removes an effect a sink has not delivered or parked.
+    lowest_cursor: Option<u64>,
 }
 
 fn pos_pair(p: Position) -> (u64, u64) {
@@ -841,7 +847,14 @@ impl<'t> Writer<'t> {
         let quarantine = Leak::new(txn.open_table(QUARANTINE).map_err(open)?);
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
+        let lowest_cursor = if opts.retention.effects.is_active() {
+            let t = Leak::new(txn.open_table(SINK_CURSORS).map_err(open)?);
+            relay::lowest_cursor(&*t)?
+        } else {
+            None
+        };
         Ok(Writer {
+            lowest_cursor,
             opts,
             meta,
             meta_table: meta_table.into_inner(),
@@ -979,7 +992,7 @@ impl<'t> Writer<'t> {
                     audit_index,
                 )?);
             }
-            Outcome::Malformed | Outcome::Released | Outcome::Discarded => {
+            Outcome::Malformed | Outcome::Released | Outcome::Discarded | Outcome::Relay => {
                 unreachable!("decide never returns {}", decision.outcome)
             }
         }

@@ -25,7 +25,7 @@ pub struct LogRetention {
 }
 
 impl LogRetention {
-    fn is_active(self) -> bool {
+    pub(super) fn is_active(self) -> bool {
         self.max_age_seconds.is_some() || self.max_entries.is_some()
     }
 
@@ -148,8 +148,12 @@ impl Writer<'_> {
         marks: &mut RetentionMarks,
     ) -> Result<u64, StoreError> {
         let start = marks.effects_floor;
-        // Never into the window: the effect log is its time index.
-        let end = self.meta.window_start;
+        // Never into the window (the effect log is its time index), nor past what a relay
+        // sink has yet to deliver.
+        let end = self
+            .lowest_cursor
+            .map_or(self.meta.window_start, |c| c.min(self.meta.window_start))
+            .max(start);
         let len = self.meta.next_effect.saturating_sub(start);
         let due = expired_front(
             &self.effects,

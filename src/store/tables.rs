@@ -31,6 +31,11 @@ pub const QUARANTINE_FP_BY_ID: TableDefinition<u64, &[u8; 32]> =
     TableDefinition::new("quarantine_fp_by_id");
 /// burst number -> `BurstRecord`: failover replay bursts `run` absorbed (for `stats`).
 pub const REPLAY_BURSTS: TableDefinition<u64, &[u8]> = TableDefinition::new("replay_bursts");
+/// sink name -> `SinkRecord`: a relay sink's durable cursor (issue 10). Written only by
+/// `store::relay`.
+pub const SINK_CURSORS: TableDefinition<&str, &[u8]> = TableDefinition::new("sink_cursors");
+/// (sink name, effect offset) -> `ParkedRecord`: events a sink's receiver refused for good.
+pub const SINK_PARKED: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("sink_parked");
 /// "meta" -> `Meta`; "retention" -> `RetentionMarks`.
 pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 pub const META_KEY: &str = "meta";
@@ -73,6 +78,50 @@ pub struct RetentionMarks {
     pub effects_pruned: u64,
     pub quarantine_pruned: u64,
     pub last_pruned_at_ms: u64,
+}
+
+/// A relay sink's cursor and counters.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SinkRecord {
+    /// `mqtt`, `http`, `postgres` or `exec`, as configured when the cursor was made.
+    pub kind: String,
+    /// The first effect offset neither delivered nor parked.
+    pub next: u64,
+    /// Bumped by every operator move of the cursor (`relay rewind`); a running sink's cursor
+    /// write carrying an older generation is refused, so it reloads instead of overwriting.
+    pub generation: u64,
+    pub registered_at_ms: u64,
+    /// When `next` last moved.
+    pub advanced_at_ms: u64,
+    pub delivered: u64,
+    pub parked: u64,
+    /// The last failed attempt: when, and what the receiver or the connection said.
+    pub last_error: Option<(u64, String)>,
+}
+
+/// An event a sink's receiver refused for good, kept with what it said (`relay parked`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ParkedRecord {
+    pub parked_at_ms: u64,
+    /// The event id (the CloudEvents `id`).
+    pub id: String,
+    pub key: [u8; 32],
+    pub agency: String,
+    pub source_id: String,
+    /// The topic the message arrived on (the mqtt sink's `{topic}`).
+    pub topic: String,
+    pub reason: String,
+    /// The receiver's last response (status line and the start of the body, or the
+    /// program's exit status and stderr).
+    pub response: String,
+    pub attempts: u64,
+    /// `on_poison = "block"`: the sink's cursor waits at this event.
+    pub blocking: bool,
+    /// Set by `relay retry`: the sink delivers it again and drops the record once accepted.
+    pub retry_requested_at_ms: Option<u64>,
+    /// The event exactly as it was offered, so a retry needs no effect record (retention may
+    /// have pruned it since).
+    pub event: String,
 }
 
 /// One replay burst: duplicates absorbed after `run` (re)connected to `broker`.

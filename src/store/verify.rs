@@ -526,6 +526,12 @@ fn check_entry(
             }
         },
         Outcome::Discarded => resolves(e, scan),
+        // An operator's relay action changes no effect or quarantine record; it must name
+        // the sink it acted on.
+        Outcome::Relay if e.record.topic.is_empty() => {
+            Some("relay action without the sink it acted on".into())
+        }
+        Outcome::Relay => None,
     })
 }
 

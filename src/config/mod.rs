@@ -12,6 +12,12 @@ use crate::store::{
 };
 use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES, FeedContract};
 
+mod sinks;
+pub use sinks::{
+    ExecSink, HttpSink, HttpUrl, MqttSink, OnPoison, PostgresSink, RelayConfig, SinkConfig,
+    SinkKind, Start, TOPIC_PLACEHOLDERS, sink_name_problem, sql_name_problem,
+};
+
 /// Largest accepted `[commit] max_batch`.
 pub const MAX_BATCH_LIMIT: usize = 65_535;
 pub const DEFAULT_MAX_BATCH: usize = 1000;
@@ -183,6 +189,8 @@ struct RawConfig {
     retention: RawRetention,
     mqtt: Option<RawMqtt>,
     service: RawService,
+    relay: sinks::RawRelay,
+    sink: Vec<sinks::RawSink>,
 }
 
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -497,6 +505,8 @@ pub struct Config {
     /// `None` when the file has no `[mqtt]` section (enough for `ingest` and the dumps).
     pub mqtt: Option<MqttConfig>,
     pub shutdown_timeout: std::time::Duration,
+    /// `[relay]` and `[[sink]]`: where applied effects are delivered.
+    pub relay: RelayConfig,
 }
 
 impl Default for Config {
@@ -688,7 +698,10 @@ impl Config {
             max_payload_bytes: raw.feed.max_payload_bytes,
             max_depth: raw.feed.max_depth,
         };
+        let client_id = raw.mqtt.as_ref().map(|m| m.client_id.clone());
+        let relay = sinks::relay_from_raw(raw.relay, raw.sink, client_id.as_deref())?;
         Ok(Config {
+            relay,
             db_path: raw.store.path,
             store: StoreOptions {
                 cache_bytes: usize::try_from(raw.store.cache_mb.saturating_mul(1024 * 1024))

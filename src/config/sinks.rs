@@ -1,0 +1,812 @@
+//! `[relay]` and `[[sink]]`: where applied effects are delivered (issue 10). Validated here,
+//! with the rest of the file, so `check-config` refuses what the relay could not use.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{
+    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, Range, RawProtocol, Secret, TlsFiles,
+    in_range, read_bounded, redact_url,
+};
+
+pub const SINK_BATCH_MAX: Range = 1..=10_000;
+pub const SINK_LINGER_MS: Range = 0..=60_000;
+pub const SINK_MAX_IN_FLIGHT: Range = 1..=1_000;
+pub const SINK_BACKOFF_INITIAL_MS: Range = 10..=60_000;
+/// The lower end is `backoff_initial_ms`.
+pub const SINK_BACKOFF_MAX_MS: u64 = 3_600_000;
+pub const SINK_TIMEOUT_MS: Range = 100..=600_000;
+/// Longest `[relay] source` and sink topic template.
+const MAX_TEXT: usize = 4096;
+/// Largest `dsn_file` read.
+const MAX_DSN_BYTES: u64 = 16 * 1024;
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRelay {
+    source: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum RawKind {
+    Mqtt,
+    Http,
+    Postgres,
+    Exec,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawPoison {
+    #[default]
+    Park,
+    Block,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawStart {
+    #[default]
+    Beginning,
+    Head,
+}
+
+/// One `[[sink]]` table as written. Kind-specific keys are optional here and checked against
+/// the kind in `sink_from_raw`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSink {
+    name: String,
+    kind: RawKind,
+    #[serde(default)]
+    on_poison: RawPoison,
+    #[serde(default)]
+    start: RawStart,
+    batch_max: Option<u64>,
+    linger_ms: Option<u64>,
+    max_in_flight: Option<u64>,
+    backoff_initial_ms: Option<u64>,
+    backoff_max_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    // mqtt
+    broker: Option<String>,
+    protocol: Option<RawProtocol>,
+    client_id: Option<String>,
+    topic: Option<String>,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    client_cert_file: Option<PathBuf>,
+    client_key_file: Option<PathBuf>,
+    keep_alive_seconds: Option<u64>,
+    // http
+    url: Option<String>,
+    // postgres
+    dsn: Option<String>,
+    dsn_file: Option<PathBuf>,
+    table: Option<String>,
+    // exec
+    command: Option<Vec<String>>,
+}
+
+/// The validated `[relay]` section and its sinks.
+#[derive(Debug, Clone, Default)]
+pub struct RelayConfig {
+    /// The CloudEvents `source` attribute (a URI reference).
+    pub source: String,
+    pub sinks: Vec<SinkConfig>,
+}
+
+impl RelayConfig {
+    pub fn sink(&self, name: &str) -> Option<&SinkConfig> {
+        self.sinks.iter().find(|s| s.name == name)
+    }
+}
+
+/// What a sink does with an event its receiver refuses for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPoison {
+    /// Keep it (with the reason and the last response) and move on.
+    Park,
+    /// Stop the sink at it until an operator acts (`relay retry`).
+    Block,
+}
+
+/// Where a sink that has no cursor yet starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The oldest effect still in the log: every retained effect is delivered.
+    Beginning,
+    /// The next effect committed: what is already in the log is not delivered.
+    Head,
+}
+
+/// One validated `[[sink]]`.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    pub name: String,
+    pub on_poison: OnPoison,
+    pub start: Start,
+    /// Most events handed to the sink at once.
+    pub batch_max: usize,
+    /// How long a sink waits for a batch to fill after its first event.
+    pub linger: Duration,
+    /// Sources whose events may be in flight at once (1 = strict log order).
+    pub max_in_flight: usize,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// One delivery attempt's limit.
+    pub timeout: Duration,
+    pub kind: SinkKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum SinkKind {
+    Mqtt(MqttSink),
+    Http(HttpSink),
+    Postgres(PostgresSink),
+    Exec(ExecSink),
+}
+
+impl SinkKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SinkKind::Mqtt(_) => "mqtt",
+            SinkKind::Http(_) => "http",
+            SinkKind::Postgres(_) => "postgres",
+            SinkKind::Exec(_) => "exec",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MqttSink {
+    pub broker: BrokerUrl,
+    pub protocol: Protocol,
+    pub client_id: String,
+    /// Template: `{agency}`, `{source_id}` and `{topic}` are replaced.
+    pub topic: String,
+    pub credentials: Option<(String, Secret)>,
+    pub tls: Option<TlsFiles>,
+    pub keep_alive: Duration,
+}
+
+/// An `http://` or `https://` URL, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl std::fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "https" } else { "http" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)
+    }
+}
+
+impl HttpUrl {
+    pub fn parse(s: &str) -> Result<HttpUrl, String> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("http://") {
+            (false, r)
+        } else {
+            return Err(format!(
+                "url {:?} must start with http:// or https://",
+                redact_url(s)
+            ));
+        };
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') {
+            return Err(format!(
+                "url {:?}: a user name or password in the URL is not accepted (it would be logged)",
+                redact_url(s)
+            ));
+        }
+        let path = if path.starts_with('?') {
+            format!("/{path}")
+        } else {
+            path.to_string()
+        };
+        if path.contains('#') || path.chars().any(|c| c.is_ascii_control() || c == ' ') {
+            return Err(format!(
+                "url {s:?}: the path may not hold a fragment, spaces or control characters"
+            ));
+        }
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) = if let Some(r) = authority.strip_prefix('[') {
+            let (h, after) = r
+                .split_once(']')
+                .ok_or_else(|| format!("url {s:?}: unclosed '['"))?;
+            match after.strip_prefix(':') {
+                Some(p) => (h.to_string(), Some(p)),
+                None if after.is_empty() => (h.to_string(), None),
+                None => return Err(format!("url {s:?}: unexpected {after:?} after the host")),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("url {s:?}: no host"));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("url {s:?}: bad port {p:?}"))?,
+        };
+        Ok(HttpUrl {
+            tls,
+            host,
+            port,
+            path,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpSink {
+    pub url: HttpUrl,
+    /// CA certificates for `https://` (verification is always on).
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PostgresSink {
+    /// libpq-style connection string or URL; may hold a password, so it never prints.
+    pub dsn: Secret,
+    /// Table name, optionally schema-qualified, as a validated SQL identifier (unquoted,
+    /// lower case).
+    pub table: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecSink {
+    /// argv: program and arguments; no shell.
+    pub command: Vec<String>,
+}
+
+/// The default CloudEvents `source` when `[relay] source` is not set.
+pub fn default_source(client_id: Option<&str>) -> String {
+    format!("urn:replay-guard:{}", client_id.unwrap_or("ingest"))
+}
+
+pub(super) fn relay_from_raw(
+    relay: RawRelay,
+    sinks: Vec<RawSink>,
+    client_id: Option<&str>,
+) -> Result<RelayConfig, ConfigError> {
+    let source = match relay.source {
+        Some(s) => {
+            if s.is_empty()
+                || s.len() > MAX_TEXT
+                || s.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
+                return Err(ConfigError::Invalid(
+                    "[relay] source must be a non-empty URI reference without spaces or \
+                     control characters (e.g. \"urn:replay-guard:eoc-1\")"
+                        .into(),
+                ));
+            }
+            s
+        }
+        None => default_source(client_id),
+    };
+    let mut out = Vec::with_capacity(sinks.len());
+    for raw in sinks {
+        let sink = sink_from_raw(raw)?;
+        if out.iter().any(|s: &SinkConfig| s.name == sink.name) {
+            return Err(ConfigError::Invalid(format!(
+                "[[sink]] name {:?} is used twice: each sink keeps its own cursor under its name",
+                sink.name
+            )));
+        }
+        out.push(sink);
+    }
+    let mut ids: Vec<(&str, &str)> = out
+        .iter()
+        .filter_map(|s| match &s.kind {
+            SinkKind::Mqtt(m) => Some((m.client_id.as_str(), s.name.as_str())),
+            _ => None,
+        })
+        .collect();
+    ids.sort();
+    if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ConfigError::Invalid(format!(
+            "[[sink]] {:?} and {:?} use the same client_id {:?}: a broker disconnects one when \
+             the other connects",
+            w[0].1, w[1].1, w[0].0
+        )));
+    }
+    Ok(RelayConfig { source, sinks: out })
+}
+
+/// A sink name: what `relay` commands and the cursor table use.
+pub fn sink_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > 64 {
+        return Some("must be 1 to 64 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Some("may hold only a-z, 0-9 and '-'");
+    }
+    None
+}
+
+fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
+    if let Some(why) = sink_name_problem(&r.name) {
+        let shown: String = r.name.chars().take(64).collect();
+        return Err(ConfigError::Invalid(format!(
+            "[[sink]] name {shown:?} {why}"
+        )));
+    }
+    let name = r.name.clone();
+    let invalid = |m: String| ConfigError::Invalid(format!("[[sink]] {name:?}: {m}"));
+    let key = |k: &str| format!("[[sink]] {name:?} {k}");
+    let kind = r.kind;
+    let kind_name = match kind {
+        RawKind::Mqtt => "mqtt",
+        RawKind::Http => "http",
+        RawKind::Postgres => "postgres",
+        RawKind::Exec => "exec",
+    };
+    // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
+    let foreign: [(&str, bool, &[RawKind]); 15] = [
+        ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
+        ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
+        ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
+        ("topic", r.topic.is_some(), &[RawKind::Mqtt]),
+        ("username", r.username.is_some(), &[RawKind::Mqtt]),
+        ("password_file", r.password_file.is_some(), &[RawKind::Mqtt]),
+        (
+            "ca_file",
+            r.ca_file.is_some(),
+            &[RawKind::Mqtt, RawKind::Http],
+        ),
+        (
+            "client_cert_file",
+            r.client_cert_file.is_some(),
+            &[RawKind::Mqtt],
+        ),
+        (
+            "client_key_file",
+            r.client_key_file.is_some(),
+            &[RawKind::Mqtt],
+        ),
+        (
+            "keep_alive_seconds",
+            r.keep_alive_seconds.is_some(),
+            &[RawKind::Mqtt],
+        ),
+        ("url", r.url.is_some(), &[RawKind::Http]),
+        ("dsn", r.dsn.is_some(), &[RawKind::Postgres]),
+        ("dsn_file", r.dsn_file.is_some(), &[RawKind::Postgres]),
+        ("table", r.table.is_some(), &[RawKind::Postgres]),
+        ("command", r.command.is_some(), &[RawKind::Exec]),
+    ];
+    for (k, set, kinds) in foreign {
+        if set && !kinds.contains(&kind) {
+            return Err(invalid(format!(
+                "{k} does not apply to kind = \"{kind_name}\""
+            )));
+        }
+    }
+    let batch_max = r.batch_max.unwrap_or(match kind {
+        RawKind::Postgres | RawKind::Exec => 500,
+        RawKind::Mqtt | RawKind::Http => 100,
+    });
+    let linger_ms = r.linger_ms.unwrap_or(0);
+    let max_in_flight = r.max_in_flight.unwrap_or(1);
+    let backoff_initial_ms = r.backoff_initial_ms.unwrap_or(200);
+    let backoff_max_ms = r.backoff_max_ms.unwrap_or(30_000).max(backoff_initial_ms);
+    let timeout_ms = r.timeout_ms.unwrap_or(10_000);
+    for (k, v, range) in [
+        ("batch_max", batch_max, SINK_BATCH_MAX),
+        ("linger_ms", linger_ms, SINK_LINGER_MS),
+        ("max_in_flight", max_in_flight, SINK_MAX_IN_FLIGHT),
+        (
+            "backoff_initial_ms",
+            backoff_initial_ms,
+            SINK_BACKOFF_INITIAL_MS,
+        ),
+        (
+            "backoff_max_ms",
+            backoff_max_ms,
+            backoff_initial_ms..=SINK_BACKOFF_MAX_MS,
+        ),
+        ("timeout_ms", timeout_ms, SINK_TIMEOUT_MS),
+    ] {
+        in_range(&key(k), v, range)?;
+    }
+    let readable = |k: &str, p: &Path| -> Result<(), ConfigError> {
+        std::fs::File::open(p)
+            .map(drop)
+            .map_err(|e| invalid(format!("{k} {}: {e}", p.display())))
+    };
+    let kind = match kind {
+        RawKind::Mqtt => {
+            let broker = BrokerUrl::parse(
+                r.broker
+                    .as_deref()
+                    .ok_or_else(|| invalid("broker is required (mqtt:// or mqtts://)".into()))?,
+            )
+            .map_err(&invalid)?;
+            let client_id = r.client_id.clone().unwrap_or_default();
+            if client_id.is_empty() || client_id.len() > 256 {
+                return Err(invalid(
+                    "client_id is required (1 to 256 bytes), distinct from [mqtt] client_id".into(),
+                ));
+            }
+            let topic = r.topic.clone().unwrap_or_default();
+            if let Some(why) = topic_template_problem(&topic) {
+                return Err(invalid(format!("topic {why}")));
+            }
+            let keep_alive = r.keep_alive_seconds.unwrap_or(30);
+            in_range(
+                &key("keep_alive_seconds"),
+                keep_alive,
+                super::KEEP_ALIVE_SECONDS,
+            )?;
+            let tls = match (&r.ca_file, broker.tls) {
+                (Some(ca), _) => {
+                    readable("ca_file", ca)?;
+                    match (&r.client_cert_file, &r.client_key_file) {
+                        (Some(c), Some(k)) => {
+                            readable("client_cert_file", c)?;
+                            readable("client_key_file", k)?;
+                        }
+                        (None, None) => {}
+                        _ => {
+                            return Err(invalid(
+                                "client_cert_file and client_key_file go together".into(),
+                            ));
+                        }
+                    }
+                    Some(TlsFiles {
+                        ca_file: ca.clone(),
+                        client_cert_file: r.client_cert_file.clone(),
+                        client_key_file: r.client_key_file.clone(),
+                    })
+                }
+                (None, true) => {
+                    return Err(invalid(
+                        "an mqtts:// broker needs ca_file (certificates are always verified)"
+                            .into(),
+                    ));
+                }
+                (None, false) => None,
+            };
+            let credentials = match (&r.username, &r.password_file) {
+                (None, None) => None,
+                (Some(user), Some(path)) => {
+                    let text = read_bounded(path, MAX_PASSWORD_BYTES)
+                        .map_err(|e| invalid(format!("password_file {}: {e}", path.display())))?;
+                    Some((
+                        user.clone(),
+                        Secret(text.trim_end_matches(['\r', '\n']).to_string()),
+                    ))
+                }
+                _ => {
+                    return Err(invalid("username and password_file go together".into()));
+                }
+            };
+            SinkKind::Mqtt(MqttSink {
+                broker,
+                protocol: match r.protocol.unwrap_or_default() {
+                    RawProtocol::V5 => Protocol::V5,
+                    RawProtocol::V311 => Protocol::V311,
+                },
+                client_id,
+                topic,
+                credentials,
+                tls,
+                keep_alive: Duration::from_secs(keep_alive),
+            })
+        }
+        RawKind::Http => {
+            let url = HttpUrl::parse(
+                r.url
+                    .as_deref()
+                    .ok_or_else(|| invalid("url is required (http:// or https://)".into()))?,
+            )
+            .map_err(&invalid)?;
+            if let Some(ca) = &r.ca_file {
+                readable("ca_file", ca)?;
+            }
+            if url.tls && r.ca_file.is_none() {
+                return Err(invalid(
+                    "an https:// url needs ca_file (certificates are always verified)".into(),
+                ));
+            }
+            SinkKind::Http(HttpSink {
+                url,
+                ca_file: r.ca_file.clone(),
+            })
+        }
+        RawKind::Postgres => {
+            let dsn = match (&r.dsn, &r.dsn_file) {
+                (Some(d), None) => d.clone(),
+                (None, Some(p)) => read_bounded(p, MAX_DSN_BYTES)
+                    .map_err(|e| invalid(format!("dsn_file {}: {e}", p.display())))?
+                    .trim()
+                    .to_string(),
+                _ => {
+                    return Err(invalid(
+                        "give exactly one of dsn and dsn_file (a dsn with a password belongs \
+                         in dsn_file)"
+                            .into(),
+                    ));
+                }
+            };
+            if dsn.is_empty() {
+                return Err(invalid("the dsn is empty".into()));
+            }
+            let table = r
+                .table
+                .clone()
+                .unwrap_or_else(|| "replay_guard_events".into());
+            if let Some(why) = sql_name_problem(&table) {
+                return Err(invalid(format!("table {table:?} {why}")));
+            }
+            SinkKind::Postgres(PostgresSink {
+                dsn: Secret(dsn),
+                table,
+            })
+        }
+        RawKind::Exec => {
+            let command = r.command.clone().unwrap_or_default();
+            if command.is_empty() || command[0].is_empty() {
+                return Err(invalid(
+                    "command is required: an argv array such as [\"/usr/local/bin/cop-import\", \
+                     \"--batch\"] (no shell)"
+                        .into(),
+                ));
+            }
+            if command.iter().any(|a| a.contains('\0')) {
+                return Err(invalid("command arguments may not hold NUL".into()));
+            }
+            SinkKind::Exec(ExecSink { command })
+        }
+    };
+    Ok(SinkConfig {
+        name: r.name,
+        on_poison: match r.on_poison {
+            RawPoison::Park => OnPoison::Park,
+            RawPoison::Block => OnPoison::Block,
+        },
+        start: match r.start {
+            RawStart::Beginning => Start::Beginning,
+            RawStart::Head => Start::Head,
+        },
+        batch_max: usize::try_from(batch_max).unwrap_or(usize::MAX),
+        linger: Duration::from_millis(linger_ms),
+        max_in_flight: usize::try_from(max_in_flight).unwrap_or(usize::MAX),
+        backoff_initial: Duration::from_millis(backoff_initial_ms),
+        backoff_max: Duration::from_millis(backoff_max_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        kind,
+    })
+}
+
+/// The placeholders a sink topic may hold.
+pub const TOPIC_PLACEHOLDERS: [&str; 3] = ["{agency}", "{source_id}", "{topic}"];
+
+fn topic_template_problem(t: &str) -> Option<String> {
+    if t.is_empty() {
+        return Some("is required, e.g. \"cop/{agency}/{source_id}\"".into());
+    }
+    if t.len() > MAX_TEXT {
+        return Some(format!("is longer than {MAX_TEXT} bytes"));
+    }
+    if t.contains(['#', '+', '\0']) {
+        return Some("may not hold '#', '+' or NUL (it is a topic name, not a filter)".into());
+    }
+    let mut rest = t;
+    while let Some(i) = rest.find('{') {
+        let tail = &rest[i..];
+        match TOPIC_PLACEHOLDERS.iter().find(|p| tail.starts_with(**p)) {
+            Some(p) => rest = &tail[p.len()..],
+            None => {
+                return Some(format!(
+                    "has an unknown placeholder at {:?}: use {}",
+                    tail.chars().take(16).collect::<String>(),
+                    TOPIC_PLACEHOLDERS.join(", ")
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// A PostgreSQL table name replay-guard will put in SQL unquoted: `name` or `schema.name`,
+/// each `[a-z_][a-z0-9_]*`, at most 63 bytes.
+pub fn sql_name_problem(t: &str) -> Option<&'static str> {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 63
+            && part
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let parts: Vec<&str> = t.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| ok(p)) {
+        return Some("must be NAME or SCHEMA.NAME, each [a-z_][a-z0-9_]* and at most 63 bytes");
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_config_without_sinks_has_no_relay_work() {
+        let c = parse("").unwrap();
+        assert!(c.relay.sinks.is_empty());
+        assert_eq!(c.relay.source, "urn:replay-guard:ingest");
+    }
+
+    #[test]
+    fn every_kind_parses_with_its_defaults() {
+        let c = parse(
+            r#"
+[mqtt]
+brokers = ["mqtt://127.0.0.1:1883"]
+client_id = "rg-1"
+topics = ["incidents/#"]
+
+[[sink]]
+name = "cop-mqtt"
+kind = "mqtt"
+broker = "mqtt://127.0.0.1:1884"
+client_id = "rg-1-relay"
+topic = "cop/{agency}/{source_id}"
+
+[[sink]]
+name = "cad"
+kind = "http"
+url = "http://127.0.0.1:8080/events?x=1"
+timeout_ms = 2000
+on_poison = "block"
+
+[[sink]]
+name = "db"
+kind = "postgres"
+dsn = "host=127.0.0.1 user=postgres dbname=cop"
+
+[[sink]]
+name = "script"
+kind = "exec"
+command = ["/bin/cat"]
+start = "head"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.relay.source, "urn:replay-guard:rg-1");
+        let s = &c.relay.sinks;
+        assert_eq!(s.len(), 4);
+        assert_eq!(s[0].batch_max, 100);
+        assert_eq!(s[0].max_in_flight, 1);
+        assert_eq!(s[0].on_poison, OnPoison::Park);
+        match &s[0].kind {
+            SinkKind::Mqtt(m) => {
+                assert_eq!(m.protocol, Protocol::V5);
+                assert_eq!(m.topic, "cop/{agency}/{source_id}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match &s[1].kind {
+            SinkKind::Http(h) => {
+                assert_eq!(h.url.path, "/events?x=1");
+                assert_eq!(h.url.port, 8080);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s[1].on_poison, OnPoison::Block);
+        assert_eq!(s[1].timeout, Duration::from_secs(2));
+        match &s[2].kind {
+            SinkKind::Postgres(p) => assert_eq!(p.table, "replay_guard_events"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s[2].batch_max, 500);
+        assert_eq!(s[3].start, Start::Head);
+    }
+
+    #[test]
+    fn sink_mistakes_are_named() {
+        let cases = [
+            (
+                "name = \"Bad_Name\"\nkind = \"exec\"\ncommand = [\"x\"]",
+                "a-z, 0-9",
+            ),
+            (
+                "name = \"a\"\nkind = \"exec\"\ncommand = []",
+                "command is required",
+            ),
+            (
+                "name = \"a\"\nkind = \"exec\"\ncommand = [\"x\"]\nurl = \"http://h/\"",
+                "url does not apply",
+            ),
+            (
+                "name = \"a\"\nkind = \"http\"\nurl = \"ftp://h/\"",
+                "http://",
+            ),
+            (
+                "name = \"a\"\nkind = \"http\"\nurl = \"http://u:p@h/\"",
+                "user name",
+            ),
+            (
+                "name = \"a\"\nkind = \"http\"\nurl = \"https://h/\"",
+                "ca_file",
+            ),
+            (
+                "name = \"a\"\nkind = \"http\"\nurl = \"http://h/\"\nbatch_max = 0",
+                "batch_max",
+            ),
+            (
+                "name = \"a\"\nkind = \"mqtt\"\nbroker = \"mqtt://h\"\nclient_id = \"c\"\ntopic = \"a/#\"",
+                "topic",
+            ),
+            (
+                "name = \"a\"\nkind = \"mqtt\"\nbroker = \"mqtt://h\"\nclient_id = \"c\"\ntopic = \"a/{bogus}\"",
+                "placeholder",
+            ),
+            (
+                "name = \"a\"\nkind = \"postgres\"\ndsn = \"x\"\ntable = \"drop table\"",
+                "SCHEMA.NAME",
+            ),
+            ("name = \"a\"\nkind = \"postgres\"", "exactly one of dsn"),
+            ("name = \"a\"\nkind = \"nats\"", "unknown variant"),
+        ];
+        for (body, want) in cases {
+            let e = parse(&format!("[[sink]]\n{body}\n")).unwrap_err();
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        let e = parse(
+            "[[sink]]\nname = \"a\"\nkind = \"exec\"\ncommand = [\"x\"]\n\
+             [[sink]]\nname = \"a\"\nkind = \"exec\"\ncommand = [\"y\"]\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn a_postgres_password_never_prints() {
+        let c = parse(
+            "[[sink]]\nname = \"db\"\nkind = \"postgres\"\ndsn = \"postgres://u:hunter2@h/db\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+}

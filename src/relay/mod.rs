@@ -1,0 +1,132 @@
+//! The relay (issue 10): the effect log as a transactional outbox, delivered to downstream
+//! systems by one task per `[[sink]]`, each with a durable cursor in the database.
+//!
+//! Delivery is at-least-once per sink; every event carries a stable id (`envelope`), so it is
+//! exactly-once wherever the receiver keeps the id (the postgres sink keeps it itself, in the
+//! same transaction as its cursor). Sinks live here, outside the store and the decision core:
+//! the store only keeps cursors and parked events (`store::relay`) and gives effects by
+//! offset (`Snapshot::scan_effects`).
+//!
+//! A sink is driven through `Sink::deliver`: it is handed a batch of events in effect-offset
+//! order and says how many of them, from the front, were delivered, and what went wrong with
+//! the next one. The runner (`runner`) owns the cursor, backoff, parking and shutdown.
+
+pub mod envelope;
+mod exec;
+mod runner;
+
+use std::time::Duration;
+
+use crate::config::{SinkConfig, SinkKind};
+
+pub use runner::{Relay, RelayError, SinkStatus, Wake, spawn};
+
+/// One event offered to a sink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The effect's offset in the log.
+    pub offset: u64,
+    /// The CloudEvents id (`envelope::event_id`).
+    pub id: String,
+    pub key: [u8; 32],
+    pub agency: String,
+    pub source_id: String,
+    /// The MQTT topic the message arrived on.
+    pub topic: String,
+    /// The CloudEvents envelope, one line of compact JSON (`envelope::envelope`).
+    pub json: String,
+}
+
+/// Why the event after the delivered prefix was not delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Try again after a backoff: a timeout, a lost connection, an overloaded receiver.
+    /// `after` is the receiver's own wish (`Retry-After`), honoured as the least wait.
+    Retry {
+        error: String,
+        after: Option<Duration>,
+    },
+    /// The receiver refuses this event for good (HTTP 4xx other than 408/409/425/429, an
+    /// MQTT 5 PUBACK saying "not authorized", ...): park it (or block, per `on_poison`).
+    Poison { reason: String, response: String },
+}
+
+/// What one delivery attempt of a batch achieved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// How many events, from the front of the batch, the receiver has acknowledged.
+    pub delivered: usize,
+    /// What went wrong with `batch[delivered]`; `None` only when the whole batch was
+    /// delivered.
+    pub failure: Option<Failure>,
+}
+
+impl Attempt {
+    pub fn all(n: usize) -> Attempt {
+        Attempt {
+            delivered: n,
+            failure: None,
+        }
+    }
+    pub fn retry(delivered: usize, error: impl Into<String>) -> Attempt {
+        Attempt {
+            delivered,
+            failure: Some(Failure::Retry {
+                error: error.into(),
+                after: None,
+            }),
+        }
+    }
+}
+
+/// Where the sink's durable cursor will be once the batch is delivered. Sinks that store a
+/// cursor beside the data (postgres) write `next_after` with the data, in one transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CursorAfter {
+    pub generation: u64,
+    /// The first offset after the batch.
+    pub next_after: u64,
+}
+
+/// A configured sink, connected lazily (the first `deliver` connects; a lost connection is
+/// reconnected by the next one).
+pub enum Sink {
+    Exec(exec::ExecSink),
+}
+
+impl Sink {
+    /// Builds the sink from its validated configuration; no I/O yet.
+    pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
+        match &cfg.kind {
+            SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            other => Err(format!(
+                "sink {:?}: kind {:?} is not built into this binary yet",
+                cfg.name,
+                other.name()
+            )),
+        }
+    }
+
+    /// Delivers `batch` (in offset order; within one source, order matters). Never panics on
+    /// what a receiver says; every failure is an `Attempt` with a `Failure`.
+    pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
+        match self {
+            Sink::Exec(s) => s.deliver(batch, cursor).await,
+        }
+    }
+
+    /// The cursor this sink keeps beside its data, which the runner trusts over the database's
+    /// on start (`None`: the sink keeps none). Connects if needed.
+    pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
+        match self {
+            Sink::Exec(_) => Ok(None),
+        }
+    }
+
+    /// Closes connections politely (within the shutdown timeout).
+    pub async fn close(&mut self) {
+        match self {
+            Sink::Exec(_) => {}
+        }
+    }
+}

@@ -1,0 +1,813 @@
+//! The relay's thread and its tasks: one per sink, on a runtime of its own, so that a slow or
+//! failing sink never stalls the feed's commits or another sink.
+//!
+//! A task reads effects from its cursor (a read snapshot), delivers them in batches, backs off
+//! (capped exponential, full jitter, at least the receiver's `Retry-After`) on a failure, parks
+//! a poisoned event with what the receiver said, and writes its cursor durably: at once after
+//! a park, otherwise at most every `CURSOR_FLUSH` (a crash re-delivers at most that much,
+//! with the same ids). Redb work runs on the blocking pool, never on the task's thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::envelope::{self, EffectView};
+use super::{Attempt, CursorAfter, Event, Failure, Sink};
+use crate::config::{Config, OnPoison, SinkConfig, Start};
+use crate::store::relay::{CursorWrite, StartAt};
+use crate::store::tables::{ParkedRecord, SinkRecord};
+use crate::store::{Reader, Store, StoreError, StoreOptions};
+use crate::timefmt::now_ms;
+
+/// Longest a delivered cursor position waits in memory before it is written.
+const CURSOR_FLUSH: Duration = Duration::from_millis(200);
+/// How often a task looks for operator actions (`relay retry|rewind`) from other processes,
+/// and an idle standalone relay for new effects when nothing wakes it.
+const RELOAD_EVERY: Duration = Duration::from_secs(1);
+/// How often the standalone relay looks for new effects (`run` wakes it on each commit).
+const POLL_EVERY: Duration = Duration::from_millis(20);
+/// Least time between two `last_error` writes of one sink.
+const ERROR_NOTE_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// What wakes the sinks: `run`'s store thread bumps it after every commit that applied
+/// something. Cloned into the store thread.
+#[derive(Clone)]
+pub struct Wake(Arc<watch::Sender<u64>>);
+
+impl Wake {
+    pub fn new() -> Wake {
+        Wake(Arc::new(watch::channel(0).0))
+    }
+    pub fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
+impl Default for Wake {
+    fn default() -> Self {
+        Wake::new()
+    }
+}
+
+/// One sink as the service reports it (sd_notify STATUS, logs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkStatus {
+    pub name: String,
+    pub state: &'static str,
+    /// The first effect offset not yet delivered or parked.
+    pub next: u64,
+    /// The next effect offset the log will write.
+    pub head: u64,
+    pub last_error: Option<String>,
+}
+
+impl SinkStatus {
+    pub fn lag(&self) -> u64 {
+        self.head.saturating_sub(self.next)
+    }
+}
+
+/// The running relay: a thread with one task per sink.
+pub struct Relay {
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<Result<(), RelayError>>>,
+    status: Arc<Mutex<Vec<SinkStatus>>>,
+}
+
+impl Relay {
+    /// Every sink's state, for STATUS lines.
+    pub fn status(&self) -> Vec<SinkStatus> {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// `sinks: NAME lag N (state), ...` for sd_notify STATUS.
+    pub fn status_line(&self) -> String {
+        let parts: Vec<String> = self
+            .status()
+            .iter()
+            .map(|s| format!("{} lag={} {}", s.name, s.lag(), s.state))
+            .collect();
+        format!("sinks: {}", parts.join(", "))
+    }
+
+    /// Whether the relay thread is still running.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Asks every sink to finish its attempt in progress, write its cursor and stop, and waits
+    /// at most `timeout` for them.
+    pub fn stop(mut self, timeout: Duration) -> Result<(), RelayError> {
+        let _ = self.stop.send(true);
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + timeout;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !thread.is_finished() {
+            tracing::warn!(
+                "relay did not stop within the shutdown timeout; undelivered events stay in the \
+                 log and are delivered after the restart"
+            );
+            return Ok(());
+        }
+        thread
+            .join()
+            .map_err(|_| RelayError::Runtime("the relay thread panicked".into()))?
+    }
+
+    /// Waits until the relay stops on its own (a fatal error), or `stop` is requested by the
+    /// caller's `until` future returning.
+    pub fn join(mut self) -> Result<(), RelayError> {
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| RelayError::Runtime("the relay thread panicked".into()))?,
+            None => Ok(()),
+        }
+    }
+
+    /// The stop trigger, for a standalone relay's signal handling.
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.stop.clone()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Starts the relay for every `[[sink]]` of `config` on the database at `db` (`None` when
+/// there are no sinks). `wake` is bumped by the writer in this process after each commit;
+/// without it the relay polls the file.
+pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<Relay>, RelayError> {
+    if config.relay.sinks.is_empty() {
+        return Ok(None);
+    }
+    let mut sinks = Vec::new();
+    for cfg in &config.relay.sinks {
+        sinks.push((cfg.clone(), Sink::new(cfg).map_err(RelayError::Config)?));
+    }
+    let opts = StoreOptions {
+        cache_bytes: 16 * 1024 * 1024,
+        ..config.store.clone()
+    };
+    let store = Store::open_operator(db, opts)?;
+    let reader = Reader::open(db)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let status = Arc::new(Mutex::new(Vec::new()));
+    let shared = Shared {
+        store: Arc::new(Mutex::new(Some(store))),
+        reader: Arc::new(reader),
+        source: config.relay.source.clone(),
+        status: status.clone(),
+    };
+    let wake_rx = wake.map(Wake::subscribe);
+    let db: PathBuf = db.to_path_buf();
+    let thread = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
+            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx));
+            // Every cursor is written; closing lets the next open skip the repair.
+            if let Ok(mut g) = shared.store.lock()
+                && let Some(s) = g.take()
+                && let Err(e) = s.close()
+            {
+                tracing::warn!(error = %e, db = %db.display(), "closing the relay's database handle");
+            }
+            r
+        })
+        .map_err(|e| RelayError::Runtime(format!("cannot start the relay thread: {e}")))?;
+    Ok(Some(Relay {
+        stop: stop_tx,
+        thread: Some(thread),
+        status,
+    }))
+}
+
+#[derive(Clone)]
+struct Shared {
+    store: Arc<Mutex<Option<Store>>>,
+    reader: Arc<Reader>,
+    source: String,
+    status: Arc<Mutex<Vec<SinkStatus>>>,
+}
+
+impl Shared {
+    /// Runs a store write on the blocking pool.
+    async fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, RelayError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut g = store
+                .lock()
+                .map_err(|_| RelayError::Runtime("relay store lock poisoned".into()))?;
+            let s = g
+                .as_mut()
+                .ok_or_else(|| RelayError::Runtime("relay store closed".into()))?;
+            f(s).map_err(RelayError::from)
+        })
+        .await
+        .map_err(|e| RelayError::Runtime(format!("relay store task: {e}")))?
+    }
+
+    /// Runs a read on a fresh snapshot on the blocking pool.
+    async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::store::Snapshot) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, RelayError> {
+        let reader = self.reader.clone();
+        tokio::task::spawn_blocking(move || {
+            let snap = reader.begin()?;
+            f(&snap).map_err(RelayError::from)
+        })
+        .await
+        .map_err(|e| RelayError::Runtime(format!("relay read task: {e}")))?
+    }
+
+    fn set_status(&self, idx: usize, f: impl FnOnce(&mut SinkStatus)) {
+        if let Ok(mut s) = self.status.lock()
+            && let Some(st) = s.get_mut(idx)
+        {
+            f(st);
+        }
+    }
+}
+
+async fn run_all(
+    shared: Shared,
+    sinks: Vec<(SinkConfig, Sink)>,
+    wake: Option<watch::Receiver<u64>>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let wake = match wake {
+        Some(w) => w,
+        None => {
+            // Standalone: watch the log's head.
+            let (tx, rx) = watch::channel(0u64);
+            let s = shared.clone();
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                let mut last = None;
+                loop {
+                    let head = s.read(|snap| Ok(snap.meta()?.next_effect)).await;
+                    if let Ok(h) = head
+                        && last != Some(h)
+                    {
+                        last = Some(h);
+                        tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        () = tokio::time::sleep(POLL_EVERY) => {}
+                    }
+                }
+            });
+            rx
+        }
+    };
+    if let Ok(mut st) = shared.status.lock() {
+        *st = sinks
+            .iter()
+            .map(|(c, _)| SinkStatus {
+                name: c.name.clone(),
+                state: "starting",
+                next: 0,
+                head: 0,
+                last_error: None,
+            })
+            .collect();
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (idx, (cfg, sink)) in sinks.into_iter().enumerate() {
+        let task = SinkTask {
+            idx,
+            shared: shared.clone(),
+            rng: seed(&cfg.name),
+            cfg,
+            sink,
+            wake: wake.clone(),
+            stop: stop.clone(),
+            rec: None,
+            next: 0,
+            parked: Vec::new(),
+            flushed_at: Instant::now(),
+            error_noted_at: None,
+        };
+        tasks.spawn(task.run());
+    }
+    let mut first_error = None;
+    while let Some(done) = tasks.join_next().await {
+        let r = done.map_err(|e| RelayError::Runtime(format!("a sink task failed: {e}")));
+        if let Err(e) | Ok(Err(e)) = r
+            && first_error.is_none()
+        {
+            first_error = Some(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+fn seed(name: &str) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let h = crate::key::sha256(&[name.as_bytes(), &t.to_le_bytes()]);
+    u64::from_le_bytes(h[..8].try_into().unwrap_or([1; 8])) | 1
+}
+
+struct SinkTask {
+    idx: usize,
+    shared: Shared,
+    cfg: SinkConfig,
+    sink: Sink,
+    wake: watch::Receiver<u64>,
+    stop: watch::Receiver<bool>,
+    /// The cursor as last written (or read).
+    rec: Option<SinkRecord>,
+    /// Delivered or parked up to here (ahead of `rec.next` until the next flush).
+    next: u64,
+    /// Parked since the last flush (written with it).
+    parked: Vec<(u64, ParkedRecord)>,
+    flushed_at: Instant,
+    error_noted_at: Option<Instant>,
+    rng: u64,
+}
+
+/// How a wait ended.
+#[derive(PartialEq, Eq)]
+enum Woken {
+    Stop,
+    More,
+}
+
+impl SinkTask {
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    async fn run(mut self) -> Result<(), RelayError> {
+        let r = self.work().await;
+        if let Err(e) = &r {
+            tracing::error!(sink = %self.cfg.name, error = %e, "relay sink stopped");
+        }
+        let flushed = self.flush(true).await;
+        self.sink.close().await;
+        self.shared.set_status(self.idx, |s| s.state = "stopped");
+        r.and(flushed)
+    }
+
+    async fn work(&mut self) -> Result<(), RelayError> {
+        self.register().await?;
+        self.adopt_sink_cursor().await?;
+        loop {
+            if self.stopping() {
+                return Ok(());
+            }
+            self.reload_if_moved().await?;
+            self.retry_requested().await?;
+            if self.blocked().await? {
+                self.status("blocked", None);
+                if self.wait(RELOAD_EVERY).await == Woken::Stop {
+                    return Ok(());
+                }
+                continue;
+            }
+            let mut batch = self.read_batch().await?;
+            if batch.is_empty() {
+                self.flush(true).await?;
+                self.status("idle", None);
+                if self.wait(RELOAD_EVERY).await == Woken::Stop {
+                    return Ok(());
+                }
+                continue;
+            }
+            if batch.len() < self.cfg.batch_max && !self.cfg.linger.is_zero() {
+                if self.wait(self.cfg.linger).await == Woken::Stop {
+                    return Ok(());
+                }
+                let more = self.read_batch().await?;
+                if more.len() > batch.len() {
+                    batch = more;
+                }
+            }
+            self.status("delivering", None);
+            self.deliver(&batch).await?;
+            if self.flushed_at.elapsed() >= CURSOR_FLUSH || !self.parked.is_empty() {
+                self.flush(false).await?;
+            }
+        }
+    }
+
+    async fn register(&mut self) -> Result<(), RelayError> {
+        let (name, kind) = (self.name().to_string(), self.cfg.kind.name());
+        let start = match self.cfg.start {
+            Start::Beginning => StartAt::Beginning,
+            Start::Head => StartAt::Head,
+        };
+        let rec = self
+            .shared
+            .write(move |s| s.register_sink(&name, kind, start, now_ms()))
+            .await?;
+        tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink started");
+        self.next = rec.next;
+        self.rec = Some(rec);
+        Ok(())
+    }
+
+    /// A sink that keeps its cursor beside its data (postgres) is trusted over the database:
+    /// its rows and cursor were committed together. An operator's rewind made since (a newer
+    /// generation here) wins over it.
+    async fn adopt_sink_cursor(&mut self) -> Result<(), RelayError> {
+        let mut backoff = self.cfg.backoff_initial;
+        let stored = loop {
+            match self.sink.stored_cursor().await {
+                Ok(c) => break c,
+                Err(e) => {
+                    self.status("connecting", Some(e.clone()));
+                    self.note_error(&e).await?;
+                    let wait = self.jitter(backoff);
+                    if self.sleep(wait).await == Woken::Stop {
+                        return Ok(());
+                    }
+                    backoff = (backoff * 2).min(self.cfg.backoff_max);
+                }
+            }
+        };
+        let (Some(c), Some(rec)) = (stored, self.rec.clone()) else {
+            return Ok(());
+        };
+        if c.generation != rec.generation || c.next_after == rec.next {
+            return Ok(());
+        }
+        let name = self.name().to_string();
+        let w = self
+            .shared
+            .write(move |s| s.set_sink_cursor(&name, rec.generation, c.next_after, now_ms()))
+            .await?;
+        tracing::info!(sink = %self.cfg.name, from = rec.next, to = c.next_after, "cursor taken from the sink's own store");
+        self.adopt(w);
+        Ok(())
+    }
+
+    fn adopt(&mut self, w: CursorWrite) {
+        match w {
+            CursorWrite::Done(r) => {
+                self.next = self.next.max(r.next);
+                self.rec = Some(r);
+            }
+            CursorWrite::Moved(Some(r)) => {
+                tracing::info!(sink = %self.cfg.name, next = r.next, generation = r.generation, "cursor moved by an operator: delivering from there");
+                self.next = r.next;
+                self.parked.clear();
+                self.rec = Some(r);
+            }
+            CursorWrite::Moved(None) => {
+                tracing::warn!(sink = %self.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
+                self.rec = None;
+                self.parked.clear();
+            }
+        }
+    }
+
+    /// Writes the cursor if it moved (or parked something), or when `always` and unwritten
+    /// progress exists. A cursor moved meanwhile by an operator is adopted instead.
+    async fn flush(&mut self, always: bool) -> Result<(), RelayError> {
+        let Some(rec) = self.rec.clone() else {
+            return self.register().await;
+        };
+        if self.next == rec.next && self.parked.is_empty() {
+            return Ok(());
+        }
+        if !always && self.flushed_at.elapsed() < CURSOR_FLUSH && self.parked.is_empty() {
+            return Ok(());
+        }
+        let name = self.name().to_string();
+        let (from, to, parked) = (rec.next, self.next, std::mem::take(&mut self.parked));
+        let w = self
+            .shared
+            .write(move |s| s.advance_sink(&name, rec.generation, from, to, &parked, now_ms()))
+            .await?;
+        self.flushed_at = Instant::now();
+        self.adopt(w);
+        let head = self
+            .shared
+            .read(|s| Ok(s.meta()?.next_effect))
+            .await
+            .unwrap_or(0);
+        let next = self.next;
+        self.shared.set_status(self.idx, |s| {
+            s.next = next;
+            s.head = head;
+        });
+        Ok(())
+    }
+
+    async fn reload_if_moved(&mut self) -> Result<(), RelayError> {
+        let name = self.name().to_string();
+        let stored = self.shared.read(move |s| s.sink_cursor(&name)).await?;
+        let Some(rec) = self.rec.clone() else {
+            return self.register().await;
+        };
+        match stored {
+            None => self.adopt(CursorWrite::Moved(None)),
+            Some(s) if s.generation != rec.generation => self.adopt(CursorWrite::Moved(Some(s))),
+            Some(_) => {}
+        }
+        if self.rec.is_none() {
+            self.register().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether an event parked with `on_poison = "block"` holds the cursor.
+    async fn blocked(&mut self) -> Result<bool, RelayError> {
+        let (name, next) = (self.name().to_string(), self.next);
+        self.shared
+            .read(move |s| {
+                Ok(s.sink_parked(Some(&name))?
+                    .iter()
+                    .any(|p| p.offset == next && p.record.blocking))
+            })
+            .await
+    }
+
+    /// Delivers every parked event an operator asked to retry (`relay retry`), once each.
+    async fn retry_requested(&mut self) -> Result<(), RelayError> {
+        let name = self.name().to_string();
+        let wanted = self
+            .shared
+            .read(move |s| {
+                Ok(s.sink_parked(Some(&name))?
+                    .into_iter()
+                    .filter(|p| p.record.retry_requested_at_ms.is_some())
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        for p in wanted {
+            let ev = Event {
+                offset: p.offset,
+                id: p.record.id.clone(),
+                key: p.record.key,
+                agency: p.record.agency.clone(),
+                source_id: p.record.source_id.clone(),
+                topic: p.record.topic.clone(),
+                json: p.record.event.clone(),
+            };
+            let cursor = self.cursor_after(self.next);
+            let attempt = self.sink.deliver(std::slice::from_ref(&ev), cursor).await;
+            let name = self.name().to_string();
+            if attempt.delivered == 1 {
+                tracing::info!(sink = %self.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
+                let w = self
+                    .shared
+                    .write(move |s| s.parked_delivered(&name, p.offset, now_ms()))
+                    .await?;
+                if p.record.blocking
+                    && let CursorWrite::Done(r) = &w
+                {
+                    self.next = self.next.max(r.next);
+                }
+                self.adopt(w);
+            } else {
+                let why = match attempt.failure {
+                    Some(Failure::Poison { reason, response }) => format!("{reason}: {response}"),
+                    Some(Failure::Retry { error, .. }) => error,
+                    None => "not delivered".into(),
+                };
+                tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %why, "retried parked event refused again; it stays parked");
+                self.shared
+                    .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn cursor_after(&self, next_after: u64) -> CursorAfter {
+        CursorAfter {
+            generation: self.rec.as_ref().map_or(0, |r| r.generation),
+            next_after,
+        }
+    }
+
+    async fn read_batch(&self) -> Result<Vec<Event>, RelayError> {
+        let (from, max) = (self.next, self.cfg.batch_max);
+        let source = self.shared.source.clone();
+        self.shared
+            .read(move |snap| {
+                let mut out = Vec::with_capacity(max.min(1024));
+                snap.scan_effects::<StoreError>(from, |e| {
+                    let r = &e.record;
+                    let view = EffectView {
+                        offset: e.offset,
+                        key: &r.key,
+                        agency: &r.agency,
+                        source_id: &r.source_id,
+                        epoch: r.epoch,
+                        sequence: r.sequence,
+                        received_at_ms: r.received_at_ms,
+                        late: r.late,
+                        released: r.released,
+                        payload: &r.payload,
+                    };
+                    out.push(Event {
+                        offset: e.offset,
+                        id: envelope::event_id(&r.key, r.released, &r.payload),
+                        key: r.key,
+                        agency: r.agency.clone(),
+                        source_id: r.source_id.clone(),
+                        topic: r.topic.clone(),
+                        json: envelope::envelope(&source, &view),
+                    });
+                    Ok(if out.len() >= max {
+                        std::ops::ControlFlow::Break(())
+                    } else {
+                        std::ops::ControlFlow::Continue(())
+                    })
+                })?;
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Delivers `batch` until all of it is delivered or parked, or the relay stops.
+    async fn deliver(&mut self, batch: &[Event]) -> Result<(), RelayError> {
+        let mut i = 0;
+        let mut failures: u32 = 0;
+        while i < batch.len() {
+            let rest = &batch[i..];
+            let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
+            let Attempt { delivered, failure } = self.sink.deliver(rest, cursor).await;
+            let delivered = delivered.min(rest.len());
+            if delivered > 0 {
+                i += delivered;
+                self.next = batch[i - 1].offset + 1;
+                failures = 0;
+            }
+            match failure {
+                None if i < batch.len() && delivered == 0 => {
+                    // A sink that delivers nothing and says nothing: treat as a retry.
+                    failures += 1;
+                    if self
+                        .back_off(failures, None, "the sink delivered nothing")
+                        .await
+                    {
+                        return Ok(());
+                    }
+                }
+                None => {}
+                Some(Failure::Retry { error, after }) => {
+                    failures += 1;
+                    if self.back_off(failures, after, &error).await {
+                        return Ok(());
+                    }
+                }
+                Some(Failure::Poison { reason, response }) => {
+                    let Some(ev) = batch.get(i) else {
+                        return Ok(());
+                    };
+                    let blocking = self.cfg.on_poison == OnPoison::Block;
+                    tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, %reason, blocking, "event refused for good: parked");
+                    let record = ParkedRecord {
+                        parked_at_ms: now_ms(),
+                        id: ev.id.clone(),
+                        key: ev.key,
+                        agency: ev.agency.clone(),
+                        source_id: ev.source_id.clone(),
+                        topic: ev.topic.clone(),
+                        reason: reason.chars().take(1024).collect(),
+                        response: response.chars().take(2048).collect(),
+                        attempts: u64::from(failures) + 1,
+                        blocking,
+                        retry_requested_at_ms: None,
+                        event: ev.json.clone(),
+                    };
+                    self.parked.push((ev.offset, record));
+                    if blocking {
+                        // The cursor stays at the event until an operator acts.
+                        self.flush(true).await?;
+                        return Ok(());
+                    }
+                    i += 1;
+                    self.next = ev.offset + 1;
+                    failures = 0;
+                    self.flush(true).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits before the next attempt; `true` when the relay is stopping.
+    async fn back_off(&mut self, failures: u32, after: Option<Duration>, error: &str) -> bool {
+        let cap = self
+            .cfg
+            .backoff_initial
+            .saturating_mul(1u32 << failures.min(20))
+            .min(self.cfg.backoff_max);
+        let wait = self.jitter(cap).max(after.unwrap_or_default());
+        tracing::warn!(sink = %self.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, %error, "delivery failed; retrying");
+        self.status("retrying", Some(error.to_string()));
+        if let Err(e) = self.note_error(error).await {
+            tracing::warn!(sink = %self.cfg.name, error = %e, "could not record the sink's error");
+        }
+        // Progress made before the failure is written now, not after the backoff.
+        if let Err(e) = self.flush(true).await {
+            tracing::warn!(sink = %self.cfg.name, error = %e, "could not write the cursor");
+        }
+        self.sleep(wait).await == Woken::Stop
+    }
+
+    /// Full jitter: uniform in [0, cap].
+    fn jitter(&mut self, cap: Duration) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let ms = cap.as_millis() as u64;
+        Duration::from_millis(if ms == 0 { 0 } else { self.rng % (ms + 1) })
+    }
+
+    async fn note_error(&mut self, error: &str) -> Result<(), RelayError> {
+        if self
+            .error_noted_at
+            .is_some_and(|t| t.elapsed() < ERROR_NOTE_EVERY)
+        {
+            return Ok(());
+        }
+        self.error_noted_at = Some(Instant::now());
+        let (name, error) = (self.name().to_string(), error.to_string());
+        self.shared
+            .write(move |s| s.note_sink_error(&name, &error, now_ms()))
+            .await
+    }
+
+    fn status(&self, state: &'static str, error: Option<String>) {
+        let next = self.next;
+        self.shared.set_status(self.idx, |s| {
+            s.state = state;
+            s.next = next;
+            if error.is_some() || state == "idle" {
+                s.last_error = error;
+            }
+        });
+    }
+
+    /// Sleeps `d` unless the relay stops first.
+    async fn sleep(&mut self, d: Duration) -> Woken {
+        if self.stopping() {
+            return Woken::Stop;
+        }
+        tokio::select! {
+            _ = self.stop.changed() => Woken::Stop,
+            () = tokio::time::sleep(d) => Woken::More,
+        }
+    }
+
+    /// Waits for a commit, at most `d`, unless the relay stops first.
+    async fn wait(&mut self, d: Duration) -> Woken {
+        if self.stopping() {
+            return Woken::Stop;
+        }
+        tokio::select! {
+            _ = self.stop.changed() => Woken::Stop,
+            r = self.wake.changed() => {
+                if r.is_err() {
+                    // Nothing will wake us any more: time alone does.
+                    return self.sleep(d).await;
+                }
+                Woken::More
+            }
+            () = tokio::time::sleep(d) => Woken::More,
+        }
+    }
+}

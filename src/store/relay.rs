@@ -1,0 +1,584 @@
+//! The relay's durable state (issue 10): one cursor per sink and the events a sink parked.
+//! The relay itself (`crate::relay`) lives outside the store; it reads effects with
+//! `Snapshot::scan_effects` and moves its cursor only through these transactions.
+//!
+//! Every cursor write is a compare-and-set on the cursor's `generation` and position, so a
+//! sink that an operator rewound (from another process) reloads instead of overwriting the
+//! operator's move. Operator actions (`relay retry|rewind|forget`) write an audit entry with
+//! outcome `relay` in the same transaction, naming the sink (in the entry's `topic`), who and
+//! why.
+
+use redb::{ReadableTable, TableError};
+
+use super::guard::Leak;
+use super::read::Snapshot;
+use super::tables::*;
+use super::{Store, StoreError, Writer};
+use crate::model::Outcome;
+
+/// Where a new sink's cursor starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest effect still in the log.
+    Beginning,
+    /// The next effect to be committed.
+    Head,
+}
+
+/// The result of a cursor write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CursorWrite {
+    /// Written; the record as it now is.
+    Done(SinkRecord),
+    /// Not written: the cursor is not where the sink thought (an operator moved it, or
+    /// forgot the sink). The sink reloads from this record (`None`: forgotten).
+    Moved(Option<SinkRecord>),
+}
+
+/// One parked event of one sink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parked {
+    pub sink: String,
+    pub offset: u64,
+    pub record: ParkedRecord,
+}
+
+/// What `relay forget` removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forgotten {
+    pub record: SinkRecord,
+    pub parked: u64,
+}
+
+fn refused(why: String) -> StoreError {
+    StoreError::Refused(why)
+}
+
+fn no_sink(name: &str) -> StoreError {
+    refused(format!(
+        "no sink named {name:?} has a cursor in this database (`relay status` lists them)"
+    ))
+}
+
+impl Store {
+    /// The sink's cursor, made (at `start`) if it has none. A sink's cursor is never made
+    /// anywhere else, so `forget` followed by a restart starts afresh.
+    pub fn register_sink(
+        &mut self,
+        name: &str,
+        kind: &str,
+        start: StartAt,
+        now_ms: u64,
+    ) -> Result<SinkRecord, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let rec = {
+                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                let existing = t
+                    .get(name)
+                    .map_err(StoreError::redb)?
+                    .map(|g| decode::<SinkRecord>("sink_cursors", name, g.value()))
+                    .transpose()?;
+                match existing {
+                    Some(r) => return Ok(r),
+                    None => {
+                        let meta = meta_of(&txn)?;
+                        let marks = marks_of(&txn)?;
+                        let next = match start {
+                            StartAt::Beginning => marks.effects_floor,
+                            StartAt::Head => meta.next_effect,
+                        };
+                        let rec = SinkRecord {
+                            kind: kind.to_string(),
+                            next,
+                            generation: 0,
+                            registered_at_ms: now_ms,
+                            advanced_at_ms: now_ms,
+                            delivered: 0,
+                            parked: 0,
+                            last_error: None,
+                        };
+                        t.insert(name, encode(&rec).as_slice())
+                            .map_err(StoreError::redb)?;
+                        rec
+                    }
+                }
+            };
+            txn.into_inner().commit().map_err(StoreError::redb)?;
+            Ok(rec)
+        })
+    }
+
+    /// Moves the sink's cursor from `from` to `to` (every effect in between delivered or, if
+    /// in `parked`, parked), in one durable transaction, if the cursor is still at `from` in
+    /// `generation`. Clears the last error.
+    pub fn advance_sink(
+        &mut self,
+        name: &str,
+        generation: u64,
+        from: u64,
+        to: u64,
+        parked: &[(u64, ParkedRecord)],
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.cursor_write(name, generation, Some(from), |t, rec| {
+            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+            let mut newly = 0;
+            for (offset, record) in parked {
+                let was = p
+                    .insert((name, *offset), encode(record).as_slice())
+                    .map_err(StoreError::redb)?;
+                if was.is_none() {
+                    newly += 1;
+                }
+            }
+            let moved_past = to.saturating_sub(from);
+            let blocking = parked.iter().filter(|(_, r)| r.blocking).count() as u64;
+            rec.delivered += moved_past.saturating_sub(parked.len() as u64 - blocking);
+            rec.parked += newly;
+            if to != rec.next {
+                rec.advanced_at_ms = now_ms;
+            }
+            rec.next = to;
+            rec.last_error = None;
+            Ok(())
+        })
+    }
+
+    /// Sets the cursor to `to` if it is still in `generation`: the postgres sink trusting the
+    /// cursor stored beside its rows.
+    pub fn set_sink_cursor(
+        &mut self,
+        name: &str,
+        generation: u64,
+        to: u64,
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.cursor_write(name, generation, None, |_, rec| {
+            if to != rec.next {
+                rec.advanced_at_ms = now_ms;
+            }
+            rec.next = to;
+            Ok(())
+        })
+    }
+
+    /// Records a failed attempt (shown by `relay status`). Not a cursor move: written whatever
+    /// the generation.
+    pub fn note_sink_error(
+        &mut self,
+        name: &str,
+        error: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let error: String = error.chars().take(1024).collect();
+        self.cursor_write(name, u64::MAX, None, |_, rec| {
+            rec.last_error = Some((now_ms, error));
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// A parked event was delivered after `relay retry`: its record goes; a blocking one also
+    /// lets the cursor past it.
+    pub fn parked_delivered(
+        &mut self,
+        name: &str,
+        offset: u64,
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.cursor_write(name, u64::MAX, None, |t, rec| {
+            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+            let removed = p
+                .remove((name, offset))
+                .map_err(StoreError::redb)?
+                .map(|g| decode::<ParkedRecord>("sink_parked", offset, g.value()))
+                .transpose()?;
+            if let Some(r) = removed {
+                rec.delivered += 1;
+                if r.blocking && rec.next == offset {
+                    rec.next = offset + 1;
+                    rec.advanced_at_ms = now_ms;
+                }
+            }
+            rec.last_error = None;
+            Ok(())
+        })
+    }
+
+    /// A retried parked event was refused again: it stays parked with the new response,
+    /// and waits for the next `relay retry`.
+    pub fn parked_failed(
+        &mut self,
+        name: &str,
+        offset: u64,
+        response: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let response: String = response.chars().take(2048).collect();
+        self.cursor_write(name, u64::MAX, None, |t, rec| {
+            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+            let current = p
+                .get((name, offset))
+                .map_err(StoreError::redb)?
+                .map(|g| decode::<ParkedRecord>("sink_parked", offset, g.value()))
+                .transpose()?;
+            if let Some(mut r) = current {
+                r.attempts += 1;
+                r.response = response.clone();
+                r.retry_requested_at_ms = None;
+                p.insert((name, offset), encode(&r).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+            rec.last_error = Some((now_ms, response));
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// `relay retry`: asks the sink to deliver parked event `offset` (or every parked event)
+    /// again. Returns how many were marked. One audit entry per event.
+    pub fn relay_retry(
+        &mut self,
+        name: &str,
+        offset: Option<u64>,
+        operator: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<u64, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let marked = {
+                let cursors = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                if cursors.get(name).map_err(StoreError::redb)?.is_none() {
+                    return Err(no_sink(name));
+                }
+                drop(cursors.into_inner());
+                let mut p = Leak::new(txn.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+                let mut targets: Vec<(u64, ParkedRecord)> = Vec::new();
+                let range = match offset {
+                    Some(o) => (name, o)..=(name, o),
+                    None => (name, 0)..=(name, u64::MAX),
+                };
+                for item in p.range(range).map_err(StoreError::redb)? {
+                    let (k, v) = item.map_err(StoreError::redb)?;
+                    let o = k.value().1;
+                    targets.push((o, decode("sink_parked", o, v.value())?));
+                }
+                if targets.is_empty() {
+                    return Err(refused(match offset {
+                        Some(o) => format!(
+                            "sink {name:?} has no parked event at offset {o} (`relay parked --sink {name}` lists them)"
+                        ),
+                        None => format!("sink {name:?} has no parked events"),
+                    }));
+                }
+                for (o, r) in &mut targets {
+                    r.retry_requested_at_ms = Some(now_ms);
+                    p.insert((name, *o), encode(&*r).as_slice())
+                        .map_err(StoreError::redb)?;
+                }
+                drop(p.into_inner());
+                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                for (o, r) in &targets {
+                    w.append_audit(relay_entry(
+                        now_ms,
+                        name,
+                        format!(
+                            "relay retry of event {} (offset {o}) on sink {name} requested by {operator}: {reason}",
+                            r.id
+                        ),
+                        Some(*o),
+                        Some(r.key),
+                        Some((&r.agency, &r.source_id)),
+                    ))?;
+                }
+                w.into_inner().finish()?;
+                targets.len() as u64
+            };
+            txn.into_inner().commit().map_err(StoreError::redb)?;
+            Ok(marked)
+        })
+    }
+
+    /// `relay rewind`: the sink delivers again from effect `to` (ids are stable, so receivers
+    /// that keep them see each effect once). `to` must still be in the log.
+    pub fn relay_rewind(
+        &mut self,
+        name: &str,
+        to: u64,
+        operator: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<(SinkRecord, SinkRecord), StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let result = {
+                let meta = meta_of(&txn)?;
+                let marks = marks_of(&txn)?;
+                if to < marks.effects_floor || to > meta.next_effect {
+                    return Err(refused(format!(
+                        "offset {to} is not in the effect log: it holds {}..{} (retention removed \
+                         what is below)",
+                        marks.effects_floor, meta.next_effect
+                    )));
+                }
+                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                let before: SinkRecord = t
+                    .get(name)
+                    .map_err(StoreError::redb)?
+                    .map(|g| decode("sink_cursors", name, g.value()))
+                    .transpose()?
+                    .ok_or_else(|| no_sink(name))?;
+                let mut after = before.clone();
+                after.next = to;
+                after.generation += 1;
+                after.advanced_at_ms = now_ms;
+                t.insert(name, encode(&after).as_slice())
+                    .map_err(StoreError::redb)?;
+                drop(t.into_inner());
+                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                w.append_audit(relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay rewind of sink {name} from offset {} to {to} by {operator}: {reason}",
+                        before.next
+                    ),
+                    Some(to),
+                    None,
+                    None,
+                ))?;
+                w.into_inner().finish()?;
+                (before, after)
+            };
+            txn.into_inner().commit().map_err(StoreError::redb)?;
+            Ok(result)
+        })
+    }
+
+    /// `relay forget`: removes a sink's cursor and parked events, so retention no longer
+    /// keeps effects for it. The caller refuses a sink that is still configured.
+    pub fn relay_forget(
+        &mut self,
+        name: &str,
+        operator: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<Forgotten, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let result = {
+                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                let record: SinkRecord = t
+                    .remove(name)
+                    .map_err(StoreError::redb)?
+                    .map(|g| decode("sink_cursors", name, g.value()))
+                    .transpose()?
+                    .ok_or_else(|| no_sink(name))?;
+                drop(t.into_inner());
+                let mut p = Leak::new(txn.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+                let mut parked = 0;
+                p.retain_in((name, 0)..=(name, u64::MAX), |_, _| {
+                    parked += 1;
+                    false
+                })
+                .map_err(StoreError::redb)?;
+                drop(p.into_inner());
+                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                w.append_audit(relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay forget of sink {name} (cursor at offset {}, {parked} parked events \
+                         removed) by {operator}: {reason}",
+                        record.next
+                    ),
+                    Some(record.next),
+                    None,
+                    None,
+                ))?;
+                w.into_inner().finish()?;
+                Forgotten { record, parked }
+            };
+            txn.into_inner().commit().map_err(StoreError::redb)?;
+            Ok(result)
+        })
+    }
+
+    /// Reads the cursor, lets `f` change it (and other relay tables), and writes it back, in
+    /// one durable transaction, if it is still in `generation` (`u64::MAX`: any) and, when
+    /// given, at `at`.
+    fn cursor_write(
+        &mut self,
+        name: &str,
+        generation: u64,
+        at: Option<u64>,
+        f: impl FnOnce(&redb::WriteTransaction, &mut SinkRecord) -> Result<(), StoreError>,
+    ) -> Result<CursorWrite, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let current: Option<SinkRecord> = {
+                let t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                t.get(name)
+                    .map_err(StoreError::redb)?
+                    .map(|g| decode("sink_cursors", name, g.value()))
+                    .transpose()?
+            };
+            let Some(mut rec) = current else {
+                return Ok(CursorWrite::Moved(None));
+            };
+            let stale = (generation != u64::MAX && rec.generation != generation)
+                || at.is_some_and(|a| a != rec.next);
+            if stale {
+                return Ok(CursorWrite::Moved(Some(rec)));
+            }
+            f(&txn, &mut rec)?;
+            {
+                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
+                t.insert(name, encode(&rec).as_slice())
+                    .map_err(StoreError::redb)?;
+            }
+            txn.into_inner().commit().map_err(StoreError::redb)?;
+            Ok(CursorWrite::Done(rec))
+        })
+    }
+}
+
+fn relay_entry(
+    now_ms: u64,
+    sink: &str,
+    reason: String,
+    offset: Option<u64>,
+    key: Option<[u8; 32]>,
+    source: Option<(&String, &String)>,
+) -> AuditRecord {
+    AuditRecord {
+        recorded_at_ms: now_ms,
+        outcome: Outcome::Relay.code(),
+        key,
+        agency: source.map(|s| s.0.clone()),
+        source_id: source.map(|s| s.1.clone()),
+        epoch: None,
+        sequence: None,
+        topic: sink.to_string(),
+        reason,
+        digest: None,
+        effect_offset: offset,
+        quarantine_id: None,
+        prev_hash: [0; 32],
+        hash: [0; 32],
+    }
+}
+
+fn meta_of(txn: &redb::WriteTransaction) -> Result<Meta, StoreError> {
+    let t = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
+    let bytes = t
+        .get(META_KEY)
+        .map_err(StoreError::redb)?
+        .map(|g| g.value().to_vec())
+        .ok_or_else(|| RecordError {
+            table: "meta",
+            key: META_KEY.into(),
+            why: "missing".into(),
+        })?;
+    Ok(decode("meta", META_KEY, &bytes)?)
+}
+
+fn marks_of(txn: &redb::WriteTransaction) -> Result<RetentionMarks, StoreError> {
+    let t = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
+    let marks = t
+        .get(RETENTION_KEY)
+        .map_err(StoreError::redb)?
+        .map(|g| decode::<RetentionMarks>("meta", RETENTION_KEY, g.value()))
+        .transpose()?
+        .unwrap_or_default();
+    Ok(marks)
+}
+
+/// The lowest cursor of every sink in `t` (`None`: no sink), which retention may not pass.
+pub(super) fn lowest_cursor(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Option<u64>, StoreError> {
+    let mut low: Option<u64> = None;
+    for item in t.iter().map_err(StoreError::redb)? {
+        let (k, v) = item.map_err(StoreError::redb)?;
+        let rec: SinkRecord = decode("sink_cursors", k.value(), v.value())?;
+        low = Some(low.map_or(rec.next, |l: u64| l.min(rec.next)));
+    }
+    Ok(low)
+}
+
+impl Snapshot {
+    /// Every sink with a cursor, by name.
+    pub fn sink_cursors(&self) -> Result<Vec<(String, SinkRecord)>, StoreError> {
+        self.guard(|txn| {
+            let t = match txn.open_table(SINK_CURSORS) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            let mut out = Vec::new();
+            for item in t.iter().map_err(StoreError::redb)? {
+                let (k, v) = item.map_err(StoreError::redb)?;
+                out.push((
+                    k.value().to_string(),
+                    decode("sink_cursors", k.value(), v.value())?,
+                ));
+            }
+            Ok(out)
+        })
+    }
+
+    pub fn sink_cursor(&self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        self.guard(|txn| {
+            let t = match txn.open_table(SINK_CURSORS) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            Ok(t.get(name)
+                .map_err(StoreError::redb)?
+                .map(|g| decode("sink_cursors", name, g.value()))
+                .transpose()?)
+        })
+    }
+
+    /// Parked events of `sink` (every sink when `None`), in sink then offset order.
+    pub fn sink_parked(&self, sink: Option<&str>) -> Result<Vec<Parked>, StoreError> {
+        self.guard(|txn| {
+            let t = match txn.open_table(SINK_PARKED) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            let mut out = Vec::new();
+            let mut push = |k: (&str, u64), v: &[u8]| -> Result<(), StoreError> {
+                out.push(Parked {
+                    sink: k.0.to_string(),
+                    offset: k.1,
+                    record: decode("sink_parked", format_args!("{}#{}", k.0, k.1), v)?,
+                });
+                Ok(())
+            };
+            match sink {
+                Some(name) => {
+                    for item in t
+                        .range((name, 0)..=(name, u64::MAX))
+                        .map_err(StoreError::redb)?
+                    {
+                        let (k, v) = item.map_err(StoreError::redb)?;
+                        push(k.value(), v.value())?;
+                    }
+                }
+                None => {
+                    for item in t.iter().map_err(StoreError::redb)? {
+                        let (k, v) = item.map_err(StoreError::redb)?;
+                        push(k.value(), v.value())?;
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+}
