@@ -13,6 +13,7 @@
 
 pub mod envelope;
 mod exec;
+mod mqtt;
 mod runner;
 
 use std::time::Duration;
@@ -92,6 +93,7 @@ pub struct CursorAfter {
 /// reconnected by the next one).
 pub enum Sink {
     Exec(exec::ExecSink),
+    Mqtt(mqtt::MqttSink),
 }
 
 impl Sink {
@@ -99,6 +101,7 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            SinkKind::Mqtt(m) => Ok(Sink::Mqtt(mqtt::MqttSink::new(m, cfg.timeout))),
             other => Err(format!(
                 "sink {:?}: kind {:?} is not built into this binary yet",
                 cfg.name,
@@ -112,6 +115,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
+            Sink::Mqtt(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -119,7 +123,7 @@ impl Sink {
     /// on start (`None`: the sink keeps none). Connects if needed.
     pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
         match self {
-            Sink::Exec(_) => Ok(None),
+            Sink::Exec(_) | Sink::Mqtt(_) => Ok(None),
         }
     }
 
@@ -127,6 +131,7 @@ impl Sink {
     pub async fn close(&mut self) {
         match self {
             Sink::Exec(_) => {}
+            Sink::Mqtt(s) => s.close().await,
         }
     }
 }
