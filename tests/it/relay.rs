@@ -190,6 +190,64 @@ fn stop(child: &mut Child) -> Option<i32> {
     }
 }
 
+/// The CloudEvents 1.0 JSON format's rules (spec `formats/json-format.md` and the core spec
+/// section "Type System" / "Required Attributes"), checked independently of the writer.
+fn assert_cloudevent(e: &Json) {
+    let Json::Object(members) = e else {
+        panic!("an event is a JSON object: {e:?}")
+    };
+    let mut names = HashSet::new();
+    for (name, value) in members {
+        assert!(names.insert(name.as_str()), "member {name} twice");
+        match name.as_str() {
+            "data" => {}
+            "data_base64" => assert!(matches!(value, Json::String(_))),
+            "specversion" => assert_eq!(value, &Json::String("1.0".into())),
+            "id" | "source" | "type" => match value {
+                Json::String(s) => assert!(!s.is_empty(), "{name} is empty"),
+                other => panic!("{name} must be a string: {other:?}"),
+            },
+            "time" => match value {
+                // RFC 3339, UTC, with milliseconds.
+                Json::String(s) => assert!(
+                    s.len() == 24
+                        && s.ends_with('Z')
+                        && s.as_bytes()[10] == b'T'
+                        && s[..4].bytes().all(|b| b.is_ascii_digit()),
+                    "time {s:?}"
+                ),
+                other => panic!("time: {other:?}"),
+            },
+            "datacontenttype" => assert_eq!(value, &Json::String("application/json".into())),
+            "subject" => assert!(matches!(value, Json::String(s) if !s.is_empty())),
+            ext => {
+                // Extension attribute names: lower-case ASCII letters and digits, at most 20.
+                assert!(
+                    !ext.is_empty()
+                        && ext.len() <= 20
+                        && ext
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+                    "extension name {ext:?}"
+                );
+                match value {
+                    Json::String(_) | Json::Bool(_) => {}
+                    // Integers must fit in 32 bits.
+                    Json::Number(n) => assert!(n.parse::<i32>().is_ok(), "{ext} = {n}"),
+                    other => panic!("extension {ext} has a type CloudEvents lacks: {other:?}"),
+                }
+            }
+        }
+    }
+    for required in ["id", "source", "specversion", "type"] {
+        assert!(names.contains(required), "no {required}");
+    }
+    assert!(
+        !(names.contains("data") && names.contains("data_base64")),
+        "data and data_base64 are exclusive"
+    );
+}
+
 /// Every effect arrived, with the id of its key, in effect-offset order within each source.
 fn assert_all_delivered(s: &Setup, exactly_once: bool) {
     let effects = s.effect_ids();
@@ -206,6 +264,7 @@ fn assert_all_delivered(s: &Setup, exactly_once: bool) {
         effects.iter().map(|(o, id, s)| (id, (*o, s))).collect();
     let mut last: BTreeMap<String, u64> = BTreeMap::new();
     for e in &received {
+        assert_cloudevent(e);
         let id = field(e, "id");
         let (offset, subject) = by_id[&id];
         assert_eq!(field(e, "rgoffset"), offset.to_string());
@@ -639,4 +698,137 @@ fn dump_effects_after_starts_past_the_offset() {
         .map(|l| field(&json::parse(l.as_bytes(), 64).unwrap(), "offset"))
         .collect();
     assert_eq!(offsets, ["7", "8", "9"]);
+}
+
+/// A receiver that refuses the event of sequence 13 (exit 65) until `count.fixed` exists.
+const REFUSES_13: &str = "input=$(cat)\n\
+    if [ ! -e \"$STATE.fixed\" ] && printf '%s\\n' \"$input\" | grep -q '\"rgsequence\":\"13\"'; then\n\
+    echo 'unit E13 unknown to CAD' >&2; exit 65; fi\n\
+    printf '%s\\n' \"$input\" >> \"$OUT\"";
+
+fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}; relay log:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sink's parked events (none before the relay made its cursor).
+fn parked_list(s: &Setup) -> Vec<Json> {
+    let out = common::run(&[
+        "relay",
+        "parked",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+    ]);
+    if String::from_utf8_lossy(&out.stderr).contains("has a cursor") {
+        return Vec::new();
+    }
+    stdout(&out)
+        .lines()
+        .map(|l| json::parse(l.as_bytes(), 64).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_refused_event_is_parked_the_rest_flows_and_retry_delivers_it_once_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), REFUSES_13, "batch_max = 8", "");
+    s.ingest(0, 30);
+    let mut relay = s.relay();
+    s.wait_received(29, Duration::from_secs(20));
+    wait_until("the refused event is parked", &s, || {
+        parked_list(&s).len() == 1
+    });
+    let p = &parked_list(&s)[0];
+    assert_eq!(field(p, "offset"), "13");
+    assert_eq!(field(p, "blocking"), "false");
+    assert!(field(p, "reason").contains("refused the event (exit status 65, EX_DATAERR)"));
+    assert!(
+        field(p, "response").contains("unit E13 unknown to CAD"),
+        "{}",
+        field(p, "response")
+    );
+    let ids: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
+    assert!(!ids.contains(&field(p, "id")));
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "state"), "caught_up");
+    assert_eq!(field(&st["script"], "parked"), "1");
+    // The receiver is fixed; the operator asks for the retry.
+    std::fs::write(dir.path().join("count.fixed"), "").unwrap();
+    stdout(&common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--all",
+        "--reason",
+        "unit E13 added to CAD",
+        "--operator",
+        "ana",
+    ]));
+    s.wait_received(30, Duration::from_secs(20));
+    wait_until("the parked record goes", &s, || parked_list(&s).is_empty());
+    assert_eq!(stop(&mut relay), Some(0));
+    // Each effect exactly once; 13 arrived last.
+    let got: Vec<String> = s
+        .received()
+        .iter()
+        .map(|e| field(e, "rgsequence"))
+        .collect();
+    assert_eq!(got.len(), 30);
+    assert_eq!(got.last().map(String::as_str), Some("13"));
+    assert_all_delivered(&s, false);
+}
+
+#[test]
+fn on_poison_block_stops_the_sink_at_the_event_until_an_operator_acts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(
+        dir.path(),
+        REFUSES_13,
+        "batch_max = 8\non_poison = \"block\"",
+        "",
+    );
+    s.ingest(0, 30);
+    let mut relay = s.relay();
+    wait_until("the refused event blocks the sink", &s, || {
+        parked_list(&s)
+            .first()
+            .is_some_and(|p| field(p, "blocking") == "true")
+    });
+    // Nothing after it goes out while it blocks.
+    assert_eq!(s.received().len(), 13);
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "state"), "blocked");
+    assert_eq!(field(&st["script"], "cursor"), "13");
+    assert_eq!(field(&st["script"], "lag_events"), "17");
+    std::fs::write(dir.path().join("count.fixed"), "").unwrap();
+    stdout(&common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "13",
+        "--reason",
+        "unit E13 added",
+        "--operator",
+        "ana",
+    ]));
+    s.wait_received(30, Duration::from_secs(20));
+    assert_eq!(stop(&mut relay), Some(0));
+    // In order, each once: the block kept the log order.
+    assert_all_delivered(&s, true);
+    assert_eq!(field(&s.status(&s.config)["script"], "state"), "caught_up");
 }
