@@ -832,3 +832,64 @@ fn on_poison_block_stops_the_sink_at_the_event_until_an_operator_acts() {
     assert_all_delivered(&s, true);
     assert_eq!(field(&s.status(&s.config)["script"], "state"), "caught_up");
 }
+
+#[test]
+fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let pidfile = dir.path().join("hung.pid");
+    // "hung" never finishes a batch (its program sleeps far past the shutdown timeout and
+    // records its pid); "script" accepts everything.
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        &format!(
+            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
+             timeout_ms = 600000\n",
+            pidfile.to_str().unwrap()
+        ),
+        &format!(
+            "[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-relay-hung\"\ntopics = [\"incidents/#\"]\n\
+             [commit]\nlinger_ms = 5\n",
+            broker.url()
+        ),
+    );
+    let mut run = Command::new(common::bin())
+        .args(["run", "--config", s.config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let lines: Vec<String> = (0..300)
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .collect();
+    broker.publish_lines("incidents/ems", &lines, "pub-relay-hung");
+    s.wait_received(300, Duration::from_secs(30));
+    assert_eq!(common::effects(&s.db).len(), 300);
+    wait_until("the hung sink's program runs", &s, || pidfile.exists());
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // shutdown_timeout_seconds = 5: the drain gives up on the hung attempt, kills its
+    // program and exits 0.
+    let started = Instant::now();
+    assert_eq!(stop(&mut run), Some(0), "{}", s.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z ")),
+        "the hung sink's program outlived the service"
+    );
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["hung"], "cursor"), "0");
+    assert_eq!(field(&st["script"], "cursor"), "300");
+}
