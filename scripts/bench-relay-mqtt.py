@@ -5,7 +5,8 @@
    `replay-guard relay --config CFG` (standalone) drains the backlog to the broker; timed from
    the relay's start until a `mosquitto_sub -q 1` subscriber has received all N. Same run,
    same broker, baselines: the same N envelopes published by `mosquitto_pub -q 1 -l` and by
-   the rumqttc load generator (`examples/publish`), timed the same way. ROUNDS rounds, medians.
+   the rumqttc load generator (`examples/publish`), timed the same way (the envelopes the relay
+   delivered, as captured by the subscriber). ROUNDS rounds, medians.
 2. Latency at RATE msg/s (optional, LAT_SECONDS > 0): a steady feed on an upstream broker A
    consumed by `run` with the sink to broker B; for each event, downstream arrival time (read
    by the subscriber) minus the envelope's `time` (when `run` received the message, so the
@@ -104,14 +105,20 @@ class Sub:
         self.p.wait()
 
 
-def timed(port, n, start):
-    sub = Sub(port, "bench-sub")
-    t0 = time.monotonic()
-    p = start()
-    sub.wait(n)
-    t = time.monotonic() - t0
-    sub.stop()
-    return t, p
+def timed(port, n, start, keep=False, limit=600):
+    sub = Sub(port, "bench-sub", keep)
+    try:
+        t0 = time.monotonic()
+        p = start()
+        try:
+            sub.wait(n, limit)
+        except SystemExit:
+            p.kill()
+            p.wait()
+            raise
+        return time.monotonic() - t0, p, [l for _, l in sub.lines]
+    finally:
+        sub.stop()
 
 
 def main():
@@ -131,15 +138,13 @@ def main():
             cfg = os.path.join(tmp, f"rg{r}.toml")
             with open(cfg, "w") as f:
                 f.write(f'[store]\npath = "{db}"\n' + sink_toml(port))
-            t, p = timed(port, N, lambda: subprocess.Popen([BIN, "relay", "--config", cfg], stderr=subprocess.DEVNULL))
+            t, p, envs = timed(port, N, lambda: subprocess.Popen([BIN, "relay", "--config", cfg],
+                                                                  stderr=subprocess.DEVNULL), keep=True)
             p.send_signal(signal.SIGTERM)
             p.wait()
             relay.append(N / t)
-            envs = subprocess.run([BIN, "dump-effects", "--db", db, "--format", "cloudevents"],
-                                  capture_output=True, text=True).stdout.splitlines()
-            if len(envs) < N:  # no envelope dump: the same-size stand-in
-                envs = [json.dumps({"specversion": "1.0", "id": "x" * 64, "data": json.loads(l)}) for l in lines]
-            body = ("\n".join(envs[:N]) + "\n").encode()
+            # The baselines publish the very envelopes the relay delivered.
+            body = "".join(envs[:N]).encode()
 
             def mosq():
                 p = subprocess.Popen(["mosquitto_pub", "-p", str(port), "-q", "1", "-t", "cop/a/b", "-l"],
@@ -148,18 +153,18 @@ def main():
                 p.stdin.close()
                 return p
             try:
-                t, p = timed(port, N, mosq)
+                t, p, _ = timed(port, N, mosq, limit=120)
+                p.wait()
                 mpub.append(N / t)
             except SystemExit as e:
                 print(f"mosquitto_pub -l: {e}", flush=True)
-            p.wait()
 
             def rumq():
                 p = subprocess.Popen([PUB, str(port), "cop/a/b", "bench-pub"], stdin=subprocess.PIPE)
                 p.stdin.write(body)
                 p.stdin.close()
                 return p
-            t, p = timed(port, N, rumq)
+            t, p, _ = timed(port, N, rumq)
             p.wait()
             rpub.append(N / t)
             print(f"round {r + 1}: relay {relay[-1]:,.0f} ev/s, mosquitto_pub -q 1 -l "

@@ -85,6 +85,9 @@ impl SinkStatus {
 /// The running relay: a thread with one task per sink.
 pub struct Relay {
     stop: watch::Sender<bool>,
+    /// Set when the shutdown timeout is reached: attempts in progress are abandoned (a
+    /// program the exec sink started is killed), cursors are written, the thread ends.
+    hard: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<Result<(), RelayError>>>,
     status: Arc<Mutex<Vec<SinkStatus>>>,
 }
@@ -117,9 +120,17 @@ impl Relay {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        let deadline = Instant::now() + timeout;
-        while !thread.is_finished() && Instant::now() < deadline {
+        // Most of the time for attempts to finish; the rest to abandon them and write cursors.
+        let soft = Instant::now() + timeout.mul_f64(0.8);
+        while !thread.is_finished() && Instant::now() < soft {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if !thread.is_finished() {
+            let _ = self.hard.send(true);
+            let deadline = Instant::now() + timeout.mul_f64(0.2).max(Duration::from_millis(500));
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         if !thread.is_finished() {
             tracing::warn!(
@@ -153,6 +164,7 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        let _ = self.hard.send(true);
     }
 }
 
@@ -174,6 +186,7 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
     let store = Store::open_operator(db, opts)?;
     let reader = Reader::open(db)?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (hard_tx, hard_rx) = watch::channel(false);
     let status = Arc::new(Mutex::new(Vec::new()));
     let shared = Shared {
         store: Arc::new(Mutex::new(Some(store))),
@@ -190,7 +203,7 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
                 .enable_all()
                 .build()
                 .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
-            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx));
+            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx, hard_rx));
             // Every cursor is written; closing lets the next open skip the repair.
             if let Ok(mut g) = shared.store.lock()
                 && let Some(s) = g.take()
@@ -203,6 +216,7 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         .map_err(|e| RelayError::Runtime(format!("cannot start the relay thread: {e}")))?;
     Ok(Some(Relay {
         stop: stop_tx,
+        hard: hard_tx,
         thread: Some(thread),
         status,
     }))
@@ -264,6 +278,7 @@ async fn run_all(
     sinks: Vec<(SinkConfig, Sink)>,
     wake: Option<watch::Receiver<u64>>,
     stop: watch::Receiver<bool>,
+    hard: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let wake = match wake {
         Some(w) => w,
@@ -313,6 +328,7 @@ async fn run_all(
             sink,
             wake: wake.clone(),
             stop: stop.clone(),
+            hard: hard.clone(),
             rec: None,
             next: 0,
             parked: Vec::new(),
@@ -348,6 +364,7 @@ struct SinkTask {
     sink: Sink,
     wake: watch::Receiver<u64>,
     stop: watch::Receiver<bool>,
+    hard: watch::Receiver<bool>,
     /// The cursor as last written (or read).
     rec: Option<SinkRecord>,
     /// Delivered or parked up to here (ahead of `rec.next` until the next flush).
@@ -381,7 +398,7 @@ impl SinkTask {
             tracing::error!(sink = %self.cfg.name, error = %e, "relay sink stopped");
         }
         let flushed = self.flush(true).await;
-        self.sink.close().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
         self.shared.set_status(self.idx, |s| s.state = "stopped");
         r.and(flushed)
     }
@@ -450,7 +467,12 @@ impl SinkTask {
     async fn adopt_sink_cursor(&mut self) -> Result<(), RelayError> {
         let mut backoff = self.cfg.backoff_initial;
         let stored = loop {
-            match self.sink.stored_cursor().await {
+            let mut stop = self.stop.clone();
+            let stored = tokio::select! {
+                c = self.sink.stored_cursor() => c,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            };
+            match stored {
                 Ok(c) => break c,
                 Err(e) => {
                     self.status("connecting", Some(e.clone()));
@@ -584,7 +606,12 @@ impl SinkTask {
                 json: p.record.event.clone(),
             };
             let cursor = self.cursor_after(self.next);
-            let attempt = self.sink.deliver(std::slice::from_ref(&ev), cursor).await;
+            let Some(attempt) = self
+                .abortable_deliver(std::slice::from_ref(&ev), cursor)
+                .await
+            else {
+                return Ok(());
+            };
             let name = self.name().to_string();
             if attempt.delivered == 1 {
                 tracing::info!(sink = %self.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
@@ -611,6 +638,20 @@ impl SinkTask {
             }
         }
         Ok(())
+    }
+
+    /// `deliver`, abandoned (`None`) when the shutdown timeout is reached: dropping the attempt
+    /// closes its connection or kills its program; what it did not confirm is delivered again
+    /// after the restart.
+    async fn abortable_deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Option<Attempt> {
+        let mut hard = self.hard.clone();
+        tokio::select! {
+            a = self.sink.deliver(batch, cursor) => Some(a),
+            _ = hard.wait_for(|h| *h) => {
+                tracing::warn!(sink = %self.cfg.name, "shutdown timeout: abandoning the delivery in progress");
+                None
+            }
+        }
     }
 
     fn cursor_after(&self, next_after: u64) -> CursorAfter {
@@ -667,7 +708,10 @@ impl SinkTask {
         while i < batch.len() {
             let rest = &batch[i..];
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
-            let Attempt { delivered, failure } = self.sink.deliver(rest, cursor).await;
+            let Some(Attempt { delivered, failure }) = self.abortable_deliver(rest, cursor).await
+            else {
+                return Ok(());
+            };
             let delivered = delivered.min(rest.len());
             if delivered > 0 {
                 i += delivered;

@@ -200,6 +200,9 @@ pub struct Publisher {
     /// message in flight and widens the window by one per PUBACK, so a message that makes the
     /// broker close the connection takes few acknowledgements of others with it.
     cautious: bool,
+    /// A `publish` call is under way; still set at the next call if the last one was dropped
+    /// mid-way (cancelled), whose connection may then hold publishes in flight.
+    busy: bool,
 }
 
 /// Progress of one `publish` call, kept outside the future so a timeout can read it.
@@ -252,6 +255,7 @@ impl Publisher {
             conn: None,
             refused: None,
             cautious: false,
+            busy: false,
         }
     }
 
@@ -271,6 +275,11 @@ impl Publisher {
                 failure: None,
             };
         }
+        if self.busy {
+            self.conn = None;
+            self.cautious = true;
+        }
+        self.busy = true;
         let run = self.run(messages, &mut progress);
         let out = match tokio::time::timeout(limit, run).await {
             Ok(out) => out,
@@ -292,6 +301,7 @@ impl Publisher {
             self.conn = None;
         }
         self.cautious = !healthy;
+        self.busy = false;
         out
     }
 

@@ -21,6 +21,8 @@
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
+//! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
+//!   retention held by a lagging sink, `relay status|parked|retry|rewind|forget`.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
@@ -43,6 +45,7 @@ mod live_read;
 mod model;
 mod operator;
 mod readme;
+mod relay;
 mod relay_mqtt;
 mod service;
 mod systemd;

@@ -502,3 +502,199 @@ fn an_unreachable_broker_is_a_retry_within_the_timeout() {
     assert_eq!(a.delivered, 0);
     assert!(matches!(a.failure, Some(Failure::Retry { .. })), "{a:?}");
 }
+
+/// `run` with an mqtt sink, end to end: upstream broker A feeds `run`, whose sink publishes to
+/// broker B. A 5,000-event surge with replays; `run` killed with SIGKILL six times while it
+/// delivers (restarted each time); B stopped and restarted once while `run` delivers (SIGTERM,
+/// so that B itself loses nothing it acknowledged; SIGKILL of B is the test above). Every
+/// effect arrives, every arrival of one effect carries the same id, and ids are unique per
+/// effect, compared with `dump-effects`.
+#[test]
+fn run_with_an_mqtt_sink_killed_mid_delivery_delivers_every_effect_with_one_stable_id() {
+    use replay_guard::json::{self, Json};
+    use std::collections::BTreeMap;
+
+    const N: u64 = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Broker::start(&dir.path().join("a"), false);
+    let bdir = dir.path().join("b");
+    let mut b = Broker::start(&bdir, true);
+    let b_port = b.port;
+    let sub = Subscriber::start(&b, "sub-e2e");
+    b.snapshot();
+    let db = dir.path().join("rg.redb");
+    let config = dir.path().join("rg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\npath = {:?}\n[service]\nshutdown_timeout_seconds = 10\n\
+             [mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-e2e\"\ntopics = [\"incidents/#\"]\n\
+             protocol = \"v5\"\nkeep_alive_seconds = 5\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n\
+             [commit]\nmax_batch = 256\nlinger_ms = 5\n\
+             [[sink]]\nname = \"cop\"\nkind = \"mqtt\"\nbroker = {:?}\nclient_id = \"rg-e2e-cop\"\n\
+             topic = \"cop/{{agency}}/{{source_id}}\"\ntimeout_ms = 2000\n\
+             backoff_initial_ms = 20\nbackoff_max_ms = 200\n",
+            db.to_str().unwrap(),
+            a.url(),
+            b.url()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("run.log");
+    let start_run = || {
+        Command::new(super::common::bin())
+            .args(["run", "--config", config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    };
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut run = start_run();
+    // The session at A exists before the surge, so A keeps the feed for `run` between kills.
+    wait_for(Duration::from_secs(20), "run to connect", || {
+        log_text().contains("connected")
+    });
+    let publisher = {
+        let lines: Vec<String> = (0..N)
+            .map(|i| super::common::msg("CALFIRE", &format!("E{}", i % 7), 1, i, "status"))
+            .collect();
+        let port = a.port;
+        let seen = sub.seen.clone();
+        std::thread::spawn(move || {
+            let a = Broker::attach(port);
+            for (n, chunk) in lines.chunks(250).enumerate() {
+                // Paced by the downstream (at most ~1,000 events ahead), so that the kills
+                // land while there is still a surge to deliver.
+                wait_for(
+                    Duration::from_secs(120),
+                    "the downstream to catch up",
+                    || seen.lock().unwrap().len() + 1000 >= n * 250,
+                );
+                a.publish_lines("incidents/ca", chunk, "pub-e2e");
+                // Replays: every third chunk, an earlier chunk again.
+                if n % 3 == 2 {
+                    a.publish_lines(
+                        "incidents/ca",
+                        &lines[(n - 2) * 250..(n - 1) * 250],
+                        "pub-e2e",
+                    );
+                }
+            }
+        })
+    };
+    let distinct = |sub: &Subscriber| {
+        ids_e2e(&sub.seen())
+            .into_iter()
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    let mut rng = super::common::SplitMix64::new(11);
+    let (mut kills, mut mid_delivery, mut b_restarted) = (0, 0, false);
+    let failed = || log_text().matches("delivery failed").count();
+    while kills < 6 {
+        let from = sub.count();
+        let step = 100 + rng.below(400) as usize;
+        wait_for(Duration::from_secs(60), "deliveries between kills", || {
+            sub.count() >= from + step || distinct(&sub) as u64 >= N
+        });
+        if kills == 3 && !b_restarted {
+            // Downstream restart while `run` delivers.
+            assert!((distinct(&sub) as u64) < N, "B restarted after the surge");
+            let before = failed();
+            b.stop();
+            wait_for(Duration::from_secs(20), "the sink to notice", || {
+                failed() > before
+            });
+            b = Broker::start_on(&bdir, b_port, true);
+            b_restarted = true;
+            continue;
+        }
+        if (distinct(&sub) as u64) < N {
+            mid_delivery += 1;
+        }
+        run.kill().unwrap();
+        run.wait().unwrap();
+        kills += 1;
+        run = start_run();
+    }
+    assert!(
+        mid_delivery >= 5,
+        "only {mid_delivery} of {kills} kills landed mid-delivery"
+    );
+    publisher.join().unwrap();
+    wait_for(Duration::from_secs(120), "every effect downstream", || {
+        super::common::effects(&db).len() as u64 == N && distinct(&sub) as u64 == N
+    });
+    signal_term(&mut run);
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", log_text());
+
+    // dump-effects: offset, key, released -> the id each arrival must carry.
+    let out = super::common::run(&["dump-effects", "--db", db.to_str().unwrap()]);
+    assert!(out.status.success());
+    let mut want: BTreeMap<u64, String> = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let e = json::parse(line.as_bytes(), 64).unwrap();
+        assert_eq!(member(&e, "released"), "false");
+        want.insert(member(&e, "offset").parse().unwrap(), member(&e, "key"));
+    }
+    assert_eq!(want.len() as u64, N, "replays were applied once each");
+    let mut arrivals_by_offset: BTreeMap<u64, HashSet<String>> = BTreeMap::new();
+    let seen = sub.seen();
+    for s in &seen {
+        let e = json::parse(s.payload.as_bytes(), 64).unwrap();
+        let offset: u64 = member(&e, "rgoffset").parse().unwrap();
+        let id = member(&e, "id");
+        assert_eq!(want.get(&offset), Some(&id), "the id of offset {offset}");
+        assert_eq!(member(&e, "rgkey"), id);
+        let subject = member(&e, "subject");
+        assert_eq!(s.topic, format!("cop/{subject}"));
+        assert_eq!(s.content_type, "application/cloudevents+json");
+        arrivals_by_offset.entry(offset).or_default().insert(id);
+    }
+    // Every effect arrived; each with one id; no id names two effects.
+    assert_eq!(arrivals_by_offset.len(), want.len());
+    assert!(arrivals_by_offset.values().all(|ids| ids.len() == 1));
+    let ids: HashSet<&String> = want.values().collect();
+    assert_eq!(ids.len(), want.len());
+    eprintln!(
+        "{} arrivals for {} effects ({} re-deliveries after {kills} kills)",
+        seen.len(),
+        want.len(),
+        seen.len() - want.len()
+    );
+
+    fn member(v: &Json, name: &str) -> String {
+        let Json::Object(m) = v else {
+            panic!("not an object")
+        };
+        match m.iter().find(|(k, _)| k == name) {
+            Some((_, Json::String(s))) => s.clone(),
+            Some((_, other)) => other.to_compact(),
+            None => panic!("no {name}"),
+        }
+    }
+}
+
+/// The CloudEvents ids of what arrived (the envelope's first `"id"` member).
+fn ids_e2e(seen: &[Seen]) -> Vec<String> {
+    seen.iter()
+        .filter_map(|s| {
+            let at = s.payload.find("\"id\":\"")? + 6;
+            let end = s.payload[at..].find('"')? + at;
+            Some(s.payload[at..end].to_string())
+        })
+        .collect()
+}
+
+fn signal_term(child: &mut Child) {
+    super::broker::signal(child.id() as i32, "TERM");
+}
