@@ -13,7 +13,8 @@
    figure includes the commit). p50 / p99 / max.
 
 Usage: scripts/bench-relay-mqtt.py [N] [ROUNDS] [LAT_SECONDS] [RATE]   (100000 3 20 1000)
-Env:   RG_BATCH_MAX, RG_LINGER_MS: the sink's batch_max and linger_ms; RG_PROTOCOL (v5).
+Env:   RG_BATCH_MAX, RG_LINGER_MS: the sink's batch_max and linger_ms; RG_PROTOCOL (v5);
+       RG_BROKER_NODELAY=1: the brokers run with `set_tcp_nodelay true`.
 Needs: mosquitto, mosquitto_sub, mosquitto_pub, and release builds (--bins --examples).
 """
 import json, os, random, shutil, signal, socket, subprocess, sys, tempfile, threading, time
@@ -27,6 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("RG_BIN") or os.path.join(ROOT, "target", "release", "replay-guard")
 PUB = os.path.join(ROOT, "target", "release", "examples", "publish")
 PROTOCOL = os.environ.get("RG_PROTOCOL", "v5")
+
+
+BROKERS = []  # stopped on the way out, whatever happens
 
 
 def free_port():
@@ -44,7 +48,10 @@ def start_broker(d, name):
     with open(conf, "w") as f:
         f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n"
                 "max_queued_messages 0\n")
+        if os.environ.get("RG_BROKER_NODELAY"):
+            f.write("set_tcp_nodelay true\n")
     p = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    BROKERS.append(p)
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), 0.1).close()
@@ -146,14 +153,17 @@ def main():
             # The baselines publish the very envelopes the relay delivered.
             body = "".join(envs[:N]).encode()
 
+            # mosquitto_pub -l (2.0.11) stops at end of input with messages still queued:
+            # its input stays open until the subscriber has them all.
             def mosq():
                 p = subprocess.Popen(["mosquitto_pub", "-p", str(port), "-q", "1", "-t", "cop/a/b", "-l"],
                                      stdin=subprocess.PIPE)
                 p.stdin.write(body)
-                p.stdin.close()
+                p.stdin.flush()
                 return p
             try:
                 t, p, _ = timed(port, N, mosq, limit=120)
+                p.stdin.close()
                 p.wait()
                 mpub.append(N / t)
             except SystemExit as e:
@@ -192,19 +202,20 @@ def latency(tmp):
     rg = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     n = int(LAT_SECONDS * RATE)
-    pub = subprocess.Popen([PUB, str(pa), "incidents/x", "lat-pub"], stdin=subprocess.PIPE)
-    # paced: one line every 1/RATE s (the generator publishes as it reads)
+    # mosquitto_pub -l publishes each line as it reads it (the rumqttc example reads all first);
+    # its input stays open until everything arrived (it stops at end of input, see above).
+    pub = subprocess.Popen(["mosquitto_pub", "-p", str(pa), "-q", "1", "-t", "incidents/x", "-l"],
+                           stdin=subprocess.PIPE)
     t0 = time.monotonic()
     for i, line in enumerate(feed(n, 3)):
         pub.stdin.write((line + "\n").encode())
-        if i % 10 == 9:
-            pub.stdin.flush()
-            d = t0 + (i + 1) / RATE - time.monotonic()
-            if d > 0:
-                time.sleep(d)
+        pub.stdin.flush()
+        d = t0 + (i + 1) / RATE - time.monotonic()
+        if d > 0:
+            time.sleep(d)
+    sub.wait(n, limit=120)
     pub.stdin.close()
     pub.wait()
-    sub.wait(n, limit=120)
     lat = []
     for arrived, line in sub.lines:
         ev = json.loads(line)
