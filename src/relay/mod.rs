@@ -13,6 +13,7 @@
 
 pub mod envelope;
 mod exec;
+mod postgres;
 mod runner;
 
 use std::time::Duration;
@@ -92,6 +93,7 @@ pub struct CursorAfter {
 /// reconnected by the next one).
 pub enum Sink {
     Exec(exec::ExecSink),
+    Postgres(Box<postgres::PostgresSink>),
 }
 
 impl Sink {
@@ -99,6 +101,8 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
+                .map(|s| Sink::Postgres(Box::new(s))),
             other => Err(format!(
                 "sink {:?}: kind {:?} is not built into this binary yet",
                 cfg.name,
@@ -112,6 +116,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
+            Sink::Postgres(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -120,6 +125,7 @@ impl Sink {
     pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
         match self {
             Sink::Exec(_) => Ok(None),
+            Sink::Postgres(s) => s.stored_cursor().await,
         }
     }
 
@@ -127,6 +133,7 @@ impl Sink {
     pub async fn close(&mut self) {
         match self {
             Sink::Exec(_) => {}
+            Sink::Postgres(s) => s.close().await,
         }
     }
 }

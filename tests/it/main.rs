@@ -20,6 +20,8 @@
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `readme`: the README's commands run as written and print what it shows.
+//! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
+//!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -41,6 +43,7 @@ mod live_read;
 mod model;
 mod operator;
 mod readme;
+mod relay_pg;
 mod service;
 mod systemd;
 mod tls;
