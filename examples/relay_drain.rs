@@ -74,11 +74,20 @@ fn main() {
             let seconds: f64 = args[5].parse().expect("SECONDS");
             let mut out = std::io::BufWriter::new(std::fs::File::create(&args[6]).unwrap());
             let mut store = Store::open(db, config.store.clone()).unwrap();
-            let first = head(db);
             let wake = Wake::new();
             let relay = relay::spawn(&config, db, Some(&wake))
                 .unwrap()
                 .expect("a [[sink]]");
+            // One message first, so that the measurement starts with the sink connected.
+            let warm = format!(
+                r#"{{"agency":"BENCH","source_id":"WARMUP","epoch":1,"sequence":{},"body":"warm-up"}}"#,
+                head(db) + 1
+            );
+            let now = now_ms_f() as u64;
+            let inc = Incoming::decode("bench/steady", warm.into_bytes(), now, &config.feed);
+            store.commit_batch(&[inc], now).unwrap();
+            wake.bump();
+            let first = head(db);
             wait_delivered(&relay, first, Duration::from_secs(600));
             let started = Instant::now();
             let total = (rate * seconds) as u64;
