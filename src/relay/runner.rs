@@ -183,6 +183,8 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         cache_bytes: 16 * 1024 * 1024,
         ..config.store.clone()
     };
+    let names: Vec<&str> = config.relay.sinks.iter().map(|s| s.name.as_str()).collect();
+    let locks = crate::store::relay::lock_sinks(db, &names)?;
     let store = Store::open_operator(db, opts)?;
     let reader = Reader::open(db)?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -204,6 +206,8 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
                 .build()
                 .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
             let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx, hard_rx));
+            // Released only once every cursor is written.
+            drop(locks);
             // Every cursor is written; closing lets the next open skip the repair.
             if let Ok(mut g) = shared.store.lock()
                 && let Some(s) = g.take()
@@ -406,20 +410,27 @@ impl SinkTask {
     async fn work(&mut self) -> Result<(), RelayError> {
         self.register().await?;
         self.adopt_sink_cursor().await?;
+        // Operator actions from other processes are looked for at most every RELOAD_EVERY
+        // (and on every round while blocked), not per batch.
+        let mut reloaded_at: Option<Instant> = None;
         loop {
             if self.stopping() {
                 return Ok(());
             }
-            self.reload_if_moved().await?;
-            self.retry_requested().await?;
-            if self.blocked().await? {
+            if reloaded_at.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
+                self.reload_if_moved().await?;
+                self.retry_requested().await?;
+                reloaded_at = Some(Instant::now());
+            }
+            let (blocked, mut batch) = self.read_batch().await?;
+            if blocked {
                 self.status("blocked", None);
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
+                reloaded_at = None;
                 continue;
             }
-            let mut batch = self.read_batch().await?;
             if batch.is_empty() {
                 self.flush(true).await?;
                 self.status("idle", None);
@@ -432,7 +443,7 @@ impl SinkTask {
                 if self.wait(self.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
-                let more = self.read_batch().await?;
+                let (_, more) = self.read_batch().await?;
                 if more.len() > batch.len() {
                     batch = more;
                 }
@@ -571,18 +582,6 @@ impl SinkTask {
         Ok(())
     }
 
-    /// Whether an event parked with `on_poison = "block"` holds the cursor.
-    async fn blocked(&mut self) -> Result<bool, RelayError> {
-        let (name, next) = (self.name().to_string(), self.next);
-        self.shared
-            .read(move |s| {
-                Ok(s.sink_parked(Some(&name))?
-                    .iter()
-                    .any(|p| p.offset == next && p.record.blocking))
-            })
-            .await
-    }
-
     /// Delivers every parked event an operator asked to retry (`relay retry`), once each.
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
@@ -661,11 +660,20 @@ impl SinkTask {
         }
     }
 
-    async fn read_batch(&self) -> Result<Vec<Event>, RelayError> {
+    /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
+    /// cursor, and else the next batch from it.
+    async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
         let (from, max) = (self.next, self.cfg.batch_max);
         let source = self.shared.source.clone();
+        let name = self.name().to_string();
         self.shared
             .read(move |snap| {
+                if snap
+                    .sink_parked_at(&name, from)?
+                    .is_some_and(|p| p.blocking)
+                {
+                    return Ok((true, Vec::new()));
+                }
                 let mut out = Vec::with_capacity(max.min(1024));
                 snap.scan_effects::<StoreError>(from, |e| {
                     let r = &e.record;
@@ -696,7 +704,7 @@ impl SinkTask {
                         std::ops::ControlFlow::Continue(())
                     })
                 })?;
-                Ok(out)
+                Ok((false, out))
             })
             .await
     }
