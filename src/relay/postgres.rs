@@ -306,8 +306,8 @@ impl PostgresSink {
 
     /// Makes the two tables if they are missing. An existing table is left as it is (and
     /// needs no CREATE privilege). Two sinks creating the same table at once can collide in
-    /// the catalog (unique_violation on pg_type, or duplicate_table): the loser tries once more
-    /// and then sees the table.
+    /// the catalog (unique_violation on pg_type, duplicate_table, or duplicate_object for the
+    /// row type): the loser tries once more and then sees the table.
     async fn create_tables(&self, client: &Client, deadline: Instant) -> Result<(), String> {
         let ddl = [
             (
@@ -424,8 +424,14 @@ fn classify(e: &tokio_postgres::Error) -> PgError {
 
 fn is_creation_race(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
-    e.code()
-        .is_some_and(|c| *c == SqlState::UNIQUE_VIOLATION || *c == SqlState::DUPLICATE_TABLE)
+    e.code().is_some_and(|c| {
+        [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+        ]
+        .contains(c)
+    })
 }
 
 /// The error with its causes and, for a server error, its SQLSTATE, on one line.

@@ -19,6 +19,8 @@
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
+//! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
+//!   retention held by a lagging sink, `relay status|parked|retry|rewind|forget`.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
@@ -43,6 +45,7 @@ mod live_read;
 mod model;
 mod operator;
 mod readme;
+mod relay;
 mod relay_pg;
 mod service;
 mod systemd;

@@ -1,13 +1,18 @@
 //! The postgres sink against the real PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth;
 //! `scripts/test.sh` makes sure one runs). Each test makes its own database and drops it at the
-//! end, also when it panics. PostgreSQL is inspected with `psql`.
+//! end, also when it panics. PostgreSQL is inspected with `psql`. First the sink through the
+//! library, then `replay-guard relay` killed with SIGKILL and cut off from PostgreSQL.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use replay_guard::config::Config;
 use replay_guard::relay::envelope::{self, EffectView};
 use replay_guard::relay::{Attempt, CursorAfter, Event, Failure, Sink};
+use replay_guard::store::Reader;
+
+use crate::common::{self, SplitMix64};
 
 /// A database of this test run's own, dropped (WITH (FORCE): the sink may still be connected)
 /// when the guard goes, panics included.
@@ -332,4 +337,238 @@ async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> 
     })
     .await;
     out.into_iter().map(Option::unwrap).collect()
+}
+
+/// Lines per stage of the end-to-end feed (about one in eight is a replay, not an effect).
+const STAGE_LINES: u64 = 2_500;
+/// `kill -9`s of `relay` that must provably land mid-delivery.
+const KILLS: usize = 3;
+
+/// Events in the sink's table: (rows, distinct ids, one past the highest offset).
+fn table_state(pg: &PgDb) -> (u64, u64, u64) {
+    let s = pg.sql(
+        "SELECT count(*), count(DISTINCT id), coalesce(max(effect_offset) + 1, 0) FROM cop_events",
+    );
+    let v: Vec<u64> = s.split('|').map(|x| x.parse().unwrap()).collect();
+    (v[0], v[1], v[2])
+}
+
+/// The sink's cursor row in PostgreSQL (0 before its first delivery).
+fn pg_cursor(pg: &PgDb) -> u64 {
+    if pg.sql("SELECT to_regclass('replay_guard_sink_cursors') IS NULL") == "t" {
+        return 0;
+    }
+    let s = pg.sql(
+        "SELECT coalesce((SELECT next_offset FROM replay_guard_sink_cursors WHERE sink = 'cop-db'), 0)",
+    );
+    s.parse().unwrap()
+}
+
+/// The sink's cursor in the redb file (the file must not need recovery).
+fn own_cursor(db: &std::path::Path) -> u64 {
+    Reader::open(db)
+        .unwrap()
+        .begin()
+        .unwrap()
+        .sink_cursor("cop-db")
+        .unwrap()
+        .map_or(0, |r| r.next)
+}
+
+/// Rows in the sink's table (0 before the sink made it).
+fn rows(pg: &PgDb) -> u64 {
+    if pg.sql("SELECT to_regclass('cop_events') IS NULL") == "t" {
+        return 0;
+    }
+    pg.sql("SELECT count(*) FROM cop_events").parse().unwrap()
+}
+
+/// Polls `f` every 10 ms until it holds; panics after `limit` naming `what`.
+fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn relay_killed_repeatedly_and_cut_off_leaves_each_effect_once_with_the_cursor_at_the_head() {
+    let pg = PgDb::new("e2e");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("rg.redb");
+    let cfg = dir.path().join("rg.toml");
+    // Small batches: many transactions, so a kill lands between and inside them.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = \"{}\"\n\n[[sink]]\nname = \"cop-db\"\nkind = \"postgres\"\n\
+             dsn = \"{}\"\ntable = \"cop_events\"\nbatch_max = 10\nbackoff_initial_ms = 10\n\
+             backoff_max_ms = 200\n",
+            db.display(),
+            pg.dsn()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("relay.log");
+    let relay = || {
+        Command::new(common::bin())
+            .args(["relay", "--config"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("spawn replay-guard relay")
+    };
+    let relay_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut rng = SplitMix64::new(0x10_5e_a1);
+    let mut sent: Vec<String> = Vec::new();
+    let mut next_seq = [1u64; 8];
+    let mut stage = 0;
+    let mut interrupted = 0;
+    let mut terminated = false;
+    let mut killed_at = None;
+    let mut head = 0;
+    let mut behind = 0;
+    while interrupted < KILLS || !terminated {
+        assert!(
+            stage < 12,
+            "{interrupted} interrupted kills in {stage} stages\n{}",
+            relay_log()
+        );
+        // A stage of the feed, with replays of earlier lines, ingested while no relay runs
+        // (and, from the second stage on, after a kill -9).
+        let mut lines = String::new();
+        for _ in 0..STAGE_LINES {
+            let line = if !sent.is_empty() && rng.below(8) == 0 {
+                rng.pick(&sent).clone()
+            } else {
+                let s = rng.below(8) as usize;
+                next_seq[s] += 1;
+                common::msg("fire", &format!("unit-{s}"), 1, next_seq[s], "update")
+            };
+            lines.push_str(&line);
+            lines.push('\n');
+            sent.push(line);
+        }
+        let feed = dir.path().join(format!("stage-{stage}.jsonl"));
+        std::fs::write(&feed, lines).unwrap();
+        let out = common::run(&[
+            "ingest",
+            "--db",
+            db.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            feed.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stage += 1;
+        // Read now that `ingest` has recovered the file from the kill: replay-guard's own
+        // cursor is never ahead of the one PostgreSQL committed with the rows.
+        if let Some(pg_at) = killed_at {
+            let own = own_cursor(&db);
+            assert!(
+                own <= pg_at,
+                "redb cursor {own} ahead of PostgreSQL's {pg_at}"
+            );
+            if own < pg_at {
+                behind += 1;
+            }
+        }
+        head = common::effects(&db).len() as u64;
+
+        let before = rows(&pg);
+        let mut child = relay();
+        wait_until(Duration::from_secs(60), "the relay to deliver", || {
+            rows(&pg) > before
+        });
+        if !terminated {
+            // The relay's connection is cut under it: it reconnects and carries on.
+            assert!(pg.terminate_connections() >= 1);
+            terminated = true;
+            let cut_at = rows(&pg);
+            wait_until(Duration::from_secs(60), "delivery after the cut", || {
+                rows(&pg) > cut_at || rows(&pg) == head
+            });
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        // What PostgreSQL holds after the kill: exactly the effects below its cursor row, each
+        // once.
+        let (n, distinct, end) = table_state(&pg);
+        let cursor = pg_cursor(&pg);
+        assert_eq!(
+            (n, distinct, end),
+            (cursor, cursor, cursor),
+            "after kill {stage}"
+        );
+        killed_at = Some(cursor);
+        if cursor < head {
+            interrupted += 1;
+        }
+    }
+
+    // Whenever a kill left replay-guard's own cursor behind PostgreSQL's, a restart trusted
+    // the one stored with the rows (the runner says so in its log).
+    if behind > 0 {
+        assert!(
+            relay_log().contains("cursor taken from the sink's own store"),
+            "{behind} kills left the redb cursor behind, but no restart took PostgreSQL's\n{}",
+            relay_log()
+        );
+    }
+    // A last run delivers the rest and stops on SIGTERM.
+    let mut child = relay();
+    wait_until(
+        Duration::from_secs(120),
+        "the relay to reach the head",
+        || pg_cursor(&pg) == head,
+    );
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "relay after SIGTERM: {status}\n{}",
+        relay_log()
+    );
+
+    let dumped = common::run(&["dump-effects", "--db", db.to_str().unwrap()]);
+    assert!(dumped.status.success());
+    let effects = String::from_utf8(dumped.stdout).unwrap().lines().count() as u64;
+    assert_eq!(effects, head);
+    assert!(head > 2 * STAGE_LINES, "{head} effects");
+    assert_eq!(table_state(&pg), (head, head, head));
+    assert_eq!(pg_cursor(&pg), head);
+    assert_eq!(own_cursor(&db), head);
+    // Every row is the effect at its offset: same id as the relay derives, same offset.
+    let ids: std::collections::BTreeMap<u64, String> = common::effects(&db)
+        .iter()
+        .map(|e| {
+            let r = &e.record;
+            (e.offset, envelope::event_id(&r.key, r.released, &r.payload))
+        })
+        .collect();
+    let stored = pg.sql("SELECT effect_offset, id, event->>'rgoffset' FROM cop_events ORDER BY 1");
+    for line in stored.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        let off: u64 = f[0].parse().unwrap();
+        assert_eq!(ids[&off], f[1], "offset {off}");
+        assert_eq!(f[2], f[0]);
+    }
 }
