@@ -307,7 +307,7 @@ impl PostgresSink {
     /// Makes the two tables if they are missing. An existing table is left as it is (and
     /// needs no CREATE privilege). Two sinks creating the same table at once can collide in
     /// the catalog (unique_violation on pg_type, duplicate_table, or duplicate_object for the
-    /// row type): the loser tries once more and then sees the table.
+    /// row type): the loser tries again (at most twice) and then sees the table.
     async fn create_tables(&self, client: &Client, deadline: Instant) -> Result<(), String> {
         let ddl = [
             (
@@ -352,8 +352,8 @@ impl PostgresSink {
                 tries += 1;
                 match timeout_at(deadline, client.batch_execute(&create)).await {
                     Ok(Ok(())) => break,
-                    Ok(Err(e)) if tries == 1 && is_creation_race(&e) => {
-                        tracing::debug!(sink = %self.name, %table, "concurrent CREATE TABLE; trying once more");
+                    Ok(Err(e)) if tries < 3 && is_creation_race(&e) => {
+                        tracing::debug!(sink = %self.name, %table, "concurrent CREATE TABLE; trying again");
                     }
                     Ok(Err(e)) => return Err(format!("creating {table}: {}", describe(&e))),
                     Err(_) => return Err(format!("creating {table}: timed out")),
