@@ -18,6 +18,8 @@
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
+//! - `relay_http`: the http sink against a chaotic receiver written in the test (503, 429,
+//!   dropped connections, a 422): library, runner and the `relay` commands; https with a CA.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -41,6 +43,7 @@ mod live_read;
 mod model;
 mod operator;
 mod readme;
+mod relay_http;
 mod service;
 mod systemd;
 mod tls;
