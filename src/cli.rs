@@ -71,6 +71,90 @@ pub enum Command {
     /// See the problem and the fix: a real broker failover replay, in-process, with a naive
     /// consumer beside replay-guard. Exits 0 only if every event was applied exactly once.
     Demo(DemoArgs),
+    /// Deliver applied effects to the configured sinks (standalone), or inspect and steer
+    /// the sinks' cursors (`relay status|parked|retry|rewind|forget`).
+    #[command(long_about = RELAY_ABOUT, args_conflicts_with_subcommands = true)]
+    Relay(RelayArgs),
+}
+
+const RELAY_ABOUT: &str = "Without a subcommand: run every [[sink]] of --config against the \
+database, standalone (for a database fed by `ingest`, or as a unit of its own beside a `run` \
+whose config then has no [[sink]]), until SIGTERM/SIGINT.\n\n\
+With a subcommand: inspect the sinks' cursors (`status`), a sink's parked events (`parked`), \
+ask for a parked event to be delivered again (`retry`), move a cursor back (`rewind`; receivers \
+see the same ids again), or drop a removed sink's cursor so retention may prune past it \
+(`forget`). Each retry, rewind and forget is written to the audit log with who and why.";
+
+#[derive(clap::Args, Debug)]
+pub struct RelayArgs {
+    #[command(subcommand)]
+    pub action: Option<RelayAction>,
+    /// TOML config file with the [[sink]] tables (and [store] path unless --db is given).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Database file (overrides [store] path).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RelayAction {
+    /// Per sink: cursor, head, lag in events and seconds, parked count, last error, state.
+    Status {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+        format: StatsFormat,
+    },
+    /// The events a sink parked, with the reason and the receiver's last response.
+    Parked {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+        format: Format,
+    },
+    /// Ask the sink to deliver a parked event again (by effect offset or event id), or every
+    /// parked event of the sink (--all).
+    Retry {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
+        event: Option<String>,
+        #[arg(long, conflicts_with = "event")]
+        all: bool,
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+    },
+    /// Deliver again from effect OFFSET on (a running sink follows within a second).
+    Rewind {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(long, value_name = "OFFSET")]
+        to: u64,
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+    },
+    /// Drop the cursor and parked events of a sink that is no longer configured.
+    Forget {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -216,6 +300,10 @@ pub struct DumpArgs {
     /// printed again.
     #[arg(long)]
     pub follow: bool,
+    /// Only rows after this key: an effect offset (`dump-effects`), an audit index or a
+    /// quarantine id.
+    #[arg(long, value_name = "OFFSET")]
+    pub after: Option<u64>,
 }
 
 /// Which entries to print. Every given flag must hold (AND); repeated --outcome flags match any

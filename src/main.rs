@@ -53,6 +53,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => commands::demo::run(a),
         Command::Explain(a) => commands::explain::run(a),
         Command::Gaps(a) => commands::gaps::run(a),
+        Command::Relay(a) => commands::relay::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

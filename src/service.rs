@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::Config;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::notify::Notifier;
+use crate::relay::{self, Relay, RelayError, Wake};
 use crate::store::tables::BurstRecord;
 use crate::store::{BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
@@ -25,6 +26,8 @@ pub enum ServiceError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Runtime(String),
+    #[error("relay: {0}")]
+    Relay(#[from] RelayError),
 }
 
 /// A shutdown request that can be awaited; `Shutdown::new` also returns its trigger.
@@ -81,7 +84,7 @@ struct StoreWorker {
 }
 
 impl StoreWorker {
-    fn spawn(mut store: Store) -> std::io::Result<StoreWorker> {
+    fn spawn(mut store: Store, wake: Wake) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("store".into())
@@ -101,6 +104,9 @@ impl StoreWorker {
                                 );
                             }
                             let failed = result.is_err();
+                            if result.is_ok() {
+                                wake.bump(); // the relay's sinks read what was committed
+                            }
                             let _ = reply.send(result);
                             if failed {
                                 return; // latched: no retry loop
@@ -164,7 +170,11 @@ pub fn run(
         .clone()
         .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
     let store = Store::open(&db, config.store.clone())?;
-    let worker = StoreWorker::spawn(store)
+    let wake = Wake::new();
+    // The sinks run beside the feed on their own thread: a slow or failing sink never holds
+    // up a commit or an acknowledgement.
+    let relay = relay::spawn(&config, &db, Some(&wake))?;
+    let worker = StoreWorker::spawn(store, wake)
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
     notifier.notify("READY=1\nSTATUS=database open, connecting");
@@ -172,8 +182,21 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| ServiceError::Runtime(format!("cannot start the runtime: {e}")))?;
-    let result = rt.block_on(Consumer::new(&config, worker, notifier).run(mqtt, shutdown));
+    let started_stop = std::cell::Cell::new(None);
+    let result = rt.block_on(
+        Consumer::new(&config, worker, notifier, relay.as_ref(), &started_stop).run(mqtt, shutdown),
+    );
     notifier.notify("STOPPING=1");
+    if let Some(relay) = relay {
+        // What the feed committed while draining is delivered in what is left of the timeout.
+        let spent = started_stop
+            .get()
+            .map_or(Duration::ZERO, |t: Instant| t.elapsed());
+        let left = config.shutdown_timeout.saturating_sub(spent);
+        if let Err(e) = relay.stop(left.max(Duration::from_millis(100))) {
+            tracing::error!(error = %e, "the relay stopped with an error");
+        }
+    }
     result
 }
 
@@ -191,6 +214,9 @@ struct Consumer<'a> {
     burst: Option<(String, u64, u64)>,
     /// A configuration error the broker reported (a refused subscription): drain, then stop.
     fatal: Option<String>,
+    relay: Option<&'a Relay>,
+    /// When the shutdown began (the relay gets what is left of the timeout).
+    stop_started: &'a std::cell::Cell<Option<Instant>>,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -204,7 +230,13 @@ struct Pipeline {
 }
 
 impl<'a> Consumer<'a> {
-    fn new(config: &Config, worker: StoreWorker, notifier: &'a Notifier) -> Consumer<'a> {
+    fn new(
+        config: &Config,
+        worker: StoreWorker,
+        notifier: &'a Notifier,
+        relay: Option<&'a Relay>,
+        stop_started: &'a std::cell::Cell<Option<Instant>>,
+    ) -> Consumer<'a> {
         let window = config
             .mqtt
             .as_ref()
@@ -220,6 +252,8 @@ impl<'a> Consumer<'a> {
             summary: RunSummary::default(),
             burst: None,
             fatal: None,
+            relay,
+            stop_started,
         }
     }
 
@@ -284,14 +318,23 @@ impl<'a> Consumer<'a> {
 
     fn status(&self) -> String {
         let c = &self.summary.counts;
-        format!(
+        let mut line = format!(
             "applied={} duplicate={} quarantined={} reconnects={} failovers={}",
             c.get(Outcome::Applied) + c.get(Outcome::AppliedLate),
             c.get(Outcome::Duplicate),
             c.get(Outcome::Conflict) + c.get(Outcome::Stale) + c.get(Outcome::Malformed),
             self.summary.reconnects,
             self.summary.failovers
-        )
+        );
+        if let Some(r) = self.relay {
+            line.push_str("; ");
+            line.push_str(&if r.is_running() {
+                r.status_line()
+            } else {
+                "relay stopped (see the log)".into()
+            });
+        }
+        line
     }
 
     fn on_event(&mut self, ev: TransportEvent, p: &mut Pipeline) {
@@ -411,6 +454,7 @@ impl<'a> Consumer<'a> {
         poller: tokio::task::JoinHandle<()>,
     ) -> Result<(), ServiceError> {
         self.notifier.notify("STOPPING=1");
+        self.stop_started.set(Some(Instant::now()));
         tracing::info!(open = p.open.len(), "draining");
         // `Config` bounds the timeout (at most an hour); checked so no value can panic here.
         let now = tokio::time::Instant::now();

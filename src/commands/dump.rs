@@ -40,11 +40,13 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
     };
     let (_, reader) = super::open_reader(&args.db)?;
     let mut out = BufWriter::new(io::stdout().lock());
+    let from = args.after.map_or(0, |a| a.saturating_add(1));
     let result = follow(
         &reader,
         table,
         args.format,
         &filter,
+        from,
         stop.as_deref(),
         &mut out,
     );
@@ -75,11 +77,12 @@ pub fn follow(
     table: Table,
     format: Format,
     filter: &Filter,
+    from: u64,
     stop: Option<&AtomicBool>,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
     write_header(out, table, format)?;
-    let mut next = 0;
+    let mut next = from;
     loop {
         // Taken before the snapshot: whatever commits after it is stamped at or after it.
         let round_started = crate::timefmt::now_ms();

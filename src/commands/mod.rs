@@ -8,6 +8,7 @@ pub mod explain;
 pub mod gaps;
 pub mod ingest;
 pub mod quarantine;
+pub mod relay;
 pub mod run;
 pub mod stats;
 pub mod verify;

@@ -70,7 +70,7 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
 
 /// The human behind the command: `sudo` keeps the invoking user in $SUDO_USER; else $USER,
 /// $LOGNAME, else the process's user id looked up in /etc/passwd.
-fn default_operator() -> Option<String> {
+pub(super) fn default_operator() -> Option<String> {
     ["SUDO_USER", "USER", "LOGNAME"]
         .iter()
         .filter_map(|v| std::env::var(v).ok())

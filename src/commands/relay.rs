@@ -1,0 +1,481 @@
+//! `relay`: the standalone relay (every `[[sink]]` of the config, until SIGTERM), and the
+//! operator's view of the sinks: `status`, `parked`, `retry`, `rewind`, `forget`.
+
+use std::io::{BufWriter, Write as _};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+
+use super::Failure;
+use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatsFormat};
+use crate::config::Config;
+use crate::json::Json;
+use crate::notify::Notifier;
+use crate::store::relay::Parked;
+use crate::store::tables::SinkRecord;
+use crate::store::{Snapshot, Store, StoreError};
+use crate::timefmt::{now_ms, rfc3339_ms};
+
+pub fn run(args: &RelayArgs) -> Result<(), Failure> {
+    match &args.action {
+        None => standalone(args),
+        Some(RelayAction::Status { db, format }) => status(db, *format),
+        Some(RelayAction::Parked { db, sink, format }) => parked(db, sink, *format),
+        Some(RelayAction::Retry {
+            db,
+            sink,
+            event,
+            all,
+            reason,
+            operator,
+        }) => retry(
+            db,
+            sink,
+            event.as_deref(),
+            *all,
+            reason,
+            operator.as_deref(),
+        ),
+        Some(RelayAction::Rewind {
+            db,
+            sink,
+            to,
+            reason,
+            operator,
+        }) => rewind(db, sink, *to, reason, operator.as_deref()),
+        Some(RelayAction::Forget {
+            db,
+            sink,
+            reason,
+            operator,
+        }) => forget(db, sink, reason, operator.as_deref()),
+    }
+}
+
+fn standalone(args: &RelayArgs) -> Result<(), Failure> {
+    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    let db = config.require_db()?.to_path_buf();
+    if config.relay.sinks.is_empty() {
+        return Err(Failure::Usage(anyhow!(
+            "no [[sink]] in the config: nothing to relay (see README \"Relaying effects\")"
+        )));
+    }
+    if !db.exists() {
+        return Err(Failure::Usage(anyhow!(
+            "database {} does not exist (`run` or `ingest` creates it)",
+            db.display()
+        )));
+    }
+    let stop = crate::signals::stop_flag().map_err(|e| {
+        Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
+    })?;
+    let relay = crate::relay::spawn(&config, &db, None)
+        .map_err(|e| match e {
+            crate::relay::RelayError::Config(m) => Failure::Usage(anyhow!(m)),
+            other => Failure::Runtime(other.into()),
+        })?
+        .ok_or_else(|| Failure::Usage(anyhow!("no [[sink]] in the config")))?;
+    tracing::info!(db = %db.display(), sinks = config.relay.sinks.len(), "relay started");
+    let notifier = Notifier::from_env();
+    notifier.notify("READY=1\nSTATUS=relay started");
+    let watchdog = Notifier::watchdog_interval();
+    let mut last_status = Instant::now();
+    while !stop.load(Ordering::Relaxed) && relay.is_running() {
+        std::thread::sleep(Duration::from_millis(50));
+        if last_status.elapsed() >= watchdog.unwrap_or(Duration::from_secs(5)) {
+            last_status = Instant::now();
+            let wd = if watchdog.is_some() {
+                "WATCHDOG=1\n"
+            } else {
+                ""
+            };
+            notifier.notify(&format!("{wd}STATUS={}", relay.status_line()));
+        }
+    }
+    notifier.notify("STOPPING=1");
+    if !relay.is_running() {
+        // Stopped on its own: a storage error, logged by the sink that met it.
+        return relay
+            .join()
+            .map_err(|e| Failure::Runtime(e.into()))
+            .and(Err(Failure::Runtime(anyhow!("the relay stopped"))));
+    }
+    tracing::info!("stopping the relay");
+    relay
+        .stop(config.shutdown_timeout)
+        .map_err(|e| Failure::Runtime(e.into()))
+}
+
+/// The state a sink is in, as far as the database tells.
+fn state(rec: &SinkRecord, head: u64, blocked: bool, configured: bool) -> &'static str {
+    if !configured {
+        "removed"
+    } else if blocked {
+        "blocked"
+    } else if rec.next >= head {
+        "caught_up"
+    } else if rec.last_error.is_some() {
+        "retrying"
+    } else {
+        "behind"
+    }
+}
+
+fn num(n: u64) -> Json {
+    Json::Number(n.to_string())
+}
+fn text(s: &str) -> Json {
+    Json::String(s.to_string())
+}
+
+fn status(db: &DbArgs, format: StatsFormat) -> Result<(), Failure> {
+    let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
+    let (_, snap) = super::open_existing(db)?;
+    let rows = status_rows(&snap, &config, now_ms())?;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    match format {
+        StatsFormat::Json => {
+            let doc = Json::Object(vec![(
+                "sinks".into(),
+                Json::Array(rows.into_iter().map(Json::Object).collect()),
+            )]);
+            writeln!(out, "{}", doc.to_compact())?;
+        }
+        StatsFormat::Text => {
+            if rows.is_empty() {
+                writeln!(out, "no sinks: none configured, none with a cursor")?;
+            }
+            for row in rows {
+                let get = |k: &str| {
+                    row.iter()
+                        .find(|(n, _)| n == k)
+                        .map_or("-".to_string(), |(_, v)| match v {
+                            Json::String(s) => s.clone(),
+                            Json::Null => "-".into(),
+                            other => other.to_compact(),
+                        })
+                };
+                writeln!(
+                    out,
+                    "{} ({}): {} — cursor {} of {}, lag {} events / {} s, parked {}, delivered {}",
+                    get("sink"),
+                    get("kind"),
+                    get("state"),
+                    get("cursor"),
+                    get("head"),
+                    get("lag_events"),
+                    get("lag_seconds"),
+                    get("parked"),
+                    get("delivered"),
+                )?;
+                if get("last_error") != "-" {
+                    writeln!(
+                        out,
+                        "  last error at {}: {}",
+                        get("last_error_at"),
+                        get("last_error")
+                    )?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// One row per sink with a cursor, then per configured sink without one yet.
+pub fn status_rows(
+    snap: &Snapshot,
+    config: &Config,
+    now_ms: u64,
+) -> Result<Vec<Vec<(String, Json)>>, StoreError> {
+    let head = snap.meta()?.next_effect;
+    let parked = snap.sink_parked(None)?;
+    let mut rows = Vec::new();
+    let cursors = snap.sink_cursors()?;
+    for (name, rec) in &cursors {
+        let configured = config.relay.sink(name).is_some();
+        let mine: Vec<&Parked> = parked.iter().filter(|p| &p.sink == name).collect();
+        let blocked = mine
+            .iter()
+            .any(|p| p.offset == rec.next && p.record.blocking);
+        let lag = head.saturating_sub(rec.next);
+        // How old the oldest undelivered effect is.
+        let lag_seconds = if lag == 0 {
+            0
+        } else {
+            snap.effect(rec.next)?
+                .map_or(0, |e| now_ms.saturating_sub(e.record.received_at_ms) / 1000)
+        };
+        rows.push(vec![
+            ("sink".into(), text(name)),
+            ("kind".into(), text(&rec.kind)),
+            ("configured".into(), Json::Bool(configured)),
+            ("state".into(), text(state(rec, head, blocked, configured))),
+            ("cursor".into(), num(rec.next)),
+            ("head".into(), num(head)),
+            ("lag_events".into(), num(lag)),
+            ("lag_seconds".into(), num(lag_seconds)),
+            ("parked".into(), num(mine.len() as u64)),
+            (
+                "retry_requested".into(),
+                num(mine
+                    .iter()
+                    .filter(|p| p.record.retry_requested_at_ms.is_some())
+                    .count() as u64),
+            ),
+            ("delivered".into(), num(rec.delivered)),
+            ("generation".into(), num(rec.generation)),
+            ("advanced_at".into(), text(&rfc3339_ms(rec.advanced_at_ms))),
+            (
+                "last_error".into(),
+                rec.last_error.as_ref().map_or(Json::Null, |(_, e)| text(e)),
+            ),
+            (
+                "last_error_at".into(),
+                rec.last_error
+                    .as_ref()
+                    .map_or(Json::Null, |(t, _)| text(&rfc3339_ms(*t))),
+            ),
+        ]);
+    }
+    for s in &config.relay.sinks {
+        if cursors.iter().all(|(n, _)| n != &s.name) {
+            rows.push(vec![
+                ("sink".into(), text(&s.name)),
+                ("kind".into(), text(s.kind.name())),
+                ("configured".into(), Json::Bool(true)),
+                ("state".into(), text("not_started")),
+                ("cursor".into(), Json::Null),
+                ("head".into(), num(head)),
+                ("lag_events".into(), Json::Null),
+                ("lag_seconds".into(), Json::Null),
+                ("parked".into(), num(0)),
+                ("retry_requested".into(), num(0)),
+                ("delivered".into(), num(0)),
+                ("generation".into(), Json::Null),
+                ("advanced_at".into(), Json::Null),
+                ("last_error".into(), Json::Null),
+                ("last_error_at".into(), Json::Null),
+            ]);
+        }
+    }
+    Ok(rows)
+}
+
+/// A parked event as `relay parked` prints it.
+pub fn parked_row(p: &Parked) -> Vec<(String, Json)> {
+    let r = &p.record;
+    let event =
+        crate::json::parse(r.event.as_bytes(), 256).unwrap_or(Json::String(r.event.clone()));
+    vec![
+        ("sink".into(), text(&p.sink)),
+        ("offset".into(), num(p.offset)),
+        ("id".into(), text(&r.id)),
+        ("agency".into(), text(&r.agency)),
+        ("source_id".into(), text(&r.source_id)),
+        ("parked_at".into(), text(&rfc3339_ms(r.parked_at_ms))),
+        ("reason".into(), text(&r.reason)),
+        ("response".into(), text(&r.response)),
+        ("attempts".into(), num(r.attempts)),
+        ("blocking".into(), Json::Bool(r.blocking)),
+        (
+            "retry_requested_at".into(),
+            r.retry_requested_at_ms
+                .map_or(Json::Null, |t| text(&rfc3339_ms(t))),
+        ),
+        ("event".into(), event),
+    ]
+}
+
+fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
+    let (_, snap) = super::open_existing(db)?;
+    if snap.sink_cursor(sink)?.is_none() {
+        return Err(Failure::Usage(anyhow!(
+            "no sink named {sink:?} has a cursor in this database (`relay status` lists them)"
+        )));
+    }
+    let list = snap.sink_parked(Some(sink))?;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let columns: &[(&str, usize)] = &[
+        ("offset", 10),
+        ("id", 20),
+        ("agency", 12),
+        ("source_id", 14),
+        ("parked_at", 25),
+        ("attempts", 8),
+        ("blocking", 8),
+        ("reason", 40),
+    ];
+    match format {
+        Format::Jsonl => {
+            for p in &list {
+                writeln!(out, "{}", Json::Object(parked_row(p)).to_compact())?;
+            }
+        }
+        Format::Table => {
+            super::dump::write_table_row(&mut out, columns, None)?;
+            for p in &list {
+                super::dump::write_table_row(&mut out, columns, Some(&parked_row(p)))?;
+            }
+        }
+        Format::Csv => {
+            let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
+            writeln!(out, "{}", names.join(","))?;
+            for p in &list {
+                let row = parked_row(p);
+                let cells: Vec<String> = names
+                    .iter()
+                    .map(|n| {
+                        let v = row
+                            .iter()
+                            .find(|(k, _)| k == n)
+                            .map_or(String::new(), |(_, v)| match v {
+                                Json::String(s) => s.clone(),
+                                other => other.to_compact(),
+                            });
+                        format!("\"{}\"", v.replace('"', "\"\""))
+                    })
+                    .collect();
+                writeln!(out, "{}", cells.join(","))?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The operator's name and reason, as `quarantine release` takes them.
+fn who_and_why(reason: &str, operator: Option<&str>) -> Result<(String, String), Failure> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Failure::Usage(anyhow!(
+            "--reason must say why (it is what a reviewer reads in the audit log)"
+        )));
+    }
+    let operator = match operator {
+        Some(o) if !o.trim().is_empty() => o.trim().to_string(),
+        Some(_) => return Err(Failure::Usage(anyhow!("--operator must not be empty"))),
+        None => super::quarantine::default_operator().ok_or_else(|| {
+            Failure::Usage(anyhow!("cannot tell who you are: pass --operator NAME"))
+        })?,
+    };
+    Ok((operator, reason.to_string()))
+}
+
+fn operator_store(db: &DbArgs) -> Result<(Config, Store), Failure> {
+    let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
+    let path = config.require_db()?.to_path_buf();
+    if !path.exists() {
+        return Err(Failure::Usage(anyhow!(
+            "database {} does not exist",
+            path.display()
+        )));
+    }
+    let store = Store::open_operator(&path, config.store.clone())?;
+    Ok((config, store))
+}
+
+fn refused(e: StoreError) -> Failure {
+    match e {
+        StoreError::Refused(why) => Failure::Usage(anyhow!(why)),
+        other => Failure::from(other),
+    }
+}
+
+fn retry(
+    db: &DbArgs,
+    sink: &str,
+    event: Option<&str>,
+    all: bool,
+    reason: &str,
+    operator: Option<&str>,
+) -> Result<(), Failure> {
+    let (operator, reason) = who_and_why(reason, operator)?;
+    let (_, mut store) = operator_store(db)?;
+    let offset = match (event, all) {
+        (_, true) => None,
+        (Some(e), false) => Some(match e.parse::<u64>() {
+            Ok(o) => o,
+            // An event id: find its offset among the sink's parked events.
+            Err(_) => store
+                .reader()?
+                .sink_parked(Some(sink))?
+                .iter()
+                .find(|p| p.record.id == e)
+                .map(|p| p.offset)
+                .ok_or_else(|| {
+                    Failure::Usage(anyhow!(
+                        "sink {sink:?} has no parked event with id {e:?} (`relay parked --sink {sink}`)"
+                    ))
+                })?,
+        }),
+        (None, false) => return Err(Failure::Usage(anyhow!("name an event or pass --all"))),
+    };
+    let n = store
+        .relay_retry(sink, offset, &operator, &reason, now_ms())
+        .map_err(refused)?;
+    let _ = writeln!(
+        std::io::stdout(),
+        "sink {sink}: {n} parked event{} marked for retry; the running relay delivers {} within a \
+         second (`relay parked` shows what is still refused)",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "it" } else { "them" }
+    );
+    store.close()?;
+    Ok(())
+}
+
+fn rewind(
+    db: &DbArgs,
+    sink: &str,
+    to: u64,
+    reason: &str,
+    operator: Option<&str>,
+) -> Result<(), Failure> {
+    let (operator, reason) = who_and_why(reason, operator)?;
+    let (_, mut store) = operator_store(db)?;
+    let (before, after) = store
+        .relay_rewind(sink, to, &operator, &reason, now_ms())
+        .map_err(refused)?;
+    let _ = writeln!(
+        std::io::stdout(),
+        "sink {sink}: cursor moved from {} to {} (generation {}); events from offset {to} are \
+         delivered again with the same ids",
+        before.next,
+        after.next,
+        after.generation
+    );
+    store.close()?;
+    Ok(())
+}
+
+fn forget(db: &DbArgs, sink: &str, reason: &str, operator: Option<&str>) -> Result<(), Failure> {
+    let (operator, reason) = who_and_why(reason, operator)?;
+    if db.config.is_none() {
+        return Err(Failure::Usage(anyhow!(
+            "forget needs --config: the config the relay runs with, to show the sink is no \
+             longer in it"
+        )));
+    }
+    let (config, mut store) = operator_store(db)?;
+    if config.relay.sink(sink).is_some() {
+        return Err(Failure::Usage(anyhow!(
+            "sink {sink:?} is still in the config: remove its [[sink]] table (and restart the \
+             relay) before forgetting its cursor"
+        )));
+    }
+    let f = store
+        .relay_forget(sink, &operator, &reason, now_ms())
+        .map_err(refused)?;
+    let _ = writeln!(
+        std::io::stdout(),
+        "sink {sink} forgotten: its cursor was at offset {} ({} parked events removed); \
+         retention no longer keeps effects for it",
+        f.record.next,
+        f.parked
+    );
+    store.close()?;
+    Ok(())
+}
