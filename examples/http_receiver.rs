@@ -4,8 +4,9 @@
 //! arrived prints one line: requests, seconds from the first to the last, requests/s, and how
 //! many distinct `Idempotency-Key`s it saw. Std only, so it costs the measurement little.
 //!
-//! Usage: `cargo run --release --example http_receiver -- PORT_FILE EXPECT`; it binds
-//! 127.0.0.1:0 and writes the port to PORT_FILE. It exits after printing.
+//! Usage: `cargo run --release --example http_receiver -- PORT_FILE EXPECT [BODY_FILE]`; it
+//! binds 127.0.0.1:0 and writes the port to PORT_FILE, and the first request's body to
+//! BODY_FILE (a real event, for a baseline client to send). It exits after printing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
@@ -16,6 +17,7 @@ use std::time::Instant;
 
 #[derive(Default)]
 struct Count {
+    body_file: Option<String>,
     first: Option<Instant>,
     n: u64,
     keys: HashSet<String>,
@@ -27,7 +29,10 @@ fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::fs::write(&port_file, format!("{port}\n")).unwrap();
-    let count = Arc::new(Mutex::new(Count::default()));
+    let count = Arc::new(Mutex::new(Count {
+        body_file: args.get(3).cloned(),
+        ..Count::default()
+    }));
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let count = count.clone();
@@ -70,6 +75,11 @@ fn serve(conn: TcpStream, count: &Mutex<Count>, expect: u64) {
         let report = {
             let mut c = count.lock().unwrap();
             let now = Instant::now();
+            if c.first.is_none()
+                && let Some(f) = c.body_file.take()
+            {
+                std::fs::write(f, &body).unwrap();
+            }
             let first = *c.first.get_or_insert(now);
             c.n += 1;
             if let Some(k) = key {
