@@ -1,6 +1,8 @@
-//! The `http` sink: POSTs each event, one request per event in offset order, to `url` over one
+//! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
 //! HTTP/1.1 keep-alive connection (TLS with `ca_file` for `https://`), with the event id in an
 //! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes.
+//! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
+//! two for the same source, so each source's events still arrive in log order.
 //!
 //! hyper is named only here (ARCHITECTURE.md). The status classes, `Retry-After` and the
 //! Structured-Field string are pure functions below, unit-tested.
@@ -50,26 +52,37 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 pub struct HttpSink {
+    target: Arc<Target>,
+    ca_file: Option<PathBuf>,
+    /// Built on the first `https://` delivery (it reads `ca_file`), then reused.
+    tls: Option<TlsConnector>,
+    /// Requests in flight at once, each on its own connection, for different sources.
+    max_in_flight: usize,
+    /// Open keep-alive connections not in use, at most `max_in_flight`.
+    idle: Vec<Conn>,
+}
+
+/// Where and how requests go; shared by the requests in flight.
+struct Target {
     url: HttpUrl,
     /// `url`'s path and query, as the request target.
-    target: Uri,
+    path: Uri,
     host: HeaderValue,
-    ca_file: Option<PathBuf>,
-    /// Built on the first `https://` connect (it reads `ca_file`), then reused.
-    tls: Option<TlsConnector>,
     timeout: Duration,
-    conn: Option<Conn>,
 }
 
 /// One open keep-alive connection: hyper's request handle and the task driving the socket.
+/// Dropping it drops the socket at once; `HttpSink::close` shuts it down politely.
 struct Conn {
     send: http1::SendRequest<Full<Bytes>>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
 }
 
-impl Drop for HttpSink {
+impl Drop for Conn {
     fn drop(&mut self) {
-        self.reset();
+        if let Some(t) = &self.task {
+            t.abort();
+        }
     }
 }
 
@@ -232,9 +245,13 @@ struct Reply {
 
 impl HttpSink {
     /// Checks what the request needs from the URL; no I/O.
-    pub fn new(cfg: &HttpConfig, timeout: Duration) -> Result<HttpSink, String> {
+    pub fn new(
+        cfg: &HttpConfig,
+        timeout: Duration,
+        max_in_flight: usize,
+    ) -> Result<HttpSink, String> {
         let url = cfg.url.clone();
-        let target: Uri = url
+        let path: Uri = url
             .path
             .parse()
             .map_err(|e| format!("url {url}: the path and query are not a request target: {e}"))?;
@@ -252,237 +269,359 @@ impl HttpSink {
         let host = HeaderValue::from_str(&host)
             .map_err(|_| format!("url {url}: the host cannot be sent in a Host header"))?;
         Ok(HttpSink {
-            url,
-            target,
-            host,
+            target: Arc::new(Target {
+                url,
+                path,
+                host,
+                timeout,
+            }),
             ca_file: cfg.ca_file.clone(),
             tls: None,
-            timeout,
-            conn: None,
+            max_in_flight: max_in_flight.max(1),
+            idle: Vec::new(),
         })
     }
 
-    /// POSTs the events in order, one request each, and stops at the first not delivered.
+    /// POSTs the events, one request each, and reports the delivered prefix and the failure
+    /// of the event after it. With `max_in_flight` 1, in log order, stopping at the first
+    /// failure; otherwise see `deliver_concurrently`.
     pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
+        let tls = match self.tls_connector() {
+            Ok(t) => t,
+            Err(e) => return Attempt::retry(0, e),
+        };
+        if self.max_in_flight > 1 {
+            return self.deliver_concurrently(batch, tls).await;
+        }
+        let mut conn = self.idle.pop();
         for (i, ev) in batch.iter().enumerate() {
-            if let Err(failure) = self.post(ev).await {
+            if let Err(failure) = post(&self.target, tls.as_ref(), &mut conn, ev).await {
+                self.idle.extend(conn);
                 return Attempt {
                     delivered: i,
                     failure: Some(failure),
                 };
             }
         }
+        self.idle.extend(conn);
         Attempt::all(batch.len())
     }
 
-    /// Closes the connection: hyper shuts the socket down (a TLS close_notify first) once the
-    /// request handle is gone.
+    /// Up to `max_in_flight` requests at once, each on its own connection, never two for the
+    /// same source (agency, source_id): within a source, events go one after the other in
+    /// log order. After a failure no event at or after it is started; the events before it
+    /// are finished, so the report is exact: the delivered prefix and the failure of the event
+    /// after it. Events of other sources after the failed one that were already delivered are
+    /// delivered again when the runner retries from there (same `Idempotency-Key`).
+    async fn deliver_concurrently(
+        &mut self,
+        batch: &[Event],
+        tls: Option<TlsConnector>,
+    ) -> Attempt {
+        enum State {
+            Waiting,
+            Flying,
+            Delivered,
+            Failed(Failure),
+        }
+        let n = batch.len();
+        let mut state: Vec<State> = (0..n).map(|_| State::Waiting).collect();
+        let source = |i: usize| (batch[i].agency.as_str(), batch[i].source_id.as_str());
+        let mut flying = std::collections::HashSet::new();
+        let mut task_event = std::collections::HashMap::new();
+        // No event at or after `limit` (the first failure) is started.
+        let mut limit = n;
+        let mut first_waiting = 0;
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let mut i = first_waiting;
+            while i < limit && tasks.len() < self.max_in_flight {
+                if matches!(state[i], State::Waiting) && flying.insert(source(i)) {
+                    state[i] = State::Flying;
+                    let (target, tls, ev) = (self.target.clone(), tls.clone(), batch[i].clone());
+                    let mut conn = self.idle.pop();
+                    let task = tasks.spawn(async move {
+                        let r = post(&target, tls.as_ref(), &mut conn, &ev).await;
+                        (conn, r)
+                    });
+                    task_event.insert(task.id(), i);
+                }
+                i += 1;
+            }
+            let Some(joined) = tasks.join_next_with_id().await else {
+                break;
+            };
+            let (id, result) = match joined {
+                Ok((id, (conn, r))) => {
+                    self.idle.extend(conn);
+                    (id, r)
+                }
+                Err(e) => (
+                    e.id(),
+                    Err(Failure::Retry {
+                        error: format!("POST {}: the request task failed: {e}", self.target.url),
+                        after: None,
+                    }),
+                ),
+            };
+            let Some(i) = task_event.remove(&id) else {
+                continue;
+            };
+            flying.remove(&source(i));
+            state[i] = match result {
+                Ok(()) => State::Delivered,
+                Err(f) => {
+                    limit = limit.min(i);
+                    State::Failed(f)
+                }
+            };
+            while first_waiting < n && !matches!(state[first_waiting], State::Waiting) {
+                first_waiting += 1;
+            }
+        }
+        let delivered = state
+            .iter()
+            .take_while(|s| matches!(s, State::Delivered))
+            .count();
+        match state
+            .get_mut(delivered)
+            .map(|s| std::mem::replace(s, State::Waiting))
+        {
+            None => Attempt::all(n),
+            Some(State::Failed(f)) => Attempt {
+                delivered,
+                failure: Some(f),
+            },
+            // Every event before the first failure is finished before the loop ends.
+            Some(_) => Attempt::retry(delivered, "the batch was cut short"),
+        }
+    }
+
+    /// Closes the connections: hyper shuts each socket down (a TLS close_notify first) once
+    /// its request handle is gone.
     pub async fn close(&mut self) {
-        if let Some(Conn { send, task }) = self.conn.take() {
-            drop(send);
-            let abort = task.abort_handle();
-            if tokio::time::timeout(CLOSE_WAIT, task).await.is_err() {
-                abort.abort();
+        for mut conn in self.idle.drain(..) {
+            let task = conn.task.take();
+            drop(conn);
+            if let Some(task) = task {
+                let abort = task.abort_handle();
+                if tokio::time::timeout(CLOSE_WAIT, task).await.is_err() {
+                    abort.abort();
+                }
             }
         }
     }
 
-    /// Drops the connection at once (after an error or a timeout, its state is unknown).
-    fn reset(&mut self) {
-        if let Some(c) = self.conn.take() {
-            c.task.abort();
+    /// The TLS client for an `https://` url, made once.
+    fn tls_connector(&mut self) -> Result<Option<TlsConnector>, String> {
+        if !self.target.url.tls {
+            return Ok(None);
         }
+        if let Some(t) = &self.tls {
+            return Ok(Some(t.clone()));
+        }
+        let ca = self
+            .ca_file
+            .as_deref()
+            .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.target.url))?;
+        let t = tls_connector(ca)?;
+        self.tls = Some(t.clone());
+        Ok(Some(t))
     }
+}
 
-    async fn post(&mut self, ev: &Event) -> Result<(), Failure> {
-        let key = sf_string(&ev.id).map_err(|e| Failure::Poison {
-            reason: "the event id cannot be an Idempotency-Key".into(),
-            response: e,
-        })?;
-        let key = HeaderValue::from_str(&key).map_err(|e| Failure::Poison {
-            reason: "the event id cannot be an Idempotency-Key".into(),
+/// POSTs one event on `conn` (opened if `None`; left `None` when it is of no further use).
+async fn post(
+    t: &Target,
+    tls: Option<&TlsConnector>,
+    conn: &mut Option<Conn>,
+    ev: &Event,
+) -> Result<(), Failure> {
+    let key = sf_string(&ev.id).map_err(|e| Failure::Poison {
+        reason: "the event id cannot be an Idempotency-Key".into(),
+        response: e,
+    })?;
+    let key = HeaderValue::from_str(&key).map_err(|e| Failure::Poison {
+        reason: "the event id cannot be an Idempotency-Key".into(),
+        response: e.to_string(),
+    })?;
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(t.path.clone())
+        .header(HOST, t.host.clone())
+        .header(CONTENT_TYPE, EVENT_MEDIA_TYPE)
+        .header("idempotency-key", key)
+        .header(
+            USER_AGENT,
+            concat!("replay-guard/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Full::new(Bytes::from(ev.json.clone())))
+        .map_err(|e| Failure::Poison {
+            reason: "the request cannot be built".into(),
             response: e.to_string(),
         })?;
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri(self.target.clone())
-            .header(HOST, self.host.clone())
-            .header(CONTENT_TYPE, EVENT_MEDIA_TYPE)
-            .header("idempotency-key", key)
-            .header(
-                USER_AGENT,
-                concat!("replay-guard/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(Full::new(Bytes::from(ev.json.clone())))
-            .map_err(|e| Failure::Poison {
-                reason: "the request cannot be built".into(),
-                response: e.to_string(),
-            })?;
-        let reply = match tokio::time::timeout(self.timeout, self.exchange(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(error)) => {
-                self.reset();
-                return Err(Failure::Retry { error, after: None });
-            }
-            Err(_) => {
-                // The request may be half-written or its answer half-read: the connection is
-                // of no further use.
-                self.reset();
-                return Err(Failure::Retry {
-                    error: format!(
-                        "POST {}: no complete response within {} ms",
-                        self.url,
-                        self.timeout.as_millis()
-                    ),
-                    after: None,
-                });
-            }
-        };
-        let code = reply.status.as_u16();
-        let reason = match reply.status.canonical_reason() {
-            Some(r) => format!("HTTP {code} {r}"),
-            None => format!("HTTP {code}"),
-        };
-        match classify(code) {
-            Class::Delivered => Ok(()),
-            Class::Retry => {
-                let shown =
-                    String::from_utf8_lossy(&reply.body[..reply.body.len().min(ERROR_BODY_SHOWN)])
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                Err(Failure::Retry {
-                    error: if shown.is_empty() {
-                        format!("POST {}: {reason}", self.url)
-                    } else {
-                        format!("POST {}: {reason}: {shown}", self.url)
-                    },
-                    after: reply
-                        .retry_after
-                        .as_deref()
-                        .and_then(|v| retry_after(v, SystemTime::now())),
-                })
-            }
-            Class::Poison => Err(Failure::Poison {
-                reason,
-                response: format!(
-                    "{}\n{}",
-                    reply.status_line,
-                    String::from_utf8_lossy(&reply.body)
+    let reply = match tokio::time::timeout(t.timeout, exchange(t, tls, conn, req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(error)) => {
+            *conn = None;
+            return Err(Failure::Retry { error, after: None });
+        }
+        Err(_) => {
+            // The request may be half-written or its answer half-read: the connection is of
+            // no further use.
+            *conn = None;
+            return Err(Failure::Retry {
+                error: format!(
+                    "POST {}: no complete response within {} ms",
+                    t.url,
+                    t.timeout.as_millis()
                 ),
-            }),
+                after: None,
+            });
         }
-    }
-
-    /// Sends `req` on the open connection (opening one if there is none) and reads the reply.
-    /// A request that hyper hands back unsent (the server closed the idle connection first)
-    /// goes once more on a new connection.
-    async fn exchange(&mut self, req: Request<Full<Bytes>>) -> Result<Reply, String> {
-        let mut req = req;
-        let mut fresh = false;
-        loop {
-            if self.conn.as_ref().is_none_or(|c| c.send.is_closed()) {
-                self.conn = Some(self.connect().await?);
-                fresh = true;
-            }
-            let Some(conn) = self.conn.as_mut() else {
-                return Err("no connection".into());
-            };
-            if conn.send.ready().await.is_err() {
-                self.reset();
-                if fresh {
-                    return Err(format!("POST {}: the connection closed at once", self.url));
-                }
-                continue;
-            }
-            match conn.send.try_send_request(req).await {
-                Ok(resp) => return self.read(resp).await,
-                Err(mut e) => {
-                    self.reset();
-                    match e.take_message() {
-                        Some(unsent) if !fresh => req = unsent,
-                        _ => return Err(format!("POST {}: {}", self.url, chain(e.error()))),
-                    }
-                }
-            }
-        }
-    }
-
-    async fn read(&mut self, resp: Response<Incoming>) -> Result<Reply, String> {
-        let status = resp.status();
-        let phrase = resp
-            .extensions()
-            .get::<hyper::ext::ReasonPhrase>()
-            .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
-            .or_else(|| status.canonical_reason().map(str::to_string))
-            .unwrap_or_default();
-        let status_line = format!("{:?} {} {phrase}", resp.version(), status.as_u16());
-        let retry_after = resp
-            .headers()
-            .get(hyper::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let mut body = resp.into_body();
-        let mut kept = Vec::new();
-        let mut read = 0usize;
-        // Read to the end, so the connection can carry the next request.
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                format!(
-                    "POST {}: {status_line}, then reading the body: {}",
-                    self.url,
-                    chain(&e)
-                )
-            })?;
-            if let Ok(data) = frame.into_data() {
-                let room = RESPONSE_KEPT.saturating_sub(kept.len());
-                kept.extend_from_slice(&data[..data.len().min(room)]);
-                read += data.len();
-                if read > BODY_DRAIN_MAX {
-                    self.reset();
-                    break;
-                }
-            }
-        }
-        Ok(Reply {
-            status,
-            status_line,
-            retry_after,
-            body: kept,
-        })
-    }
-
-    async fn connect(&mut self) -> Result<Conn, String> {
-        let (host, port) = (self.url.host.as_str(), self.url.port);
-        let tcp = TcpStream::connect((host, port))
-            .await
-            .map_err(|e| format!("connecting to {}: {e}", self.url))?;
-        // Each request is written whole; Nagle would only hold its tail back.
-        let _ = tcp.set_nodelay(true);
-        tracing::debug!(url = %self.url, "http sink connected");
-        if !self.url.tls {
-            return handshake(tcp).await;
-        }
-        let tls = match &self.tls {
-            Some(t) => t.clone(),
-            None => {
-                let ca = self
-                    .ca_file
+    };
+    let code = reply.status.as_u16();
+    let reason = match reply.status.canonical_reason() {
+        Some(r) => format!("HTTP {code} {r}"),
+        None => format!("HTTP {code}"),
+    };
+    match classify(code) {
+        Class::Delivered => Ok(()),
+        Class::Retry => {
+            let shown =
+                String::from_utf8_lossy(&reply.body[..reply.body.len().min(ERROR_BODY_SHOWN)])
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+            Err(Failure::Retry {
+                error: if shown.is_empty() {
+                    format!("POST {}: {reason}", t.url)
+                } else {
+                    format!("POST {}: {reason}: {shown}", t.url)
+                },
+                after: reply
+                    .retry_after
                     .as_deref()
-                    .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.url))?;
-                let t = tls_connector(ca)?;
-                self.tls = Some(t.clone());
-                t
-            }
-        };
-        let name = pki_types::ServerName::try_from(self.url.host.clone())
-            .map_err(|e| format!("{}: not a TLS server name: {e}", self.url))?;
-        let stream = tls
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("TLS handshake with {}: {e}", self.url))?;
-        handshake(stream).await
+                    .and_then(|v| retry_after(v, SystemTime::now())),
+            })
+        }
+        Class::Poison => Err(Failure::Poison {
+            reason,
+            response: format!(
+                "{}\n{}",
+                reply.status_line,
+                String::from_utf8_lossy(&reply.body)
+            ),
+        }),
     }
+}
+
+/// Sends `req` on `conn` (opening one if there is none) and reads the reply. A request that
+/// hyper hands back unsent (the server closed the idle connection first) goes once more on a
+/// new connection.
+async fn exchange(
+    t: &Target,
+    tls: Option<&TlsConnector>,
+    conn: &mut Option<Conn>,
+    req: Request<Full<Bytes>>,
+) -> Result<Reply, String> {
+    let mut req = req;
+    let mut fresh = false;
+    loop {
+        if conn.as_ref().is_none_or(|c| c.send.is_closed()) {
+            *conn = None;
+            *conn = Some(connect(t, tls).await?);
+            fresh = true;
+        }
+        let Some(c) = conn.as_mut() else {
+            return Err("no connection".into());
+        };
+        if c.send.ready().await.is_err() {
+            *conn = None;
+            if fresh {
+                return Err(format!("POST {}: the connection closed at once", t.url));
+            }
+            continue;
+        }
+        match c.send.try_send_request(req).await {
+            Ok(resp) => return read(t, conn, resp).await,
+            Err(mut e) => {
+                *conn = None;
+                match e.take_message() {
+                    Some(unsent) if !fresh => req = unsent,
+                    _ => return Err(format!("POST {}: {}", t.url, chain(e.error()))),
+                }
+            }
+        }
+    }
+}
+
+/// Reads the response to its end, so the connection can carry the next request (past
+/// `BODY_DRAIN_MAX` the connection is dropped instead).
+async fn read(
+    t: &Target,
+    conn: &mut Option<Conn>,
+    resp: Response<Incoming>,
+) -> Result<Reply, String> {
+    let status = resp.status();
+    let phrase = resp
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+        .or_else(|| status.canonical_reason().map(str::to_string))
+        .unwrap_or_default();
+    let status_line = format!("{:?} {} {phrase}", resp.version(), status.as_u16());
+    let retry_after = resp
+        .headers()
+        .get(hyper::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut body = resp.into_body();
+    let mut kept = Vec::new();
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            format!(
+                "POST {}: {status_line}, then reading the body: {}",
+                t.url,
+                chain(&e)
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            let room = RESPONSE_KEPT.saturating_sub(kept.len());
+            kept.extend_from_slice(&data[..data.len().min(room)]);
+            read += data.len();
+            if read > BODY_DRAIN_MAX {
+                *conn = None;
+                break;
+            }
+        }
+    }
+    Ok(Reply {
+        status,
+        status_line,
+        retry_after,
+        body: kept,
+    })
+}
+
+async fn connect(t: &Target, tls: Option<&TlsConnector>) -> Result<Conn, String> {
+    let tcp = TcpStream::connect((t.url.host.as_str(), t.url.port))
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", t.url))?;
+    // Each request is written whole; Nagle would only hold its tail back.
+    let _ = tcp.set_nodelay(true);
+    tracing::debug!(url = %t.url, "http sink connected");
+    let Some(tls) = tls else {
+        return handshake(tcp).await;
+    };
+    let name = pki_types::ServerName::try_from(t.url.host.clone())
+        .map_err(|e| format!("{}: not a TLS server name: {e}", t.url))?;
+    let stream = tls
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake with {}: {e}", t.url))?;
+    handshake(stream).await
 }
 
 /// Starts HTTP/1.1 on `io` and spawns the task that drives it.
@@ -498,7 +637,10 @@ where
             tracing::debug!(error = %chain(&e), "http sink connection ended");
         }
     });
-    Ok(Conn { send, task })
+    Ok(Conn {
+        send,
+        task: Some(task),
+    })
 }
 
 /// A verifying TLS client trusting exactly the certificates in `ca_file`, on the aws-lc-rs

@@ -101,7 +101,7 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
-            SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout)
+            SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
                 .map(|s| Sink::Http(Box::new(s)))
                 .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
             other => Err(format!(

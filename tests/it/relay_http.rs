@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use replay_guard::config::Config;
@@ -44,7 +44,16 @@ impl Seen {
 }
 
 fn body_id(body: &str) -> String {
-    let at = body.find("\"id\":\"").expect("an id in the body") + 6;
+    body_field(body, "id")
+}
+
+/// A string member of the envelope (they hold no escapes here).
+fn body_field(body: &str, name: &str) -> String {
+    let pat = format!("\"{name}\":\"");
+    let at = body
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {name} in {body}"))
+        + pat.len();
     let len = body[at..].find('"').unwrap();
     body[at..at + len].to_string()
 }
@@ -65,7 +74,20 @@ struct Log {
     chaos: bool,
     rng: Option<SplitMix64>,
     too_many: u32,
+    /// Requests read and not yet answered, in all and per event subject (the source).
+    outstanding: usize,
+    by_source: BTreeMap<String, usize>,
+    most_outstanding: usize,
+    /// Whether two requests of one source were ever outstanding at once.
+    source_overlap: bool,
+    /// The first `hold` requests are answered only once `barrier` are outstanding (or after
+    /// `HOLD_LIMIT`): requests that are really concurrent meet there.
+    hold: usize,
+    barrier: usize,
 }
+
+/// Longest a held request waits for the others.
+const HOLD_LIMIT: Duration = Duration::from_secs(10);
 
 impl Log {
     /// What to do with request number `n` for `id`: a status, or 0 = drop the connection.
@@ -107,9 +129,12 @@ impl Log {
 /// The receiver: an accept thread and one thread per connection.
 struct Receiver {
     addr: SocketAddr,
-    log: Arc<Mutex<Log>>,
+    log: Arc<Shared>,
     stop: Arc<AtomicBool>,
 }
+
+/// The log and the condition that held requests wait on.
+type Shared = (Mutex<Log>, Condvar);
 
 /// A TLS server config for the receiver (certificate chain and key, PEM).
 type Tls = Arc<tokio_rustls::rustls::ServerConfig>;
@@ -118,11 +143,14 @@ impl Receiver {
     fn start(seed: u64, chaos: bool, tls: Option<Tls>) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let log = Arc::new(Mutex::new(Log {
-            chaos,
-            rng: Some(SplitMix64::new(seed)),
-            ..Log::default()
-        }));
+        let log = Arc::new((
+            Mutex::new(Log {
+                chaos,
+                rng: Some(SplitMix64::new(seed)),
+                ..Log::default()
+            }),
+            Condvar::new(),
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (log.clone(), stop.clone());
         std::thread::spawn(move || {
@@ -131,7 +159,7 @@ impl Receiver {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
-                l.lock().unwrap().connections += 1;
+                l.0.lock().unwrap().connections += 1;
                 let (l, tls) = (l.clone(), tls.clone());
                 std::thread::spawn(move || {
                     conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
@@ -155,7 +183,7 @@ impl Receiver {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Log) -> R) -> R {
-        f(&mut self.log.lock().unwrap())
+        f(&mut self.log.0.lock().unwrap())
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -191,7 +219,8 @@ impl Drop for Receiver {
 }
 
 /// Reads requests off one connection and answers them as `Log::decide` says.
-fn serve<S: Read + Write>(stream: S, log: &Mutex<Log>) {
+fn serve<S: Read + Write>(stream: S, shared: &Shared) {
+    let (log, cv) = shared;
     let mut r = BufReader::new(stream);
     loop {
         let mut line = String::new();
@@ -227,8 +256,24 @@ fn serve<S: Read + Write>(stream: S, log: &Mutex<Log>) {
         }
         let body = String::from_utf8(body).expect("a UTF-8 body");
         let id = body_id(&body);
+        let subject = body_field(&body, "subject");
         let (status, close, hang) = {
             let mut l = log.lock().unwrap();
+            l.outstanding += 1;
+            l.most_outstanding = l.most_outstanding.max(l.outstanding);
+            let same = l.by_source.entry(subject.clone()).or_default();
+            *same += 1;
+            if *same > 1 {
+                l.source_overlap = true;
+            }
+            cv.notify_all();
+            if l.hold > 0 {
+                l.hold -= 1;
+                l = cv
+                    .wait_timeout_while(l, HOLD_LIMIT, |l| l.outstanding < l.barrier)
+                    .unwrap()
+                    .0;
+            }
             let n = l.seen.len();
             let hang = l.hang.as_deref() == Some(id.as_str());
             let (status, close) = if hang { (0, false) } else { l.decide(n, &id) };
@@ -248,6 +293,9 @@ fn serve<S: Read + Write>(stream: S, log: &Mutex<Log>) {
             if close {
                 l.closed += 1;
             }
+            // Answered (or dropped) from here on: the client may send this source's next.
+            l.outstanding -= 1;
+            *l.by_source.get_mut(&subject).unwrap() -= 1;
             (status, close, hang)
         };
         if hang {
@@ -486,6 +534,66 @@ fn sink_delivers_every_event_but_the_refused_one_through_503s_429s_and_dropped_c
         1 + dropped_n + closed,
         "one connection reused across events and batches"
     );
+}
+
+#[test]
+fn max_in_flight_sends_sources_at_once_but_each_source_in_log_order() {
+    let rx = Receiver::start(0x5eed_0003, true, None);
+    let evs = events(90);
+    let refused = evs[50].id.clone();
+    rx.with(|l| {
+        l.refuse = Some(refused.clone());
+        l.hold = 3;
+        l.barrier = 3;
+    });
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{}/\"\ntimeout_ms = 20000\nmax_in_flight = 3\n",
+        rx.port()
+    ));
+    let driven = runtime().block_on(async {
+        let d = drive(&mut sink, &evs, 16).await;
+        sink.close().await;
+        d
+    });
+
+    // Three sources, three requests at once (the first three met at the barrier), never two
+    // of one source.
+    let (most, overlap) = rx.with(|l| (l.most_outstanding, l.source_overlap));
+    assert_eq!(most, 3);
+    assert!(
+        !overlap,
+        "two requests of one source were in flight at once"
+    );
+
+    // Everything but the refused event arrived; per source, in log order of first arrival
+    // (a retried batch may deliver other sources' events again, with the same key).
+    let accepted = rx.accepted();
+    let got: BTreeSet<&String> = accepted.iter().collect();
+    let want: BTreeSet<&String> = evs
+        .iter()
+        .map(|e| &e.id)
+        .filter(|i| **i != refused)
+        .collect();
+    assert_eq!(got, want);
+    let offset = |id: &str| evs.iter().find(|e| e.id == id).unwrap().offset;
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut first_seen = BTreeSet::new();
+    for id in &accepted {
+        if !first_seen.insert(id.clone()) {
+            continue;
+        }
+        let o = offset(id);
+        if let Some(prev) = last.insert(o % 3, o) {
+            assert!(prev < o, "source {} got {o} after {prev}", o % 3);
+        }
+    }
+    assert_eq!(driven.poisoned.len(), 1);
+    assert_eq!(driven.poisoned[0].0, 50);
+    assert_eq!(driven.poisoned[0].1, "HTTP 422 Unprocessable Entity");
+    assert!(!driven.retries.is_empty());
+    assert_keys_are_the_quoted_ids(&rx.seen());
+    let (conns, dropped, closed) = rx.with(|l| (l.connections, l.dropped, l.closed));
+    assert!(conns <= 3 + dropped + closed, "{conns} connections");
 }
 
 #[test]
