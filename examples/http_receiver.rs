@@ -96,7 +96,7 @@ fn serve(conn: TcpStream, count: &Mutex<Count>, expect: u64) {
             })
         };
         let sent = w
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            .write_all(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n")
             .is_ok();
         if let Some(line) = report {
             println!("{line}");
