@@ -9,6 +9,10 @@
    commit (READY + first batch) on a database holding 1M applied messages.
 3. Peak RSS of `run` during the drains (from /proc/PID/status VmHWM).
 
+4. With RG_WITH_SINK=1: what a running relay costs the feed. Each round also drains the same
+   feed with one `mqtt` [[sink]] configured (to a second private Mosquitto), and reports the
+   ratio of that run's msg/s to the run without a sink.
+
 Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3)
 Env:   RG_MAX_BATCH, RG_RECEIVE_MAXIMUM, RG_CACHE_MB override [commit] max_batch,
        [mqtt] receive_maximum and [store] cache_mb; RG_BIN another replay-guard binary (to
@@ -84,13 +88,16 @@ def drain_mosquitto_sub(port, n):
     return time.monotonic() - t0
 
 
-def write_config(d, port, db, window=600):
+def write_config(d, port, db, window=600, sink_port=None):
     cfg = os.path.join(d, "rg.toml")
     with open(cfg, "w") as f:
         f.write(f'[store]\npath = "{db}"\n' + setting("cache_mb", "RG_CACHE_MB")
                 + f'[window]\nseconds = {window}\n[mqtt]\nbrokers = ["mqtt://127.0.0.1:{port}"]\n'
                 + 'client_id = "bench-rg"\ntopics = ["bench/#"]\n' + setting("receive_maximum", "RG_RECEIVE_MAXIMUM")
                 + '[commit]\n' + setting("max_batch", "RG_MAX_BATCH"))
+        if sink_port:
+            f.write(f'[[sink]]\nname = "cop"\nkind = "mqtt"\nbroker = "mqtt://127.0.0.1:{sink_port}"\n'
+                    'client_id = "bench-rg-relay"\ntopic = "cop/{agency}/{source_id}"\n')
     return cfg
 
 
@@ -125,7 +132,12 @@ def main():
     try:
         broker, port = start_broker(tmp)
         lines = feed(N, 1)
-        rss, sub_rates, rg_rates = [], [], []
+        rss, sub_rates, rg_rates, sink_rates = [], [], [], []
+        sink_port = None
+        if os.environ.get("RG_WITH_SINK"):
+            sink_dir = os.path.join(tmp, "downstream")
+            os.mkdir(sink_dir)
+            sink_broker, sink_port = start_broker(sink_dir)
         sub_session(port, "bench-sub")
         for r in range(ROUNDS):
             publish(port, lines)
@@ -143,10 +155,29 @@ def main():
             rg_rates.append(N / t)
             print(f"round {r + 1}: mosquitto_sub {sub_rates[-1]:,.0f} msg/s, "
                   f"replay-guard {rg_rates[-1]:,.0f} msg/s, ratio {rg_rates[-1] / sub_rates[-1]:.2f}", flush=True)
+            if sink_port:
+                db = os.path.join(tmp, f"rg{r}-sink.redb")
+                cfg = write_config(tmp, port, db, sink_port=sink_port)
+                p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
+                time.sleep(0.5)
+                p.send_signal(signal.SIGTERM)
+                p.wait()
+                publish(port, lines)
+                t, _ = run_until(cfg, N, rss)
+                sink_rates.append(N / t)
+                print(f"round {r + 1}: replay-guard with one mqtt sink {sink_rates[-1]:,.0f} msg/s, "
+                      f"ratio to no sink {sink_rates[-1] / rg_rates[-1]:.2f}", flush=True)
         med = lambda xs: sorted(xs)[len(xs) // 2]
         print(f"median: mosquitto_sub {med(sub_rates):,.0f} msg/s, replay-guard {med(rg_rates):,.0f} msg/s, "
               f"ratio {med(rg_rates) / med(sub_rates):.2f}")
         print(f"peak RSS of run: {max(rss) / 1024:.1f} MiB")
+        if sink_port:
+            print(f"median with one mqtt sink: {med(sink_rates):,.0f} msg/s, ratio to no sink "
+                  f"{med(sink_rates) / med(rg_rates):.2f}")
+            sink_broker.terminate()
+            sink_broker.wait()
+            if os.environ.get("RG_SINK_ONLY"):
+                return
 
         # Restart after kill -9 with a 1,000,000-entry window.
         db = os.path.join(tmp, "big.redb")

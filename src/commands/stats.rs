@@ -45,6 +45,9 @@ struct Stats {
     sources: Vec<crate::store::tables::SourceRecord>,
     bursts: Vec<crate::store::tables::BurstRecord>,
     tables: Vec<(&'static str, u64, u64)>,
+    sinks: Vec<(String, crate::store::tables::SinkRecord)>,
+    head: u64,
+    window_start: u64,
 }
 
 impl Stats {
@@ -68,7 +71,18 @@ impl Stats {
             sources: snap.sources()?,
             bursts: snap.replay_bursts()?,
             tables: snap.table_sizes()?,
+            sinks: snap.sink_cursors()?,
+            head: meta.next_effect,
+            window_start: meta.window_start,
         })
+    }
+
+    /// The sink whose cursor holds retention back, if any: the lowest cursor, when it is
+    /// below the window (effects the window no longer needs are kept for it), and how many.
+    fn holding(&self) -> Option<(&str, u64)> {
+        let (name, rec) = self.sinks.iter().min_by_key(|(_, r)| r.next)?;
+        let floor = self.marks.effects_floor.max(rec.next);
+        (rec.next < self.window_start).then(|| (name.as_str(), self.window_start - floor))
     }
 
     fn to_json(&self) -> Json {
@@ -142,6 +156,33 @@ impl Stats {
                         } else {
                             Json::Null
                         },
+                    ),
+                ]),
+            ),
+            (
+                "relay",
+                obj(vec![
+                    (
+                        "sinks",
+                        Json::Array(
+                            self.sinks
+                                .iter()
+                                .map(|(n, r)| {
+                                    obj(vec![
+                                        ("sink", text(n)),
+                                        ("kind", text(&r.kind)),
+                                        ("cursor", num(r.next)),
+                                        ("lag_events", num(self.head.saturating_sub(r.next))),
+                                    ])
+                                })
+                                .collect(),
+                        ),
+                    ),
+                    (
+                        "holding_retention",
+                        self.holding().map_or(Json::Null, |(n, k)| {
+                            obj(vec![("sink", text(n)), ("effects_kept", num(k))])
+                        }),
                     ),
                 ]),
             ),
@@ -281,6 +322,31 @@ impl Stats {
                     rfc3339_ms(self.marks.last_pruned_at_ms)
                 ),
             );
+        }
+        if !self.sinks.is_empty() {
+            let list: Vec<String> = self
+                .sinks
+                .iter()
+                .map(|(n, r)| {
+                    format!(
+                        "{n} ({}) at {} of {}, lag {}",
+                        r.kind,
+                        r.next,
+                        self.head,
+                        self.head.saturating_sub(r.next)
+                    )
+                })
+                .collect();
+            line("relay sinks", list.join("; "));
+            if let Some((n, k)) = self.holding() {
+                line(
+                    "",
+                    format!(
+                        "sink {n} holds the effect log: {k} effects outside the window are kept \
+                         until it delivers them (retention does not prune past its cursor)"
+                    ),
+                );
+            }
         }
         line("sources", self.sources.len().to_string());
         for src in self.sources.iter().take(TEXT_SOURCES) {

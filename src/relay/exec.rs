@@ -1,6 +1,8 @@
 //! The `exec` sink: runs `command` (argv, no shell) once per batch with the events as JSON
-//! lines on stdin. Exit status 0 = the batch is delivered; anything else (a non-zero status,
-//! a signal, a timeout, a program that cannot start) = retry the whole batch after a backoff.
+//! lines on stdin. Exit status 0 = the batch is delivered; `EX_DATAERR` (65) = the program
+//! refuses the data for good: the events are then offered one at a time, and the one it
+//! refuses is parked; anything else (another status, a signal, a timeout, a program that
+//! cannot start) = retry the whole batch after a backoff.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{Attempt, CursorAfter, Event};
+use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::ExecSink as ExecConfig;
 
 /// Most bytes of the program's stderr kept for `relay status`.
@@ -28,21 +30,51 @@ impl ExecSink {
     }
 
     pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
-        match tokio::time::timeout(self.timeout, self.run(batch)).await {
-            Ok(Ok(())) => Attempt::all(batch.len()),
-            Ok(Err(e)) => Attempt::retry(0, e),
-            Err(_) => Attempt::retry(
-                0,
-                format!(
-                    "{} did not finish within {} ms (killed)",
-                    self.argv[0],
-                    self.timeout.as_millis()
-                ),
-            ),
+        match self.attempt(batch).await {
+            Outcome::Delivered => Attempt::all(batch.len()),
+            Outcome::Retry(e) => Attempt::retry(0, e),
+            Outcome::Refused(response) if batch.len() == 1 => self.refused(0, response),
+            // Which event? Offer them one at a time, in order.
+            Outcome::Refused(_) => {
+                for (i, event) in batch.iter().enumerate() {
+                    match self.attempt(std::slice::from_ref(event)).await {
+                        Outcome::Delivered => {}
+                        Outcome::Retry(e) => return Attempt::retry(i, e),
+                        Outcome::Refused(response) => return self.refused(i, response),
+                    }
+                }
+                Attempt::all(batch.len())
+            }
         }
     }
 
-    async fn run(&self, batch: &[Event]) -> Result<(), String> {
+    fn refused(&self, delivered: usize, response: String) -> Attempt {
+        Attempt {
+            delivered,
+            failure: Some(Failure::Poison {
+                reason: format!(
+                    "{} refused the event (exit status 65, EX_DATAERR)",
+                    self.argv[0]
+                ),
+                response,
+            }),
+        }
+    }
+
+    async fn attempt(&self, batch: &[Event]) -> Outcome {
+        match tokio::time::timeout(self.timeout, self.run(batch)).await {
+            Ok(Ok(())) => Outcome::Delivered,
+            Ok(Err(Run::Refused(text))) => Outcome::Refused(text),
+            Ok(Err(Run::Failed(e))) => Outcome::Retry(e),
+            Err(_) => Outcome::Retry(format!(
+                "{} did not finish within {} ms (killed)",
+                self.argv[0],
+                self.timeout.as_millis()
+            )),
+        }
+    }
+
+    async fn run(&self, batch: &[Event]) -> Result<(), Run> {
         let mut child = Command::new(&self.argv[0])
             .args(&self.argv[1..])
             .stdin(Stdio::piped())
@@ -50,7 +82,7 @@ impl ExecSink {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.argv[0]))?;
+            .map_err(|e| Run::Failed(format!("cannot start {}: {e}", self.argv[0])))?;
         let mut input = String::with_capacity(batch.iter().map(|e| e.json.len() + 1).sum());
         for e in batch {
             input.push_str(&e.json);
@@ -78,17 +110,37 @@ impl ExecSink {
         let status = child
             .wait()
             .await
-            .map_err(|e| format!("waiting for {}: {e}", self.argv[0]))?;
+            .map_err(|e| Run::Failed(format!("waiting for {}: {e}", self.argv[0])))?;
         if status.success() {
             return Ok(());
         }
         let text = String::from_utf8_lossy(&err[..err.len().min(STDERR_KEPT)]);
         let text = text.trim();
-        Err(format!(
+        if status.code() == Some(EX_DATAERR) {
+            return Err(Run::Refused(format!(
+                "{status}: {}",
+                text.replace('\n', " | ")
+            )));
+        }
+        Err(Run::Failed(format!(
             "{} exited with {status}{}{}",
             self.argv[0],
             if text.is_empty() { "" } else { ": " },
             text.replace('\n', " | ")
-        ))
+        )))
     }
+}
+
+/// sysexits.h: "the input data was incorrect in some way".
+const EX_DATAERR: i32 = 65;
+
+enum Run {
+    Refused(String),
+    Failed(String),
+}
+
+enum Outcome {
+    Delivered,
+    Retry(String),
+    Refused(String),
 }

@@ -85,6 +85,9 @@ impl SinkStatus {
 /// The running relay: a thread with one task per sink.
 pub struct Relay {
     stop: watch::Sender<bool>,
+    /// Set when the shutdown timeout is reached: attempts in progress are abandoned (a
+    /// program the exec sink started is killed), cursors are written, the thread ends.
+    hard: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<Result<(), RelayError>>>,
     status: Arc<Mutex<Vec<SinkStatus>>>,
 }
@@ -117,9 +120,17 @@ impl Relay {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        let deadline = Instant::now() + timeout;
-        while !thread.is_finished() && Instant::now() < deadline {
+        // Most of the time for attempts to finish; the rest to abandon them and write cursors.
+        let soft = Instant::now() + timeout.mul_f64(0.8);
+        while !thread.is_finished() && Instant::now() < soft {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if !thread.is_finished() {
+            let _ = self.hard.send(true);
+            let deadline = Instant::now() + timeout.mul_f64(0.2).max(Duration::from_millis(500));
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         if !thread.is_finished() {
             tracing::warn!(
@@ -153,6 +164,7 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        let _ = self.hard.send(true);
     }
 }
 
@@ -171,9 +183,12 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         cache_bytes: 16 * 1024 * 1024,
         ..config.store.clone()
     };
+    let names: Vec<&str> = config.relay.sinks.iter().map(|s| s.name.as_str()).collect();
+    let locks = crate::store::relay::lock_sinks(db, &names)?;
     let store = Store::open_operator(db, opts)?;
     let reader = Reader::open(db)?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (hard_tx, hard_rx) = watch::channel(false);
     let status = Arc::new(Mutex::new(Vec::new()));
     let shared = Shared {
         store: Arc::new(Mutex::new(Some(store))),
@@ -190,7 +205,9 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
                 .enable_all()
                 .build()
                 .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
-            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx));
+            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx, hard_rx));
+            // Released only once every cursor is written.
+            drop(locks);
             // Every cursor is written; closing lets the next open skip the repair.
             if let Ok(mut g) = shared.store.lock()
                 && let Some(s) = g.take()
@@ -203,6 +220,7 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         .map_err(|e| RelayError::Runtime(format!("cannot start the relay thread: {e}")))?;
     Ok(Some(Relay {
         stop: stop_tx,
+        hard: hard_tx,
         thread: Some(thread),
         status,
     }))
@@ -264,6 +282,7 @@ async fn run_all(
     sinks: Vec<(SinkConfig, Sink)>,
     wake: Option<watch::Receiver<u64>>,
     stop: watch::Receiver<bool>,
+    hard: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let wake = match wake {
         Some(w) => w,
@@ -313,6 +332,7 @@ async fn run_all(
             sink,
             wake: wake.clone(),
             stop: stop.clone(),
+            hard: hard.clone(),
             rec: None,
             next: 0,
             parked: Vec::new(),
@@ -348,6 +368,7 @@ struct SinkTask {
     sink: Sink,
     wake: watch::Receiver<u64>,
     stop: watch::Receiver<bool>,
+    hard: watch::Receiver<bool>,
     /// The cursor as last written (or read).
     rec: Option<SinkRecord>,
     /// Delivered or parked up to here (ahead of `rec.next` until the next flush).
@@ -381,7 +402,7 @@ impl SinkTask {
             tracing::error!(sink = %self.cfg.name, error = %e, "relay sink stopped");
         }
         let flushed = self.flush(true).await;
-        self.sink.close().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
         self.shared.set_status(self.idx, |s| s.state = "stopped");
         r.and(flushed)
     }
@@ -389,20 +410,27 @@ impl SinkTask {
     async fn work(&mut self) -> Result<(), RelayError> {
         self.register().await?;
         self.adopt_sink_cursor().await?;
+        // Operator actions from other processes are looked for at most every RELOAD_EVERY
+        // (and on every round while blocked), not per batch.
+        let mut reloaded_at: Option<Instant> = None;
         loop {
             if self.stopping() {
                 return Ok(());
             }
-            self.reload_if_moved().await?;
-            self.retry_requested().await?;
-            if self.blocked().await? {
+            if reloaded_at.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
+                self.reload_if_moved().await?;
+                self.retry_requested().await?;
+                reloaded_at = Some(Instant::now());
+            }
+            let (blocked, mut batch) = self.read_batch().await?;
+            if blocked {
                 self.status("blocked", None);
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
+                reloaded_at = None;
                 continue;
             }
-            let mut batch = self.read_batch().await?;
             if batch.is_empty() {
                 self.flush(true).await?;
                 self.status("idle", None);
@@ -415,7 +443,7 @@ impl SinkTask {
                 if self.wait(self.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
-                let more = self.read_batch().await?;
+                let (_, more) = self.read_batch().await?;
                 if more.len() > batch.len() {
                     batch = more;
                 }
@@ -450,7 +478,12 @@ impl SinkTask {
     async fn adopt_sink_cursor(&mut self) -> Result<(), RelayError> {
         let mut backoff = self.cfg.backoff_initial;
         let stored = loop {
-            match self.sink.stored_cursor().await {
+            let mut stop = self.stop.clone();
+            let stored = tokio::select! {
+                c = self.sink.stored_cursor() => c,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            };
+            match stored {
                 Ok(c) => break c,
                 Err(e) => {
                     self.status("connecting", Some(e.clone()));
@@ -549,18 +582,6 @@ impl SinkTask {
         Ok(())
     }
 
-    /// Whether an event parked with `on_poison = "block"` holds the cursor.
-    async fn blocked(&mut self) -> Result<bool, RelayError> {
-        let (name, next) = (self.name().to_string(), self.next);
-        self.shared
-            .read(move |s| {
-                Ok(s.sink_parked(Some(&name))?
-                    .iter()
-                    .any(|p| p.offset == next && p.record.blocking))
-            })
-            .await
-    }
-
     /// Delivers every parked event an operator asked to retry (`relay retry`), once each.
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
@@ -584,7 +605,12 @@ impl SinkTask {
                 json: p.record.event.clone(),
             };
             let cursor = self.cursor_after(self.next);
-            let attempt = self.sink.deliver(std::slice::from_ref(&ev), cursor).await;
+            let Some(attempt) = self
+                .abortable_deliver(std::slice::from_ref(&ev), cursor)
+                .await
+            else {
+                return Ok(());
+            };
             let name = self.name().to_string();
             if attempt.delivered == 1 {
                 tracing::info!(sink = %self.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
@@ -613,6 +639,20 @@ impl SinkTask {
         Ok(())
     }
 
+    /// `deliver`, abandoned (`None`) when the shutdown timeout is reached: dropping the attempt
+    /// closes its connection or kills its program; what it did not confirm is delivered again
+    /// after the restart.
+    async fn abortable_deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Option<Attempt> {
+        let mut hard = self.hard.clone();
+        tokio::select! {
+            a = self.sink.deliver(batch, cursor) => Some(a),
+            _ = hard.wait_for(|h| *h) => {
+                tracing::warn!(sink = %self.cfg.name, "shutdown timeout: abandoning the delivery in progress");
+                None
+            }
+        }
+    }
+
     fn cursor_after(&self, next_after: u64) -> CursorAfter {
         CursorAfter {
             generation: self.rec.as_ref().map_or(0, |r| r.generation),
@@ -620,11 +660,20 @@ impl SinkTask {
         }
     }
 
-    async fn read_batch(&self) -> Result<Vec<Event>, RelayError> {
+    /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
+    /// cursor, and else the next batch from it.
+    async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
         let (from, max) = (self.next, self.cfg.batch_max);
         let source = self.shared.source.clone();
+        let name = self.name().to_string();
         self.shared
             .read(move |snap| {
+                if snap
+                    .sink_parked_at(&name, from)?
+                    .is_some_and(|p| p.blocking)
+                {
+                    return Ok((true, Vec::new()));
+                }
                 let mut out = Vec::with_capacity(max.min(1024));
                 snap.scan_effects::<StoreError>(from, |e| {
                     let r = &e.record;
@@ -655,7 +704,7 @@ impl SinkTask {
                         std::ops::ControlFlow::Continue(())
                     })
                 })?;
-                Ok(out)
+                Ok((false, out))
             })
             .await
     }
@@ -667,7 +716,10 @@ impl SinkTask {
         while i < batch.len() {
             let rest = &batch[i..];
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
-            let Attempt { delivered, failure } = self.sink.deliver(rest, cursor).await;
+            let Some(Attempt { delivered, failure }) = self.abortable_deliver(rest, cursor).await
+            else {
+                return Ok(());
+            };
             let delivered = delivered.min(rest.len());
             if delivered > 0 {
                 i += delivered;

@@ -50,6 +50,11 @@ pub struct Forgotten {
     pub parked: u64,
 }
 
+/// Takes the one-deliverer lock of each sink in `names` (see `SinkLocks`).
+pub fn lock_sinks(path: &std::path::Path, names: &[&str]) -> Result<super::SinkLocks, StoreError> {
+    super::guard::catch(|| super::file::lock_sinks(path, names))?
+}
+
 fn refused(why: String) -> StoreError {
     StoreError::Refused(why)
 }
@@ -123,6 +128,11 @@ impl Store {
     ) -> Result<CursorWrite, StoreError> {
         self.cursor_write(name, generation, Some(from), |t, rec| {
             let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+            // What a rewind re-delivered is no longer parked (unless parked again below).
+            if from < to {
+                p.retain_in((name, from)..(name, to), |_, _| false)
+                    .map_err(StoreError::redb)?;
+            }
             let mut newly = 0;
             for (offset, record) in parked {
                 let was = p
@@ -544,6 +554,25 @@ impl Snapshot {
         })
     }
 
+    /// The event `sink` parked at `offset`, if any.
+    pub fn sink_parked_at(
+        &self,
+        sink: &str,
+        offset: u64,
+    ) -> Result<Option<ParkedRecord>, StoreError> {
+        self.guard(|txn| {
+            let t = match txn.open_table(SINK_PARKED) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            Ok(t.get((sink, offset))
+                .map_err(StoreError::redb)?
+                .map(|g| decode("sink_parked", offset, g.value()))
+                .transpose()?)
+        })
+    }
+
     /// Parked events of `sink` (every sink when `None`), in sink then offset order.
     pub fn sink_parked(&self, sink: Option<&str>) -> Result<Vec<Parked>, StoreError> {
         self.guard(|txn| {
@@ -580,5 +609,237 @@ impl Snapshot {
             }
             Ok(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::retention::{LogRetention, RetentionPolicy};
+    use crate::store::verify::verify;
+    use crate::store::{Incoming, StoreOptions};
+    use crate::wire::FeedContract;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    fn feed(s: &mut Store, seqs: std::ops::RangeInclusive<u64>, at: u64) {
+        let c = FeedContract::default();
+        let batch: Vec<Incoming> = seqs
+            .map(|q| {
+                let p = format!(r#"{{"agency":"A","source_id":"S","sequence":{q}}}"#);
+                Incoming::decode("t", p.into_bytes(), at, &c)
+            })
+            .collect();
+        s.commit_batch(&batch, at).unwrap();
+    }
+
+    fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
+        (
+            offset,
+            ParkedRecord {
+                parked_at_ms: T0,
+                id: format!("id-{offset}"),
+                key: [offset as u8; 32],
+                agency: "A".into(),
+                source_id: "S".into(),
+                topic: "t".into(),
+                reason: "HTTP 422".into(),
+                response: "HTTP/1.1 422 Unprocessable Entity".into(),
+                attempts: 1,
+                blocking,
+                retry_requested_at_ms: None,
+                event: "{}".into(),
+            },
+        )
+    }
+
+    fn relay_entries(s: &Store) -> Vec<String> {
+        let mut out = Vec::new();
+        s.reader()
+            .unwrap()
+            .scan_audit::<StoreError>(0, |e| {
+                if e.outcome() == Some(Outcome::Relay) {
+                    out.push(format!("{} {}", e.record.topic, e.record.reason));
+                }
+                Ok(std::ops::ControlFlow::Continue(()))
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn a_cursor_moves_only_from_where_it_is_in_its_generation() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=10, T0);
+        let r = s
+            .register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        assert_eq!((r.next, r.generation), (0, 0));
+        // Registering again returns the same cursor, not a new one.
+        assert_eq!(
+            s.register_sink("cop", "http", StartAt::Head, T0).unwrap(),
+            r
+        );
+        let head = s.register_sink("late", "exec", StartAt::Head, T0).unwrap();
+        assert_eq!(head.next, 10);
+        match s
+            .advance_sink("cop", 0, 0, 4, &[parked(2, false)], T0)
+            .unwrap()
+        {
+            CursorWrite::Done(r) => assert_eq!((r.next, r.delivered, r.parked), (4, 3, 1)),
+            other => panic!("{other:?}"),
+        }
+        // A stale start or generation is refused, and the current cursor returned.
+        assert!(matches!(
+            s.advance_sink("cop", 0, 0, 6, &[], T0).unwrap(),
+            CursorWrite::Moved(Some(r)) if r.next == 4
+        ));
+        assert!(matches!(
+            s.advance_sink("cop", 1, 4, 6, &[], T0).unwrap(),
+            CursorWrite::Moved(Some(_))
+        ));
+        assert_eq!(
+            s.advance_sink("nobody", 0, 0, 1, &[], T0).unwrap(),
+            CursorWrite::Moved(None)
+        );
+        let snap = s.reader().unwrap();
+        let p = snap.sink_parked(Some("cop")).unwrap();
+        assert_eq!((p.len(), p[0].offset), (1, 2));
+        assert!(snap.sink_parked(Some("late")).unwrap().is_empty());
+        assert_eq!(snap.sink_cursors().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn operator_actions_are_audited_and_keep_the_chain_verifiable() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=10, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 10, &[parked(3, false), parked(7, false)], T0)
+            .unwrap();
+        // retry one, then all
+        assert_eq!(
+            s.relay_retry("cop", Some(3), "ana", "fixed the schema", T0)
+                .unwrap(),
+            1
+        );
+        let e = s.relay_retry("cop", Some(4), "ana", "x", T0).unwrap_err();
+        assert!(e.to_string().contains("no parked event at offset 4"), "{e}");
+        assert_eq!(s.relay_retry("cop", None, "ana", "all", T0).unwrap(), 2);
+        let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
+        assert!(p.iter().all(|p| p.record.retry_requested_at_ms == Some(T0)));
+        // A delivered retry removes the record; a refused one clears the request.
+        s.parked_delivered("cop", 3, T0).unwrap();
+        s.parked_failed("cop", 7, "HTTP/1.1 422 again", T0).unwrap();
+        let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            (
+                p[0].offset,
+                p[0].record.attempts,
+                p[0].record.retry_requested_at_ms
+            ),
+            (7, 2, None)
+        );
+        // rewind: generation bumps, range checked
+        let (before, after) = s.relay_rewind("cop", 2, "ana", "COP restored", T0).unwrap();
+        assert_eq!((before.next, after.next, after.generation), (10, 2, 1));
+        assert!(s.relay_rewind("cop", 11, "ana", "x", T0).is_err());
+        // forget removes cursor and parked events
+        let f = s.relay_forget("cop", "ana", "sink removed", T0).unwrap();
+        assert_eq!((f.record.next, f.parked), (2, 1));
+        assert!(s.reader().unwrap().sink_cursor("cop").unwrap().is_none());
+        assert!(s.relay_forget("cop", "ana", "again", T0).is_err());
+        let entries = relay_entries(&s);
+        assert_eq!(entries.len(), 5, "{entries:#?}");
+        assert!(entries[0].starts_with("cop relay retry of event id-3 (offset 3) on sink cop requested by ana: fixed the schema"), "{}", entries[0]);
+        assert!(
+            entries[3]
+                .contains("relay rewind of sink cop from offset 10 to 2 by ana: COP restored")
+        );
+        assert!(entries[4].contains(
+            "relay forget of sink cop (cursor at offset 2, 1 parked events removed) by ana"
+        ));
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+    }
+
+    #[test]
+    fn an_event_delivered_after_a_rewind_is_no_longer_parked() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=6, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 6, &[parked(2, false), parked(4, false)], T0)
+            .unwrap();
+        s.relay_rewind("cop", 3, "ana", "COP restored", T0).unwrap();
+        // Re-delivered from 3: 4 went through this time; 2 (before the rewind) stays parked.
+        s.advance_sink("cop", 1, 3, 6, &[], T0).unwrap();
+        let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
+        assert_eq!(p.iter().map(|p| p.offset).collect::<Vec<_>>(), [2]);
+    }
+
+    #[test]
+    fn a_blocking_event_holds_the_cursor_until_its_retry_is_delivered() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=5, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 2, &[parked(2, true)], T0)
+            .unwrap();
+        assert_eq!(
+            s.reader()
+                .unwrap()
+                .sink_cursor("cop")
+                .unwrap()
+                .unwrap()
+                .next,
+            2
+        );
+        s.relay_retry("cop", Some(2), "ana", "receiver fixed", T0)
+            .unwrap();
+        match s.parked_delivered("cop", 2, T0).unwrap() {
+            CursorWrite::Done(r) => assert_eq!(r.next, 3),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn retention_never_prunes_what_a_sink_has_not_delivered() {
+        let mut opts = StoreOptions {
+            retention: RetentionPolicy {
+                audit: LogRetention::default(),
+                effects: LogRetention {
+                    max_age_seconds: None,
+                    max_entries: Some(5),
+                },
+                quarantine: LogRetention::default(),
+            },
+            ..StoreOptions::default()
+        };
+        opts.window.max_entries = 2;
+        let mut s = Store::open_in_memory(opts).unwrap();
+        feed(&mut s, 1..=3, T0);
+        s.register_sink("slow", "exec", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("slow", 0, 0, 3, &[], T0).unwrap();
+        for i in 0..5 {
+            feed(&mut s, 4 + i * 5..=8 + i * 5, T0);
+        }
+        // 28 effects, the window keeps 2, retention 5 entries; the sink is at 3.
+        let floor = s.reader().unwrap().retention_marks().unwrap().effects_floor;
+        assert_eq!(floor, 3);
+        s.advance_sink("slow", 0, 3, 20, &[], T0).unwrap();
+        feed(&mut s, 100..=100, T0);
+        let floor = s.reader().unwrap().retention_marks().unwrap().effects_floor;
+        assert_eq!(floor, 20);
+        s.relay_forget("slow", "ana", "removed", T0).unwrap();
+        feed(&mut s, 101..=101, T0);
+        let snap = s.reader().unwrap();
+        let (floor, next) = (
+            snap.retention_marks().unwrap().effects_floor,
+            snap.meta().unwrap().next_effect,
+        );
+        assert_eq!(next - floor, 5);
     }
 }

@@ -1,0 +1,923 @@
+//! The relay's core through the real binary, with the `exec` sink (a shell script as the
+//! receiver): every effect delivered with its stable id despite failing batches and `kill -9`
+//! of the relay; `run` with a sink; retention held by a lagging sink; `relay status`,
+//! `parked`, `retry`, `rewind`, `forget` field by field, each action audited.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replay_guard::json::{self, Json};
+use replay_guard::store::relay::StartAt;
+use replay_guard::store::tables::ParkedRecord;
+use replay_guard::store::{Store, StoreOptions};
+
+use super::broker::{Broker, signal};
+use super::common;
+
+/// A member of a JSON object, as text (strings unquoted).
+fn field(v: &Json, name: &str) -> String {
+    match v {
+        Json::Object(m) => match m.iter().find(|(k, _)| k == name) {
+            Some((_, Json::String(s))) => s.clone(),
+            Some((_, other)) => other.to_compact(),
+            None => panic!("no {name} in {}", v.to_compact()),
+        },
+        other => panic!("not an object: {other:?}"),
+    }
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+struct Setup {
+    dir: PathBuf,
+    db: PathBuf,
+    config: PathBuf,
+    out: PathBuf,
+}
+
+/// A database, a receiver script and a config with one exec sink `script` (plus `extra`).
+fn setup(dir: &Path, script_body: &str, sink_extra: &str, extra: &str) -> Setup {
+    let db = dir.join("rg.redb");
+    let out = dir.join("received.jsonl");
+    let script = dir.join("receiver.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nOUT={:?}\nSTATE={:?}\n{script_body}\n",
+            out.to_str().unwrap(),
+            dir.join("count").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let config = dir.join("rg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\npath = {:?}\n[service]\nshutdown_timeout_seconds = 5\n{extra}\n\
+             [[sink]]\nname = \"script\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", {:?}]\n\
+             backoff_initial_ms = 10\nbackoff_max_ms = 40\n{sink_extra}\n",
+            db.to_str().unwrap(),
+            script.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    Setup {
+        dir: dir.to_path_buf(),
+        db,
+        config,
+        out,
+    }
+}
+
+impl Setup {
+    fn ingest(&self, from: u64, to: u64) {
+        let lines: Vec<String> = (from..to)
+            .map(|i| common::msg("fire", &format!("e{}", i % 5), 1, i, "status"))
+            .collect();
+        let file = self.dir.join(format!("feed-{from}.jsonl"));
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        stdout(&common::run(&[
+            "ingest",
+            "--config",
+            self.config.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]));
+    }
+
+    fn relay(&self) -> Child {
+        Command::new(common::bin())
+            .args(["relay", "--config", self.config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("relay.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
+    }
+
+    /// Every event the receiver got, in arrival order.
+    fn received(&self) -> Vec<Json> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| json::parse(l.as_bytes(), 64).unwrap())
+            .collect()
+    }
+
+    fn wait_received(&self, ids: usize, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let got: HashSet<String> = self.received().iter().map(|e| field(e, "id")).collect();
+            if got.len() >= ids {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{} of {ids} events after {limit:?}; relay log:\n{}",
+                got.len(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn status(&self, config: &Path) -> BTreeMap<String, Json> {
+        let out = stdout(&common::run(&[
+            "relay",
+            "status",
+            "--config",
+            config.to_str().unwrap(),
+            "--format",
+            "json",
+        ]));
+        let doc = json::parse(out.trim().as_bytes(), 64).unwrap();
+        let Json::Object(m) = doc else { panic!() };
+        let Json::Array(sinks) = &m[0].1 else {
+            panic!()
+        };
+        sinks
+            .iter()
+            .map(|s| (field(s, "sink"), s.clone()))
+            .collect()
+    }
+
+    /// Every effect's event id, by offset, from `dump-effects`.
+    fn effect_ids(&self) -> Vec<(u64, String, String)> {
+        common::effects(&self.db)
+            .iter()
+            .map(|e| {
+                (
+                    e.offset,
+                    replay_guard::model::hex(&e.record.key),
+                    format!("{}/{}", e.record.agency, e.record.source_id),
+                )
+            })
+            .collect()
+    }
+}
+
+fn stop(child: &mut Child) -> Option<i32> {
+    signal(child.id() as i32, "TERM");
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "relay did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The CloudEvents 1.0 JSON format's rules (spec `formats/json-format.md` and the core spec
+/// section "Type System" / "Required Attributes"), checked independently of the writer.
+fn assert_cloudevent(e: &Json) {
+    let Json::Object(members) = e else {
+        panic!("an event is a JSON object: {e:?}")
+    };
+    let mut names = HashSet::new();
+    for (name, value) in members {
+        assert!(names.insert(name.as_str()), "member {name} twice");
+        match name.as_str() {
+            "data" => {}
+            "data_base64" => assert!(matches!(value, Json::String(_))),
+            "specversion" => assert_eq!(value, &Json::String("1.0".into())),
+            "id" | "source" | "type" => match value {
+                Json::String(s) => assert!(!s.is_empty(), "{name} is empty"),
+                other => panic!("{name} must be a string: {other:?}"),
+            },
+            "time" => match value {
+                // RFC 3339, UTC, with milliseconds.
+                Json::String(s) => assert!(
+                    s.len() == 24
+                        && s.ends_with('Z')
+                        && s.as_bytes()[10] == b'T'
+                        && s[..4].bytes().all(|b| b.is_ascii_digit()),
+                    "time {s:?}"
+                ),
+                other => panic!("time: {other:?}"),
+            },
+            "datacontenttype" => assert_eq!(value, &Json::String("application/json".into())),
+            "subject" => assert!(matches!(value, Json::String(s) if !s.is_empty())),
+            ext => {
+                // Extension attribute names: lower-case ASCII letters and digits, at most 20.
+                assert!(
+                    !ext.is_empty()
+                        && ext.len() <= 20
+                        && ext
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+                    "extension name {ext:?}"
+                );
+                match value {
+                    Json::String(_) | Json::Bool(_) => {}
+                    // Integers must fit in 32 bits.
+                    Json::Number(n) => assert!(n.parse::<i32>().is_ok(), "{ext} = {n}"),
+                    other => panic!("extension {ext} has a type CloudEvents lacks: {other:?}"),
+                }
+            }
+        }
+    }
+    for required in ["id", "source", "specversion", "type"] {
+        assert!(names.contains(required), "no {required}");
+    }
+    assert!(
+        !(names.contains("data") && names.contains("data_base64")),
+        "data and data_base64 are exclusive"
+    );
+}
+
+/// Every effect arrived, with the id of its key, in effect-offset order within each source.
+fn assert_all_delivered(s: &Setup, exactly_once: bool) {
+    let effects = s.effect_ids();
+    let received = s.received();
+    let want: HashSet<&String> = effects.iter().map(|(_, id, _)| id).collect();
+    let got: Vec<String> = received.iter().map(|e| field(e, "id")).collect();
+    let got_set: HashSet<&String> = got.iter().collect();
+    assert_eq!(got_set, want, "the delivered ids differ from the effects");
+    if exactly_once {
+        assert_eq!(got.len(), want.len(), "an event was delivered twice");
+    }
+    // Each arrival carries the offset, key and subject of its effect.
+    let by_id: BTreeMap<&String, (u64, &String)> =
+        effects.iter().map(|(o, id, s)| (id, (*o, s))).collect();
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &received {
+        assert_cloudevent(e);
+        let id = field(e, "id");
+        let (offset, subject) = by_id[&id];
+        assert_eq!(field(e, "rgoffset"), offset.to_string());
+        assert_eq!(field(e, "rgkey"), id);
+        assert_eq!(&field(e, "subject"), subject);
+        // Redeliveries restart from the cursor; a first delivery never goes backwards.
+        if exactly_once {
+            let prev = last.insert(subject.clone(), offset);
+            assert!(prev.is_none_or(|p| p < offset), "out of order in {subject}");
+        }
+    }
+}
+
+#[test]
+fn exec_sink_failing_every_third_batch_delivers_every_effect_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(
+        dir.path(),
+        "n=$(cat \"$STATE\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$STATE\"\n\
+         if [ $((n % 3)) -eq 0 ]; then cat > /dev/null; echo \"refusing batch $n\" >&2; exit 1; fi\n\
+         cat >> \"$OUT\"",
+        "batch_max = 7",
+        "",
+    );
+    s.ingest(0, 100);
+    let mut relay = s.relay();
+    s.wait_received(100, Duration::from_secs(30));
+    // More effects while it runs.
+    s.ingest(100, 250);
+    s.wait_received(250, Duration::from_secs(30));
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+    assert_all_delivered(&s, true);
+    let batches: u64 = std::fs::read_to_string(s.dir.join("count"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        batches >= 36,
+        "only {batches} batches: the sink did not batch by 7"
+    );
+    assert!(s.log().contains("refusing batch 3"), "{}", s.log());
+    let st = s.status(&s.config);
+    let script = &st["script"];
+    assert_eq!(field(script, "cursor"), "250");
+    assert_eq!(field(script, "head"), "250");
+    assert_eq!(field(script, "lag_events"), "0");
+    assert_eq!(field(script, "state"), "caught_up");
+    assert_eq!(field(script, "delivered"), "250");
+}
+
+#[test]
+fn exec_relay_killed_mid_delivery_delivers_every_effect_with_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(
+        dir.path(),
+        "sleep 0.02\ncat >> \"$OUT\"",
+        "batch_max = 5",
+        "",
+    );
+    s.ingest(0, 600);
+    let mut rng = common::SplitMix64::new(3);
+    let mut mid = 0;
+    for _ in 0..5 {
+        let mut relay = s.relay();
+        std::thread::sleep(Duration::from_millis(150 + rng.below(150)));
+        let got = s.received().len();
+        if got > 0 && got < 600 {
+            mid += 1;
+        }
+        relay.kill().unwrap();
+        relay.wait().unwrap();
+    }
+    assert!(mid >= 3, "only {mid} kills landed mid-delivery");
+    let mut relay = s.relay();
+    s.wait_received(600, Duration::from_secs(60));
+    assert_eq!(stop(&mut relay), Some(0));
+    // At-least-once across kill -9: repeats carry the same id, and nothing is missing.
+    assert_all_delivered(&s, false);
+    let n = s.received().len();
+    assert!(
+        n < 600 + 5 * 100,
+        "{n} arrivals: far more redelivery than a cursor flush allows"
+    );
+}
+
+#[test]
+fn run_delivers_what_it_applies_to_its_sinks_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        "",
+        &format!(
+            "[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-relay-run\"\ntopics = [\"incidents/#\"]\n\
+             [commit]\nlinger_ms = 5\n",
+            broker.url()
+        ),
+    );
+    let mut run = Command::new(common::bin())
+        .args(["run", "--config", s.config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut lines: Vec<String> = (0..400)
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .collect();
+    // Replays: the first 100 again; they are suppressed, so delivered once.
+    lines.extend(lines[..100].to_vec());
+    broker.publish_lines("incidents/ems", &lines, "pub-relay-run");
+    s.wait_received(400, Duration::from_secs(30));
+    assert_eq!(stop(&mut run), Some(0), "{}", s.log());
+    assert_eq!(common::effects(&s.db).len(), 400);
+    assert_all_delivered(&s, true);
+    for e in s.received() {
+        assert_eq!(field(&e, "source"), "urn:replay-guard:rg-relay-run");
+        assert_eq!(field(&e, "type"), "org.replay-guard.effect.v1");
+    }
+}
+
+#[test]
+fn a_lagging_sink_holds_retention_and_a_removed_sink_is_forgotten_only_on_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = "[window]\nmax_entries = 2\n[retention]\neffects_max_entries = 5\n";
+    let s = setup(
+        dir.path(),
+        "cat > /dev/null\necho 'COP import is down' >&2\nexit 3",
+        "",
+        retention,
+    );
+    // The sink starts with the log (a cursor made later starts at the oldest effect kept).
+    s.ingest(0, 1);
+    let mut relay = s.relay();
+    // The cursor exists and the failure is recorded.
+    let start = Instant::now();
+    while !s.log().contains("delivery failed") {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stop(&mut relay), Some(0));
+    s.ingest(1, 40);
+    // Retention would keep 5; the sink at 0 holds all 40.
+    assert_eq!(common::effects(&s.db).len(), 40);
+    let st = s.status(&s.config);
+    let script = &st["script"];
+    assert_eq!(field(script, "state"), "retrying");
+    assert_eq!(field(script, "configured"), "true");
+    assert_eq!(field(script, "cursor"), "0");
+    assert_eq!(field(script, "lag_events"), "40");
+    assert_eq!(field(script, "parked"), "0");
+    assert!(
+        field(script, "last_error").contains("exited with exit status: 3: COP import is down"),
+        "{}",
+        field(script, "last_error")
+    );
+    let stats = stdout(&common::run(&[
+        "stats",
+        "--config",
+        s.config.to_str().unwrap(),
+    ]));
+    assert!(
+        stats.contains("sink script holds the effect log: 38 effects outside the window"),
+        "{stats}"
+    );
+    // The sink is removed from the config: nothing is pruned for that alone.
+    let removed = dir.path().join("removed.toml");
+    std::fs::write(
+        &removed,
+        format!("[store]\npath = {:?}\n{retention}", s.db.to_str().unwrap()),
+    )
+    .unwrap();
+    assert_eq!(field(&s.status(&removed)["script"], "state"), "removed");
+    s.ingest(40, 45);
+    assert_eq!(common::effects(&s.db).len(), 45);
+    // Forgetting a configured sink is refused.
+    let out = common::run(&[
+        "relay",
+        "forget",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--reason",
+        "gone",
+        "--operator",
+        "ana",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still in the config"));
+    let line = stdout(&common::run(&[
+        "relay",
+        "forget",
+        "--config",
+        removed.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--reason",
+        "COP import retired",
+        "--operator",
+        "ana",
+    ]));
+    assert!(
+        line.contains(
+            "sink script forgotten: its cursor was at offset 0 (0 parked events removed)"
+        ),
+        "{line}"
+    );
+    s.ingest(45, 46);
+    assert_eq!(common::effects(&s.db).len(), 5);
+    let audit = stdout(&common::run(&[
+        "dump-audit",
+        "--db",
+        s.db.to_str().unwrap(),
+        "--outcome",
+        "relay",
+    ]));
+    let entry = json::parse(audit.trim().as_bytes(), 64).unwrap();
+    assert_eq!(field(&entry, "topic"), "script");
+    assert!(field(&entry, "reason").ends_with("by ana: COP import retired"));
+    stdout(&common::run(&[
+        "verify",
+        "--config",
+        removed.to_str().unwrap(),
+    ]));
+}
+
+#[test]
+fn rewind_redelivers_with_the_same_ids_and_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 30);
+    let mut relay = s.relay();
+    s.wait_received(30, Duration::from_secs(20));
+    let first: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
+    let line = stdout(&common::run(&[
+        "relay",
+        "rewind",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--to",
+        "20",
+        "--reason",
+        "COP database restored",
+        "--operator",
+        "ana",
+    ]));
+    assert!(
+        line.contains("sink script: cursor moved from 30 to 20 (generation 1)"),
+        "{line}"
+    );
+    let start = Instant::now();
+    while s.received().len() < 40 {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stop(&mut relay), Some(0));
+    let all: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
+    assert_eq!(all.len(), 40);
+    assert_eq!(all[30..], first[20..], "the re-delivered events differ");
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "generation"), "1");
+    assert_eq!(field(&st["script"], "cursor"), "30");
+    // Out of range is refused with the log's bounds.
+    let out = common::run(&[
+        "relay",
+        "rewind",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--to",
+        "31",
+        "--reason",
+        "x",
+        "--operator",
+        "ana",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("it holds 0..30"));
+    let audit = stdout(&common::run(&[
+        "dump-audit",
+        "--db",
+        s.db.to_str().unwrap(),
+        "--outcome",
+        "relay",
+    ]));
+    assert!(audit.contains(
+        "relay rewind of sink script from offset 30 to 20 by ana: COP database restored"
+    ));
+}
+
+#[test]
+fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 5);
+    // A parked event as a sink writes it (the http sink's 422 test drives this end to end).
+    {
+        let mut store = Store::open_operator(&s.db, StoreOptions::default()).unwrap();
+        store
+            .register_sink("script", "exec", StartAt::Beginning, 1_000)
+            .unwrap();
+        let record = ParkedRecord {
+            parked_at_ms: 1_764_547_200_000,
+            id: "abc".into(),
+            key: [7; 32],
+            agency: "fire".into(),
+            source_id: "e2".into(),
+            topic: "incidents/fire".into(),
+            reason: "HTTP 422 Unprocessable Entity".into(),
+            response: "HTTP/1.1 422 Unprocessable Entity\r\n\r\nbad unit".into(),
+            attempts: 1,
+            blocking: false,
+            retry_requested_at_ms: None,
+            event: "{\"id\":\"abc\"}".into(),
+        };
+        store
+            .advance_sink("script", 0, 0, 3, &[(2, record)], 2_000)
+            .unwrap();
+        store.close().unwrap();
+    }
+    let cfg = s.config.to_str().unwrap();
+    let out = stdout(&common::run(&[
+        "relay", "parked", "--config", cfg, "--sink", "script",
+    ]));
+    let p = json::parse(out.trim().as_bytes(), 64).unwrap();
+    for (k, v) in [
+        ("sink", "script"),
+        ("offset", "2"),
+        ("id", "abc"),
+        ("agency", "fire"),
+        ("source_id", "e2"),
+        ("parked_at", "2025-12-01T00:00:00.000Z"),
+        ("reason", "HTTP 422 Unprocessable Entity"),
+        (
+            "response",
+            "HTTP/1.1 422 Unprocessable Entity\r\n\r\nbad unit",
+        ),
+        ("attempts", "1"),
+        ("blocking", "false"),
+        ("retry_requested_at", "null"),
+        ("event", "{\"id\":\"abc\"}"),
+    ] {
+        assert_eq!(field(&p, k), v, "{k}");
+    }
+    let table = stdout(&common::run(&[
+        "relay", "parked", "--config", cfg, "--sink", "script", "--format", "table",
+    ]));
+    assert!(table.starts_with("OFFSET"), "{table}");
+    assert_eq!(table.lines().count(), 2);
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "parked"), "1");
+    assert_eq!(field(&st["script"], "state"), "behind");
+    // Unknown ids and sinks are usage errors.
+    for args in [
+        vec![
+            "relay", "retry", "--config", cfg, "--sink", "script", "nope", "--reason", "x",
+        ],
+        vec![
+            "relay", "retry", "--config", cfg, "--sink", "other", "--all", "--reason", "x",
+        ],
+        vec![
+            "relay", "retry", "--config", cfg, "--sink", "script", "abc", "--reason", " ",
+        ],
+    ] {
+        assert_eq!(common::run(&args).status.code(), Some(1), "{args:?}");
+    }
+    let line = stdout(&common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        cfg,
+        "--sink",
+        "script",
+        "abc",
+        "--reason",
+        "unit list fixed",
+        "--operator",
+        "ana",
+    ]));
+    assert!(line.contains("1 parked event marked for retry"), "{line}");
+    // The relay delivers it (the exec receiver accepts everything) and drops the record.
+    let mut relay = s.relay();
+    let start = Instant::now();
+    while !s.received().iter().any(|e| field(e, "id") == "abc") {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.wait_received(3, Duration::from_secs(20));
+    assert_eq!(stop(&mut relay), Some(0));
+    let out = stdout(&common::run(&[
+        "relay", "parked", "--config", cfg, "--sink", "script",
+    ]));
+    assert_eq!(out, "");
+    let audit = stdout(&common::run(&[
+        "dump-audit",
+        "--config",
+        cfg,
+        "--outcome",
+        "relay",
+    ]));
+    let e = json::parse(audit.trim().as_bytes(), 64).unwrap();
+    assert_eq!(
+        field(&e, "reason"),
+        "relay retry of event abc (offset 2) on sink script requested by ana: unit list fixed"
+    );
+    assert_eq!(field(&e, "effect_offset"), "2");
+    assert_eq!(field(&e, "agency"), "fire");
+}
+
+#[test]
+fn dump_effects_after_starts_past_the_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 10);
+    let out = stdout(&common::run(&[
+        "dump-effects",
+        "--db",
+        s.db.to_str().unwrap(),
+        "--after",
+        "6",
+    ]));
+    let offsets: Vec<String> = out
+        .lines()
+        .map(|l| field(&json::parse(l.as_bytes(), 64).unwrap(), "offset"))
+        .collect();
+    assert_eq!(offsets, ["7", "8", "9"]);
+}
+
+/// A receiver that refuses the event of sequence 13 (exit 65) until `count.fixed` exists.
+const REFUSES_13: &str = "input=$(cat)\n\
+    if [ ! -e \"$STATE.fixed\" ] && printf '%s\\n' \"$input\" | grep -q '\"rgsequence\":\"13\"'; then\n\
+    echo 'unit E13 unknown to CAD' >&2; exit 65; fi\n\
+    printf '%s\\n' \"$input\" >> \"$OUT\"";
+
+fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}; relay log:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sink's parked events (none before the relay made its cursor).
+fn parked_list(s: &Setup) -> Vec<Json> {
+    let out = common::run(&[
+        "relay",
+        "parked",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+    ]);
+    if String::from_utf8_lossy(&out.stderr).contains("has a cursor") {
+        return Vec::new();
+    }
+    stdout(&out)
+        .lines()
+        .map(|l| json::parse(l.as_bytes(), 64).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_refused_event_is_parked_the_rest_flows_and_retry_delivers_it_once_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), REFUSES_13, "batch_max = 8", "");
+    s.ingest(0, 30);
+    let mut relay = s.relay();
+    s.wait_received(29, Duration::from_secs(20));
+    wait_until("the refused event is parked", &s, || {
+        parked_list(&s).len() == 1
+    });
+    let p = &parked_list(&s)[0];
+    assert_eq!(field(p, "offset"), "13");
+    assert_eq!(field(p, "blocking"), "false");
+    assert!(field(p, "reason").contains("refused the event (exit status 65, EX_DATAERR)"));
+    assert!(
+        field(p, "response").contains("unit E13 unknown to CAD"),
+        "{}",
+        field(p, "response")
+    );
+    let ids: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
+    assert!(!ids.contains(&field(p, "id")));
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "state"), "caught_up");
+    assert_eq!(field(&st["script"], "parked"), "1");
+    // The receiver is fixed; the operator asks for the retry.
+    std::fs::write(dir.path().join("count.fixed"), "").unwrap();
+    stdout(&common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--all",
+        "--reason",
+        "unit E13 added to CAD",
+        "--operator",
+        "ana",
+    ]));
+    s.wait_received(30, Duration::from_secs(20));
+    wait_until("the parked record goes", &s, || parked_list(&s).is_empty());
+    assert_eq!(stop(&mut relay), Some(0));
+    // Each effect exactly once; 13 arrived last.
+    let got: Vec<String> = s
+        .received()
+        .iter()
+        .map(|e| field(e, "rgsequence"))
+        .collect();
+    assert_eq!(got.len(), 30);
+    assert_eq!(got.last().map(String::as_str), Some("13"));
+    assert_all_delivered(&s, false);
+}
+
+#[test]
+fn on_poison_block_stops_the_sink_at_the_event_until_an_operator_acts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(
+        dir.path(),
+        REFUSES_13,
+        "batch_max = 8\non_poison = \"block\"",
+        "",
+    );
+    s.ingest(0, 30);
+    let mut relay = s.relay();
+    wait_until("the refused event blocks the sink", &s, || {
+        parked_list(&s)
+            .first()
+            .is_some_and(|p| field(p, "blocking") == "true")
+    });
+    // Nothing after it goes out while it blocks.
+    assert_eq!(s.received().len(), 13);
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "state"), "blocked");
+    assert_eq!(field(&st["script"], "cursor"), "13");
+    assert_eq!(field(&st["script"], "lag_events"), "17");
+    std::fs::write(dir.path().join("count.fixed"), "").unwrap();
+    stdout(&common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "13",
+        "--reason",
+        "unit E13 added",
+        "--operator",
+        "ana",
+    ]));
+    s.wait_received(30, Duration::from_secs(20));
+    assert_eq!(stop(&mut relay), Some(0));
+    // In order, each once: the block kept the log order.
+    assert_all_delivered(&s, true);
+    assert_eq!(field(&s.status(&s.config)["script"], "state"), "caught_up");
+}
+
+#[test]
+fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let pidfile = dir.path().join("hung.pid");
+    // "hung" never finishes a batch (its program sleeps far past the shutdown timeout and
+    // records its pid); "script" accepts everything.
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        &format!(
+            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
+             timeout_ms = 600000\n",
+            pidfile.to_str().unwrap()
+        ),
+        &format!(
+            "[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-relay-hung\"\ntopics = [\"incidents/#\"]\n\
+             [commit]\nlinger_ms = 5\n",
+            broker.url()
+        ),
+    );
+    let mut run = Command::new(common::bin())
+        .args(["run", "--config", s.config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let lines: Vec<String> = (0..300)
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .collect();
+    broker.publish_lines("incidents/ems", &lines, "pub-relay-hung");
+    s.wait_received(300, Duration::from_secs(30));
+    assert_eq!(common::effects(&s.db).len(), 300);
+    wait_until("the hung sink's program runs", &s, || pidfile.exists());
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // shutdown_timeout_seconds = 5: the drain gives up on the hung attempt, kills its
+    // program and exits 0.
+    let started = Instant::now();
+    assert_eq!(stop(&mut run), Some(0), "{}", s.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z ")),
+        "the hung sink's program outlived the service"
+    );
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["hung"], "cursor"), "0");
+    assert_eq!(field(&st["script"], "cursor"), "300");
+}
+
+#[test]
+fn a_sink_is_delivered_by_one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 5);
+    let mut first = s.relay();
+    s.wait_received(5, Duration::from_secs(20));
+    let out = common::run(&["relay", "--config", s.config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sink \"script\" of")
+            && err.contains("is already delivered by another process"),
+        "{err}"
+    );
+    assert_eq!(stop(&mut first), Some(0));
+    // Once the first is gone (also after kill -9: the kernel drops the lock), another may.
+    let mut second = s.relay();
+    s.ingest(5, 8);
+    s.wait_received(8, Duration::from_secs(20));
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let mut third = s.relay();
+    s.ingest(8, 9);
+    s.wait_received(9, Duration::from_secs(20));
+    assert_eq!(stop(&mut third), Some(0));
+}
