@@ -13,6 +13,7 @@
 
 pub mod envelope;
 mod exec;
+mod http;
 mod runner;
 
 use std::time::Duration;
@@ -92,6 +93,7 @@ pub struct CursorAfter {
 /// reconnected by the next one).
 pub enum Sink {
     Exec(exec::ExecSink),
+    Http(Box<http::HttpSink>),
 }
 
 impl Sink {
@@ -99,6 +101,9 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
+                .map(|s| Sink::Http(Box::new(s)))
+                .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
             other => Err(format!(
                 "sink {:?}: kind {:?} is not built into this binary yet",
                 cfg.name,
@@ -112,6 +117,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
+            Sink::Http(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -120,6 +126,7 @@ impl Sink {
     pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
         match self {
             Sink::Exec(_) => Ok(None),
+            Sink::Http(_) => Ok(None),
         }
     }
 
@@ -127,6 +134,7 @@ impl Sink {
     pub async fn close(&mut self) {
         match self {
             Sink::Exec(_) => {}
+            Sink::Http(s) => s.close().await,
         }
     }
 }
