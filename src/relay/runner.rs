@@ -627,7 +627,14 @@ impl SinkTask {
             } else {
                 let why = match attempt.failure {
                     Some(Failure::Poison { reason, response }) => format!("{reason}: {response}"),
-                    Some(Failure::Retry { error, .. }) => error,
+                    Some(Failure::Retry { error, .. }) => {
+                        // Transient (a 503, a lost connection): the request stands and is
+                        // tried again on the next round, about a second later.
+                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, %error, "retried parked event not delivered yet; trying again");
+                        self.status("retrying", Some(error.clone()));
+                        self.note_error(&error).await?;
+                        continue;
+                    }
                     None => "not delivered".into(),
                 };
                 tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %why, "retried parked event refused again; it stays parked");
