@@ -13,6 +13,7 @@
 
 pub mod envelope;
 mod exec;
+mod http;
 mod postgres;
 mod runner;
 
@@ -93,6 +94,7 @@ pub struct CursorAfter {
 /// reconnected by the next one).
 pub enum Sink {
     Exec(exec::ExecSink),
+    Http(Box<http::HttpSink>),
     Postgres(Box<postgres::PostgresSink>),
 }
 
@@ -101,6 +103,9 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
+                .map(|s| Sink::Http(Box::new(s)))
+                .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
             SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
                 .map(|s| Sink::Postgres(Box::new(s))),
             other => Err(format!(
@@ -116,6 +121,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
+            Sink::Http(s) => s.deliver(batch, cursor).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
         }
     }
@@ -125,6 +131,7 @@ impl Sink {
     pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
         match self {
             Sink::Exec(_) => Ok(None),
+            Sink::Http(_) => Ok(None),
             Sink::Postgres(s) => s.stored_cursor().await,
         }
     }
@@ -133,6 +140,7 @@ impl Sink {
     pub async fn close(&mut self) {
         match self {
             Sink::Exec(_) => {}
+            Sink::Http(s) => s.close().await,
             Sink::Postgres(s) => s.close().await,
         }
     }

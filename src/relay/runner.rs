@@ -440,7 +440,7 @@ impl SinkTask {
                 continue;
             }
             if batch.len() < self.cfg.batch_max && !self.cfg.linger.is_zero() {
-                if self.wait(self.cfg.linger).await == Woken::Stop {
+                if self.sleep(self.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
                 let (_, more) = self.read_batch().await?;
@@ -627,7 +627,14 @@ impl SinkTask {
             } else {
                 let why = match attempt.failure {
                     Some(Failure::Poison { reason, response }) => format!("{reason}: {response}"),
-                    Some(Failure::Retry { error, .. }) => error,
+                    Some(Failure::Retry { error, .. }) => {
+                        // Transient (a 503, a lost connection): the request stands and is
+                        // tried again on the next round, about a second later.
+                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, %error, "retried parked event not delivered yet; trying again");
+                        self.status("retrying", Some(error.clone()));
+                        self.note_error(&error).await?;
+                        continue;
+                    }
                     None => "not delivered".into(),
                 };
                 tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %why, "retried parked event refused again; it stays parked");
@@ -713,6 +720,10 @@ impl SinkTask {
     async fn deliver(&mut self, batch: &[Event]) -> Result<(), RelayError> {
         let mut i = 0;
         let mut failures: u32 = 0;
+        // A cursor write below may find that an operator moved the cursor (`relay rewind`):
+        // the rest of this batch is then not ours to deliver.
+        let generation = self.rec.as_ref().map(|r| r.generation);
+        let moved = |t: &SinkTask| t.rec.as_ref().map(|r| r.generation) != generation;
         while i < batch.len() {
             let rest = &batch[i..];
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
@@ -733,6 +744,7 @@ impl SinkTask {
                     if self
                         .back_off(failures, None, "the sink delivered nothing")
                         .await
+                        || moved(self)
                     {
                         return Ok(());
                     }
@@ -740,7 +752,7 @@ impl SinkTask {
                 None => {}
                 Some(Failure::Retry { error, after }) => {
                     failures += 1;
-                    if self.back_off(failures, after, &error).await {
+                    if self.back_off(failures, after, &error).await || moved(self) {
                         return Ok(());
                     }
                 }
@@ -774,6 +786,9 @@ impl SinkTask {
                     self.next = ev.offset + 1;
                     failures = 0;
                     self.flush(true).await?;
+                    if moved(self) {
+                        return Ok(());
+                    }
                 }
             }
         }
