@@ -14,6 +14,7 @@
 pub mod envelope;
 mod exec;
 mod http;
+mod postgres;
 mod runner;
 
 use std::time::Duration;
@@ -94,6 +95,7 @@ pub struct CursorAfter {
 pub enum Sink {
     Exec(exec::ExecSink),
     Http(Box<http::HttpSink>),
+    Postgres(Box<postgres::PostgresSink>),
 }
 
 impl Sink {
@@ -104,6 +106,8 @@ impl Sink {
             SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
                 .map(|s| Sink::Http(Box::new(s)))
                 .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
+            SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
+                .map(|s| Sink::Postgres(Box::new(s))),
             other => Err(format!(
                 "sink {:?}: kind {:?} is not built into this binary yet",
                 cfg.name,
@@ -118,6 +122,7 @@ impl Sink {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
             Sink::Http(s) => s.deliver(batch, cursor).await,
+            Sink::Postgres(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -127,6 +132,7 @@ impl Sink {
         match self {
             Sink::Exec(_) => Ok(None),
             Sink::Http(_) => Ok(None),
+            Sink::Postgres(s) => s.stored_cursor().await,
         }
     }
 
@@ -135,6 +141,7 @@ impl Sink {
         match self {
             Sink::Exec(_) => {}
             Sink::Http(s) => s.close().await,
+            Sink::Postgres(s) => s.close().await,
         }
     }
 }

@@ -25,6 +25,8 @@
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
 //!   and end to end through `ingest` and the `relay` commands.
 //! - `readme`: the README's commands run as written and print what it shows.
+//! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
+//!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -48,6 +50,7 @@ mod operator;
 mod readme;
 mod relay;
 mod relay_http;
+mod relay_pg;
 mod service;
 mod systemd;
 mod tls;
