@@ -502,12 +502,23 @@ impl SinkTask {
         if c.generation != rec.generation || c.next_after == rec.next {
             return Ok(());
         }
+        let head = self.shared.read(|s| Ok(s.meta()?.next_effect)).await?;
+        if c.next_after > head {
+            // Written for another database (a replaced file under the same sink name): its
+            // offsets mean nothing here. Ours stands; ids already stored are not stored twice.
+            tracing::warn!(sink = %self.cfg.name, stored = c.next_after, head, "the sink's stored cursor is beyond this database's log: ignoring it");
+            return Ok(());
+        }
         let name = self.name().to_string();
         let w = self
             .shared
             .write(move |s| s.set_sink_cursor(&name, rec.generation, c.next_after, now_ms()))
             .await?;
         tracing::info!(sink = %self.cfg.name, from = rec.next, to = c.next_after, "cursor taken from the sink's own store");
+        if let CursorWrite::Done(r) = &w {
+            // Also backwards: a sink store restored from a backup gets what it lacks.
+            self.next = r.next;
+        }
         self.adopt(w);
         Ok(())
     }

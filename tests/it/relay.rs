@@ -116,8 +116,10 @@ impl Setup {
 
     /// Every event the receiver got, in arrival order.
     fn received(&self) -> Vec<Json> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        // Only complete lines: the receiver may be appending the last one right now.
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete
             .lines()
             .map(|l| json::parse(l.as_bytes(), 64).unwrap())
             .collect()
