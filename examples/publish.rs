@@ -1,6 +1,7 @@
 //! Load generator for benchmarks: publishes each line of standard input as one QoS 1 message
 //! and exits once the broker has acknowledged every one (mosquitto_pub -l can drop lines at
-//! high rates). Usage: `cargo run --release --example publish -- PORT TOPIC CLIENT_ID < lines`.
+//! high rates). Usage: `cargo run --release --example publish -- PORT TOPIC CLIENT_ID [RATE] <
+//! lines`; with RATE, at most RATE messages per second, evenly paced (a steady feed).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::BufRead;
@@ -15,6 +16,7 @@ async fn main() {
         args[2].clone(),
         args[3].clone(),
     );
+    let rate: Option<u64> = args.get(4).map(|r| r.parse().expect("RATE"));
     let lines: Vec<Vec<u8>> = std::io::stdin()
         .lock()
         .split(b'\n')
@@ -26,7 +28,15 @@ async fn main() {
     let (client, mut eventloop) = AsyncClient::new(opts, 1000);
     let total = lines.len();
     tokio::spawn(async move {
+        let mut tick = rate.map(|r| {
+            let mut i = tokio::time::interval(std::time::Duration::from_nanos(1_000_000_000 / r));
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            i
+        });
         for l in lines {
+            if let Some(t) = tick.as_mut() {
+                t.tick().await;
+            }
             client
                 .publish(topic.clone(), QoS::AtLeastOnce, false, l)
                 .await

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
-# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy), then runs the whole suite.
+# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client),
+# makes sure a PostgreSQL server answers on 127.0.0.1:5432, then runs the whole suite.
 # Extra arguments go to `cargo test` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +13,59 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 # The torture test's fault-injecting file system (FUSE) runs on Debian's Python with fusepy.
 /usr/bin/python3 -c 'import fusepy' 2>/dev/null || missing+=(python3-fusepy)
+# The postgres sink's tests talk to PostgreSQL with psql.
+command -v psql >/dev/null || missing+=(postgresql-client)
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+updated=""
+install() {
+    echo "installing $* for the integration tests" >&2
+    if [ -z "$updated" ]; then
+        $sudo apt-get update -qq
+        updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} for the integration tests" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+    install "${missing[@]}"
+fi
+
+# The postgres sink's tests need a server on 127.0.0.1:5432 that lets user postgres in without
+# a password (each test creates and drops its own database). A server that answers is used as
+# it is, whatever its configuration. Otherwise the distribution's cluster is started, and only a
+# cluster this script had to create gets the one pg_hba line the tests need.
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+if ! pg_up; then
+    clusters() { command -v pg_lsclusters >/dev/null && pg_lsclusters -h | awk '{print $1 "/" $2}' | sort; }
+    before=$(clusters || true)
+    command -v pg_lsclusters >/dev/null && [ -n "$(ls /usr/lib/postgresql 2>/dev/null)" ] ||
+        install postgresql
+    if [ -z "$(clusters || true)" ]; then
+        version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+        $sudo pg_createcluster -p 5432 "$version" main >/dev/null
+    fi
+    created=$(comm -13 <(echo "$before") <(clusters))
+    for c in $created; do
+        hba="/etc/postgresql/$c/pg_hba.conf"
+        echo "PostgreSQL cluster $c was created for the tests: user postgres may connect over" \
+            "127.0.0.1 without a password ($hba)" >&2
+        $sudo sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+    done
+    for c in $(clusters); do
+        $sudo pg_ctlcluster "${c%/*}" "${c#*/}" start 2>/dev/null || true
+    done
+    for c in $created; do
+        $sudo pg_ctlcluster "${c%/*}" "${c#*/}" reload 2>/dev/null || true
+    done
+    for _ in $(seq 1 60); do
+        pg_up && break
+        sleep 0.5
+    done
+    pg_up || {
+        echo "no PostgreSQL server answers on 127.0.0.1:5432 (the postgres sink's tests need one;" \
+            "see pg_lsclusters)" >&2
+        exit 1
+    }
 fi
 
 exec cargo test --locked --release "$@"

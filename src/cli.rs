@@ -89,10 +89,10 @@ see the same ids again), or drop a removed sink's cursor so retention may prune 
 pub struct RelayArgs {
     #[command(subcommand)]
     pub action: Option<RelayAction>,
-    /// TOML config file with the [[sink]] tables (and [store] path unless --db is given).
+    /// TOML config file with the `[[sink]]` tables (and `[store] path` unless --db is given).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Database file (overrides [store] path).
+    /// Database file (overrides `[store] path`).
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
 }

@@ -13,7 +13,9 @@
 
 pub mod envelope;
 mod exec;
+mod http;
 mod mqtt;
+mod postgres;
 mod runner;
 
 use std::time::Duration;
@@ -94,6 +96,8 @@ pub struct CursorAfter {
 pub enum Sink {
     Exec(exec::ExecSink),
     Mqtt(mqtt::MqttSink),
+    Http(Box<http::HttpSink>),
+    Postgres(Box<postgres::PostgresSink>),
 }
 
 impl Sink {
@@ -102,11 +106,11 @@ impl Sink {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
             SinkKind::Mqtt(m) => Ok(Sink::Mqtt(mqtt::MqttSink::new(m, cfg.timeout))),
-            other => Err(format!(
-                "sink {:?}: kind {:?} is not built into this binary yet",
-                cfg.name,
-                other.name()
-            )),
+            SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
+                .map(|s| Sink::Http(Box::new(s)))
+                .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
+            SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
+                .map(|s| Sink::Postgres(Box::new(s))),
         }
     }
 
@@ -116,6 +120,8 @@ impl Sink {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
             Sink::Mqtt(s) => s.deliver(batch, cursor).await,
+            Sink::Http(s) => s.deliver(batch, cursor).await,
+            Sink::Postgres(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -123,7 +129,10 @@ impl Sink {
     /// on start (`None`: the sink keeps none). Connects if needed.
     pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
         match self {
-            Sink::Exec(_) | Sink::Mqtt(_) => Ok(None),
+            Sink::Exec(_) => Ok(None),
+            Sink::Http(_) => Ok(None),
+            Sink::Postgres(s) => s.stored_cursor().await,
+            Sink::Mqtt(_) => Ok(None),
         }
     }
 
@@ -132,6 +141,8 @@ impl Sink {
         match self {
             Sink::Exec(_) => {}
             Sink::Mqtt(s) => s.close().await,
+            Sink::Http(s) => s.close().await,
+            Sink::Postgres(s) => s.close().await,
         }
     }
 }

@@ -183,6 +183,8 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         cache_bytes: 16 * 1024 * 1024,
         ..config.store.clone()
     };
+    let names: Vec<&str> = config.relay.sinks.iter().map(|s| s.name.as_str()).collect();
+    let locks = crate::store::relay::lock_sinks(db, &names)?;
     let store = Store::open_operator(db, opts)?;
     let reader = Reader::open(db)?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -204,6 +206,8 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
                 .build()
                 .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
             let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx, hard_rx));
+            // Released only once every cursor is written.
+            drop(locks);
             // Every cursor is written; closing lets the next open skip the repair.
             if let Ok(mut g) = shared.store.lock()
                 && let Some(s) = g.take()
@@ -406,20 +410,27 @@ impl SinkTask {
     async fn work(&mut self) -> Result<(), RelayError> {
         self.register().await?;
         self.adopt_sink_cursor().await?;
+        // Operator actions from other processes are looked for at most every RELOAD_EVERY
+        // (and on every round while blocked), not per batch.
+        let mut reloaded_at: Option<Instant> = None;
         loop {
             if self.stopping() {
                 return Ok(());
             }
-            self.reload_if_moved().await?;
-            self.retry_requested().await?;
-            if self.blocked().await? {
+            if reloaded_at.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
+                self.reload_if_moved().await?;
+                self.retry_requested().await?;
+                reloaded_at = Some(Instant::now());
+            }
+            let (blocked, mut batch) = self.read_batch().await?;
+            if blocked {
                 self.status("blocked", None);
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
+                reloaded_at = None;
                 continue;
             }
-            let mut batch = self.read_batch().await?;
             if batch.is_empty() {
                 self.flush(true).await?;
                 self.status("idle", None);
@@ -429,10 +440,10 @@ impl SinkTask {
                 continue;
             }
             if batch.len() < self.cfg.batch_max && !self.cfg.linger.is_zero() {
-                if self.wait(self.cfg.linger).await == Woken::Stop {
+                if self.sleep(self.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
-                let more = self.read_batch().await?;
+                let (_, more) = self.read_batch().await?;
                 if more.len() > batch.len() {
                     batch = more;
                 }
@@ -491,12 +502,23 @@ impl SinkTask {
         if c.generation != rec.generation || c.next_after == rec.next {
             return Ok(());
         }
+        let head = self.shared.read(|s| Ok(s.meta()?.next_effect)).await?;
+        if c.next_after > head {
+            // Written for another database (a replaced file under the same sink name): its
+            // offsets mean nothing here. Ours stands; ids already stored are not stored twice.
+            tracing::warn!(sink = %self.cfg.name, stored = c.next_after, head, "the sink's stored cursor is beyond this database's log: ignoring it");
+            return Ok(());
+        }
         let name = self.name().to_string();
         let w = self
             .shared
             .write(move |s| s.set_sink_cursor(&name, rec.generation, c.next_after, now_ms()))
             .await?;
         tracing::info!(sink = %self.cfg.name, from = rec.next, to = c.next_after, "cursor taken from the sink's own store");
+        if let CursorWrite::Done(r) = &w {
+            // Also backwards: a sink store restored from a backup gets what it lacks.
+            self.next = r.next;
+        }
         self.adopt(w);
         Ok(())
     }
@@ -571,18 +593,6 @@ impl SinkTask {
         Ok(())
     }
 
-    /// Whether an event parked with `on_poison = "block"` holds the cursor.
-    async fn blocked(&mut self) -> Result<bool, RelayError> {
-        let (name, next) = (self.name().to_string(), self.next);
-        self.shared
-            .read(move |s| {
-                Ok(s.sink_parked(Some(&name))?
-                    .iter()
-                    .any(|p| p.offset == next && p.record.blocking))
-            })
-            .await
-    }
-
     /// Delivers every parked event an operator asked to retry (`relay retry`), once each.
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
@@ -628,7 +638,14 @@ impl SinkTask {
             } else {
                 let why = match attempt.failure {
                     Some(Failure::Poison { reason, response }) => format!("{reason}: {response}"),
-                    Some(Failure::Retry { error, .. }) => error,
+                    Some(Failure::Retry { error, .. }) => {
+                        // Transient (a 503, a lost connection): the request stands and is
+                        // tried again on the next round, about a second later.
+                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, %error, "retried parked event not delivered yet; trying again");
+                        self.status("retrying", Some(error.clone()));
+                        self.note_error(&error).await?;
+                        continue;
+                    }
                     None => "not delivered".into(),
                 };
                 tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %why, "retried parked event refused again; it stays parked");
@@ -661,11 +678,20 @@ impl SinkTask {
         }
     }
 
-    async fn read_batch(&self) -> Result<Vec<Event>, RelayError> {
+    /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
+    /// cursor, and else the next batch from it.
+    async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
         let (from, max) = (self.next, self.cfg.batch_max);
         let source = self.shared.source.clone();
+        let name = self.name().to_string();
         self.shared
             .read(move |snap| {
+                if snap
+                    .sink_parked_at(&name, from)?
+                    .is_some_and(|p| p.blocking)
+                {
+                    return Ok((true, Vec::new()));
+                }
                 let mut out = Vec::with_capacity(max.min(1024));
                 snap.scan_effects::<StoreError>(from, |e| {
                     let r = &e.record;
@@ -696,7 +722,7 @@ impl SinkTask {
                         std::ops::ControlFlow::Continue(())
                     })
                 })?;
-                Ok(out)
+                Ok((false, out))
             })
             .await
     }
@@ -705,6 +731,10 @@ impl SinkTask {
     async fn deliver(&mut self, batch: &[Event]) -> Result<(), RelayError> {
         let mut i = 0;
         let mut failures: u32 = 0;
+        // A cursor write below may find that an operator moved the cursor (`relay rewind`):
+        // the rest of this batch is then not ours to deliver.
+        let generation = self.rec.as_ref().map(|r| r.generation);
+        let moved = |t: &SinkTask| t.rec.as_ref().map(|r| r.generation) != generation;
         while i < batch.len() {
             let rest = &batch[i..];
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
@@ -725,6 +755,7 @@ impl SinkTask {
                     if self
                         .back_off(failures, None, "the sink delivered nothing")
                         .await
+                        || moved(self)
                     {
                         return Ok(());
                     }
@@ -732,7 +763,7 @@ impl SinkTask {
                 None => {}
                 Some(Failure::Retry { error, after }) => {
                     failures += 1;
-                    if self.back_off(failures, after, &error).await {
+                    if self.back_off(failures, after, &error).await || moved(self) {
                         return Ok(());
                     }
                 }
@@ -766,6 +797,9 @@ impl SinkTask {
                     self.next = ev.offset + 1;
                     failures = 0;
                     self.flush(true).await?;
+                    if moved(self) {
+                        return Ok(());
+                    }
                 }
             }
         }

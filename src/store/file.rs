@@ -170,6 +170,49 @@ impl FeedLock {
     }
 }
 
+/// One byte per relay sink name, above the feed writer's holder range: at most one process
+/// delivers a sink (a `run` with the sink and a standalone `relay` with it would each move
+/// the other's cursor back and forth). Names hash into 2^32 bytes.
+const SINK_BASE: u64 = HOLDER_BASE + HOLDER_SPAN;
+const SINK_SPAN: u64 = 1 << 32;
+
+/// The relay's locks on its sinks' bytes, held while the value lives; released by the
+/// kernel on `kill -9`.
+pub struct SinkLocks {
+    _held: Held,
+}
+
+fn sink_byte(name: &str) -> u64 {
+    // FNV-1a: stable across builds and processes.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    SINK_BASE + h % SINK_SPAN
+}
+
+/// Locks the bytes of every sink in `names` on the database at `path`, or `SinkBusy` naming
+/// the first sink another process delivers.
+pub(crate) fn lock_sinks(path: &Path, names: &[&str]) -> Result<SinkLocks, StoreError> {
+    let (backend, _) = open_existing(path, true)?;
+    let held = Held(backend);
+    for name in names {
+        let (start, end) = byte(sink_byte(name));
+        if !held
+            .0
+            .try_lock_range(start, end)
+            .map_err(|e| backend_error(path, e))?
+        {
+            return Err(StoreError::SinkBusy {
+                path: path.to_path_buf(),
+                sink: (*name).to_string(),
+            });
+        }
+    }
+    Ok(SinkLocks { _held: held })
+}
+
 /// Takes the feed byte on `backend`, a new database file being created under its temporary
 /// name, so that two processes creating it never both initialise it. `None`: another is.
 pub(crate) fn lock_for_creation(

@@ -4,6 +4,7 @@
 
 mod audit;
 mod file;
+pub use file::SinkLocks;
 mod guard;
 pub mod lookup;
 mod operator;
@@ -114,6 +115,11 @@ pub enum StoreError {
          meanwhile)"
     )]
     Busy { path: PathBuf, holder: String },
+    #[error(
+        "sink {sink:?} of {path} is already delivered by another process (a `run` whose \
+         config has this [[sink]], or a standalone `relay`): each sink runs in one place"
+    )]
+    SinkBusy { path: PathBuf, sink: String },
     #[error(
         "{path} is a {kind}, not a database file: give the path of a database (or of a new \
          one to create); nothing was changed"

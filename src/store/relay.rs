@@ -50,6 +50,11 @@ pub struct Forgotten {
     pub parked: u64,
 }
 
+/// Takes the one-deliverer lock of each sink in `names` (see `SinkLocks`).
+pub fn lock_sinks(path: &std::path::Path, names: &[&str]) -> Result<super::SinkLocks, StoreError> {
+    super::guard::catch(|| super::file::lock_sinks(path, names))?
+}
+
 fn refused(why: String) -> StoreError {
     StoreError::Refused(why)
 }
@@ -123,6 +128,11 @@ impl Store {
     ) -> Result<CursorWrite, StoreError> {
         self.cursor_write(name, generation, Some(from), |t, rec| {
             let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
+            // What a rewind re-delivered is no longer parked (unless parked again below).
+            if from < to {
+                p.retain_in((name, from)..(name, to), |_, _| false)
+                    .map_err(StoreError::redb)?;
+            }
             let mut newly = 0;
             for (offset, record) in parked {
                 let was = p
@@ -544,6 +554,25 @@ impl Snapshot {
         })
     }
 
+    /// The event `sink` parked at `offset`, if any.
+    pub fn sink_parked_at(
+        &self,
+        sink: &str,
+        offset: u64,
+    ) -> Result<Option<ParkedRecord>, StoreError> {
+        self.guard(|txn| {
+            let t = match txn.open_table(SINK_PARKED) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            Ok(t.get((sink, offset))
+                .map_err(StoreError::redb)?
+                .map(|g| decode("sink_parked", offset, g.value()))
+                .transpose()?)
+        })
+    }
+
     /// Parked events of `sink` (every sink when `None`), in sink then offset order.
     pub fn sink_parked(&self, sink: Option<&str>) -> Result<Vec<Parked>, StoreError> {
         self.guard(|txn| {
@@ -733,6 +762,21 @@ mod tests {
         ));
         let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
+    }
+
+    #[test]
+    fn an_event_delivered_after_a_rewind_is_no_longer_parked() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=6, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 6, &[parked(2, false), parked(4, false)], T0)
+            .unwrap();
+        s.relay_rewind("cop", 3, "ana", "COP restored", T0).unwrap();
+        // Re-delivered from 3: 4 went through this time; 2 (before the rewind) stays parked.
+        s.advance_sink("cop", 1, 3, 6, &[], T0).unwrap();
+        let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
+        assert_eq!(p.iter().map(|p| p.offset).collect::<Vec<_>>(), [2]);
     }
 
     #[test]

@@ -23,7 +23,12 @@
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
 //!   retention held by a lagging sink, `relay status|parked|retry|rewind|forget`.
+//! - `relay_http`: the http sink against a chaotic receiver written in the test (503, 429,
+//!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
+//!   and end to end through `ingest` and the `relay` commands.
 //! - `readme`: the README's commands run as written and print what it shows.
+//! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
+//!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -46,7 +51,9 @@ mod model;
 mod operator;
 mod readme;
 mod relay;
+mod relay_http;
 mod relay_mqtt;
+mod relay_pg;
 mod service;
 mod systemd;
 mod tls;

@@ -116,8 +116,10 @@ impl Setup {
 
     /// Every event the receiver got, in arrival order.
     fn received(&self) -> Vec<Json> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        // Only complete lines: the receiver may be appending the last one right now.
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete
             .lines()
             .map(|l| json::parse(l.as_bytes(), 64).unwrap())
             .collect()
@@ -892,4 +894,32 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
     let st = s.status(&s.config);
     assert_eq!(field(&st["hung"], "cursor"), "0");
     assert_eq!(field(&st["script"], "cursor"), "300");
+}
+
+#[test]
+fn a_sink_is_delivered_by_one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 5);
+    let mut first = s.relay();
+    s.wait_received(5, Duration::from_secs(20));
+    let out = common::run(&["relay", "--config", s.config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sink \"script\" of")
+            && err.contains("is already delivered by another process"),
+        "{err}"
+    );
+    assert_eq!(stop(&mut first), Some(0));
+    // Once the first is gone (also after kill -9: the kernel drops the lock), another may.
+    let mut second = s.relay();
+    s.ingest(5, 8);
+    s.wait_received(8, Duration::from_secs(20));
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let mut third = s.relay();
+    s.ingest(8, 9);
+    s.wait_received(9, Duration::from_secs(20));
+    assert_eq!(stop(&mut third), Some(0));
 }

@@ -153,7 +153,8 @@ fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
     std::fs::write(
         &cfg,
         format!(
-            "[store]\npath = {:?}\n[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-notify\"\ntopics = [\"t\"]\n",
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-notify\"\ntopics = [\"t\"]\n\
+             [[sink]]\nname = \"devnull\"\nkind = \"exec\"\ncommand = [\"/bin/true\"]\n",
             dir.path().join("db.redb").to_str().unwrap(),
             broker.url()
         ),
@@ -175,6 +176,12 @@ fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
     assert!(got[0].starts_with("READY=1"), "{got:?}");
     assert!(
         got.iter().any(|m| m.contains("STATUS=applied=0")),
+        "{got:?}"
+    );
+    // The sinks' lag rides on the same STATUS line.
+    assert!(
+        got.iter()
+            .any(|m| m.starts_with("WATCHDOG=1") && m.contains("; sinks: devnull lag=0")),
         "{got:?}"
     );
     super::broker::signal(child.id() as i32, "TERM");

@@ -24,7 +24,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, all PEM, in `dir`.
-fn make_pki(dir: &Path, ca_name: &str) {
+pub(super) fn make_pki(dir: &Path, ca_name: &str) {
     let ca_subj = format!("/CN={ca_name}");
     openssl(
         dir,

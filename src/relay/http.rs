@@ -1,0 +1,895 @@
+//! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
+//! HTTP/1.1 keep-alive connection (TLS with `ca_file` for `https://`), with the event id in an
+//! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes.
+//! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
+//! two for the same source, so each source's events still arrive in log order.
+//!
+//! hyper is named only here (ARCHITECTURE.md). The status classes, `Retry-After` and the
+//! Structured-Field string are pure functions below, unit-tested.
+//!
+//! - 2xx: delivered.
+//! - 408, 409, 425, 429, 5xx, a timeout, a lost or refused connection: retry (the runner backs
+//!   off, at least as long as `Retry-After` asks, up to `MAX_RETRY_AFTER`). So is any status
+//!   outside 2xx..5xx (1xx as a final answer, 6xx and up): an odd answer is not a refusal.
+//! - any other 3xx or 4xx (redirects are not followed): the event is poisoned (parked), with
+//!   the status line and the first `RESPONSE_KEPT` bytes of the body.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1;
+use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, pki_types};
+
+use super::{Attempt, CursorAfter, Event, Failure};
+use crate::config::{HttpSink as HttpConfig, HttpUrl};
+use crate::timefmt::{days_from_civil, days_in_month};
+
+/// The request's media type: a CloudEvents structured-mode event.
+const EVENT_MEDIA_TYPE: &str = "application/cloudevents+json; charset=utf-8";
+/// Bytes of a refusing response's body kept with a parked event.
+const RESPONSE_KEPT: usize = 512;
+/// Bytes of a retryable response's body shown in the sink's last error.
+const ERROR_BODY_SHOWN: usize = 200;
+/// Most bytes of a response body read to keep the connection; past that the connection is
+/// dropped (the next request opens a new one) rather than read to its end.
+const BODY_DRAIN_MAX: usize = 64 * 1024;
+/// The longest `Retry-After` honoured (the highest `backoff_max_ms`): a receiver cannot stall
+/// a sink for a day with one header.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// How long `close` waits for the connection to shut down politely.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+pub struct HttpSink {
+    target: Arc<Target>,
+    ca_file: Option<PathBuf>,
+    /// Built on the first `https://` delivery (it reads `ca_file`), then reused.
+    tls: Option<TlsConnector>,
+    /// Requests in flight at once, each on its own connection, for different sources.
+    max_in_flight: usize,
+    /// Open keep-alive connections not in use, at most `max_in_flight`.
+    idle: Vec<Conn>,
+}
+
+/// Where and how requests go; shared by the requests in flight.
+struct Target {
+    url: HttpUrl,
+    /// `url`'s path and query, as the request target.
+    path: Uri,
+    host: HeaderValue,
+    timeout: Duration,
+}
+
+/// One open keep-alive connection: hyper's request handle and the task driving the socket.
+/// Dropping it drops the socket at once; `HttpSink::close` shuts it down politely.
+struct Conn {
+    send: http1::SendRequest<Full<Bytes>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+/// How a status is handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Delivered,
+    Retry,
+    Poison,
+}
+
+/// The status classes (module doc).
+pub fn classify(status: u16) -> Class {
+    match status {
+        200..=299 => Class::Delivered,
+        408 | 409 | 425 | 429 | 500..=599 => Class::Retry,
+        300..=499 => Class::Poison,
+        _ => Class::Retry,
+    }
+}
+
+/// `value` as a Structured-Field string (RFC 8941 3.3.3), the form
+/// draft-ietf-httpapi-idempotency-key-header gives the key: in double quotes, `\` and `"`
+/// escaped with `\`. Only printable ASCII (0x20..=0x7E) can be carried; anything else is
+/// refused, not dropped or replaced.
+pub fn sf_string(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '\\' | '"' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => {
+                return Err(format!(
+                    "{c:?} cannot be carried by a Structured Field string (printable ASCII only)"
+                ));
+            }
+        }
+    }
+    out.push('"');
+    Ok(out)
+}
+
+/// A `Retry-After` value (RFC 9110 10.2.3) as a wait from `now`: delta-seconds, or an
+/// HTTP-date in any of the three forms a recipient must accept (IMF-fixdate, RFC 850,
+/// asctime); a date in the past is no wait. `None` for anything else. Capped at
+/// `MAX_RETRY_AFTER`.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits to parse is a long wait, not no wait.
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+    }
+    let now_secs = now.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    let at = http_date(v, now_secs)?;
+    Some(Duration::from_secs(at.saturating_sub(now_secs)).min(MAX_RETRY_AFTER))
+}
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+const LONG_DAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// An HTTP-date as Unix seconds. `now_secs` places an RFC 850 two-digit year: one that would
+/// be more than 50 years ahead is the most recent past year with those digits (RFC 9110
+/// 5.6.7). The weekday is checked for its spelling, not against the date.
+fn http_date(v: &str, now_secs: u64) -> Option<u64> {
+    let parts: Vec<&str> = v.split(' ').collect();
+    let (year, month, day, time) = match parts.as_slice() {
+        // IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
+        [wd, d, m, y, t, "GMT"] => {
+            let wd = wd.strip_suffix(',')?;
+            if !DAYS.contains(&wd) || d.len() != 2 || y.len() != 4 {
+                return None;
+            }
+            (number(y)?, month_number(m)?, number(d)?, *t)
+        }
+        // RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
+        [wd, dmy, t, "GMT"] => {
+            let wd = wd.strip_suffix(',')?;
+            if !LONG_DAYS.contains(&wd) {
+                return None;
+            }
+            let mut f = dmy.split('-');
+            let (d, m, yy) = (f.next()?, f.next()?, f.next()?);
+            if f.next().is_some() || d.len() != 2 || yy.len() != 2 {
+                return None;
+            }
+            let this_year = crate::timefmt::rfc3339_ms(now_secs.saturating_mul(1000))
+                .get(..4)
+                .and_then(number)?;
+            let mut year = this_year - this_year % 100 + number(yy)?;
+            if year > this_year + 50 {
+                year -= 100;
+            }
+            (year, month_number(m)?, number(d)?, *t)
+        }
+        // asctime: Sun Nov  6 08:49:37 1994 (a one-digit day is padded with a space)
+        [wd, m, "", d, t, y] | [wd, m, d, t, y] => {
+            if !DAYS.contains(wd) || y.len() != 4 || d.is_empty() || d.len() > 2 {
+                return None;
+            }
+            if parts.len() == 5 && d.len() != 2 || parts.len() == 6 && d.len() != 1 {
+                return None;
+            }
+            (number(y)?, month_number(m)?, number(d)?, *t)
+        }
+        _ => return None,
+    };
+    if day == 0 || day > days_in_month(year, month) {
+        return None;
+    }
+    let mut hms = time.split(':');
+    let (h, mi, s) = (hms.next()?, hms.next()?, hms.next()?);
+    if hms.next().is_some() || h.len() != 2 || mi.len() != 2 || s.len() != 2 {
+        return None;
+    }
+    let (h, mi, s) = (number(h)?, number(mi)?, number(s)?);
+    // 60: a leap second (RFC 9110 allows it).
+    if h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day)?;
+    Some(days * 86_400 + h * 3600 + mi * 60 + s)
+}
+
+fn number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn month_number(m: &str) -> Option<u64> {
+    MONTHS.iter().position(|x| *x == m).map(|i| i as u64 + 1)
+}
+
+/// A response, read: what classification and the operator need.
+struct Reply {
+    status: StatusCode,
+    /// The status line as received (`HTTP/1.1 422 Unprocessable Entity`).
+    status_line: String,
+    retry_after: Option<String>,
+    /// The body's first `RESPONSE_KEPT` bytes.
+    body: Vec<u8>,
+}
+
+impl HttpSink {
+    /// Checks what the request needs from the URL; no I/O.
+    pub fn new(
+        cfg: &HttpConfig,
+        timeout: Duration,
+        max_in_flight: usize,
+    ) -> Result<HttpSink, String> {
+        let url = cfg.url.clone();
+        let path: Uri = url
+            .path
+            .parse()
+            .map_err(|e| format!("url {url}: the path and query are not a request target: {e}"))?;
+        let default_port = if url.tls { 443 } else { 80 };
+        let host = if url.host.contains(':') {
+            format!("[{}]", url.host)
+        } else {
+            url.host.clone()
+        };
+        let host = if url.port == default_port {
+            host
+        } else {
+            format!("{host}:{}", url.port)
+        };
+        let host = HeaderValue::from_str(&host)
+            .map_err(|_| format!("url {url}: the host cannot be sent in a Host header"))?;
+        Ok(HttpSink {
+            target: Arc::new(Target {
+                url,
+                path,
+                host,
+                timeout,
+            }),
+            ca_file: cfg.ca_file.clone(),
+            tls: None,
+            max_in_flight: max_in_flight.max(1),
+            idle: Vec::new(),
+        })
+    }
+
+    /// POSTs the events, one request each, and reports the delivered prefix and the failure
+    /// of the event after it. With `max_in_flight` 1, in log order, stopping at the first
+    /// failure; otherwise see `deliver_concurrently`.
+    pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
+        let tls = match self.tls_connector() {
+            Ok(t) => t,
+            Err(e) => return Attempt::retry(0, e),
+        };
+        if self.max_in_flight > 1 {
+            return self.deliver_concurrently(batch, tls).await;
+        }
+        let mut conn = self.idle.pop();
+        for (i, ev) in batch.iter().enumerate() {
+            if let Err(failure) = post(&self.target, tls.as_ref(), &mut conn, ev).await {
+                self.idle.extend(conn);
+                return Attempt {
+                    delivered: i,
+                    failure: Some(failure),
+                };
+            }
+        }
+        self.idle.extend(conn);
+        Attempt::all(batch.len())
+    }
+
+    /// Up to `max_in_flight` requests at once, each on its own connection, never two for the
+    /// same source (agency, source_id): within a source, events go one after the other in
+    /// log order. After a failure no event at or after it is started; the events before it
+    /// are finished, so the report is exact: the delivered prefix and the failure of the event
+    /// after it. Events of other sources after the failed one that were already delivered are
+    /// delivered again when the runner retries from there (same `Idempotency-Key`).
+    async fn deliver_concurrently(
+        &mut self,
+        batch: &[Event],
+        tls: Option<TlsConnector>,
+    ) -> Attempt {
+        enum State {
+            Waiting,
+            Flying,
+            Delivered,
+            Failed(Failure),
+        }
+        let n = batch.len();
+        let mut state: Vec<State> = (0..n).map(|_| State::Waiting).collect();
+        let source = |i: usize| (batch[i].agency.as_str(), batch[i].source_id.as_str());
+        let mut flying = std::collections::HashSet::new();
+        let mut task_event = std::collections::HashMap::new();
+        // No event at or after `limit` (the first failure) is started.
+        let mut limit = n;
+        let mut first_waiting = 0;
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let mut i = first_waiting;
+            while i < limit && tasks.len() < self.max_in_flight {
+                if matches!(state[i], State::Waiting) && flying.insert(source(i)) {
+                    state[i] = State::Flying;
+                    let (target, tls, ev) = (self.target.clone(), tls.clone(), batch[i].clone());
+                    let mut conn = self.idle.pop();
+                    let task = tasks.spawn(async move {
+                        let r = post(&target, tls.as_ref(), &mut conn, &ev).await;
+                        (conn, r)
+                    });
+                    task_event.insert(task.id(), i);
+                }
+                i += 1;
+            }
+            let Some(joined) = tasks.join_next_with_id().await else {
+                break;
+            };
+            let (id, result) = match joined {
+                Ok((id, (conn, r))) => {
+                    self.idle.extend(conn);
+                    (id, r)
+                }
+                Err(e) => (
+                    e.id(),
+                    Err(Failure::Retry {
+                        error: format!("POST {}: the request task failed: {e}", self.target.url),
+                        after: None,
+                    }),
+                ),
+            };
+            let Some(i) = task_event.remove(&id) else {
+                continue;
+            };
+            flying.remove(&source(i));
+            state[i] = match result {
+                Ok(()) => State::Delivered,
+                Err(f) => {
+                    limit = limit.min(i);
+                    State::Failed(f)
+                }
+            };
+            while first_waiting < n && !matches!(state[first_waiting], State::Waiting) {
+                first_waiting += 1;
+            }
+        }
+        let delivered = state
+            .iter()
+            .take_while(|s| matches!(s, State::Delivered))
+            .count();
+        match state
+            .get_mut(delivered)
+            .map(|s| std::mem::replace(s, State::Waiting))
+        {
+            None => Attempt::all(n),
+            Some(State::Failed(f)) => Attempt {
+                delivered,
+                failure: Some(f),
+            },
+            // Every event before the first failure is finished before the loop ends.
+            Some(_) => Attempt::retry(delivered, "the batch was cut short"),
+        }
+    }
+
+    /// Closes the connections: hyper shuts each socket down (a TLS close_notify first) once
+    /// its request handle is gone.
+    pub async fn close(&mut self) {
+        for mut conn in self.idle.drain(..) {
+            let task = conn.task.take();
+            drop(conn);
+            if let Some(task) = task {
+                let abort = task.abort_handle();
+                if tokio::time::timeout(CLOSE_WAIT, task).await.is_err() {
+                    abort.abort();
+                }
+            }
+        }
+    }
+
+    /// The TLS client for an `https://` url, made once.
+    fn tls_connector(&mut self) -> Result<Option<TlsConnector>, String> {
+        if !self.target.url.tls {
+            return Ok(None);
+        }
+        if let Some(t) = &self.tls {
+            return Ok(Some(t.clone()));
+        }
+        let ca = self
+            .ca_file
+            .as_deref()
+            .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.target.url))?;
+        let t = tls_connector(ca)?;
+        self.tls = Some(t.clone());
+        Ok(Some(t))
+    }
+}
+
+/// POSTs one event on `conn` (opened if `None`; left `None` when it is of no further use).
+async fn post(
+    t: &Target,
+    tls: Option<&TlsConnector>,
+    conn: &mut Option<Conn>,
+    ev: &Event,
+) -> Result<(), Failure> {
+    let key = sf_string(&ev.id).map_err(|e| Failure::Poison {
+        reason: "the event id cannot be an Idempotency-Key".into(),
+        response: e,
+    })?;
+    let key = HeaderValue::from_str(&key).map_err(|e| Failure::Poison {
+        reason: "the event id cannot be an Idempotency-Key".into(),
+        response: e.to_string(),
+    })?;
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(t.path.clone())
+        .header(HOST, t.host.clone())
+        .header(CONTENT_TYPE, EVENT_MEDIA_TYPE)
+        .header("idempotency-key", key)
+        .header(
+            USER_AGENT,
+            concat!("replay-guard/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Full::new(Bytes::from(ev.json.clone())))
+        .map_err(|e| Failure::Poison {
+            reason: "the request cannot be built".into(),
+            response: e.to_string(),
+        })?;
+    let reply = match tokio::time::timeout(t.timeout, exchange(t, tls, conn, req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(error)) => {
+            *conn = None;
+            return Err(Failure::Retry { error, after: None });
+        }
+        Err(_) => {
+            // The request may be half-written or its answer half-read: the connection is of
+            // no further use.
+            *conn = None;
+            return Err(Failure::Retry {
+                error: format!(
+                    "POST {}: no complete response within {} ms",
+                    t.url,
+                    t.timeout.as_millis()
+                ),
+                after: None,
+            });
+        }
+    };
+    let code = reply.status.as_u16();
+    let reason = match reply.status.canonical_reason() {
+        Some(r) => format!("HTTP {code} {r}"),
+        None => format!("HTTP {code}"),
+    };
+    match classify(code) {
+        Class::Delivered => Ok(()),
+        Class::Retry => {
+            let shown =
+                String::from_utf8_lossy(&reply.body[..reply.body.len().min(ERROR_BODY_SHOWN)])
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+            Err(Failure::Retry {
+                error: if shown.is_empty() {
+                    format!("POST {}: {reason}", t.url)
+                } else {
+                    format!("POST {}: {reason}: {shown}", t.url)
+                },
+                after: reply
+                    .retry_after
+                    .as_deref()
+                    .and_then(|v| retry_after(v, SystemTime::now())),
+            })
+        }
+        Class::Poison => Err(Failure::Poison {
+            reason,
+            response: format!(
+                "{}\n{}",
+                reply.status_line,
+                String::from_utf8_lossy(&reply.body)
+            ),
+        }),
+    }
+}
+
+/// Sends `req` on `conn` (opening one if there is none) and reads the reply. A request that
+/// hyper hands back unsent (the server closed the idle connection first) goes once more on a
+/// new connection.
+async fn exchange(
+    t: &Target,
+    tls: Option<&TlsConnector>,
+    conn: &mut Option<Conn>,
+    req: Request<Full<Bytes>>,
+) -> Result<Reply, String> {
+    let mut req = req;
+    let mut fresh = false;
+    loop {
+        if conn.as_ref().is_none_or(|c| c.send.is_closed()) {
+            *conn = None;
+            *conn = Some(connect(t, tls).await?);
+            fresh = true;
+        }
+        let Some(c) = conn.as_mut() else {
+            return Err("no connection".into());
+        };
+        if c.send.ready().await.is_err() {
+            *conn = None;
+            if fresh {
+                return Err(format!("POST {}: the connection closed at once", t.url));
+            }
+            continue;
+        }
+        match c.send.try_send_request(req).await {
+            Ok(resp) => return read(t, conn, resp).await,
+            Err(mut e) => {
+                *conn = None;
+                match e.take_message() {
+                    Some(unsent) if !fresh => req = unsent,
+                    _ => return Err(format!("POST {}: {}", t.url, chain(e.error()))),
+                }
+            }
+        }
+    }
+}
+
+/// Reads the response to its end, so the connection can carry the next request (past
+/// `BODY_DRAIN_MAX` the connection is dropped instead).
+async fn read(
+    t: &Target,
+    conn: &mut Option<Conn>,
+    resp: Response<Incoming>,
+) -> Result<Reply, String> {
+    let status = resp.status();
+    let phrase = resp
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+        .or_else(|| status.canonical_reason().map(str::to_string))
+        .unwrap_or_default();
+    let status_line = format!("{:?} {} {phrase}", resp.version(), status.as_u16());
+    let retry_after = resp
+        .headers()
+        .get(hyper::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut body = resp.into_body();
+    let mut kept = Vec::new();
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            format!(
+                "POST {}: {status_line}, then reading the body: {}",
+                t.url,
+                chain(&e)
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            let room = RESPONSE_KEPT.saturating_sub(kept.len());
+            kept.extend_from_slice(&data[..data.len().min(room)]);
+            read += data.len();
+            if read > BODY_DRAIN_MAX {
+                *conn = None;
+                break;
+            }
+        }
+    }
+    Ok(Reply {
+        status,
+        status_line,
+        retry_after,
+        body: kept,
+    })
+}
+
+async fn connect(t: &Target, tls: Option<&TlsConnector>) -> Result<Conn, String> {
+    let tcp = TcpStream::connect((t.url.host.as_str(), t.url.port))
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", t.url))?;
+    // Each request is written whole; Nagle would only hold its tail back.
+    let _ = tcp.set_nodelay(true);
+    tracing::debug!(url = %t.url, "http sink connected");
+    let Some(tls) = tls else {
+        return handshake(tcp).await;
+    };
+    let name = pki_types::ServerName::try_from(t.url.host.clone())
+        .map_err(|e| format!("{}: not a TLS server name: {e}", t.url))?;
+    let stream = tls
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake with {}: {e}", t.url))?;
+    handshake(stream).await
+}
+
+/// Starts HTTP/1.1 on `io` and spawns the task that drives it.
+async fn handshake<S>(io: S) -> Result<Conn, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = http1::handshake(Io(io))
+        .await
+        .map_err(|e| format!("HTTP/1.1 handshake: {}", chain(&e)))?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %chain(&e), "http sink connection ended");
+        }
+    });
+    Ok(Conn {
+        send,
+        task: Some(task),
+    })
+}
+
+/// A verifying TLS client trusting exactly the certificates in `ca_file`, on the aws-lc-rs
+/// provider rumqttc already links (named explicitly: no process-wide default is assumed).
+fn tls_connector(ca_file: &Path) -> Result<TlsConnector, String> {
+    use pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    let certs = pki_types::CertificateDer::pem_file_iter(ca_file)
+        .map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "ca_file {}: no PEM certificate in it",
+            ca_file.display()
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsConnector::from(Arc::new(cfg)))
+}
+
+/// An error and its causes on one line (hyper's own message is terse: "connection error").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// hyper's I/O traits over a tokio stream: what hyper-util's `TokioIo` does, without its
+/// `unsafe` zero-copy read (this crate forbids `unsafe`); one copy per read is nothing beside
+/// a network round trip.
+struct Io<S>(S);
+
+/// Bytes read per `poll_read` (hyper asks for at most its buffer's free space).
+const READ_CHUNK: usize = 8192;
+
+impl<S: AsyncRead + Unpin> hyper::rt::Read for Io<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut tmp = [0u8; READ_CHUNK];
+        let n = buf.remaining().min(READ_CHUNK);
+        let mut rb = ReadBuf::new(&mut tmp[..n]);
+        ready!(Pin::new(&mut self.0).poll_read(cx, &mut rb))?;
+        buf.put_slice(rb.filled());
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> hyper::rt::Write for Io<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::envelope;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// 1994-11-06T08:49:37Z, RFC 9110's example instant.
+    const EXAMPLE: u64 = 784_111_777;
+
+    #[test]
+    fn retry_after_delta_seconds_is_a_wait() {
+        assert_eq!(retry_after("1", at(0)), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(" 120 ", at(0)), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after("0", at(0)), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after("99999999999999999999999", at(0)),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(retry_after("7200", at(0)), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn retry_after_http_date_in_all_three_forms_is_a_wait_from_now() {
+        let now = at(EXAMPLE - 30);
+        for v in [
+            "Sun, 06 Nov 1994 08:49:37 GMT",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+        ] {
+            assert_eq!(retry_after(v, now), Some(Duration::from_secs(30)), "{v}");
+        }
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:49:37 GMT", at(EXAMPLE + 5)),
+            Some(Duration::ZERO),
+            "a date in the past is no wait"
+        );
+        assert_eq!(
+            retry_after("Thu, 01 Jan 2026 00:00:00 GMT", at(1_767_225_600 - 7)),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_after("Sat, 01 Jan 2000 00:00:00 GMT", at(0)),
+            Some(MAX_RETRY_AFTER)
+        );
+    }
+
+    #[test]
+    fn rfc850_two_digit_years_are_never_more_than_fifty_years_ahead() {
+        // In 2026, "30" is 2030 and "94" is 1994.
+        let now = 1_780_000_000; // 2026
+        assert_eq!(
+            http_date("Tuesday, 01-Jan-30 00:00:00 GMT", now),
+            Some(1_893_456_000)
+        );
+        assert_eq!(
+            http_date("Sunday, 06-Nov-94 08:49:37 GMT", now),
+            Some(EXAMPLE)
+        );
+    }
+
+    #[test]
+    fn retry_after_garbage_is_ignored() {
+        for v in [
+            "",
+            "-1",
+            "1.5",
+            "soon",
+            "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sun, 6 Nov 1994 08:49:37 GMT",
+            "Sun, 31 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Foo 1994 08:49:37 GMT",
+            "Sun 06 Nov 1994 08:49:37 GMT",
+            "Sun Nov 6 08:49:37 1994",
+            "Sun Nov  06 08:49:37 1994",
+            "Sun, 06 Nov 1994 08:49 GMT",
+            "Sunday, 06-Nov-1994 08:49:37 GMT",
+        ] {
+            assert_eq!(retry_after(v, at(EXAMPLE)), None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn sf_string_quotes_and_escapes() {
+        assert_eq!(sf_string("ab12.ef").unwrap(), r#""ab12.ef""#);
+        assert_eq!(sf_string("").unwrap(), r#""""#);
+        assert_eq!(sf_string(r#"a"b\c"#).unwrap(), r#""a\"b\\c""#);
+        assert_eq!(sf_string(" ~").unwrap(), "\" ~\"");
+    }
+
+    #[test]
+    fn sf_string_refuses_what_it_cannot_carry() {
+        for bad in ["a\tb", "a\nb", "\u{7f}", "\u{0}", "é", "日本"] {
+            assert!(sf_string(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_event_id_is_a_valid_header_value() {
+        let id = format!("{}.{}", "ab".repeat(32), "0123456789abcdef");
+        let v = sf_string(&id).unwrap();
+        assert!(HeaderValue::from_str(&v).is_ok());
+        assert_eq!(v.len(), id.len() + 2);
+    }
+
+    #[test]
+    fn the_request_says_cloudevents_structured_mode() {
+        assert!(EVENT_MEDIA_TYPE.starts_with(envelope::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn status_classes() {
+        let table: &[(u16, Class)] = &[
+            (200, Class::Delivered),
+            (201, Class::Delivered),
+            (202, Class::Delivered),
+            (204, Class::Delivered),
+            (299, Class::Delivered),
+            (301, Class::Poison),
+            (302, Class::Poison),
+            (304, Class::Poison),
+            (307, Class::Poison),
+            (308, Class::Poison),
+            (400, Class::Poison),
+            (401, Class::Poison),
+            (403, Class::Poison),
+            (404, Class::Poison),
+            (405, Class::Poison),
+            (408, Class::Retry),
+            (409, Class::Retry),
+            (410, Class::Poison),
+            (413, Class::Poison),
+            (415, Class::Poison),
+            (422, Class::Poison),
+            (425, Class::Retry),
+            (429, Class::Retry),
+            (451, Class::Poison),
+            (499, Class::Poison),
+            (500, Class::Retry),
+            (502, Class::Retry),
+            (503, Class::Retry),
+            (504, Class::Retry),
+            (599, Class::Retry),
+            (100, Class::Retry),
+            (101, Class::Retry),
+            (600, Class::Retry),
+            (999, Class::Retry),
+        ];
+        for (code, class) in table {
+            assert_eq!(classify(*code), *class, "{code}");
+        }
+    }
+}

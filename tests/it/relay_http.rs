@@ -1,0 +1,958 @@
+//! The http sink against a receiver written here (std threads speaking just enough HTTP/1.1,
+//! plain or over rustls): it answers 503 at random, 429 with `Retry-After: 1`, drops
+//! connections mid-request, closes some after answering, and answers 422 for one chosen event.
+//! First through the library (`Sink::deliver`), then end to end: `ingest`, the standalone
+//! `relay` command, `relay parked` and `relay retry`: every event but the refused one arrives,
+//! every retry of an event carries the same `Idempotency-Key`, and the refused event is parked
+//! until the receiver accepts it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use replay_guard::config::Config;
+use replay_guard::json::{self, Json};
+use replay_guard::relay::envelope::{self, EffectView};
+use replay_guard::relay::{CursorAfter, Event, Failure, Sink};
+
+use super::common::{self, SplitMix64};
+
+/// One request as the receiver read it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: BTreeMap<String, String>,
+    body: String,
+    /// The status answered; 0 = the connection was dropped instead.
+    answer: u16,
+}
+
+impl Seen {
+    fn key(&self) -> Option<&str> {
+        self.headers.get("idempotency-key").map(String::as_str)
+    }
+    /// The CloudEvents `id` in the body.
+    fn id(&self) -> String {
+        body_id(&self.body)
+    }
+}
+
+fn body_id(body: &str) -> String {
+    body_field(body, "id")
+}
+
+/// A string member of the envelope (they hold no escapes here).
+fn body_field(body: &str, name: &str) -> String {
+    let pat = format!("\"{name}\":\"");
+    let at = body
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {name} in {body}"))
+        + pat.len();
+    let len = body[at..].find('"').unwrap();
+    body[at..at + len].to_string()
+}
+
+#[derive(Default)]
+struct Log {
+    seen: Vec<Seen>,
+    /// Ids answered 2xx, in arrival order.
+    accepted: Vec<String>,
+    connections: usize,
+    /// Connections the receiver dropped mid-request, or closed after answering.
+    dropped: usize,
+    closed: usize,
+    /// Answered 422 while set.
+    refuse: Option<String>,
+    /// Requests for this id get no answer while set (the connection is held open).
+    hang: Option<String>,
+    chaos: bool,
+    rng: Option<SplitMix64>,
+    too_many: u32,
+    /// Requests read and not yet answered, in all and per event subject (the source).
+    outstanding: usize,
+    by_source: BTreeMap<String, usize>,
+    most_outstanding: usize,
+    /// Whether two requests of one source were ever outstanding at once.
+    source_overlap: bool,
+    /// The first `hold` requests are answered only once `barrier` are outstanding (or after
+    /// `HOLD_LIMIT`): requests that are really concurrent meet there.
+    hold: usize,
+    barrier: usize,
+}
+
+/// Longest a held request waits for the others.
+const HOLD_LIMIT: Duration = Duration::from_secs(10);
+
+impl Log {
+    /// What to do with request number `n` for `id`: a status, or 0 = drop the connection.
+    fn decide(&mut self, n: usize, id: &str) -> (u16, bool) {
+        if self.refuse.as_deref() == Some(id) {
+            return (422, false);
+        }
+        if !self.chaos {
+            return (200, false);
+        }
+        // The first three requests go through each failure once for sure; then at random.
+        match n {
+            0 => return (503, false),
+            1 => {
+                self.too_many += 1;
+                return (429, false);
+            }
+            2 => return (0, false),
+            _ => {}
+        }
+        let r = self.rng.as_mut().map_or(1.0, |r| r.unit());
+        if r < 0.15 {
+            (503, false)
+        } else if r < 0.22 {
+            (0, false)
+        } else if r < 0.25 && self.too_many < 3 {
+            self.too_many += 1;
+            (429, false)
+        } else if r < 0.30 {
+            (204, true)
+        } else if r < 0.35 {
+            (201, false)
+        } else {
+            (200, false)
+        }
+    }
+}
+
+/// The receiver: an accept thread and one thread per connection.
+struct Receiver {
+    addr: SocketAddr,
+    log: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+}
+
+/// The log and the condition that held requests wait on.
+type Shared = (Mutex<Log>, Condvar);
+
+/// A TLS server config for the receiver (certificate chain and key, PEM).
+type Tls = Arc<tokio_rustls::rustls::ServerConfig>;
+
+impl Receiver {
+    fn start(seed: u64, chaos: bool, tls: Option<Tls>) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log = Arc::new((
+            Mutex::new(Log {
+                chaos,
+                rng: Some(SplitMix64::new(seed)),
+                ..Log::default()
+            }),
+            Condvar::new(),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s) = (log.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                l.0.lock().unwrap().connections += 1;
+                let (l, tls) = (l.clone(), tls.clone());
+                std::thread::spawn(move || {
+                    conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
+                    match tls {
+                        None => serve(conn, &l),
+                        Some(cfg) => {
+                            let Ok(c) = tokio_rustls::rustls::ServerConnection::new(cfg) else {
+                                return;
+                            };
+                            serve(tokio_rustls::rustls::StreamOwned::new(c, conn), &l);
+                        }
+                    }
+                });
+            }
+        });
+        Receiver { addr, log, stop }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Log) -> R) -> R {
+        f(&mut self.log.0.lock().unwrap())
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.with(|l| l.seen.clone())
+    }
+
+    fn accepted(&self) -> Vec<String> {
+        self.with(|l| l.accepted.clone())
+    }
+
+    /// Waits until `f` holds, at most `limit`.
+    fn await_until(&self, limit: Duration, what: &str, f: impl Fn(&Log) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.with(|l| f(l)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "receiver: {what} did not happen within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop so that it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Reads requests off one connection and answers them as `Log::decide` says.
+fn serve<S: Read + Write>(stream: S, shared: &Shared) {
+    let (log, cv) = shared;
+    let mut r = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        match r.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut parts = line.split_whitespace();
+        let (method, target) = (
+            parts.next().unwrap_or_default().to_string(),
+            parts.next().unwrap_or_default().to_string(),
+        );
+        let mut headers = BTreeMap::new();
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').expect("a header line");
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+        let len: usize = headers
+            .get("content-length")
+            .and_then(|v| v.parse().ok())
+            .expect("the sink sends Content-Length");
+        let mut body = vec![0; len];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        let body = String::from_utf8(body).expect("a UTF-8 body");
+        let id = body_id(&body);
+        let subject = body_field(&body, "subject");
+        let (status, close, hang) = {
+            let mut l = log.lock().unwrap();
+            l.outstanding += 1;
+            l.most_outstanding = l.most_outstanding.max(l.outstanding);
+            let same = l.by_source.entry(subject.clone()).or_default();
+            *same += 1;
+            if *same > 1 {
+                l.source_overlap = true;
+            }
+            cv.notify_all();
+            if l.hold > 0 {
+                l.hold -= 1;
+                l = cv
+                    .wait_timeout_while(l, HOLD_LIMIT, |l| l.outstanding < l.barrier)
+                    .unwrap()
+                    .0;
+            }
+            let n = l.seen.len();
+            let hang = l.hang.as_deref() == Some(id.as_str());
+            let (status, close) = if hang { (0, false) } else { l.decide(n, &id) };
+            l.seen.push(Seen {
+                method,
+                target,
+                headers,
+                body,
+                answer: status,
+            });
+            if (200..300).contains(&status) {
+                l.accepted.push(id.clone());
+            }
+            if status == 0 && !hang {
+                l.dropped += 1;
+            }
+            if close {
+                l.closed += 1;
+            }
+            // Answered (or dropped) from here on: the client may send this source's next.
+            l.outstanding -= 1;
+            *l.by_source.get_mut(&subject).unwrap() -= 1;
+            (status, close, hang)
+        };
+        if hang {
+            // Holds the connection without answering until the client gives up on it.
+            let mut rest = Vec::new();
+            let _ = r.read_to_end(&mut rest);
+            return;
+        }
+        if status == 0 {
+            return;
+        }
+        let (reason, extra, body) = match status {
+            200 => ("OK", "", "{\"ok\":true}"),
+            201 => ("Created", "", ""),
+            204 => ("No Content", "", ""),
+            422 => (
+                "Unprocessable Entity",
+                "",
+                "{\"error\":\"data.body: unknown incident kind\"}",
+            ),
+            429 => ("Too Many Requests", "Retry-After: 1\r\n", "slow down"),
+            503 => ("Service Unavailable", "", "maintenance"),
+            _ => unreachable!(),
+        };
+        // A 204 has no body and no Content-Length (RFC 9110 8.6).
+        let length = if status == 204 {
+            String::new()
+        } else {
+            format!("Content-Length: {}\r\n", body.len())
+        };
+        let head = format!(
+            "HTTP/1.1 {status} {reason}\r\n{length}{extra}{}\r\n",
+            if close { "Connection: close\r\n" } else { "" }
+        );
+        let s = r.get_mut();
+        if s.write_all(head.as_bytes()).is_err()
+            || s.write_all(body.as_bytes()).is_err()
+            || s.flush().is_err()
+        {
+            return;
+        }
+        if close {
+            return;
+        }
+    }
+}
+
+/// `n` events of three sources, made as the relay makes them.
+fn events(n: u64) -> Vec<Event> {
+    (0..n)
+        .map(|i| {
+            let key = replay_guard::key::sha256(&[&i.to_le_bytes()]);
+            let (agency, source_id) = ("fire", ["e1", "e2", "e3"][(i % 3) as usize]);
+            let payload = common::msg(agency, source_id, 1, i, "x");
+            let view = EffectView {
+                offset: i,
+                key: &key,
+                agency,
+                source_id,
+                epoch: 1,
+                sequence: i,
+                received_at_ms: 1_780_000_000_000 + i,
+                late: false,
+                released: false,
+                payload: payload.as_bytes(),
+            };
+            Event {
+                offset: i,
+                id: envelope::event_id(&key, false, payload.as_bytes()),
+                key,
+                agency: agency.into(),
+                source_id: source_id.into(),
+                topic: format!("incidents/{agency}"),
+                json: envelope::envelope("urn:replay-guard:test", &view),
+            }
+        })
+        .collect()
+}
+
+fn http_sink(toml_sink: &str) -> Sink {
+    let cfg = Config::parse(&format!(
+        "[[sink]]\nname = \"cop\"\nkind = \"http\"\n{toml_sink}"
+    ))
+    .unwrap();
+    Sink::new(cfg.relay.sink("cop").unwrap()).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What a tiny runner saw driving a sink over `events` in batches of `batch`: retries go
+/// again at once (this test is about the sink, not backoff); a poisoned event is skipped.
+#[derive(Default, Debug)]
+struct Driven {
+    retries: Vec<(String, Option<Duration>)>,
+    poisoned: Vec<(u64, String, String)>,
+}
+
+async fn drive(sink: &mut Sink, events: &[Event], batch: usize) -> Driven {
+    let mut out = Driven::default();
+    let mut i = 0;
+    while i < events.len() {
+        let b = &events[i..(i + batch).min(events.len())];
+        let cursor = CursorAfter {
+            generation: 1,
+            next_after: b[b.len() - 1].offset + 1,
+        };
+        let a = sink.deliver(b, cursor).await;
+        assert!(a.delivered <= b.len());
+        i += a.delivered;
+        match a.failure {
+            None => assert_eq!(a.delivered, b.len(), "no failure means the whole batch"),
+            Some(Failure::Retry { error, after }) => out.retries.push((error, after)),
+            Some(Failure::Poison { reason, response }) => {
+                out.poisoned.push((events[i].offset, reason, response));
+                i += 1;
+            }
+        }
+        assert!(out.retries.len() < 1000, "the sink never got through");
+    }
+    out
+}
+
+/// Every request carried the quoted id of the event in its body, and the same event always
+/// the same key.
+fn assert_keys_are_the_quoted_ids(seen: &[Seen]) {
+    let mut by_id: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in seen {
+        let key = s.key().expect("every request has an Idempotency-Key");
+        assert_eq!(
+            key,
+            format!("\"{}\"", s.id()),
+            "the key is the sf-string of the id"
+        );
+        by_id.entry(s.id()).or_default().insert(key.to_string());
+    }
+    for (id, keys) in by_id {
+        assert_eq!(keys.len(), 1, "{id} was sent with different keys: {keys:?}");
+    }
+}
+
+#[test]
+fn sink_delivers_every_event_but_the_refused_one_through_503s_429s_and_dropped_connections() {
+    let rx = Receiver::start(0x5eed_0001, true, None);
+    let evs = events(90);
+    let refused = evs[41].id.clone();
+    rx.with(|l| l.refuse = Some(refused.clone()));
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{}/cop/events?src=rg\"\ntimeout_ms = 5000\n",
+        rx.port()
+    ));
+    let driven = runtime().block_on(async {
+        let d = drive(&mut sink, &evs, 8).await;
+        sink.close().await;
+        d
+    });
+
+    // All but the refused event arrived, each accepted exactly once, in log order.
+    let want: Vec<String> = evs
+        .iter()
+        .map(|e| e.id.clone())
+        .filter(|id| *id != refused)
+        .collect();
+    assert_eq!(rx.accepted(), want);
+
+    // The refusal is a poison with the status and what the receiver said.
+    assert_eq!(driven.poisoned.len(), 1, "{:?}", driven.poisoned);
+    let (offset, reason, response) = &driven.poisoned[0];
+    assert_eq!(*offset, 41);
+    assert_eq!(reason, "HTTP 422 Unprocessable Entity");
+    assert_eq!(
+        response,
+        "HTTP/1.1 422 Unprocessable Entity\n{\"error\":\"data.body: unknown incident kind\"}"
+    );
+
+    // Retries: 503s, the 429s (with their Retry-After) and the dropped connections.
+    let seen = rx.seen();
+    let count = |code: u16| seen.iter().filter(|s| s.answer == code).count();
+    let (s503, s429, dropped) = (count(503), count(429), count(0));
+    assert!(s503 >= 1 && s429 >= 1 && dropped >= 1);
+    assert_eq!(
+        driven.retries.len(),
+        s503 + s429 + dropped,
+        "{:?}",
+        driven.retries
+    );
+    let with_wait = driven
+        .retries
+        .iter()
+        .filter(|(e, after)| {
+            e.contains("429 Too Many Requests") && *after == Some(Duration::from_secs(1))
+        })
+        .count();
+    assert_eq!(
+        with_wait, s429,
+        "every 429 asked for 1 s: {:?}",
+        driven.retries
+    );
+    assert!(
+        driven.retries.iter().any(|(e, after)| e
+            .contains("HTTP 503 Service Unavailable: maintenance")
+            && after.is_none()),
+        "{:?}",
+        driven.retries
+    );
+
+    // Every request: POST to the path and query, the event as a CloudEvents structured body.
+    for s in &seen {
+        assert_eq!(s.method, "POST");
+        assert_eq!(s.target, "/cop/events?src=rg");
+        assert_eq!(
+            s.headers.get("content-type").map(String::as_str),
+            Some("application/cloudevents+json; charset=utf-8")
+        );
+        assert_eq!(
+            s.headers.get("host").map(String::as_str),
+            Some(format!("127.0.0.1:{}", rx.port()).as_str())
+        );
+        let ev = evs.iter().find(|e| e.id == s.id()).unwrap();
+        assert_eq!(s.body, ev.json);
+    }
+    assert_keys_are_the_quoted_ids(&seen);
+    // Redeliveries happened and kept their key (checked above), so the check is not vacuous.
+    let ids: BTreeSet<String> = seen.iter().map(Seen::id).collect();
+    assert!(seen.len() > ids.len() + 3);
+
+    // Keep-alive: a new connection only after the receiver dropped or closed one.
+    let (conns, dropped_n, closed) = rx.with(|l| (l.connections, l.dropped, l.closed));
+    assert!(closed >= 1);
+    assert_eq!(
+        conns,
+        1 + dropped_n + closed,
+        "one connection reused across events and batches"
+    );
+}
+
+#[test]
+fn max_in_flight_sends_sources_at_once_but_each_source_in_log_order() {
+    let rx = Receiver::start(0x5eed_0003, true, None);
+    let evs = events(90);
+    let refused = evs[50].id.clone();
+    rx.with(|l| {
+        l.refuse = Some(refused.clone());
+        l.hold = 3;
+        l.barrier = 3;
+    });
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{}/\"\ntimeout_ms = 20000\nmax_in_flight = 3\n",
+        rx.port()
+    ));
+    let driven = runtime().block_on(async {
+        let d = drive(&mut sink, &evs, 16).await;
+        sink.close().await;
+        d
+    });
+
+    // Three sources, three requests at once (the first three met at the barrier), never two
+    // of one source.
+    let (most, overlap) = rx.with(|l| (l.most_outstanding, l.source_overlap));
+    assert_eq!(most, 3);
+    assert!(
+        !overlap,
+        "two requests of one source were in flight at once"
+    );
+
+    // Everything but the refused event arrived; per source, in log order of first arrival
+    // (a retried batch may deliver other sources' events again, with the same key).
+    let accepted = rx.accepted();
+    let got: BTreeSet<&String> = accepted.iter().collect();
+    let want: BTreeSet<&String> = evs
+        .iter()
+        .map(|e| &e.id)
+        .filter(|i| **i != refused)
+        .collect();
+    assert_eq!(got, want);
+    let offset = |id: &str| evs.iter().find(|e| e.id == id).unwrap().offset;
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut first_seen = BTreeSet::new();
+    for id in &accepted {
+        if !first_seen.insert(id.clone()) {
+            continue;
+        }
+        let o = offset(id);
+        if let Some(prev) = last.insert(o % 3, o) {
+            assert!(prev < o, "source {} got {o} after {prev}", o % 3);
+        }
+    }
+    assert_eq!(driven.poisoned.len(), 1);
+    assert_eq!(driven.poisoned[0].0, 50);
+    assert_eq!(driven.poisoned[0].1, "HTTP 422 Unprocessable Entity");
+    assert!(!driven.retries.is_empty());
+    assert_keys_are_the_quoted_ids(&rx.seen());
+    let (conns, dropped, closed) = rx.with(|l| (l.connections, l.dropped, l.closed));
+    assert!(conns <= 3 + dropped + closed, "{conns} connections");
+}
+
+#[test]
+fn a_receiver_that_does_not_answer_is_retried_after_timeout_ms_on_a_new_connection() {
+    let rx = Receiver::start(1, false, None);
+    let evs = events(3);
+    rx.with(|l| l.hang = Some(evs[1].id.clone()));
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{}/\"\ntimeout_ms = 300\n",
+        rx.port()
+    ));
+    let rt = runtime();
+    let a = rt.block_on(sink.deliver(
+        &evs,
+        CursorAfter {
+            generation: 1,
+            next_after: 3,
+        },
+    ));
+    assert_eq!(a.delivered, 1);
+    match a.failure {
+        Some(Failure::Retry { error, after: None }) => {
+            assert!(
+                error.contains("no complete response within 300 ms"),
+                "{error}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    rx.with(|l| l.hang = None);
+    let a = rt.block_on(sink.deliver(
+        &evs[1..],
+        CursorAfter {
+            generation: 1,
+            next_after: 3,
+        },
+    ));
+    assert_eq!((a.delivered, a.failure), (2, None));
+    rt.block_on(sink.close());
+    assert_eq!(
+        rx.accepted(),
+        evs.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+    assert_eq!(rx.with(|l| l.connections), 2);
+}
+
+#[test]
+fn a_refused_connection_is_a_retry_naming_the_url() {
+    // A port nothing listens on: bound, then closed.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sink = http_sink(&format!("url = \"http://127.0.0.1:{port}/in\"\n"));
+    let a = runtime().block_on(sink.deliver(
+        &events(2),
+        CursorAfter {
+            generation: 1,
+            next_after: 2,
+        },
+    ));
+    assert_eq!(a.delivered, 0);
+    match a.failure {
+        Some(Failure::Retry { error, .. }) => assert!(
+            error.starts_with(&format!("connecting to http://127.0.0.1:{port}/in: ")),
+            "{error}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn tls_server(pki: &Path) -> Tls {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(pki.join("server.key")).unwrap();
+    let provider = Arc::new(tokio_rustls::rustls::crypto::aws_lc_rs::default_provider());
+    Arc::new(
+        tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap(),
+    )
+}
+
+#[test]
+fn https_verifies_the_receiver_against_ca_file_and_refuses_another_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, other) = (dir.path().join("good"), dir.path().join("other"));
+    for (d, name) in [(&good, "rg-http-ca"), (&other, "rg-other-ca")] {
+        std::fs::create_dir(d).unwrap();
+        super::tls::make_pki(d, name);
+    }
+    let rx = Receiver::start(2, false, Some(tls_server(&good)));
+    let evs = events(5);
+    let rt = runtime();
+
+    let mut wrong = http_sink(&format!(
+        "url = \"https://127.0.0.1:{}/e\"\nca_file = {:?}\n",
+        rx.port(),
+        other.join("ca.pem").to_str().unwrap()
+    ));
+    let a = rt.block_on(wrong.deliver(
+        &evs,
+        CursorAfter {
+            generation: 1,
+            next_after: 5,
+        },
+    ));
+    assert_eq!(a.delivered, 0);
+    match a.failure {
+        Some(Failure::Retry { error, .. }) => {
+            assert!(
+                error.starts_with("TLS handshake with https://127.0.0.1:"),
+                "{error}"
+            );
+            assert!(error.contains("certificate"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        rx.seen().is_empty(),
+        "nothing is sent to an unverified receiver"
+    );
+
+    let mut sink = http_sink(&format!(
+        "url = \"https://127.0.0.1:{}/e\"\nca_file = {:?}\n",
+        rx.port(),
+        good.join("ca.pem").to_str().unwrap()
+    ));
+    let a = rt.block_on(sink.deliver(
+        &evs,
+        CursorAfter {
+            generation: 1,
+            next_after: 5,
+        },
+    ));
+    assert_eq!((a.delivered, a.failure), (5, None));
+    rt.block_on(sink.close());
+    assert_eq!(
+        rx.accepted(),
+        evs.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+    // The refused handshake, then one connection for all five events.
+    assert_eq!(rx.with(|l| l.connections), 2);
+    assert_keys_are_the_quoted_ids(&rx.seen());
+}
+
+/// A database fed by the real `ingest` with `n` effects of three sources, and a config with
+/// one http sink `cop` to `port`. Returns (config path, database path, event ids by offset).
+fn ingested(
+    dir: &Path,
+    n: u64,
+    port: u16,
+) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>) {
+    let db = dir.join("rg.redb");
+    let cfg = dir.join("rg.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n\
+             url = \"http://127.0.0.1:{port}/cop\"\ntimeout_ms = 5000\nbatch_max = 16\n\
+             backoff_initial_ms = 10\nbackoff_max_ms = 200\n",
+            db.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let feed = dir.join("feed.jsonl");
+    let lines: String = (0..n)
+        .map(|i| common::msg("fire", ["e1", "e2", "e3"][(i % 3) as usize], 1, i, "x") + "\n")
+        .collect();
+    std::fs::write(&feed, lines).unwrap();
+    let out = common::run(&[
+        "ingest",
+        "--db",
+        db.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<String> = common::effects(&db)
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            assert_eq!(e.offset, i as u64);
+            envelope::event_id(&e.record.key, e.record.released, &e.record.payload)
+        })
+        .collect();
+    assert_eq!(ids.len() as u64, n);
+    (cfg, db, ids)
+}
+
+/// `relay parked --sink cop` as JSON objects.
+fn parked(cfg: &Path) -> Vec<Vec<(String, Json)>> {
+    let out = common::run(&[
+        "relay",
+        "parked",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sink",
+        "cop",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| match json::parse(l.as_bytes(), 64).unwrap() {
+            Json::Object(m) => m,
+            other => panic!("not an object: {other:?}"),
+        })
+        .collect()
+}
+
+fn field<'a>(row: &'a [(String, Json)], name: &str) -> &'a Json {
+    &row.iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no {name} in {row:?}"))
+        .1
+}
+
+fn text(v: &str) -> Json {
+    Json::String(v.into())
+}
+
+/// Polls `f` every 20 ms until it holds, at most `limit`.
+fn poll(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(0x5eed_0002, true, None);
+    let (cfg, _db, ids) = ingested(dir.path(), 120, rx.port());
+    let refused = ids[37].clone();
+    rx.with(|l| l.refuse = Some(refused.clone()));
+    let log = std::fs::File::create(dir.path().join("relay.log")).unwrap();
+    let mut relay = Command::new(common::bin())
+        .args(["relay", "--config", cfg.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let relay_log = || std::fs::read_to_string(dir.path().join("relay.log")).unwrap_or_default();
+
+    let others: Vec<String> = ids.iter().filter(|i| **i != refused).cloned().collect();
+    rx.await_until(Duration::from_secs(60), "all but the refused event", |l| {
+        l.accepted.len() >= others.len()
+    });
+    assert_eq!(rx.accepted(), others, "each once, in log order");
+
+    // Parked (at once: a park writes the cursor), with what the receiver said.
+    poll(Duration::from_secs(30), "the refused event parked", || {
+        !parked(&cfg).is_empty()
+    });
+    let p = parked(&cfg);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(field(&p[0], "offset"), &Json::Number("37".into()));
+    assert_eq!(field(&p[0], "id"), &text(&refused));
+    assert_eq!(
+        field(&p[0], "reason"),
+        &text("HTTP 422 Unprocessable Entity")
+    );
+    assert_eq!(
+        field(&p[0], "response"),
+        &text(
+            "HTTP/1.1 422 Unprocessable Entity\n{\"error\":\"data.body: unknown incident kind\"}"
+        )
+    );
+    match field(&p[0], "event") {
+        Json::Object(ev) => assert_eq!(field(ev, "id"), &text(&refused)),
+        other => panic!("the parked event is the envelope: {other:?}"),
+    }
+
+    // The receiver is fixed (and calm: the runner tries a retried parked event once, and a
+    // 503 then would leave it parked for the next `relay retry`); an operator asks again.
+    rx.with(|l| {
+        l.refuse = None;
+        l.chaos = false;
+    });
+    let out = common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sink",
+        "cop",
+        "37",
+        "--reason",
+        "fixed",
+        "--operator",
+        "test",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rx.await_until(
+        Duration::from_secs(30),
+        "the refused event after the retry",
+        |l| l.accepted.contains(&refused),
+    );
+    poll(
+        Duration::from_secs(30),
+        "the delivered event unparked",
+        || parked(&cfg).is_empty(),
+    );
+
+    Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = relay.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = relay.kill();
+            panic!("relay did not stop on SIGTERM:\n{}", relay_log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "SIGTERM: {status}\n{}", relay_log());
+
+    // Each effect accepted once, the retried one last; every retry carried the same key.
+    let mut want = others.clone();
+    want.push(refused.clone());
+    assert_eq!(rx.accepted(), want);
+    let seen = rx.seen();
+    assert_keys_are_the_quoted_ids(&seen);
+    assert!(seen.iter().filter(|s| s.id() == refused).count() >= 2);
+    let ids_seen: BTreeSet<String> = seen.iter().map(Seen::id).collect();
+    assert!(seen.len() > ids_seen.len() + 3, "retries happened");
+}
