@@ -14,6 +14,7 @@
 pub mod envelope;
 mod exec;
 mod http;
+mod mqtt;
 mod postgres;
 mod runner;
 
@@ -94,6 +95,7 @@ pub struct CursorAfter {
 /// reconnected by the next one).
 pub enum Sink {
     Exec(exec::ExecSink),
+    Mqtt(mqtt::MqttSink),
     Http(Box<http::HttpSink>),
     Postgres(Box<postgres::PostgresSink>),
 }
@@ -103,16 +105,12 @@ impl Sink {
     pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
+            SinkKind::Mqtt(m) => Ok(Sink::Mqtt(mqtt::MqttSink::new(m, cfg.timeout))),
             SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
                 .map(|s| Sink::Http(Box::new(s)))
                 .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
             SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
                 .map(|s| Sink::Postgres(Box::new(s))),
-            other => Err(format!(
-                "sink {:?}: kind {:?} is not built into this binary yet",
-                cfg.name,
-                other.name()
-            )),
         }
     }
 
@@ -121,6 +119,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
+            Sink::Mqtt(s) => s.deliver(batch, cursor).await,
             Sink::Http(s) => s.deliver(batch, cursor).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
         }
@@ -133,6 +132,7 @@ impl Sink {
             Sink::Exec(_) => Ok(None),
             Sink::Http(_) => Ok(None),
             Sink::Postgres(s) => s.stored_cursor().await,
+            Sink::Mqtt(_) => Ok(None),
         }
     }
 
@@ -140,6 +140,7 @@ impl Sink {
     pub async fn close(&mut self) {
         match self {
             Sink::Exec(_) => {}
+            Sink::Mqtt(s) => s.close().await,
             Sink::Http(s) => s.close().await,
             Sink::Postgres(s) => s.close().await,
         }

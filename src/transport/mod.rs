@@ -9,6 +9,8 @@
 //! redelivers, which the engine suppresses as duplicates. The service runs on a current-thread
 //! runtime, so nothing can run between rumqttc's clean-up and the generation bump.
 
+pub mod publish;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -17,7 +19,7 @@ use rumqttc::v5;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::config::{BrokerUrl, MqttConfig, Protocol};
+use crate::config::{BrokerUrl, MqttConfig, Protocol, Secret, TlsFiles};
 
 /// What the poll loop reports to the service.
 #[derive(Debug)]
@@ -154,23 +156,72 @@ fn request_capacity(cfg: &MqttConfig) -> usize {
     usize::from(cfg.receive_maximum) * 2 + 64
 }
 
-fn tls_transport(cfg: &MqttConfig) -> Result<rumqttc::Transport, String> {
-    let tls = cfg
-        .tls
-        .as_ref()
-        .ok_or("an mqtts:// broker needs [mqtt] ca_file")?;
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-    let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
-        (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
-        _ => None,
-    };
-    Ok(rumqttc::Transport::tls_with_config(
-        rumqttc::TlsConfiguration::Simple {
-            ca: read(&tls.ca_file)?,
-            alpn: None,
-            client_auth,
-        },
-    ))
+/// What every connection of ours shares, the feed's and a sink's: where, who, how.
+pub(crate) struct Endpoint<'a> {
+    pub broker: &'a BrokerUrl,
+    pub client_id: &'a str,
+    pub keep_alive: Duration,
+    pub credentials: Option<&'a (String, Secret)>,
+    pub tls: Option<&'a TlsFiles>,
+    /// The config section that names `tls`, for the error when it is missing.
+    pub section: &'a str,
+}
+
+impl Endpoint<'_> {
+    fn transport(&self) -> Result<Option<rumqttc::Transport>, String> {
+        if !self.broker.tls {
+            return Ok(None);
+        }
+        let tls = self
+            .tls
+            .ok_or_else(|| format!("an mqtts:// broker needs {} ca_file", self.section))?;
+        let read =
+            |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            _ => None,
+        };
+        Ok(Some(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Simple {
+                ca: read(&tls.ca_file)?,
+                alpn: None,
+                client_auth,
+            },
+        )))
+    }
+
+    /// `Config` guarantees 5..=65535 s; clamped again because rumqttc's MQTT 5 client panics
+    /// below 5 s and both clients truncate the 16-bit protocol field above 65535 s.
+    fn keep_alive(&self) -> Duration {
+        self.keep_alive
+            .clamp(Duration::from_secs(5), Duration::from_secs(65_535))
+    }
+
+    /// MQTT 5 options: address, keep-alive, credentials and TLS; the caller adds the rest.
+    pub(crate) fn options_v5(&self) -> Result<v5::MqttOptions, String> {
+        let mut o = v5::MqttOptions::new(self.client_id, &self.broker.host, self.broker.port);
+        o.set_keep_alive(self.keep_alive());
+        if let Some((user, pass)) = self.credentials {
+            o.set_credentials(user, pass.expose());
+        }
+        if let Some(t) = self.transport()? {
+            o.set_transport(t);
+        }
+        Ok(o)
+    }
+
+    /// MQTT 3.1.1 options: address, keep-alive, credentials and TLS; the caller adds the rest.
+    pub(crate) fn options_v311(&self) -> Result<rumqttc::MqttOptions, String> {
+        let mut o = rumqttc::MqttOptions::new(self.client_id, &self.broker.host, self.broker.port);
+        o.set_keep_alive(self.keep_alive());
+        if let Some((user, pass)) = self.credentials {
+            o.set_credentials(user, pass.expose());
+        }
+        if let Some(t) = self.transport()? {
+            o.set_transport(t);
+        }
+        Ok(o)
+    }
 }
 
 fn build(
@@ -179,49 +230,33 @@ fn build(
     max_packet: usize,
 ) -> Result<(Client, Loop), String> {
     let cap = request_capacity(cfg);
-    let transport = if broker.tls {
-        Some(tls_transport(cfg)?)
-    } else {
-        None
+    let endpoint = Endpoint {
+        broker,
+        client_id: &cfg.client_id,
+        keep_alive: cfg.keep_alive,
+        credentials: cfg.credentials.as_ref(),
+        tls: cfg.tls.as_ref(),
+        section: "[mqtt]",
     };
     let max_packet_u32 = u32::try_from(max_packet).unwrap_or(u32::MAX);
-    // `Config` guarantees 5..=65535 s; clamped again because rumqttc's MQTT 5 client panics
-    // below 5 s and both clients truncate the 16-bit protocol field above 65535 s.
-    let keep_alive = cfg
-        .keep_alive
-        .clamp(Duration::from_secs(5), Duration::from_secs(65_535));
     Ok(match cfg.protocol {
         Protocol::V5 => {
-            let mut o = v5::MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+            let mut o = endpoint.options_v5()?;
             o.set_manual_acks(true)
                 .set_clean_start(false)
                 .set_session_expiry_interval(Some(cfg.session_expiry_seconds))
                 .set_receive_maximum(Some(cfg.receive_maximum))
                 .set_max_packet_size(Some(max_packet_u32))
-                .set_keep_alive(keep_alive)
                 .set_request_channel_capacity(cap);
-            if let Some((user, pass)) = &cfg.credentials {
-                o.set_credentials(user, pass.expose());
-            }
-            if let Some(t) = transport {
-                o.set_transport(t);
-            }
             let (c, l) = v5::AsyncClient::new(o, cap);
             (Client::V5(c), Loop::V5(l))
         }
         Protocol::V311 => {
-            let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+            let mut o = endpoint.options_v311()?;
             o.set_manual_acks(true)
                 .set_clean_session(false)
                 .set_max_packet_size(max_packet, max_packet)
-                .set_keep_alive(keep_alive)
                 .set_request_channel_capacity(cap);
-            if let Some((user, pass)) = &cfg.credentials {
-                o.set_credentials(user, pass.expose());
-            }
-            if let Some(t) = transport {
-                o.set_transport(t);
-            }
             let (c, l) = rumqttc::AsyncClient::new(o, cap);
             (Client::V311(c), Loop::V311(l))
         }

@@ -127,6 +127,14 @@ impl Broker {
         }
     }
 
+    /// SIGTERM: the broker saves its persistence file (if it has one) and exits; waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id() as i32, "TERM");
+            let _ = c.wait();
+        }
+    }
+
     /// Publishes each line as one QoS 1 message on `topic` and waits for every PUBACK.
     pub fn publish_lines(&self, topic: &str, lines: &[String], client_id: &str) {
         use std::io::Write as _;

@@ -12,6 +12,8 @@
 //! - `live_read`: `dump-audit` while another process writes the database.
 //! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
+//! - `relay_mqtt`: the `mqtt` sink against a second Mosquitto: order, v5 properties, PUBACK
+//!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056).
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
@@ -50,6 +52,7 @@ mod operator;
 mod readme;
 mod relay;
 mod relay_http;
+mod relay_mqtt;
 mod relay_pg;
 mod service;
 mod systemd;
