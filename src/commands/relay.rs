@@ -460,6 +460,9 @@ fn forget(db: &DbArgs, sink: &str, reason: &str, operator: Option<&str>) -> Resu
         )));
     }
     let (config, mut store) = operator_store(db)?;
+    // A relay still delivering it would make its cursor again at once.
+    let path = config.require_db()?.to_path_buf();
+    let _lock = crate::store::relay::lock_sinks(&path, &[sink])?;
     if config.relay.sink(sink).is_some() {
         return Err(Failure::Usage(anyhow!(
             "sink {sink:?} is still in the config: remove its [[sink]] table (and restart the \

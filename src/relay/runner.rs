@@ -397,10 +397,23 @@ impl SinkTask {
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
-        let r = self.work().await;
-        if let Err(e) = &r {
-            tracing::error!(sink = %self.cfg.name, error = %e, "relay sink stopped");
-        }
+        // A store error (a failed read or cursor write) restarts the sink's loop after a
+        // backoff rather than ending it: a stopped sink would hold retention back for good.
+        let mut backoff = self.cfg.backoff_initial;
+        let r = loop {
+            match self.work().await {
+                Ok(()) => break Ok(()),
+                Err(e) => {
+                    tracing::error!(sink = %self.cfg.name, error = %e, "relay sink failed; restarting it after a backoff");
+                    self.status("failing", Some(e.to_string()));
+                    let wait = self.jitter(backoff);
+                    if self.sleep(wait).await == Woken::Stop {
+                        break Err(e);
+                    }
+                    backoff = (backoff * 2).min(self.cfg.backoff_max);
+                }
+            }
+        };
         let flushed = self.flush(true).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
         self.shared.set_status(self.idx, |s| s.state = "stopped");
@@ -525,6 +538,15 @@ impl SinkTask {
 
     fn adopt(&mut self, w: CursorWrite) {
         match w {
+            CursorWrite::Done(r)
+                if self
+                    .rec
+                    .as_ref()
+                    .is_some_and(|o| o.generation != r.generation) =>
+            {
+                // Written, but an operator had rewound meanwhile: deliver from there.
+                self.adopt(CursorWrite::Moved(Some(r)));
+            }
             CursorWrite::Done(r) => {
                 self.next = self.next.max(r.next);
                 self.rec = Some(r);
@@ -557,10 +579,19 @@ impl SinkTask {
         }
         let name = self.name().to_string();
         let (from, to, parked) = (rec.next, self.next, std::mem::take(&mut self.parked));
-        let w = self
+        let kept = parked.clone();
+        let w = match self
             .shared
             .write(move |s| s.advance_sink(&name, rec.generation, from, to, &parked, now_ms()))
-            .await?;
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => {
+                // Not written: the parked events must go with the next write that succeeds.
+                self.parked = kept;
+                return Err(e);
+            }
+        };
         self.flushed_at = Instant::now();
         self.adopt(w);
         let head = self
@@ -615,7 +646,15 @@ impl SinkTask {
                 topic: p.record.topic.clone(),
                 json: p.record.event.clone(),
             };
-            let cursor = self.cursor_after(self.next);
+            // A blocking event's delivery moves the cursor past it (the postgres sink stores
+            // that with the row).
+            let after = if p.record.blocking {
+                self.next.max(p.offset + 1)
+            } else {
+                self.next
+            };
+            let cursor = self.cursor_after(after);
+            let generation = cursor.generation;
             let Some(attempt) = self
                 .abortable_deliver(std::slice::from_ref(&ev), cursor)
                 .await
@@ -627,7 +666,7 @@ impl SinkTask {
                 tracing::info!(sink = %self.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
                 let w = self
                     .shared
-                    .write(move |s| s.parked_delivered(&name, p.offset, now_ms()))
+                    .write(move |s| s.parked_delivered(&name, p.offset, generation, now_ms()))
                     .await?;
                 if p.record.blocking
                     && let CursorWrite::Done(r) = &w

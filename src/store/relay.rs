@@ -190,11 +190,12 @@ impl Store {
     }
 
     /// A parked event was delivered after `relay retry`: its record goes; a blocking one also
-    /// lets the cursor past it.
+    /// lets the cursor past it, if the cursor is still at it in `generation` (not rewound).
     pub fn parked_delivered(
         &mut self,
         name: &str,
         offset: u64,
+        generation: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.cursor_write(name, u64::MAX, None, |t, rec| {
@@ -206,7 +207,7 @@ impl Store {
                 .transpose()?;
             if let Some(r) = removed {
                 rec.delivered += 1;
-                if r.blocking && rec.next == offset {
+                if r.blocking && rec.next == offset && rec.generation == generation {
                     rec.next = offset + 1;
                     rec.advanced_at_ms = now_ms;
                 }
@@ -729,7 +730,7 @@ mod tests {
         let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
         assert!(p.iter().all(|p| p.record.retry_requested_at_ms == Some(T0)));
         // A delivered retry removes the record; a refused one clears the request.
-        s.parked_delivered("cop", 3, T0).unwrap();
+        s.parked_delivered("cop", 3, 0, T0).unwrap();
         s.parked_failed("cop", 7, "HTTP/1.1 422 again", T0).unwrap();
         let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
         assert_eq!(p.len(), 1);
@@ -798,10 +799,34 @@ mod tests {
         );
         s.relay_retry("cop", Some(2), "ana", "receiver fixed", T0)
             .unwrap();
-        match s.parked_delivered("cop", 2, T0).unwrap() {
+        match s.parked_delivered("cop", 2, 0, T0).unwrap() {
             CursorWrite::Done(r) => assert_eq!(r.next, 3),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_retry_delivered_after_a_rewind_does_not_undo_the_rewind() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=8, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 6, &[parked(6, true)], T0)
+            .unwrap();
+        s.relay_retry("cop", Some(6), "ana", "fixed", T0).unwrap();
+        // The rewind lands while the retried delivery (started in generation 0) is in flight.
+        s.relay_rewind("cop", 2, "ana", "COP restored", T0).unwrap();
+        match s.parked_delivered("cop", 6, 0, T0).unwrap() {
+            CursorWrite::Done(r) => assert_eq!((r.next, r.generation), (2, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            s.reader()
+                .unwrap()
+                .sink_parked(Some("cop"))
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -911,6 +911,31 @@ fn a_sink_is_delivered_by_one_process_at_a_time() {
             && err.contains("is already delivered by another process"),
         "{err}"
     );
+    // Nor may a running sink be forgotten (it would make its cursor again at once).
+    let removed = dir.path().join("removed.toml");
+    std::fs::write(
+        &removed,
+        format!("[store]\npath = {:?}\n", s.db.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = common::run(&[
+        "relay",
+        "forget",
+        "--config",
+        removed.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--reason",
+        "x",
+        "--operator",
+        "ana",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(stop(&mut first), Some(0));
     // Once the first is gone (also after kill -9: the kernel drops the lock), another may.
     let mut second = s.relay();
