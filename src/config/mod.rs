@@ -730,6 +730,42 @@ impl Config {
     }
 }
 
+/// The TLS files of an MQTT connection (`[mqtt]` or an mqtt `[[sink]]`), each checked
+/// readable; `tls_wanted`: an `mqtts://` broker, which needs `ca_file`.
+fn tls_files(
+    ca: Option<&PathBuf>,
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    tls_wanted: bool,
+) -> Result<Option<TlsFiles>, String> {
+    let readable = |name: &str, p: &Path| {
+        std::fs::File::open(p)
+            .map(drop)
+            .map_err(|e| format!("{name} {}: {e}", p.display()))
+    };
+    let Some(ca) = ca else {
+        return if tls_wanted {
+            Err("an mqtts:// broker needs ca_file (certificates are always verified)".into())
+        } else {
+            Ok(None)
+        };
+    };
+    readable("ca_file", ca)?;
+    match (cert, key) {
+        (Some(c), Some(k)) => {
+            readable("client_cert_file", c)?;
+            readable("client_key_file", k)?;
+        }
+        (None, None) => {}
+        _ => return Err("client_cert_file and client_key_file go together".into()),
+    }
+    Ok(Some(TlsFiles {
+        ca_file: ca.clone(),
+        client_cert_file: cert.cloned(),
+        client_key_file: key.cloned(),
+    }))
+}
+
 fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
     let invalid = |m: String| ConfigError::Invalid(format!("[mqtt] {m}"));
     if m.brokers.is_empty() {
@@ -802,40 +838,13 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
                 .into(),
         ));
     }
-    let readable = |key: &str, p: &Path| -> Result<(), ConfigError> {
-        std::fs::File::open(p)
-            .map(drop)
-            .map_err(|e| invalid(format!("{key} {}: {e}", p.display())))
-    };
-    let tls_wanted = brokers.iter().any(|b| b.tls);
-    let tls = match (&m.ca_file, tls_wanted) {
-        (Some(ca), _) => {
-            readable("ca_file", ca)?;
-            match (&m.client_cert_file, &m.client_key_file) {
-                (Some(c), Some(k)) => {
-                    readable("client_cert_file", c)?;
-                    readable("client_key_file", k)?;
-                }
-                (None, None) => {}
-                _ => {
-                    return Err(invalid(
-                        "client_cert_file and client_key_file go together".into(),
-                    ));
-                }
-            }
-            Some(TlsFiles {
-                ca_file: ca.clone(),
-                client_cert_file: m.client_cert_file.clone(),
-                client_key_file: m.client_key_file.clone(),
-            })
-        }
-        (None, true) => {
-            return Err(invalid(
-                "an mqtts:// broker needs ca_file (certificates are always verified)".into(),
-            ));
-        }
-        (None, false) => None,
-    };
+    let tls = tls_files(
+        m.ca_file.as_ref(),
+        m.client_cert_file.as_ref(),
+        m.client_key_file.as_ref(),
+        brokers.iter().any(|b| b.tls),
+    )
+    .map_err(invalid)?;
     let credentials = match &m.username {
         None => None,
         Some(user) => {

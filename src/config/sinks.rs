@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::{
     BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, Range, RawProtocol, Secret, TlsFiles,
-    in_range, read_bounded, redact_url,
+    in_range, read_bounded, redact_url, tls_files,
 };
 
 pub const SINK_BATCH_MAX: Range = 1..=10_000;
@@ -469,35 +469,13 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                 keep_alive,
                 super::KEEP_ALIVE_SECONDS,
             )?;
-            let tls = match (&r.ca_file, broker.tls) {
-                (Some(ca), _) => {
-                    readable("ca_file", ca)?;
-                    match (&r.client_cert_file, &r.client_key_file) {
-                        (Some(c), Some(k)) => {
-                            readable("client_cert_file", c)?;
-                            readable("client_key_file", k)?;
-                        }
-                        (None, None) => {}
-                        _ => {
-                            return Err(invalid(
-                                "client_cert_file and client_key_file go together".into(),
-                            ));
-                        }
-                    }
-                    Some(TlsFiles {
-                        ca_file: ca.clone(),
-                        client_cert_file: r.client_cert_file.clone(),
-                        client_key_file: r.client_key_file.clone(),
-                    })
-                }
-                (None, true) => {
-                    return Err(invalid(
-                        "an mqtts:// broker needs ca_file (certificates are always verified)"
-                            .into(),
-                    ));
-                }
-                (None, false) => None,
-            };
+            let tls = tls_files(
+                r.ca_file.as_ref(),
+                r.client_cert_file.as_ref(),
+                r.client_key_file.as_ref(),
+                broker.tls,
+            )
+            .map_err(&invalid)?;
             let credentials = match (&r.username, &r.password_file) {
                 (None, None) => None,
                 (Some(user), Some(path)) => {
