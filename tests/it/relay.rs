@@ -110,6 +110,17 @@ impl Setup {
             .unwrap()
     }
 
+    /// `run` with this config (which then needs an `[mqtt]` section: `mqtt_section`).
+    fn run(&self) -> Child {
+        Command::new(common::bin())
+            .args(["run", "--config", self.config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("relay.log")).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
@@ -175,6 +186,15 @@ impl Setup {
             })
             .collect()
     }
+}
+
+/// An `[mqtt]` section for `run` against `broker`, committing every 5 ms.
+fn mqtt_section(broker: &Broker, client_id: &str) -> String {
+    format!(
+        "[mqtt]\nbrokers = [{:?}]\nclient_id = {client_id:?}\ntopics = [\"incidents/#\"]\n\
+         [commit]\nlinger_ms = 5\n",
+        broker.url()
+    )
 }
 
 fn stop(child: &mut Child) -> Option<i32> {
@@ -361,19 +381,9 @@ fn run_delivers_what_it_applies_to_its_sinks_and_stops_cleanly() {
         dir.path(),
         "cat >> \"$OUT\"",
         "",
-        &format!(
-            "[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-relay-run\"\ntopics = [\"incidents/#\"]\n\
-             [commit]\nlinger_ms = 5\n",
-            broker.url()
-        ),
+        &mqtt_section(&broker, "rg-relay-run"),
     );
-    let mut run = Command::new(common::bin())
-        .args(["run", "--config", s.config.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut run = s.run();
     std::thread::sleep(Duration::from_millis(300));
     let mut lines: Vec<String> = (0..400)
         .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
@@ -850,19 +860,9 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
              timeout_ms = 600000\n",
             pidfile.to_str().unwrap()
         ),
-        &format!(
-            "[mqtt]\nbrokers = [{:?}]\nclient_id = \"rg-relay-hung\"\ntopics = [\"incidents/#\"]\n\
-             [commit]\nlinger_ms = 5\n",
-            broker.url()
-        ),
+        &mqtt_section(&broker, "rg-relay-hung"),
     );
-    let mut run = Command::new(common::bin())
-        .args(["run", "--config", s.config.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut run = s.run();
     std::thread::sleep(Duration::from_millis(300));
     let lines: Vec<String> = (0..300)
         .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
