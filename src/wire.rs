@@ -221,6 +221,56 @@ fn as_u64(v: &Json, field: &'static str) -> Result<u64, DecodeError> {
     })
 }
 
+/// One delivery to decide: where it came from, its bytes, and what `wire` made of them.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub received_at_ms: u64,
+    pub decoded: Result<Message, DecodeError>,
+}
+
+impl Incoming {
+    pub fn decode(
+        topic: impl Into<String>,
+        payload: Vec<u8>,
+        received_at_ms: u64,
+        contract: &FeedContract,
+    ) -> Incoming {
+        let decoded = decode(&payload, contract);
+        Incoming {
+            topic: topic.into(),
+            payload,
+            received_at_ms,
+            decoded,
+        }
+    }
+}
+
+impl Incoming {
+    /// A payload too large to accept, of which only `prefix` (at least `limit` bytes, or all
+    /// of it) was read; `size` and `sha256` describe the whole payload.
+    pub fn oversized(
+        topic: impl Into<String>,
+        prefix: Vec<u8>,
+        size: usize,
+        sha256: [u8; 32],
+        received_at_ms: u64,
+        limit: usize,
+    ) -> Incoming {
+        Incoming {
+            topic: topic.into(),
+            payload: prefix,
+            received_at_ms,
+            decoded: Err(DecodeError::TooLarge {
+                size,
+                limit,
+                sha256,
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 
-use redb::ReadableTable;
-
+use super::engine::{EffectOrigin, Writer, pair_pos, pos_pair};
 use super::guard::Leak;
+use super::redb_tx::RedbTx;
 use super::tables::*;
-use super::{Decided, Store, StoreError, Writer, pair_pos, pos_pair};
+use super::tx::Tx;
+use super::{Decided, Store, StoreError};
 use crate::model::{IdempotencyKey, Outcome, hex};
 use crate::wire::{self, FeedContract};
 
@@ -76,9 +77,9 @@ impl Store {
         };
         let txn = Leak::new(self.begin_durable()?);
         let decided = {
-            let mut w = Leak::new(Writer::open(&txn, &self.opts)?);
+            let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &self.opts)?);
             let d = w.resolve(id, resolution, contract, prior, now_ms)?;
-            w.into_inner().finish()?;
+            drop(w.into_inner().finish()?);
             d
         };
         txn.into_inner().commit().map_err(StoreError::redb)?;
@@ -186,7 +187,7 @@ impl Store {
     }
 }
 
-impl Writer<'_> {
+impl<T: Tx> Writer<T> {
     fn resolve(
         &mut self,
         id: u64,
@@ -195,8 +196,8 @@ impl Writer<'_> {
         prior: Option<PriorApplications>,
         now_ms: u64,
     ) -> Result<Decided, StoreError> {
-        let rec: QuarantineRecord = match self.quarantine.get(id).map_err(StoreError::redb)? {
-            Some(g) => decode("quarantine", id, g.value())?,
+        let rec: QuarantineRecord = match self.tx.quarantined(id)? {
+            Some(rec) => rec,
             None => {
                 return Err(refuse(format!(
                     "quarantine #{id} does not exist: it was never created, or was already \
@@ -280,8 +281,8 @@ impl Writer<'_> {
         rec: &QuarantineRecord,
         prior: Option<PriorApplications>,
     ) -> Result<(), StoreError> {
-        let decided_with = match self.audit.get(rec.audit_index).map_err(StoreError::redb)? {
-            Some(g) => decode::<AuditRecord>("audit", rec.audit_index, g.value())?.digest,
+        let decided_with = match self.tx.audit(rec.audit_index)? {
+            Some(entry) => entry.digest,
             None => {
                 return Err(refuse(format!(
                     "quarantine #{id}: the audit entry that quarantined it (#{}) was pruned, so its \
@@ -308,16 +309,11 @@ impl Writer<'_> {
             )));
         }
         // What was committed since the snapshot.
-        let tail: Vec<AuditRecord> = self
-            .audit
-            .range(prior.scanned_to..self.meta.next_audit)
-            .map_err(StoreError::redb)?
-            .map(|item| {
-                let (k, v) = item.map_err(StoreError::redb)?;
-                Ok(decode::<AuditRecord>("audit", k.value(), v.value())?)
-            })
-            .collect::<Result<_, StoreError>>()?;
-        tail.iter().for_each(|e| prior.note(e));
+        self.tx
+            .scan_audit(prior.scanned_to..self.meta.next_audit, &mut |_, e| {
+                prior.note(&e);
+                Ok(ControlFlow::Continue(()))
+            })?;
         if let Some(offset) = prior.digests.get(msg.digest.as_bytes()) {
             return Err(refuse(format!(
                 "quarantine #{id}: key {} with this same content is already applied as effect \
@@ -352,7 +348,7 @@ impl Writer<'_> {
         self.write_effect(
             no,
             msg,
-            &super::EffectOrigin {
+            &EffectOrigin {
                 topic: &rec.topic,
                 // Applied now: the window keeps it (and suppresses its replays) from now on.
                 received_at_ms: now_ms,

@@ -10,10 +10,12 @@
 
 use redb::{ReadableTable, TableError};
 
+use super::engine::Writer;
 use super::guard::Leak;
 use super::read::Snapshot;
+use super::redb_tx::RedbTx;
 use super::tables::*;
-use super::{Store, StoreError, Writer};
+use super::{Store, StoreError};
 use crate::model::Outcome;
 
 /// Where a new sink's cursor starts.
@@ -290,7 +292,7 @@ impl Store {
                         .map_err(StoreError::redb)?;
                 }
                 drop(p.into_inner());
-                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
                 for (o, r) in &targets {
                     w.append_audit(relay_entry(
                         now_ms,
@@ -304,7 +306,7 @@ impl Store {
                         Some((&r.agency, &r.source_id)),
                     ))?;
                 }
-                w.into_inner().finish()?;
+                drop(w.into_inner().finish()?);
                 targets.len() as u64
             };
             txn.into_inner().commit().map_err(StoreError::redb)?;
@@ -348,7 +350,7 @@ impl Store {
                 t.insert(name, encode(&after).as_slice())
                     .map_err(StoreError::redb)?;
                 drop(t.into_inner());
-                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
                 w.append_audit(relay_entry(
                     now_ms,
                     name,
@@ -360,7 +362,7 @@ impl Store {
                     None,
                     None,
                 ))?;
-                w.into_inner().finish()?;
+                drop(w.into_inner().finish()?);
                 (before, after)
             };
             txn.into_inner().commit().map_err(StoreError::redb)?;
@@ -396,7 +398,7 @@ impl Store {
                 })
                 .map_err(StoreError::redb)?;
                 drop(p.into_inner());
-                let mut w = Leak::new(Writer::open(&txn, &s.opts)?);
+                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
                 w.append_audit(relay_entry(
                     now_ms,
                     name,
@@ -409,7 +411,7 @@ impl Store {
                     None,
                     None,
                 ))?;
-                w.into_inner().finish()?;
+                drop(w.into_inner().finish()?);
                 Forgotten { record, parked }
             };
             txn.into_inner().commit().map_err(StoreError::redb)?;

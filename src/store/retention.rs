@@ -8,10 +8,12 @@
 //!   `Meta::window_start` only); `RetentionMarks::effects_floor` records the cut;
 //! - the quarantine up to an id (with its fingerprints); `RetentionMarks::quarantine_floor`.
 
-use redb::ReadableTable;
+use std::ops::ControlFlow;
 
+use super::StoreError;
+use super::engine::Writer;
 use super::tables::*;
-use super::{StoreError, Writer};
+use super::tx::Tx;
 
 /// Records removed per commit at most (all logs together), so a commit that prunes stays short.
 pub(super) const PRUNE_SLICE: u64 = 2_048;
@@ -70,7 +72,7 @@ impl PruneCounts {
     }
 }
 
-impl Writer<'_> {
+impl<T: Tx> Writer<T> {
     /// Removes, oldest first, what `policy` no longer keeps, at most `PRUNE_SLICE` records.
     pub(super) fn prune(
         &mut self,
@@ -109,33 +111,24 @@ impl Writer<'_> {
     ) -> Result<u64, StoreError> {
         let start = self.meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         let end = self.meta.next_audit;
-        let due = expired_front(
-            &self.audit,
-            start..end,
-            end - start,
-            keep,
-            now_ms,
-            budget,
-            |k, v| Ok(decode_head::<AuditHead>("audit", k, v)?.recorded_at_ms),
-        )?;
+        let mut front = Front::new(end - start, keep, now_ms, budget);
+        self.tx.scan_audit_heads(start..end, &mut |index, head| {
+            Ok(front.visit(index, head.recorded_at_ms))
+        })?;
+        let due = front.due;
         let Some(&last) = due.last() else {
             return Ok(0);
         };
-        let hash = {
-            let g = self
-                .audit
-                .get(last)
-                .map_err(StoreError::redb)?
-                .ok_or_else(|| RecordError {
-                    table: "audit",
-                    key: last.to_string(),
-                    why: "vanished while pruning".into(),
-                })?;
-            decode::<AuditRecord>("audit", last, g.value())?.hash
-        };
-        self.audit
-            .retain_in(start..=last, |_, _| false)
-            .map_err(StoreError::redb)?;
+        let hash = self
+            .tx
+            .audit(last)?
+            .ok_or_else(|| RecordError {
+                table: "audit",
+                key: last.to_string(),
+                why: "vanished while pruning".into(),
+            })?
+            .hash;
+        self.tx.remove_audit(start..=last)?;
         self.meta.audit_anchor = Some((last, hash));
         Ok(due.len() as u64)
     }
@@ -155,21 +148,15 @@ impl Writer<'_> {
             .map_or(self.meta.window_start, |c| c.min(self.meta.window_start))
             .max(start);
         let len = self.meta.next_effect.saturating_sub(start);
-        let due = expired_front(
-            &self.effects,
-            start..end,
-            len,
-            keep,
-            now_ms,
-            budget,
-            |k, v| Ok(decode_effect_head(k, v)?.received_at_ms),
-        )?;
+        let mut front = Front::new(len, keep, now_ms, budget);
+        self.tx.scan_effect_heads(start..end, &mut |offset, head| {
+            Ok(front.visit(offset, head.received_at_ms))
+        })?;
+        let due = front.due;
         let Some(&last) = due.last() else {
             return Ok(0);
         };
-        self.effects
-            .retain_in(start..=last, |_, _| false)
-            .map_err(StoreError::redb)?;
+        self.tx.remove_effects(start..=last)?;
         marks.effects_floor = last + 1;
         Ok(due.len() as u64)
     }
@@ -181,19 +168,15 @@ impl Writer<'_> {
         budget: &mut u64,
         marks: &mut RetentionMarks,
     ) -> Result<u64, StoreError> {
-        use redb::ReadableTableMetadata;
         let start = marks.quarantine_floor;
-        let len = self.quarantine.len().map_err(StoreError::redb)?;
+        let len = self.tx.quarantine_len()?;
         // Ids are taken in order of first receipt; released and discarded ids are already gone.
-        let due = expired_front(
-            &self.quarantine,
-            start..u64::MAX,
-            len,
-            keep,
-            now_ms,
-            budget,
-            |k, v| Ok(decode::<QuarantineRecord>("quarantine", k, v)?.received_at_ms),
+        let mut front = Front::new(len, keep, now_ms, budget);
+        self.tx.scan_quarantine(
+            start,
+            &mut |id, rec| Ok(front.visit(id, rec.received_at_ms)),
         )?;
+        let due = front.due;
         for id in &due {
             self.forget_quarantined(*id)?;
         }
@@ -205,59 +188,47 @@ impl Writer<'_> {
 
     /// Removes quarantine record `id` and its fingerprint entries.
     pub(super) fn forget_quarantined(&mut self, id: u64) -> Result<(), StoreError> {
-        self.quarantine.remove(id).map_err(StoreError::redb)?;
-        let fp = self
-            .quarantine_fp_by_id
-            .remove(id)
-            .map_err(StoreError::redb)?
-            .map(|g| *g.value());
-        if let Some(fp) = fp {
-            // Only if it still names this id (a later record may have taken the fingerprint).
-            let owner = self
-                .quarantine_fp
-                .get(&fp)
-                .map_err(StoreError::redb)?
-                .map(|g| g.value());
-            if owner == Some(id) {
-                self.quarantine_fp.remove(&fp).map_err(StoreError::redb)?;
-            }
-        }
-        Ok(())
+        self.tx.remove_quarantined(id)?;
+        self.tx.forget_fingerprint(id)
     }
 }
 
-/// The keys at the front of `range` that `keep` no longer keeps, oldest first, at most
-/// `budget` of them (taken from it). `len` is how many entries the log holds; `time` reads an
-/// entry's time (of recording or receipt). Stops at the first entry still kept.
-fn expired_front(
-    table: &impl ReadableTable<u64, &'static [u8]>,
-    range: std::ops::Range<u64>,
-    mut len: u64,
+/// Collects the keys at the front of a log that `keep` no longer keeps, oldest first, at
+/// most `budget` of them (taken from it), from a scan of (key, time of recording or receipt).
+/// `len` is how many entries the log holds. Stops the scan at the first entry still kept.
+struct Front<'b> {
+    len: u64,
     keep: LogRetention,
-    now_ms: u64,
-    budget: &mut u64,
-    time: impl Fn(u64, &[u8]) -> Result<u64, StoreError>,
-) -> Result<Vec<u64>, StoreError> {
-    let cutoff = keep.cutoff(now_ms);
-    let mut due = Vec::new();
-    for item in table.range(range).map_err(StoreError::redb)? {
-        if *budget == 0 {
-            break;
+    cutoff: Option<u64>,
+    budget: &'b mut u64,
+    due: Vec<u64>,
+}
+
+impl<'b> Front<'b> {
+    fn new(len: u64, keep: LogRetention, now_ms: u64, budget: &'b mut u64) -> Front<'b> {
+        Front {
+            len,
+            keep,
+            cutoff: keep.cutoff(now_ms),
+            budget,
+            due: Vec::new(),
         }
-        let (k, v) = item.map_err(StoreError::redb)?;
-        let too_old = match cutoff {
-            Some(c) => time(k.value(), v.value())? < c,
-            None => false,
-        };
-        let too_many = keep.max_entries.is_some_and(|m| len > m);
-        if !(too_old || too_many) {
-            break;
-        }
-        due.push(k.value());
-        len -= 1;
-        *budget -= 1;
     }
-    Ok(due)
+
+    fn visit(&mut self, key: u64, time: u64) -> ControlFlow<()> {
+        if *self.budget == 0 {
+            return ControlFlow::Break(());
+        }
+        let too_old = self.cutoff.is_some_and(|c| time < c);
+        let too_many = self.keep.max_entries.is_some_and(|m| self.len > m);
+        if !(too_old || too_many) {
+            return ControlFlow::Break(());
+        }
+        self.due.push(key);
+        self.len -= 1;
+        *self.budget -= 1;
+        ControlFlow::Continue(())
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
-use super::{Snapshot, StoreError, fingerprint_decided, fingerprint_malformed};
+use super::engine::{fingerprint_decided, fingerprint_malformed};
+use super::{Snapshot, StoreError};
 use crate::key::sha256;
 use crate::model::{Outcome, hex};
 use crate::wire::{self, DecodeError, FeedContract};

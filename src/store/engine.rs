@@ -1,0 +1,507 @@
+//! The backend-neutral write path: a batch decided message by message with
+//! `decide::decide` (the only place outcomes are decided), its effects, window entries,
+//! quarantine and hash-chained audit entries written through a backend's `Tx`, the window
+//! evicted from its front. A backend opens the transaction, hands it to `Writer`, and commits
+//! what `Writer::finish` gives back.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use super::tables::*;
+use super::tx::Tx;
+use super::{BatchReport, Decided, StoreError, StoreOptions, audit};
+use crate::decide::{self, Seen, SourceMarks};
+use crate::key::sha256;
+use crate::model::{Digest, IdempotencyKey, Message, Outcome, Position, Source};
+use crate::wire::{DecodeError, Incoming};
+
+/// The quarantine fingerprint of a conflicting or stale message: its outcome, key and
+/// digest (replays of the same content land on the same record).
+pub(super) fn fingerprint_decided(outcome: u8, key: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
+    sha256(&[b"replay-guard/quarantine/v1\0", &[outcome], key, digest])
+}
+
+/// The quarantine fingerprint of a malformed message: the SHA-256 of all its bytes.
+pub(super) fn fingerprint_malformed(whole_sha256: &[u8; 32]) -> [u8; 32] {
+    sha256(&[
+        b"replay-guard/quarantine/v1\0",
+        &[Outcome::Malformed.code()],
+        whole_sha256,
+    ])
+}
+
+/// Where an effect's bytes came from and how it was applied.
+pub(super) struct EffectOrigin<'a> {
+    pub(super) topic: &'a str,
+    pub(super) received_at_ms: u64,
+    pub(super) payload: &'a [u8],
+    pub(super) late: bool,
+    pub(super) released: bool,
+    pub(super) audit_index: u64,
+}
+
+/// Cached state of one source during a batch.
+pub(super) struct SourceState {
+    pub(super) record: SourceRecord,
+    pub(super) dirty: bool,
+}
+
+/// One write transaction's batch state over a backend's tables (`Tx`): the meta record,
+/// the sources touched so far and the counters, written back by `finish`.
+pub(super) struct Writer<T: Tx> {
+    pub(super) tx: T,
+    pub(super) opts: StoreOptions,
+    pub(super) meta: Meta,
+    names: HashMap<Source, u64>,
+    states: HashMap<u64, SourceState>,
+    /// Retention's marks, loaded when first needed; written back by `finish` when changed.
+    marks: Option<RetentionMarks>,
+    marks_dirty: bool,
+    counters: Counters,
+    /// The lowest relay sink cursor (read only when retention prunes effects): retention
+    /// never removes an effect a sink has not delivered or parked.
+    pub(super) lowest_cursor: Option<u64>,
+}
+
+pub(super) fn pos_pair(p: Position) -> (u64, u64) {
+    (p.epoch, p.sequence)
+}
+pub(super) fn pair_pos((epoch, sequence): (u64, u64)) -> Position {
+    Position { epoch, sequence }
+}
+
+/// Evictions allowed per transaction beyond the batch's own size, so a long-idle window is
+/// drained over a few commits instead of one huge one.
+const EVICTION_SLACK: u64 = 4096;
+
+impl<T: Tx> Writer<T> {
+    /// Decides every delivery of `batch`, in order, at time `now_ms`; evicts what the window
+    /// no longer keeps and prunes what retention no longer keeps. The caller commits.
+    pub(super) fn decide_batch(
+        &mut self,
+        batch: &[Incoming],
+        now_ms: u64,
+    ) -> Result<BatchReport, StoreError> {
+        let mut budget = batch.len() as u64 + EVICTION_SLACK;
+        let mut report = BatchReport::default();
+        report.evicted += self.evict(now_ms, &mut budget)?;
+        for incoming in batch {
+            let d = self.decide_one(incoming, now_ms)?;
+            report.counts.add(d.outcome);
+            report.decided.push(d);
+        }
+        report.evicted += self.evict(now_ms, &mut budget)?;
+        // Looking costs one read at the oldest end of each log, so every commit looks.
+        if self.opts.retention.is_active() {
+            let policy = self.opts.retention;
+            report.pruned = self.prune(now_ms, &policy)?;
+        }
+        Ok(report)
+    }
+
+    pub(super) fn open(mut tx: T, opts: &StoreOptions) -> Result<Writer<T>, StoreError> {
+        let meta = tx.meta()?;
+        let counters = match tx.counters()? {
+            Some(c) => c,
+            // A database from before the counters: count its (never pruned) audit log once.
+            None => {
+                let mut c = Counters::default();
+                tx.scan_audit_heads(0..meta.next_audit, &mut |_, head| {
+                    if let Some(n) = c.by_outcome.get_mut(usize::from(head.outcome)) {
+                        *n += 1;
+                    }
+                    Ok(ControlFlow::Continue(()))
+                })?;
+                c
+            }
+        };
+        let lowest_cursor = if opts.retention.effects.is_active() {
+            tx.lowest_cursor()?
+        } else {
+            None
+        };
+        Ok(Writer {
+            tx,
+            lowest_cursor,
+            opts: opts.clone(),
+            meta,
+            names: HashMap::new(),
+            states: HashMap::new(),
+            marks: None,
+            marks_dirty: false,
+            counters,
+        })
+    }
+
+    pub(super) fn source_no(&mut self, source: &Source) -> Result<Option<u64>, StoreError> {
+        if let Some(no) = self.names.get(source) {
+            return Ok(Some(*no));
+        }
+        let found = self.tx.source_no(source.agency(), source.source_id())?;
+        if let Some(no) = found {
+            self.names.insert(source.clone(), no);
+        }
+        Ok(found)
+    }
+
+    pub(super) fn state(&mut self, no: u64) -> Result<&mut SourceState, StoreError> {
+        if !self.states.contains_key(&no) {
+            let record = self.tx.source(no)?.ok_or_else(|| RecordError {
+                table: "sources",
+                key: no.to_string(),
+                why: "missing (named in source_ids or the effect log)".into(),
+            })?;
+            self.states.insert(
+                no,
+                SourceState {
+                    record,
+                    dirty: false,
+                },
+            );
+        }
+        self.states
+            .get_mut(&no)
+            .ok_or_else(|| unreachable!("inserted above"))
+    }
+
+    pub(super) fn decide_one(
+        &mut self,
+        incoming: &Incoming,
+        now_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let msg = match &incoming.decoded {
+            Err(e) => return self.record_malformed(incoming, e, now_ms),
+            Ok(m) => m,
+        };
+        let no = self.source_no(&msg.source)?;
+        let (seen, marks) = match no {
+            None => (None, None),
+            Some(no) => {
+                let wkey = (no, msg.position.epoch, msg.position.sequence);
+                let seen = self.tx.window(wkey)?.map(|w| Seen {
+                    digest: Digest::from_bytes(w.digest),
+                    effect_offset: w.effect_offset,
+                });
+                let rec = &self.state(no)?.record;
+                let marks = SourceMarks {
+                    high_water: pair_pos(rec.high_water),
+                    evicted_floor: rec.evicted_floor.map(pair_pos),
+                };
+                (seen, Some(marks))
+            }
+        };
+        let decision = decide::decide(msg, seen.as_ref(), marks.as_ref(), self.opts.out_of_order);
+        let audit_index = self.meta.next_audit;
+        let mut effect_offset = seen.map(|s| s.effect_offset);
+        let mut quarantine_id = None;
+        match decision.outcome {
+            Outcome::Applied | Outcome::AppliedLate => {
+                let late = decision.outcome == Outcome::AppliedLate;
+                let no = match no {
+                    Some(no) => no,
+                    None => self.new_source(&msg.source, msg.position)?,
+                };
+                let offset = self.write_effect(
+                    no,
+                    msg,
+                    &EffectOrigin {
+                        topic: &incoming.topic,
+                        received_at_ms: incoming.received_at_ms,
+                        payload: &incoming.payload,
+                        late,
+                        released: false,
+                        audit_index,
+                    },
+                )?;
+                if !late {
+                    let st = self.state(no)?;
+                    st.record.high_water = pos_pair(msg.position);
+                    st.dirty = true;
+                }
+                effect_offset = Some(offset);
+            }
+            Outcome::Duplicate => {}
+            Outcome::Conflict | Outcome::Stale => {
+                let fp = fingerprint_decided(
+                    decision.outcome.code(),
+                    msg.key.as_bytes(),
+                    msg.digest.as_bytes(),
+                );
+                quarantine_id = Some(self.quarantine(
+                    fp,
+                    decision.outcome,
+                    &decision.reason,
+                    incoming,
+                    &incoming.payload,
+                    Some(msg.key),
+                    audit_index,
+                )?);
+            }
+            Outcome::Malformed | Outcome::Released | Outcome::Discarded | Outcome::Relay => {
+                unreachable!("decide never returns {}", decision.outcome)
+            }
+        }
+        self.append_audit(AuditRecord {
+            recorded_at_ms: now_ms,
+            outcome: decision.outcome.code(),
+            key: Some(*msg.key.as_bytes()),
+            agency: Some(msg.source.agency().into()),
+            source_id: Some(msg.source.source_id().into()),
+            epoch: Some(msg.position.epoch),
+            sequence: Some(msg.position.sequence),
+            topic: incoming.topic.clone(),
+            reason: decision.reason,
+            digest: Some(*msg.digest.as_bytes()),
+            effect_offset,
+            quarantine_id,
+            prev_hash: [0; 32],
+            hash: [0; 32],
+        })?;
+        Ok(Decided {
+            outcome: decision.outcome,
+            audit_index,
+            key: Some(msg.key),
+            effect_offset,
+            quarantine_id,
+        })
+    }
+
+    /// Writes an applied message's effect record at the next offset and makes it the window
+    /// entry of its position (the feed's decision and an operator's release both apply here).
+    pub(super) fn write_effect(
+        &mut self,
+        no: u64,
+        msg: &Message,
+        origin: &EffectOrigin<'_>,
+    ) -> Result<u64, StoreError> {
+        let offset = self.meta.next_effect;
+        self.meta.next_effect += 1;
+        let effect = EffectRecord {
+            source_no: no,
+            epoch: msg.position.epoch,
+            sequence: msg.position.sequence,
+            received_at_ms: origin.received_at_ms,
+            key: *msg.key.as_bytes(),
+            agency: msg.source.agency().into(),
+            source_id: msg.source.source_id().into(),
+            topic: origin.topic.to_string(),
+            late: origin.late,
+            released: origin.released,
+            audit_index: origin.audit_index,
+            payload: origin.payload.to_vec(),
+        };
+        self.tx.put_effect(offset, &effect)?;
+        let w = WindowRecord {
+            digest: *msg.digest.as_bytes(),
+            effect_offset: offset,
+        };
+        self.tx
+            .put_window((no, msg.position.epoch, msg.position.sequence), &w)?;
+        Ok(offset)
+    }
+
+    fn record_malformed(
+        &mut self,
+        incoming: &Incoming,
+        err: &DecodeError,
+        now_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let audit_index = self.meta.next_audit;
+        let reason = err.to_string();
+        // An oversized payload is identified by the hash of all of it, and only its first
+        // `limit` bytes are kept (the caller may already have dropped the rest).
+        let (whole, kept) = match err {
+            DecodeError::TooLarge { limit, sha256, .. } => (
+                *sha256,
+                &incoming.payload[..incoming.payload.len().min(*limit)],
+            ),
+            _ => (sha256(&[&incoming.payload]), incoming.payload.as_slice()),
+        };
+        let fp = fingerprint_malformed(&whole);
+        let qid = self.quarantine(
+            fp,
+            Outcome::Malformed,
+            &reason,
+            incoming,
+            kept,
+            None,
+            audit_index,
+        )?;
+        self.append_audit(AuditRecord {
+            recorded_at_ms: now_ms,
+            outcome: Outcome::Malformed.code(),
+            key: None,
+            agency: None,
+            source_id: None,
+            epoch: None,
+            sequence: None,
+            topic: incoming.topic.clone(),
+            reason,
+            digest: None,
+            effect_offset: None,
+            quarantine_id: Some(qid),
+            prev_hash: [0; 32],
+            hash: [0; 32],
+        })?;
+        Ok(Decided {
+            outcome: Outcome::Malformed,
+            audit_index,
+            key: None,
+            effect_offset: None,
+            quarantine_id: Some(qid),
+        })
+    }
+
+    pub(super) fn new_source(
+        &mut self,
+        source: &Source,
+        first: Position,
+    ) -> Result<u64, StoreError> {
+        let no = self.meta.next_source;
+        self.meta.next_source += 1;
+        self.tx
+            .put_source_no(source.agency(), source.source_id(), no)?;
+        self.names.insert(source.clone(), no);
+        self.states.insert(
+            no,
+            SourceState {
+                record: SourceRecord {
+                    agency: source.agency().into(),
+                    source_id: source.source_id().into(),
+                    high_water: pos_pair(first),
+                    evicted_floor: None,
+                },
+                dirty: true,
+            },
+        );
+        Ok(no)
+    }
+
+    /// Keeps the message in quarantine; the same fingerprint again only bumps its counter.
+    #[allow(clippy::too_many_arguments)]
+    fn quarantine(
+        &mut self,
+        fp: [u8; 32],
+        outcome: Outcome,
+        reason: &str,
+        incoming: &Incoming,
+        payload: &[u8],
+        key: Option<IdempotencyKey>,
+        audit_index: u64,
+    ) -> Result<u64, StoreError> {
+        if let Some(id) = self.tx.fingerprint_owner(&fp)?
+            && let Some(mut rec) = self.tx.quarantined(id)?
+        {
+            rec.deliveries += 1;
+            rec.last_seen_ms = incoming.received_at_ms.max(rec.last_seen_ms);
+            self.tx.put_quarantined(id, &rec)?;
+            return Ok(id);
+        }
+        let id = self.meta.next_quarantine;
+        self.meta.next_quarantine += 1;
+        let rec = QuarantineRecord {
+            outcome: outcome.code(),
+            reason: reason.into(),
+            topic: incoming.topic.clone(),
+            received_at_ms: incoming.received_at_ms,
+            last_seen_ms: incoming.received_at_ms,
+            deliveries: 1,
+            key: key.map(|k| *k.as_bytes()),
+            audit_index,
+            payload: payload.to_vec(),
+        };
+        self.tx.put_quarantined(id, &rec)?;
+        self.tx.put_fingerprint(&fp, id)?;
+        Ok(id)
+    }
+
+    pub(super) fn append_audit(&mut self, mut rec: AuditRecord) -> Result<u64, StoreError> {
+        let index = self.meta.next_audit;
+        rec.prev_hash = self.meta.chain_head;
+        rec.hash = audit::entry_hash(index, &rec, &rec.prev_hash);
+        self.tx.put_audit(index, &rec)?;
+        self.meta.chain_head = rec.hash;
+        self.meta.next_audit += 1;
+        if let Some(n) = self.counters.by_outcome.get_mut(usize::from(rec.outcome)) {
+            *n += 1;
+        }
+        Ok(index)
+    }
+
+    /// Evicts from the front of the window (oldest first sight first) every entry older than
+    /// the window's age, and more while it holds more than `max_entries`, within `budget`.
+    /// Each eviction raises its source's evicted floor.
+    pub(super) fn evict(&mut self, now_ms: u64, budget: &mut u64) -> Result<u64, StoreError> {
+        let cutoff = now_ms.checked_sub(self.opts.window.seconds.saturating_mul(1000));
+        let mut victims = Vec::new();
+        let mut len = self.meta.next_effect - self.meta.window_start;
+        let max_entries = self.opts.window.max_entries;
+        let limit = *budget;
+        self.tx.scan_effect_heads(
+            self.meta.window_start..self.meta.next_effect,
+            &mut |offset, head| {
+                if victims.len() as u64 >= limit {
+                    return Ok(ControlFlow::Break(()));
+                }
+                let expired = cutoff.is_some_and(|c| head.received_at_ms <= c);
+                if !expired && len <= max_entries {
+                    return Ok(ControlFlow::Break(()));
+                }
+                victims.push((offset, head));
+                len -= 1;
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
+        for (offset, head) in &victims {
+            let wkey = (head.source_no, head.epoch, head.sequence);
+            // The window entry normally belongs to this effect; if another effect owns the
+            // position (e.g. an operator-released message), put that entry back.
+            if let Some(w) = self.tx.remove_window(wkey)?
+                && w.effect_offset != *offset
+            {
+                self.tx.put_window(wkey, &w)?;
+            }
+            let evicted = (head.epoch, head.sequence);
+            let st = self.state(head.source_no)?;
+            if st.record.evicted_floor.is_none_or(|f| f < evicted) {
+                st.record.evicted_floor = Some(evicted);
+                st.dirty = true;
+            }
+            self.meta.window_start = offset + 1;
+        }
+        let n = victims.len() as u64;
+        *budget -= n;
+        Ok(n)
+    }
+
+    /// Writes back the sources, marks, counters and meta record the batch changed, and
+    /// hands the transaction back for the backend to commit.
+    pub(super) fn finish(mut self) -> Result<T, StoreError> {
+        for (no, st) in &self.states {
+            if st.dirty {
+                self.tx.put_source(*no, &st.record)?;
+            }
+        }
+        if let (Some(marks), true) = (&self.marks, self.marks_dirty) {
+            self.tx.put_retention_marks(marks)?;
+        }
+        self.tx.put_counters(&self.counters)?;
+        self.tx.put_meta(&self.meta)?;
+        Ok(self.tx)
+    }
+
+    /// Retention's marks (all zero before anything was pruned).
+    pub(super) fn marks(&mut self) -> Result<RetentionMarks, StoreError> {
+        if let Some(m) = self.marks {
+            return Ok(m);
+        }
+        let stored = self.tx.retention_marks()?.unwrap_or_default();
+        self.marks = Some(stored);
+        Ok(stored)
+    }
+
+    pub(super) fn set_marks(&mut self, marks: RetentionMarks) {
+        self.marks = Some(marks);
+        self.marks_dirty = true;
+    }
+}

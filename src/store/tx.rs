@@ -1,0 +1,93 @@
+//! The backend-neutral store API the write path is written against: one open write
+//! transaction's logical tables. `engine::Writer` decides a batch (through `decide::decide`,
+//! the only place outcomes are decided) and maintains the window, the marks, the logs and
+//! the chain over any `Tx`; a backend (redb in `redb_tx.rs`) only stores and finds records.
+//!
+//! Every method works inside the one transaction the backend opened for the batch; nothing
+//! is visible to others until the backend commits it, and nothing is acknowledged before.
+
+use std::ops::{ControlFlow, Range, RangeInclusive};
+
+use super::StoreError;
+use super::tables::{
+    AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, Meta, QuarantineRecord,
+    RetentionMarks, SourceRecord, WindowRecord,
+};
+
+/// A window entry's key: (source number, epoch, sequence).
+pub type WindowKey = (u64, u64, u64);
+
+/// What a visitor of a log range answers: go on, or stop here.
+pub type Visit = ControlFlow<()>;
+
+/// One write transaction's tables, as records. Reads see the transaction's own writes.
+pub trait Tx {
+    /// The meta record (counters of every log, chain head, window start).
+    fn meta(&mut self) -> Result<Meta, StoreError>;
+    /// Audit entries per outcome since creation; `None` in a database from before them.
+    fn counters(&mut self) -> Result<Option<Counters>, StoreError>;
+    /// Retention's marks; `None` until retention first pruned.
+    fn retention_marks(&mut self) -> Result<Option<RetentionMarks>, StoreError>;
+    fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError>;
+    fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError>;
+    fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError>;
+
+    /// The number of source (agency, source_id), if it has one.
+    fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError>;
+    fn put_source_no(&mut self, agency: &str, source_id: &str, no: u64) -> Result<(), StoreError>;
+    fn source(&mut self, no: u64) -> Result<Option<SourceRecord>, StoreError>;
+    fn put_source(&mut self, no: u64, record: &SourceRecord) -> Result<(), StoreError>;
+
+    fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError>;
+    fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError>;
+    /// Removes and returns the entry.
+    fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError>;
+
+    fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError>;
+    /// Visits the heads of the effects in `range`, lowest offset first, until `f` breaks.
+    fn scan_effect_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, EffectHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError>;
+    fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError>;
+
+    fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError>;
+    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError>;
+    /// Visits the entries in `range`, lowest index first, until `f` breaks.
+    fn scan_audit(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError>;
+    /// `scan_audit` decoding only each entry's head.
+    fn scan_audit_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError>;
+    fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError>;
+
+    fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError>;
+    fn put_quarantined(&mut self, id: u64, record: &QuarantineRecord) -> Result<(), StoreError>;
+    fn remove_quarantined(&mut self, id: u64) -> Result<(), StoreError>;
+    /// How many messages the quarantine holds.
+    fn quarantine_len(&mut self) -> Result<u64, StoreError>;
+    /// Visits the quarantine from id `from` up, lowest first, until `f` breaks.
+    fn scan_quarantine(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(u64, QuarantineRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError>;
+    /// The quarantine id that holds fingerprint `fp`.
+    fn fingerprint_owner(&mut self, fp: &[u8; 32]) -> Result<Option<u64>, StoreError>;
+    /// Records that quarantine `id` holds fingerprint `fp` (both directions).
+    fn put_fingerprint(&mut self, fp: &[u8; 32], id: u64) -> Result<(), StoreError>;
+    /// Forgets quarantine `id`'s fingerprint; the fingerprint's own entry only if it still
+    /// names `id` (a later record may have taken it).
+    fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError>;
+
+    /// The lowest relay sink cursor, if any sink has one: retention keeps every effect from
+    /// there on.
+    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError>;
+}
