@@ -346,7 +346,9 @@ pub fn records(bytes: &[u8]) {
 /// describe, through in-memory stores.
 pub fn engine(bytes: &[u8]) {
     let case = case_of(bytes);
-    if let Err(e) = model::run_case(&case, &mut crate::store::Store::open_in_memory) {
+    if let Err(e) = model::run_case(&case, &mut |opts| {
+        crate::store::Store::open_in_memory(opts).map(crate::store::Backend::Redb)
+    }) {
         panic!("{e}\ncase: {case:?}");
     }
 }

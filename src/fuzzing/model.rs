@@ -10,7 +10,7 @@ use crate::decide::OutOfOrder;
 use crate::json::{Json, parse};
 use crate::model::Outcome;
 use crate::store::{
-    BatchReport, Incoming, LogRetention, RetentionPolicy, Store, StoreError, StoreOptions,
+    Backend, BatchReport, Incoming, LogRetention, RetentionPolicy, StoreError, StoreOptions,
     WindowPolicy,
 };
 use crate::wire::FeedContract;
@@ -222,7 +222,7 @@ fn store_err(e: StoreError) -> String {
 /// the first disagreement or broken promise.
 pub fn run_case(
     case: &Case,
-    open: &mut dyn FnMut(StoreOptions) -> Result<Store, StoreError>,
+    open: &mut dyn FnMut(StoreOptions) -> Result<Backend, StoreError>,
 ) -> Result<(), String> {
     let deliveries = build(&case.ops, &case.swaps);
     let policy = if case.quarantine_late {

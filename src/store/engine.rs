@@ -82,6 +82,15 @@ impl<T: Tx> Writer<T> {
         batch: &[Incoming],
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
+        let positions: Vec<(&str, &str, u64, u64)> = batch
+            .iter()
+            .filter_map(|i| i.decoded.as_ref().ok())
+            .map(|m| {
+                let (agency, source_id) = (m.source.agency(), m.source.source_id());
+                (agency, source_id, m.position.epoch, m.position.sequence)
+            })
+            .collect();
+        self.tx.prefetch(&positions)?;
         let mut budget = batch.len() as u64 + EVICTION_SLACK;
         let mut report = BatchReport::default();
         report.evicted += self.evict(now_ms, &mut budget)?;

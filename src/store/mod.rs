@@ -9,6 +9,7 @@ pub use file::SinkLocks;
 mod guard;
 pub mod lookup;
 mod operator;
+pub mod postgres;
 mod read;
 mod redb_tx;
 pub mod relay;
@@ -164,6 +165,16 @@ pub enum StoreError {
     /// An operator action that cannot be carried out as asked; nothing was written.
     #[error("{0}")]
     Refused(String),
+    /// The PostgreSQL server cannot be reached, or the connection was lost (also during a
+    /// COMMIT, whose outcome is then unknown). Nothing of the batch was acknowledged.
+    #[error(
+        "PostgreSQL is unreachable ({0}): nothing of the batch was acknowledged (committed or \
+         not, a redelivery of it is decided once)"
+    )]
+    Unreachable(String),
+    /// The PostgreSQL server refused a statement.
+    #[error("PostgreSQL refused a statement: {0}")]
+    Postgres(String),
 }
 
 /// What every "database damaged" error tells the operator to do.
@@ -677,5 +688,42 @@ impl Store {
         };
         txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(report)
+    }
+}
+
+/// A store on either backend: what the feed writers and the tests that must hold for both
+/// use. Each arm decides through the same `engine::Writer`.
+// One per process: the size of the larger arm costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Backend {
+    Redb(Store),
+    Postgres(postgres::PgStore),
+}
+
+impl Backend {
+    pub fn commit_batch(
+        &mut self,
+        batch: &[Incoming],
+        now_ms: u64,
+    ) -> Result<BatchReport, StoreError> {
+        match self {
+            Backend::Redb(s) => s.commit_batch(batch, now_ms),
+            Backend::Postgres(s) => s.commit_batch(batch, now_ms),
+        }
+    }
+
+    /// A consistent view of the latest commit.
+    pub fn reader(&self) -> Result<Snapshot, StoreError> {
+        match self {
+            Backend::Redb(s) => s.reader(),
+            Backend::Postgres(s) => Ok(Snapshot::postgres(s.view()?)),
+        }
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        match self {
+            Backend::Redb(s) => s.options(),
+            Backend::Postgres(s) => s.options(),
+        }
     }
 }

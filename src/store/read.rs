@@ -11,6 +11,7 @@ use redb::{
 };
 
 use super::guard::{self, Handle};
+use super::postgres::view::PgView;
 use super::tables::*;
 use super::{StoreError, builder};
 use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
@@ -56,19 +57,45 @@ impl Reader {
 
 /// A consistent view of one commit: later commits by the writer are not seen through it.
 /// Every method runs under the panic guard; a redb panic poisons the snapshot.
-pub struct Snapshot(Handle<ReadTransaction>);
+pub struct Snapshot(View);
+
+/// A snapshot of one backend.
+enum View {
+    Redb(Handle<ReadTransaction>),
+    Pg(Box<PgView>),
+}
 
 impl Snapshot {
     pub(super) fn new(txn: ReadTransaction) -> Snapshot {
-        Snapshot(Handle::new(txn))
+        Snapshot(View::Redb(Handle::new(txn)))
     }
 
-    /// Runs `f` on the transaction under the panic guard.
+    /// A view of a PostgreSQL store.
+    pub fn postgres(view: PgView) -> Snapshot {
+        Snapshot(View::Pg(Box::new(view)))
+    }
+
+    /// The PostgreSQL view, if this is one.
+    pub(super) fn pg(&self) -> Option<&PgView> {
+        match &self.0 {
+            View::Pg(v) => Some(v),
+            View::Redb(_) => None,
+        }
+    }
+
+    /// Runs `f` on the redb transaction under the panic guard. A read only redb has (a
+    /// file's table sizes) is refused on PostgreSQL.
     pub(super) fn guard<R, E: From<StoreError>>(
         &self,
         f: impl FnOnce(&ReadTransaction) -> Result<R, E>,
     ) -> Result<R, E> {
-        self.0.guard(f)
+        match &self.0 {
+            View::Redb(h) => h.guard(f),
+            View::Pg(_) => Err(StoreError::Refused(
+                "this view is not available on the PostgreSQL backend".into(),
+            )
+            .into()),
+        }
     }
 }
 
@@ -133,6 +160,16 @@ fn r<E: Into<redb::Error>>(e: E) -> StoreError {
 
 impl Snapshot {
     pub fn meta(&self) -> Result<Meta, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.meta_row(META_KEY)?.ok_or_else(|| {
+                RecordError {
+                    table: "meta",
+                    key: META_KEY.into(),
+                    why: "missing: not a replay-guard schema".into(),
+                }
+                .into()
+            });
+        }
         self.guard(|txn| {
             let t = txn.open_table(META).map_err(r)?;
             let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
@@ -146,6 +183,9 @@ impl Snapshot {
 
     /// What retention has removed so far (all zero if nothing).
     pub fn retention_marks(&self) -> Result<RetentionMarks, StoreError> {
+        if let Some(pg) = self.pg() {
+            return Ok(pg.meta_row(RETENTION_KEY)?.unwrap_or_default());
+        }
         self.guard(|txn| {
             let t = txn.open_table(META).map_err(r)?;
             let marks = t.get(RETENTION_KEY).map_err(r)?;
@@ -159,6 +199,10 @@ impl Snapshot {
     /// Audit entries per outcome since the database was created (`None` for a database no
     /// writer of this version has opened yet).
     pub fn counters(&self) -> Result<Option<OutcomeCounts>, StoreError> {
+        if let Some(pg) = self.pg() {
+            let c: Option<Counters> = pg.meta_row(COUNTS_KEY)?;
+            return Ok(c.map(|c| OutcomeCounts::from_array(c.by_outcome)));
+        }
         self.guard(|txn| {
             let t = txn.open_table(META).map_err(r)?;
             let c = t.get(COUNTS_KEY).map_err(r)?;
@@ -172,6 +216,19 @@ impl Snapshot {
     /// Audit entries per outcome recorded at or after `since_ms` (a backward scan from the
     /// newest entry, stopping at the first older one).
     pub fn counts_since(&self, since_ms: u64) -> Result<OutcomeCounts, StoreError> {
+        if let Some(pg) = self.pg() {
+            let mut counts = OutcomeCounts::default();
+            pg.audit_heads_newest_first(|_, head| {
+                if head.recorded_at_ms < since_ms {
+                    return ControlFlow::Break(());
+                }
+                if let Some(o) = Outcome::from_code(head.outcome) {
+                    counts.add(o);
+                }
+                ControlFlow::Continue(())
+            })?;
+            return Ok(counts);
+        }
         self.guard(|txn| {
             let t = txn.open_table(AUDIT).map_err(r)?;
             let mut counts = OutcomeCounts::default();
@@ -191,6 +248,9 @@ impl Snapshot {
 
     /// Every source with its marks, in source-number order.
     pub fn sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.all("sources", "no");
+        }
         self.guard(|txn| {
             let t = txn.open_table(SOURCES).map_err(r)?;
             let mut out = Vec::new();
@@ -204,6 +264,15 @@ impl Snapshot {
 
     /// When the oldest effect still in the window was received (`None`: empty window).
     pub fn oldest_in_window_ms(&self) -> Result<Option<u64>, StoreError> {
+        if let Some(pg) = self.pg() {
+            let m = self.meta()?;
+            if m.window_start >= m.next_effect {
+                return Ok(None);
+            }
+            return Ok(pg
+                .first_effect_head(m.window_start)?
+                .map(|h| h.received_at_ms));
+        }
         self.guard(|txn| {
             let m = self.meta()?;
             if m.window_start >= m.next_effect {
@@ -260,6 +329,9 @@ impl Snapshot {
 
     /// Every recorded replay burst, oldest first (a handful per failover).
     pub fn replay_bursts(&self) -> Result<Vec<BurstRecord>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.all("replay_bursts", "no");
+        }
         self.guard(|txn| {
             let t = match txn.open_table(REPLAY_BURSTS) {
                 Ok(t) => t,
@@ -277,6 +349,17 @@ impl Snapshot {
     }
 
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {
+        if let Some(pg) = self.pg() {
+            let m = self.meta()?;
+            return Ok(StoreSummary {
+                audit_entries: m.next_audit,
+                effects: m.next_effect,
+                window_entries: pg.count("window_entries")?,
+                quarantined: pg.count("quarantine")?,
+                sources: m.next_source,
+                chain_head: m.chain_head,
+            });
+        }
         self.guard(|txn| {
             let m = self.meta()?;
             let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
@@ -363,6 +446,9 @@ impl Snapshot {
     /// The fingerprint stored beside quarantined message `id` when it was quarantined.
     /// `None` also for a database last written before that table existed.
     pub fn quarantine_fingerprint(&self, id: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.quarantine_fingerprint(id);
+        }
         self.guard(|txn| {
             let t = match txn.open_table(QUARANTINE_FP_BY_ID) {
                 Ok(t) => t,
@@ -380,6 +466,10 @@ impl Snapshot {
         key: u64,
         make: impl Fn(u64, R) -> T,
     ) -> Result<Option<T>, StoreError> {
+        if let Some(pg) = self.pg() {
+            let (t, col) = pg_table(name);
+            return Ok(pg.get(t, col, key)?.map(|r| make(key, r)));
+        }
         self.guard(|txn| {
             let t = txn.open_table(table).map_err(r)?;
             let Some(v) = t.get(key).map_err(r)? else {
@@ -398,6 +488,10 @@ impl Snapshot {
         make: impl Fn(u64, R) -> T,
         mut f: impl FnMut(T) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
+        if let Some(pg) = self.pg() {
+            let (t, col) = pg_table(name);
+            return pg.scan(t, col, from, |k, r| f(make(k, r)));
+        }
         self.guard(|txn| {
             let t = txn.open_table(table).map_err(r)?;
             for item in t.range(from..).map_err(r)? {
@@ -409,5 +503,14 @@ impl Snapshot {
             }
             Ok(())
         })
+    }
+}
+
+/// The PostgreSQL table and key column of a log.
+fn pg_table(name: &'static str) -> (&'static str, &'static str) {
+    match name {
+        "audit" => ("audit", "audit_index"),
+        "effects" => ("effects", "effect_offset"),
+        _ => ("quarantine", "id"),
     }
 }

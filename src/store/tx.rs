@@ -22,6 +22,12 @@ pub type Visit = ControlFlow<()>;
 
 /// One write transaction's tables, as records. Reads see the transaction's own writes.
 pub trait Tx {
+    /// A hint before a batch is decided: the (agency, source_id, epoch, sequence) it will
+    /// look up, so a backend can fetch their sources and window entries at once.
+    fn prefetch(&mut self, _positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The meta record (counters of every log, chain head, window start).
     fn meta(&mut self) -> Result<Meta, StoreError>;
     /// Audit entries per outcome since creation; `None` in a database from before them.

@@ -1,5 +1,6 @@
 //! The one integration-test binary (links once). Module map:
 //! - `common`: helpers shared by the modules (temp databases, feeds, running the binary).
+//! - `compat`: a database written by the previous release reads, verifies and takes writes.
 //! - `model`: reference-model property test of the engine against an in-memory model.
 //! - `fuzz_regressions`: the committed fuzz inputs through the fuzz targets' checks.
 //! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
@@ -27,6 +28,9 @@
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
 //!   and end to end through `ingest` and the `relay` commands.
 //! - `readme`: the README's commands run as written and print what it shows.
+//! - `pg`: a PostgreSQL database of the test's own (harness), `psql`.
+//! - `pg_store`: the PostgreSQL store backend: the reference model, the same decisions and
+//!   chain as redb for the same feed, members committing concurrently.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -37,6 +41,7 @@ mod bad_input;
 mod broker;
 mod cli;
 mod common;
+mod compat;
 mod config;
 mod crash;
 mod damage;
@@ -49,6 +54,8 @@ mod inspect;
 mod live_read;
 mod model;
 mod operator;
+mod pg;
+mod pg_store;
 mod readme;
 mod relay;
 mod relay_http;

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use replay_guard::fuzzing::model::{Case, Op, run_case};
-use replay_guard::store::Store;
+use replay_guard::store::{Backend, Store};
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -35,7 +35,7 @@ proptest! {
         let mut n = 0;
         let mut open = |opts| {
             n += 1;
-            Store::open(&dir.path().join(format!("m{n}.redb")), opts)
+            Store::open(&dir.path().join(format!("m{n}.redb")), opts).map(Backend::Redb)
         };
         run_case(&case, &mut open).map_err(TestCaseError::fail)?;
     }

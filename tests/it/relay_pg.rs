@@ -4,7 +4,6 @@
 //! library, then `replay-guard relay` killed with SIGKILL and cut off from PostgreSQL.
 
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use replay_guard::config::Config;
@@ -13,98 +12,7 @@ use replay_guard::relay::{Attempt, CursorAfter, Event, Failure, Sink};
 use replay_guard::store::Reader;
 
 use crate::common::{self, SplitMix64};
-
-/// A database of this test run's own, dropped (WITH (FORCE): the sink may still be connected)
-/// when the guard goes, panics included.
-pub struct PgDb {
-    pub name: String,
-}
-
-impl PgDb {
-    pub fn new(tag: &str) -> PgDb {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let name = format!(
-            "rg_it_{tag}_{}_{}_{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        psql("postgres", &format!("CREATE DATABASE {name}"));
-        PgDb { name }
-    }
-
-    /// Runs `sql` in this database; the rows, one a line, columns split by `|`.
-    pub fn sql(&self, sql: &str) -> String {
-        psql(&self.name, sql)
-    }
-
-    pub fn dsn(&self) -> String {
-        format!(
-            "host=127.0.0.1 port=5432 user=postgres dbname={}",
-            self.name
-        )
-    }
-
-    /// Ends every other client session on this database (the sink's connection; not an
-    /// autovacuum worker that happens to be there).
-    pub fn terminate_connections(&self) -> usize {
-        let n = self.sql(&format!(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = '{}' AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
-            self.name
-        ));
-        n.trim().parse().unwrap()
-    }
-}
-
-impl Drop for PgDb {
-    fn drop(&mut self) {
-        let out = Command::new("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                "5432",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-            ])
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
-            .arg(format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .output();
-        if let Ok(o) = out
-            && !o.status.success()
-        {
-            eprintln!(
-                "could not drop test database {}: {}",
-                self.name,
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-    }
-}
-
-/// `psql` on database `db`: unaligned, tuples only; panics on any SQL error.
-pub fn psql(db: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args(["-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "-d", db])
-        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .expect("run psql (the PostgreSQL client; scripts/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "psql {sql:?} on {db}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
+use crate::pg::PgDb;
 
 fn sink(db: &PgDb, table: &str) -> Sink {
     let config = Config::parse(&format!(

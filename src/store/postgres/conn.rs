@@ -1,0 +1,152 @@
+//! A blocking PostgreSQL connection for the store thread: tokio-postgres driven by a
+//! current-thread runtime of its own (the store's callers are plain threads), its errors
+//! sorted into "the server is unreachable" (retry later, on a new connection) and "the
+//! server refused this" (a schema or data problem).
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row};
+
+use crate::store::StoreError;
+
+/// The connection settings, parsed once; never printed (the dsn may hold a password).
+#[derive(Clone)]
+pub struct PgConfig {
+    pub(super) config: tokio_postgres::Config,
+    /// The schema holding replay-guard's tables.
+    pub schema: String,
+}
+
+impl std::fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Hosts and database only: never the password.
+        write!(
+            f,
+            "PgConfig {{ hosts: {:?}, dbname: {:?}, schema: {:?} }}",
+            self.config.get_hosts(),
+            self.config.get_dbname(),
+            self.schema
+        )
+    }
+}
+
+impl PgConfig {
+    /// Parses `dsn` (key=value or a postgres:// URL). The error never quotes the dsn.
+    pub fn parse(dsn: &str, schema: &str) -> Result<PgConfig, String> {
+        let mut config: tokio_postgres::Config = dsn
+            .parse()
+            .map_err(|e| format!("the postgres dsn is not understood: {}", describe(&e)))?;
+        if config.get_application_name().is_none() {
+            config.application_name("replay-guard");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(std::time::Duration::from_secs(10));
+        }
+        Ok(PgConfig {
+            config,
+            schema: schema.to_string(),
+        })
+    }
+
+    /// Where it connects, for messages: host(s), port and database, never the password.
+    pub fn target(&self) -> String {
+        let hosts: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect();
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        format!(
+            "postgresql {}:{port}/{} schema {}",
+            hosts.join(","),
+            self.config.get_dbname().unwrap_or("postgres"),
+            self.schema
+        )
+    }
+}
+
+/// One live connection.
+pub struct Conn {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl Conn {
+    pub fn connect(cfg: &PgConfig) -> Result<Conn, StoreError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unreachable(format!("cannot start a runtime: {e}")))?;
+        let (client, connection) = rt
+            .block_on(cfg.config.connect(NoTls))
+            .map_err(|e| classify(&e))?;
+        // Driven whenever a query is (the runtime runs only inside `block_on`).
+        rt.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("postgresql connection ended: {}", describe(&e));
+            }
+        });
+        Ok(Conn { rt, client })
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .map_err(|e| classify(&e))
+    }
+
+    pub fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+        self.rt
+            .block_on(self.client.query(sql, params))
+            .map_err(|e| classify(&e))
+    }
+
+    pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        self.rt
+            .block_on(self.client.execute(sql, params))
+            .map_err(|e| classify(&e))
+    }
+}
+
+/// `Unreachable` for a lost or refused connection (and a server shutting down), `Postgres`
+/// for a statement the server refused.
+pub fn classify(e: &tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        // 08: connection exception; 57P01..03: admin shutdown, crash shutdown, cannot connect
+        // now; 53: insufficient resources (e.g. too many connections).
+        Some(db)
+            if db.code().code().starts_with("08")
+                || db.code().code().starts_with("57P")
+                || db.code().code().starts_with("53") =>
+        {
+            StoreError::Unreachable(describe(e))
+        }
+        Some(_) => StoreError::Postgres(describe(e)),
+        None => StoreError::Unreachable(describe(e)),
+    }
+}
+
+/// The error with its causes, without the dsn.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
+        if let Some(d) = db.detail() {
+            s.push_str(&format!("; {d}"));
+        }
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        s.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    s
+}

@@ -1,0 +1,201 @@
+//! The PostgreSQL backend: the same store (window, marks, effects, quarantine, hash-chained
+//! audit) in a schema that several replay-guard processes share. Each batch is one
+//! transaction, decided by the same `engine::Writer` as the redb file's.
+//!
+//! Concurrency: every write transaction first takes one transaction-level advisory lock per
+//! schema, so the members' batches are serialised exactly as redb serialises its writers: each
+//! starts from every commit before it (READ COMMITTED takes a fresh snapshot per statement,
+//! and the lock is granted only after the previous holder's commit is visible), decides as if
+//! alone, and appends to the one audit chain. tokio-postgres is named only in this module
+//! (and the relay's postgres sink).
+
+mod conn;
+pub mod schema;
+mod tx;
+pub mod view;
+
+use conn::Conn;
+pub use conn::PgConfig;
+use schema::{PG_SCHEMA_VERSION, Sql};
+use tx::PgTx;
+
+use super::engine::Writer;
+use super::tables::*;
+use super::{BatchReport, StoreError, StoreOptions};
+use crate::wire::Incoming;
+
+/// A member's handle on the shared schema. Reconnects on the next call after the server was
+/// lost; a batch whose COMMIT got no answer is reported `Unreachable` and not acknowledged,
+/// so its redelivery is decided against whatever did commit.
+pub struct PgStore {
+    cfg: PgConfig,
+    opts: StoreOptions,
+    sql: Sql,
+    conn: Option<Conn>,
+}
+
+impl PgStore {
+    /// Connects, creates or migrates the schema, and checks its meta record.
+    pub fn open(cfg: PgConfig, opts: StoreOptions, now_ms: u64) -> Result<PgStore, StoreError> {
+        let mut store = PgStore {
+            sql: Sql::new(&cfg.schema),
+            cfg,
+            opts,
+            conn: None,
+        };
+        store.migrate(now_ms)?;
+        Ok(store)
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    pub fn config(&self) -> &PgConfig {
+        &self.cfg
+    }
+
+    /// Makes a connection if there is none or it was lost.
+    fn conn(&mut self) -> Result<(), StoreError> {
+        if self.conn.as_ref().is_none_or(Conn::is_closed) {
+            self.conn = None;
+            self.conn = Some(Conn::connect(&self.cfg)?);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in one transaction holding the schema's lock; commits if it returns `Ok`.
+    /// A lost connection is dropped (the next call reconnects).
+    fn in_txn<R>(
+        &mut self,
+        f: impl FnOnce(&Conn, &Sql) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.conn()?;
+        let (Some(conn), sql) = (&self.conn, &self.sql) else {
+            return Err(StoreError::Unreachable("no connection".into()));
+        };
+        let result = (|| {
+            conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED")?;
+            conn.batch(&sql.lock)?;
+            let r = f(conn, sql)?;
+            conn.batch("COMMIT")?;
+            Ok(r)
+        })();
+        if let Err(e) = &result {
+            if matches!(e, StoreError::Unreachable(_)) || conn.is_closed() {
+                self.conn = None;
+            } else {
+                // Leaves no transaction open; if even this fails the connection is dropped.
+                if conn.batch("ROLLBACK").is_err() {
+                    self.conn = None;
+                }
+            }
+        }
+        result
+    }
+
+    /// Creates the schema and its tables, or takes them to this build's version; writes the
+    /// meta record of a new store. Safe to run from several members at once (it holds the
+    /// schema's lock).
+    pub fn migrate(&mut self, now_ms: u64) -> Result<MigrateReport, StoreError> {
+        let schema = self.cfg.schema.clone();
+        self.in_txn(|conn, _| {
+            conn.batch(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema};
+                 CREATE TABLE IF NOT EXISTS {schema}.schema_version (version integer NOT NULL)"
+            ))?;
+            let rows = conn.query(&format!("SELECT version FROM {schema}.schema_version"), &[])?;
+            let found: i32 = rows.first().map_or(0, |r| r.get(0));
+            if found > PG_SCHEMA_VERSION {
+                return Err(StoreError::Schema {
+                    found: u32::try_from(found).unwrap_or(0),
+                    expected: u32::try_from(PG_SCHEMA_VERSION).unwrap_or(0),
+                });
+            }
+            for v in found..PG_SCHEMA_VERSION {
+                let ddl = schema::migration(v, &schema).ok_or_else(|| {
+                    StoreError::Postgres(format!("no migration from schema version {v}"))
+                })?;
+                conn.batch(&ddl)?;
+            }
+            if found == 0 {
+                conn.execute(
+                    &format!("INSERT INTO {schema}.schema_version (version) VALUES ($1)"),
+                    &[&PG_SCHEMA_VERSION],
+                )?;
+            } else if found < PG_SCHEMA_VERSION {
+                conn.execute(
+                    &format!("UPDATE {schema}.schema_version SET version = $1"),
+                    &[&PG_SCHEMA_VERSION],
+                )?;
+            }
+            let meta = conn.query(
+                &format!("SELECT record FROM {schema}.meta WHERE name = $1"),
+                &[&META_KEY],
+            )?;
+            let created = match meta.first() {
+                Some(row) => {
+                    let m: Meta = decode("meta", META_KEY, row.get::<_, &[u8]>(0))?;
+                    if m.schema_version != SCHEMA_VERSION {
+                        return Err(StoreError::Schema {
+                            found: m.schema_version,
+                            expected: SCHEMA_VERSION,
+                        });
+                    }
+                    false
+                }
+                None => {
+                    let m = Meta {
+                        schema_version: SCHEMA_VERSION,
+                        created_at_ms: now_ms,
+                        window_start: 0,
+                        next_effect: 0,
+                        next_audit: 0,
+                        next_quarantine: 0,
+                        next_source: 0,
+                        chain_head: [0; 32],
+                        audit_anchor: None,
+                    };
+                    conn.execute(
+                        &format!("INSERT INTO {schema}.meta (name, record) VALUES ($1, $2)"),
+                        &[&META_KEY, &encode(&m)],
+                    )?;
+                    true
+                }
+            };
+            Ok(MigrateReport {
+                from: found,
+                to: PG_SCHEMA_VERSION,
+                created,
+            })
+        })
+    }
+
+    /// Decides and records every delivery of `batch` in one PostgreSQL transaction. On `Err`
+    /// nothing of the batch may be acknowledged; `Unreachable` is worth retrying (the same
+    /// batch, after a backoff): if an unanswered COMMIT did land, the retry decides its
+    /// messages `duplicate` and applies nothing twice.
+    pub fn commit_batch(
+        &mut self,
+        batch: &[Incoming],
+        now_ms: u64,
+    ) -> Result<BatchReport, StoreError> {
+        let opts = self.opts.clone();
+        self.in_txn(|conn, sql| {
+            let mut w = Writer::open(PgTx::begin(conn, sql)?, &opts)?;
+            let report = w.decide_batch(batch, now_ms)?;
+            w.finish()?.flush()?;
+            Ok(report)
+        })
+    }
+}
+
+/// What `migrate` found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// The schema's version before (0: none).
+    pub from: i32,
+    pub to: i32,
+    /// A new, empty store was created.
+    pub created: bool,
+}

@@ -1,0 +1,184 @@
+//! The PostgreSQL schema: its tables, its version, and the statements the store runs on it.
+//! Each table holds the same versioned postcard records as the redb file (`tables.rs`), keyed
+//! by the same fields, so a copy between the two (`migrate --from`) moves bytes, not meaning.
+//! `u64` keys are stored as `bigint` bit for bit (offsets, indices and ids never reach 2^63;
+//! epochs and sequences may, and are only ever compared for equality).
+
+/// Version of the PostgreSQL schema (its tables and columns); bump with a migration step in
+/// `migrations` and a CHANGELOG line.
+pub const PG_SCHEMA_VERSION: i32 = 1;
+
+/// Each migration step: the DDL that takes version `i` to `i + 1` (`{s}` is the schema).
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1
+    "CREATE TABLE {s}.meta (name text PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.source_ids (agency text NOT NULL, source_id text NOT NULL,
+         no bigint NOT NULL UNIQUE, PRIMARY KEY (agency, source_id));
+     CREATE TABLE {s}.sources (no bigint PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.window_entries (source_no bigint NOT NULL, epoch bigint NOT NULL,
+         sequence bigint NOT NULL, record bytea NOT NULL,
+         PRIMARY KEY (source_no, epoch, sequence));
+     CREATE TABLE {s}.effects (effect_offset bigint PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.audit (audit_index bigint PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.quarantine (id bigint PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.quarantine_fp (fp bytea PRIMARY KEY, id bigint NOT NULL);
+     CREATE TABLE {s}.quarantine_fp_by_id (id bigint PRIMARY KEY, fp bytea NOT NULL);
+     CREATE TABLE {s}.replay_bursts (no bigint PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.sink_cursors (name text PRIMARY KEY, record bytea NOT NULL);
+     CREATE TABLE {s}.sink_parked (name text NOT NULL, effect_offset bigint NOT NULL,
+         record bytea NOT NULL, PRIMARY KEY (name, effect_offset));",
+];
+
+/// The DDL of step `from` -> `from + 1` in `schema`.
+pub fn migration(from: i32, schema: &str) -> Option<String> {
+    let step = MIGRATIONS.get(usize::try_from(from).ok()?)?;
+    Some(step.replace("{s}", schema))
+}
+
+/// Whether `name` is a plain lower-case SQL identifier (no quoting needed, none possible to
+/// abuse).
+pub fn schema_name_problem(name: &str) -> Option<&'static str> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if !first_ok || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+        return Some("must be a lower-case SQL name: [a-z_][a-z0-9_]*");
+    }
+    if name.len() > 63 {
+        return Some("is longer than PostgreSQL's 63-byte identifiers");
+    }
+    if name.starts_with("pg_") {
+        return Some("must not start with pg_ (reserved for PostgreSQL's own schemas)");
+    }
+    None
+}
+
+/// Every statement of the store, with the schema filled in once.
+pub struct Sql {
+    pub lock: String,
+    pub meta_all: String,
+    pub meta_upsert: String,
+    pub prefetch: String,
+    pub source_no: String,
+    pub source_ids_insert: String,
+    pub source: String,
+    pub sources_upsert: String,
+    pub window: String,
+    pub window_upsert: String,
+    pub window_delete: String,
+    pub effects_insert: String,
+    pub effect_heads: String,
+    pub effects_delete_range: String,
+    pub audit: String,
+    pub audit_insert: String,
+    pub audit_range: String,
+    pub audit_heads: String,
+    pub audit_delete_range: String,
+    pub quarantine: String,
+    pub quarantine_upsert: String,
+    pub quarantine_delete: String,
+    pub quarantine_len: String,
+    pub quarantine_range: String,
+    pub fp_owner: String,
+    pub fp_upsert: String,
+    pub fp_delete: String,
+    pub fp_by_id: String,
+    pub fp_by_id_upsert: String,
+    pub fp_by_id_delete: String,
+    pub cursors_all: String,
+}
+
+/// The class of replay-guard's advisory locks (the first key of the two-key form); the
+/// second is `hashtext(schema)`.
+pub const LOCK_CLASS: i32 = 0x7267_6431; // "rgd1"
+
+impl Sql {
+    pub fn new(s: &str) -> Sql {
+        let f = |q: &str| q.replace("{s}", s);
+        Sql {
+            lock: format!("SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext('{s}'))"),
+            meta_all: f("SELECT name, record FROM {s}.meta"),
+            meta_upsert: f(
+                "INSERT INTO {s}.meta (name, record) SELECT * FROM unnest($1::text[], $2::bytea[]) \
+                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            prefetch: f(
+                "SELECT b.agency, b.source_id, i.no, src.record, b.epoch, b.sequence, w.record \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                   AS b(agency, source_id, epoch, sequence) \
+                 LEFT JOIN {s}.source_ids i ON i.agency = b.agency AND i.source_id = b.source_id \
+                 LEFT JOIN {s}.sources src ON src.no = i.no \
+                 LEFT JOIN {s}.window_entries w ON w.source_no = i.no AND w.epoch = b.epoch \
+                   AND w.sequence = b.sequence",
+            ),
+            source_no: f("SELECT no FROM {s}.source_ids WHERE agency = $1 AND source_id = $2"),
+            source_ids_insert: f("INSERT INTO {s}.source_ids (agency, source_id, no) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])"),
+            source: f("SELECT record FROM {s}.sources WHERE no = $1"),
+            sources_upsert: f(
+                "INSERT INTO {s}.sources (no, record) SELECT * FROM unnest($1::bigint[], $2::bytea[]) \
+                 ON CONFLICT (no) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            window: f(
+                "SELECT record FROM {s}.window_entries WHERE source_no = $1 AND epoch = $2 AND sequence = $3",
+            ),
+            window_upsert: f(
+                "INSERT INTO {s}.window_entries (source_no, epoch, sequence, record) \
+                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bytea[]) \
+                 ON CONFLICT (source_no, epoch, sequence) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            window_delete: f(
+                "DELETE FROM {s}.window_entries w USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) \
+                 AS d(source_no, epoch, sequence) \
+                 WHERE w.source_no = d.source_no AND w.epoch = d.epoch AND w.sequence = d.sequence",
+            ),
+            effects_insert: f("INSERT INTO {s}.effects (effect_offset, record) \
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[])"),
+            // The head's fields lead the record: 1 version byte + 4 varints of at most 10.
+            effect_heads: f(
+                "SELECT effect_offset, substring(record FROM 1 FOR 41) FROM {s}.effects \
+                 WHERE effect_offset >= $1 AND effect_offset < $2 ORDER BY effect_offset LIMIT $3",
+            ),
+            effects_delete_range: f(
+                "DELETE FROM {s}.effects WHERE effect_offset >= $1 AND effect_offset <= $2",
+            ),
+            audit: f("SELECT record FROM {s}.audit WHERE audit_index = $1"),
+            audit_insert: f("INSERT INTO {s}.audit (audit_index, record) \
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[])"),
+            audit_range: f("SELECT audit_index, record FROM {s}.audit \
+                 WHERE audit_index >= $1 AND audit_index < $2 ORDER BY audit_index LIMIT $3"),
+            // 1 version byte + a varint time of at most 10 + the outcome byte.
+            audit_heads: f(
+                "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {s}.audit \
+                 WHERE audit_index >= $1 AND audit_index < $2 ORDER BY audit_index LIMIT $3",
+            ),
+            audit_delete_range: f(
+                "DELETE FROM {s}.audit WHERE audit_index >= $1 AND audit_index <= $2",
+            ),
+            quarantine: f("SELECT record FROM {s}.quarantine WHERE id = $1"),
+            quarantine_upsert: f(
+                "INSERT INTO {s}.quarantine (id, record) SELECT * FROM unnest($1::bigint[], $2::bytea[]) \
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            quarantine_delete: f("DELETE FROM {s}.quarantine WHERE id = ANY($1::bigint[])"),
+            quarantine_len: f("SELECT count(*) FROM {s}.quarantine"),
+            quarantine_range: f(
+                "SELECT id, record FROM {s}.quarantine WHERE id >= $1 ORDER BY id LIMIT $2",
+            ),
+            fp_owner: f("SELECT id FROM {s}.quarantine_fp WHERE fp = $1"),
+            fp_upsert: f(
+                "INSERT INTO {s}.quarantine_fp (fp, id) SELECT * FROM unnest($1::bytea[], $2::bigint[]) \
+                 ON CONFLICT (fp) DO UPDATE SET id = EXCLUDED.id",
+            ),
+            fp_delete: f("DELETE FROM {s}.quarantine_fp WHERE fp = ANY($1::bytea[])"),
+            fp_by_id: f("SELECT fp FROM {s}.quarantine_fp_by_id WHERE id = $1"),
+            fp_by_id_upsert: f(
+                "INSERT INTO {s}.quarantine_fp_by_id (id, fp) SELECT * FROM unnest($1::bigint[], $2::bytea[]) \
+                 ON CONFLICT (id) DO UPDATE SET fp = EXCLUDED.fp",
+            ),
+            fp_by_id_delete: f("DELETE FROM {s}.quarantine_fp_by_id WHERE id = ANY($1::bigint[])"),
+            cursors_all: f("SELECT name, record FROM {s}.sink_cursors"),
+        }
+    }
+}

@@ -1,0 +1,611 @@
+//! `Tx` on PostgreSQL: one transaction (opened and committed by `PgStore`) under the
+//! schema's advisory lock. Point reads are cached for the batch (valid: no other member
+//! writes while the lock is held); writes are kept in memory and sent as one array statement
+//! per table (`flush`), before any range scan of that table and before COMMIT. A batch so
+//! costs about a dozen round trips whatever its size.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
+use std::ops::{Range, RangeInclusive};
+
+use super::conn::Conn;
+use super::schema::Sql;
+use crate::store::StoreError;
+use crate::store::tables::*;
+use crate::store::tx::{Tx, Visit, WindowKey};
+
+/// Rows a range scan fetches per round trip.
+const SCAN_CHUNK: i64 = 256;
+
+/// `u64` <-> `bigint`, bit for bit.
+pub(super) fn db(x: u64) -> i64 {
+    x as i64
+}
+pub(super) fn un(x: i64) -> u64 {
+    x as u64
+}
+/// A range bound: offsets, indices and ids stay below 2^63, so an open end is `i64::MAX`.
+pub(super) fn bound(x: u64) -> i64 {
+    i64::try_from(x).unwrap_or(i64::MAX)
+}
+
+/// What a chunked scan calls with each row's key and record bytes.
+type RowVisitor<'f> = dyn FnMut(u64, &[u8]) -> Result<Visit, StoreError> + 'f;
+
+/// A point table's rows as this transaction sees them: what was read (or found absent) and
+/// what was written, with the keys to send at the next flush.
+struct Point<K, R> {
+    known: HashMap<K, Option<R>>,
+    dirty: HashSet<K>,
+}
+
+impl<K: Hash + Eq + Clone, R: Clone> Point<K, R> {
+    fn new() -> Self {
+        Point {
+            known: HashMap::new(),
+            dirty: HashSet::new(),
+        }
+    }
+
+    fn get(
+        &mut self,
+        key: &K,
+        load: impl FnOnce() -> Result<Option<R>, StoreError>,
+    ) -> Result<Option<R>, StoreError> {
+        if let Some(v) = self.known.get(key) {
+            return Ok(v.clone());
+        }
+        let v = load()?;
+        self.known.insert(key.clone(), v.clone());
+        Ok(v)
+    }
+
+    fn set(&mut self, key: K, value: Option<R>) {
+        self.dirty.insert(key.clone());
+        self.known.insert(key, value);
+    }
+
+    /// The written rows since the last flush: (upserts, deletes).
+    fn take_dirty(&mut self) -> (Vec<(K, R)>, Vec<K>) {
+        let mut up = Vec::new();
+        let mut del = Vec::new();
+        for k in self.dirty.drain() {
+            match self.known.get(&k) {
+                Some(Some(r)) => up.push((k, r.clone())),
+                _ => del.push(k),
+            }
+        }
+        (up, del)
+    }
+}
+
+pub struct PgTx<'c> {
+    conn: &'c Conn,
+    sql: &'c Sql,
+    meta: HashMap<String, Vec<u8>>,
+    meta_dirty: HashSet<&'static str>,
+    source_ids: HashMap<(String, String), Option<u64>>,
+    new_source_ids: Vec<(String, String, u64)>,
+    sources: Point<u64, SourceRecord>,
+    window: Point<WindowKey, WindowRecord>,
+    quarantine: Point<u64, QuarantineRecord>,
+    fp: Point<[u8; 32], u64>,
+    fp_by_id: Point<u64, [u8; 32]>,
+    /// Appended, not yet sent (offsets above every stored one).
+    new_effects: Vec<(i64, Vec<u8>)>,
+    new_audit: BTreeMap<u64, AuditRecord>,
+}
+
+fn decode_col<T: serde::de::DeserializeOwned>(
+    table: &'static str,
+    key: impl std::fmt::Display,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    Ok(decode(table, key, bytes)?)
+}
+
+impl<'c> PgTx<'c> {
+    /// Inside an open transaction that holds the schema's lock: reads the meta rows.
+    pub fn begin(conn: &'c Conn, sql: &'c Sql) -> Result<PgTx<'c>, StoreError> {
+        let mut meta = HashMap::new();
+        for row in conn.query(&sql.meta_all, &[])? {
+            meta.insert(row.get::<_, String>(0), row.get::<_, Vec<u8>>(1));
+        }
+        Ok(PgTx {
+            conn,
+            sql,
+            meta,
+            meta_dirty: HashSet::new(),
+            source_ids: HashMap::new(),
+            new_source_ids: Vec::new(),
+            sources: Point::new(),
+            window: Point::new(),
+            quarantine: Point::new(),
+            fp: Point::new(),
+            fp_by_id: Point::new(),
+            new_effects: Vec::new(),
+            new_audit: BTreeMap::new(),
+        })
+    }
+
+    fn meta_record<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        self.meta
+            .get(name)
+            .map(|b| decode_col("meta", name, b))
+            .transpose()
+    }
+
+    fn set_meta<T: serde::Serialize>(&mut self, name: &'static str, record: &T) {
+        self.meta.insert(name.to_string(), encode(record));
+        self.meta_dirty.insert(name);
+    }
+
+    fn flush_effects(&mut self) -> Result<(), StoreError> {
+        if self.new_effects.is_empty() {
+            return Ok(());
+        }
+        let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
+            std::mem::take(&mut self.new_effects).into_iter().unzip();
+        self.conn.execute(&self.sql.effects_insert, &[&k, &v])?;
+        Ok(())
+    }
+
+    fn flush_audit(&mut self) -> Result<(), StoreError> {
+        if self.new_audit.is_empty() {
+            return Ok(());
+        }
+        let (k, v): (Vec<i64>, Vec<Vec<u8>>) = std::mem::take(&mut self.new_audit)
+            .into_iter()
+            .map(|(i, r)| (db(i), encode(&r)))
+            .unzip();
+        self.conn.execute(&self.sql.audit_insert, &[&k, &v])?;
+        Ok(())
+    }
+
+    fn flush_quarantine(&mut self) -> Result<(), StoreError> {
+        let (up, del) = self.quarantine.take_dirty();
+        if !del.is_empty() {
+            let ids: Vec<i64> = del.into_iter().map(db).collect();
+            self.conn.execute(&self.sql.quarantine_delete, &[&ids])?;
+        }
+        if !up.is_empty() {
+            let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
+                up.into_iter().map(|(id, r)| (db(id), encode(&r))).unzip();
+            self.conn.execute(&self.sql.quarantine_upsert, &[&k, &v])?;
+        }
+        Ok(())
+    }
+
+    /// Sends every write still in memory; the transaction is then ready to commit.
+    pub fn flush(&mut self) -> Result<(), StoreError> {
+        if !self.new_source_ids.is_empty() {
+            let mut a = Vec::new();
+            let mut s = Vec::new();
+            let mut n = Vec::new();
+            for (agency, source_id, no) in std::mem::take(&mut self.new_source_ids) {
+                a.push(agency);
+                s.push(source_id);
+                n.push(db(no));
+            }
+            self.conn
+                .execute(&self.sql.source_ids_insert, &[&a, &s, &n])?;
+        }
+        let (up, _) = self.sources.take_dirty();
+        if !up.is_empty() {
+            let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
+                up.into_iter().map(|(no, r)| (db(no), encode(&r))).unzip();
+            self.conn.execute(&self.sql.sources_upsert, &[&k, &v])?;
+        }
+        let (up, del) = self.window.take_dirty();
+        if !del.is_empty() {
+            let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+            for (no, e, s) in del {
+                a.push(db(no));
+                b.push(db(e));
+                c.push(db(s));
+            }
+            self.conn.execute(&self.sql.window_delete, &[&a, &b, &c])?;
+        }
+        if !up.is_empty() {
+            let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for ((no, e, s), r) in up {
+                a.push(db(no));
+                b.push(db(e));
+                c.push(db(s));
+                d.push(encode(&r));
+            }
+            self.conn
+                .execute(&self.sql.window_upsert, &[&a, &b, &c, &d])?;
+        }
+        self.flush_effects()?;
+        self.flush_audit()?;
+        self.flush_quarantine()?;
+        let (up, del) = self.fp.take_dirty();
+        if !del.is_empty() {
+            let fps: Vec<Vec<u8>> = del.iter().map(|f| f.to_vec()).collect();
+            self.conn.execute(&self.sql.fp_delete, &[&fps])?;
+        }
+        if !up.is_empty() {
+            let (k, v): (Vec<Vec<u8>>, Vec<i64>) =
+                up.into_iter().map(|(fp, id)| (fp.to_vec(), db(id))).unzip();
+            self.conn.execute(&self.sql.fp_upsert, &[&k, &v])?;
+        }
+        let (up, del) = self.fp_by_id.take_dirty();
+        if !del.is_empty() {
+            let ids: Vec<i64> = del.into_iter().map(db).collect();
+            self.conn.execute(&self.sql.fp_by_id_delete, &[&ids])?;
+        }
+        if !up.is_empty() {
+            let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
+                up.into_iter().map(|(id, fp)| (db(id), fp.to_vec())).unzip();
+            self.conn.execute(&self.sql.fp_by_id_upsert, &[&k, &v])?;
+        }
+        if !self.meta_dirty.is_empty() {
+            let mut names = Vec::new();
+            let mut records = Vec::new();
+            for name in self.meta_dirty.drain() {
+                if let Some(r) = self.meta.get(name) {
+                    names.push(name.to_string());
+                    records.push(r.clone());
+                }
+            }
+            self.conn
+                .execute(&self.sql.meta_upsert, &[&names, &records])?;
+        }
+        Ok(())
+    }
+
+    /// Scans `sql` (params: from, to, limit) in chunks, lowest key first, until `f` breaks.
+    fn scan_chunks(
+        &self,
+        sql: &str,
+        range: Range<u64>,
+        f: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        let mut from = range.start;
+        let to = bound(range.end);
+        loop {
+            let rows = self.conn.query(sql, &[&bound(from), &to, &SCAN_CHUNK])?;
+            let n = rows.len();
+            for row in rows {
+                let k = un(row.get::<_, i64>(0));
+                let bytes: &[u8] = row.get(1);
+                if f(k, bytes)?.is_break() {
+                    return Ok(());
+                }
+                from = k + 1;
+            }
+            if i64::try_from(n).unwrap_or(i64::MAX) < SCAN_CHUNK {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Tx for PgTx<'_> {
+    fn prefetch(&mut self, positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let mut a = Vec::new();
+        let mut s = Vec::new();
+        let mut e = Vec::new();
+        let mut q = Vec::new();
+        for (agency, source_id, epoch, sequence) in positions {
+            a.push(*agency);
+            s.push(*source_id);
+            e.push(db(*epoch));
+            q.push(db(*sequence));
+        }
+        for row in self.conn.query(&self.sql.prefetch, &[&a, &s, &e, &q])? {
+            let agency: String = row.get(0);
+            let source_id: String = row.get(1);
+            let no: Option<i64> = row.get(2);
+            let ids_key = (agency, source_id);
+            match no {
+                None => {
+                    self.source_ids.entry(ids_key).or_insert(None);
+                }
+                Some(no) => {
+                    let no = un(no);
+                    self.source_ids.entry(ids_key).or_insert(Some(no));
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        self.sources.known.entry(no)
+                    {
+                        let rec: Option<Vec<u8>> = row.get(3);
+                        let rec = rec
+                            .map(|b| decode_col::<SourceRecord>("sources", no, &b))
+                            .transpose()?;
+                        v.insert(rec);
+                    }
+                    let wkey = (no, un(row.get(4)), un(row.get(5)));
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        self.window.known.entry(wkey)
+                    {
+                        let rec: Option<Vec<u8>> = row.get(6);
+                        let rec = rec
+                            .map(|b| {
+                                decode_col::<WindowRecord>("window", format_args!("{wkey:?}"), &b)
+                            })
+                            .transpose()?;
+                        v.insert(rec);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn meta(&mut self) -> Result<Meta, StoreError> {
+        self.meta_record(META_KEY)?.ok_or_else(|| {
+            StoreError::Record(RecordError {
+                table: "meta",
+                key: META_KEY.into(),
+                why: "missing".into(),
+            })
+        })
+    }
+
+    fn counters(&mut self) -> Result<Option<Counters>, StoreError> {
+        self.meta_record(COUNTS_KEY)
+    }
+
+    fn retention_marks(&mut self) -> Result<Option<RetentionMarks>, StoreError> {
+        self.meta_record(RETENTION_KEY)
+    }
+
+    fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
+        self.set_meta(META_KEY, meta);
+        Ok(())
+    }
+
+    fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError> {
+        self.set_meta(COUNTS_KEY, counters);
+        Ok(())
+    }
+
+    fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
+        self.set_meta(RETENTION_KEY, marks);
+        Ok(())
+    }
+
+    fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
+        let key = (agency.to_string(), source_id.to_string());
+        if let Some(v) = self.source_ids.get(&key) {
+            return Ok(*v);
+        }
+        let v = self
+            .conn
+            .query(&self.sql.source_no, &[&agency, &source_id])?
+            .first()
+            .map(|r| un(r.get(0)));
+        self.source_ids.insert(key, v);
+        Ok(v)
+    }
+
+    fn put_source_no(&mut self, agency: &str, source_id: &str, no: u64) -> Result<(), StoreError> {
+        self.source_ids
+            .insert((agency.to_string(), source_id.to_string()), Some(no));
+        self.new_source_ids
+            .push((agency.to_string(), source_id.to_string(), no));
+        Ok(())
+    }
+
+    fn source(&mut self, no: u64) -> Result<Option<SourceRecord>, StoreError> {
+        let (conn, sql) = (self.conn, self.sql);
+        self.sources.get(&no, || {
+            conn.query(&sql.source, &[&db(no)])?
+                .first()
+                .map(|r| decode_col("sources", no, r.get::<_, &[u8]>(0)))
+                .transpose()
+        })
+    }
+
+    fn put_source(&mut self, no: u64, record: &SourceRecord) -> Result<(), StoreError> {
+        self.sources.set(no, Some(record.clone()));
+        Ok(())
+    }
+
+    fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
+        let (conn, sql) = (self.conn, self.sql);
+        self.window.get(&key, || {
+            conn.query(&sql.window, &[&db(key.0), &db(key.1), &db(key.2)])?
+                .first()
+                .map(|r| decode_col("window", format_args!("{key:?}"), r.get::<_, &[u8]>(0)))
+                .transpose()
+        })
+    }
+
+    fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
+        self.window.set(key, Some(*record));
+        Ok(())
+    }
+
+    fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
+        let was = self.window(key)?;
+        if was.is_some() {
+            self.window.set(key, None);
+        }
+        Ok(was)
+    }
+
+    fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
+        self.new_effects.push((db(offset), encode(record)));
+        Ok(())
+    }
+
+    fn scan_effect_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, EffectHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        self.flush_effects()?;
+        self.scan_chunks(&self.sql.effect_heads, range, &mut |k, bytes| {
+            f(k, decode_effect_head(k, bytes)?)
+        })
+    }
+
+    fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        self.flush_effects()?;
+        self.conn.execute(
+            &self.sql.effects_delete_range,
+            &[&bound(*range.start()), &bound(*range.end())],
+        )?;
+        Ok(())
+    }
+
+    fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError> {
+        if let Some(r) = self.new_audit.get(&index) {
+            return Ok(Some(r.clone()));
+        }
+        self.conn
+            .query(&self.sql.audit, &[&db(index)])?
+            .first()
+            .map(|r| decode_col("audit", index, r.get::<_, &[u8]>(0)))
+            .transpose()
+    }
+
+    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
+        self.new_audit.insert(index, record.clone());
+        Ok(())
+    }
+
+    fn scan_audit(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        self.flush_audit()?;
+        self.scan_chunks(&self.sql.audit_range, range, &mut |k, bytes| {
+            f(k, decode_col("audit", k, bytes)?)
+        })
+    }
+
+    fn scan_audit_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        self.flush_audit()?;
+        self.scan_chunks(&self.sql.audit_heads, range, &mut |k, bytes| {
+            f(k, decode_head::<AuditHead>("audit", k, bytes)?)
+        })
+    }
+
+    fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        self.flush_audit()?;
+        self.conn.execute(
+            &self.sql.audit_delete_range,
+            &[&bound(*range.start()), &bound(*range.end())],
+        )?;
+        Ok(())
+    }
+
+    fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
+        let (conn, sql) = (self.conn, self.sql);
+        self.quarantine.get(&id, || {
+            conn.query(&sql.quarantine, &[&db(id)])?
+                .first()
+                .map(|r| decode_col("quarantine", id, r.get::<_, &[u8]>(0)))
+                .transpose()
+        })
+    }
+
+    fn put_quarantined(&mut self, id: u64, record: &QuarantineRecord) -> Result<(), StoreError> {
+        self.quarantine.set(id, Some(record.clone()));
+        Ok(())
+    }
+
+    fn remove_quarantined(&mut self, id: u64) -> Result<(), StoreError> {
+        self.quarantine.set(id, None);
+        Ok(())
+    }
+
+    fn quarantine_len(&mut self) -> Result<u64, StoreError> {
+        self.flush_quarantine()?;
+        let rows = self.conn.query(&self.sql.quarantine_len, &[])?;
+        Ok(rows.first().map_or(0, |r| un(r.get(0))))
+    }
+
+    fn scan_quarantine(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(u64, QuarantineRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        self.flush_quarantine()?;
+        let mut from = from;
+        loop {
+            let rows = self
+                .conn
+                .query(&self.sql.quarantine_range, &[&bound(from), &SCAN_CHUNK])?;
+            let n = rows.len();
+            for row in rows {
+                let id = un(row.get::<_, i64>(0));
+                let rec: QuarantineRecord = decode_col("quarantine", id, row.get::<_, &[u8]>(1))?;
+                if f(id, rec)?.is_break() {
+                    return Ok(());
+                }
+                from = id + 1;
+            }
+            if i64::try_from(n).unwrap_or(i64::MAX) < SCAN_CHUNK {
+                return Ok(());
+            }
+        }
+    }
+
+    fn fingerprint_owner(&mut self, fp: &[u8; 32]) -> Result<Option<u64>, StoreError> {
+        let (conn, sql) = (self.conn, self.sql);
+        self.fp.get(fp, || {
+            Ok(conn
+                .query(&sql.fp_owner, &[&fp.as_slice()])?
+                .first()
+                .map(|r| un(r.get(0))))
+        })
+    }
+
+    fn put_fingerprint(&mut self, fp: &[u8; 32], id: u64) -> Result<(), StoreError> {
+        self.fp.set(*fp, Some(id));
+        self.fp_by_id.set(id, Some(*fp));
+        Ok(())
+    }
+
+    fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError> {
+        let (conn, sql) = (self.conn, self.sql);
+        let fp = self.fp_by_id.get(&id, || {
+            conn.query(&sql.fp_by_id, &[&db(id)])?
+                .first()
+                .map(|r| {
+                    <[u8; 32]>::try_from(r.get::<_, &[u8]>(0)).map_err(|_| {
+                        StoreError::Record(RecordError {
+                            table: "quarantine_fp_by_id",
+                            key: id.to_string(),
+                            why: "not a 32-byte fingerprint".into(),
+                        })
+                    })
+                })
+                .transpose()
+        })?;
+        if fp.is_some() {
+            self.fp_by_id.set(id, None);
+        }
+        if let Some(fp) = fp
+            && self.fingerprint_owner(&fp)? == Some(id)
+        {
+            self.fp.set(fp, None);
+        }
+        Ok(())
+    }
+
+    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
+        let mut low: Option<u64> = None;
+        for row in self.conn.query(&self.sql.cursors_all, &[])? {
+            let name: String = row.get(0);
+            let rec: SinkRecord = decode_col("sink_cursors", &name, row.get::<_, &[u8]>(1))?;
+            low = Some(low.map_or(rec.next, |l| l.min(rec.next)));
+        }
+        Ok(low)
+    }
+}

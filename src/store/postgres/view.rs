@@ -1,0 +1,212 @@
+//! Read views on PostgreSQL: one REPEATABLE READ, READ ONLY transaction, so a view sees one
+//! commit of the group (like a redb read transaction) while members go on committing.
+
+use std::ops::ControlFlow;
+
+use super::conn::Conn;
+use super::tx::{bound, db, un};
+use super::{PgConfig, PgStore};
+use crate::store::StoreError;
+use crate::store::tables::*;
+
+/// Rows a scan fetches per round trip.
+const CHUNK: i64 = 512;
+
+pub struct PgView {
+    conn: Conn,
+    schema: String,
+}
+
+impl PgStore {
+    /// A consistent view of the latest commit, on a connection of its own.
+    pub fn view(&self) -> Result<PgView, StoreError> {
+        PgView::open(&self.cfg)
+    }
+}
+
+impl PgView {
+    pub fn open(cfg: &PgConfig) -> Result<PgView, StoreError> {
+        let conn = Conn::connect(cfg)?;
+        conn.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        // The snapshot is taken by the first statement: take it now.
+        conn.query("SELECT 1", &[])?;
+        Ok(PgView {
+            conn,
+            schema: cfg.schema.clone(),
+        })
+    }
+
+    /// The record in `table` whose `keycol` is `key` (a `u64` key).
+    pub fn get<R: serde::de::DeserializeOwned>(
+        &self,
+        table: &'static str,
+        keycol: &str,
+        key: u64,
+    ) -> Result<Option<R>, StoreError> {
+        let sql = format!(
+            "SELECT record FROM {}.{table} WHERE {keycol} = $1",
+            self.schema
+        );
+        self.conn
+            .query(&sql, &[&db(key)])?
+            .first()
+            .map(|r| Ok(decode(table, key, r.get::<_, &[u8]>(0))?))
+            .transpose()
+    }
+
+    pub fn meta_row<R: serde::de::DeserializeOwned>(
+        &self,
+        name: &'static str,
+    ) -> Result<Option<R>, StoreError> {
+        let sql = format!("SELECT record FROM {}.meta WHERE name = $1", self.schema);
+        self.conn
+            .query(&sql, &[&name])?
+            .first()
+            .map(|r| Ok(decode("meta", name, r.get::<_, &[u8]>(0))?))
+            .transpose()
+    }
+
+    /// Streams `table`'s records from key `from` on, lowest first, until `f` breaks.
+    pub fn scan<R: serde::de::DeserializeOwned, E: From<StoreError>>(
+        &self,
+        table: &'static str,
+        keycol: &str,
+        from: u64,
+        mut f: impl FnMut(u64, R) -> Result<ControlFlow<()>, E>,
+    ) -> Result<(), E> {
+        let sql = format!(
+            "SELECT {keycol}, record FROM {}.{table} WHERE {keycol} >= $1 ORDER BY {keycol} LIMIT $2",
+            self.schema
+        );
+        let mut from = from;
+        loop {
+            let rows = self.conn.query(&sql, &[&bound(from), &CHUNK])?;
+            let n = rows.len();
+            for row in rows {
+                let k = un(row.get::<_, i64>(0));
+                let rec: R = decode(table, k, row.get::<_, &[u8]>(1)).map_err(StoreError::from)?;
+                if f(k, rec)?.is_break() {
+                    return Ok(());
+                }
+                from = k + 1;
+            }
+            if i64::try_from(n).unwrap_or(i64::MAX) < CHUNK {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Every record of `table` in key order (small tables: sources, bursts).
+    pub fn all<R: serde::de::DeserializeOwned>(
+        &self,
+        table: &'static str,
+        keycol: &str,
+    ) -> Result<Vec<R>, StoreError> {
+        let mut out = Vec::new();
+        self.scan::<R, StoreError>(table, keycol, 0, |_, r| {
+            out.push(r);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(out)
+    }
+
+    /// How many rows `table` has.
+    pub fn count(&self, table: &'static str) -> Result<u64, StoreError> {
+        let sql = format!("SELECT count(*) FROM {}.{table}", self.schema);
+        Ok(self
+            .conn
+            .query(&sql, &[])?
+            .first()
+            .map_or(0, |r| un(r.get(0))))
+    }
+
+    /// Audit heads from the newest back, until `f` breaks.
+    pub fn audit_heads_newest_first(
+        &self,
+        mut f: impl FnMut(u64, AuditHead) -> ControlFlow<()>,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {}.audit \
+             WHERE audit_index < $1 ORDER BY audit_index DESC LIMIT $2",
+            self.schema
+        );
+        let mut below = i64::MAX;
+        loop {
+            let rows = self.conn.query(&sql, &[&below, &CHUNK])?;
+            let n = rows.len();
+            for row in rows {
+                let k: i64 = row.get(0);
+                let head: AuditHead = decode_head("audit", un(k), row.get::<_, &[u8]>(1))?;
+                if f(un(k), head).is_break() {
+                    return Ok(());
+                }
+                below = k;
+            }
+            if i64::try_from(n).unwrap_or(i64::MAX) < CHUNK {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The fingerprint kept beside quarantined message `id`.
+    pub fn quarantine_fingerprint(&self, id: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        let sql = format!(
+            "SELECT fp FROM {}.quarantine_fp_by_id WHERE id = $1",
+            self.schema
+        );
+        Ok(self
+            .conn
+            .query(&sql, &[&db(id)])?
+            .first()
+            .and_then(|r| <[u8; 32]>::try_from(r.get::<_, &[u8]>(0)).ok()))
+    }
+
+    /// The source number of (agency, source_id).
+    pub fn source_no(&self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
+        let sql = format!(
+            "SELECT no FROM {}.source_ids WHERE agency = $1 AND source_id = $2",
+            self.schema
+        );
+        Ok(self
+            .conn
+            .query(&sql, &[&agency, &source_id])?
+            .first()
+            .map(|r| un(r.get(0))))
+    }
+
+    /// The window entry of a position.
+    pub fn window(&self, key: (u64, u64, u64)) -> Result<Option<WindowRecord>, StoreError> {
+        let sql = format!(
+            "SELECT record FROM {}.window_entries WHERE source_no = $1 AND epoch = $2 AND sequence = $3",
+            self.schema
+        );
+        self.conn
+            .query(&sql, &[&db(key.0), &db(key.1), &db(key.2)])?
+            .first()
+            .map(|r| {
+                Ok(decode(
+                    "window",
+                    format_args!("{key:?}"),
+                    r.get::<_, &[u8]>(0),
+                )?)
+            })
+            .transpose()
+    }
+
+    /// The first effect at or after `from` (its head only).
+    pub fn first_effect_head(&self, from: u64) -> Result<Option<EffectHead>, StoreError> {
+        let sql = format!(
+            "SELECT effect_offset, substring(record FROM 1 FOR 41) FROM {}.effects \
+             WHERE effect_offset >= $1 ORDER BY effect_offset LIMIT 1",
+            self.schema
+        );
+        self.conn
+            .query(&sql, &[&bound(from)])?
+            .first()
+            .map(|r| {
+                let k = un(r.get::<_, i64>(0));
+                Ok(decode_effect_head(k, r.get::<_, &[u8]>(1))?)
+            })
+            .transpose()
+    }
+}
