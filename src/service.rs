@@ -3,6 +3,8 @@
 //! shutdown. Shutdown is injected (`Shutdown`); signals are turned into it in `signals`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
@@ -12,8 +14,9 @@ use crate::config::Config;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::notify::Notifier;
 use crate::relay::{self, Relay, RelayError, Wake};
+use crate::store::postgres::PgStore;
 use crate::store::tables::BurstRecord;
-use crate::store::{BatchReport, Incoming, Store, StoreError};
+use crate::store::{Backend, BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
 use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
 
@@ -81,18 +84,67 @@ enum Job {
 struct StoreWorker {
     jobs: Option<std_mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Since when (ms) the PostgreSQL server has been unreachable (0: reachable).
+    unreachable_since: Arc<AtomicU64>,
+    /// Set when the service stops: a commit waiting for the server gives up.
+    stopping: Arc<AtomicBool>,
+}
+
+/// Backoff between attempts to commit a batch while PostgreSQL is unreachable.
+const UNREACHABLE_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(5));
+
+/// Commits `batch`; while the PostgreSQL server is unreachable, keeps the batch (nothing of
+/// it is acknowledged, so the broker keeps the rest of the feed) and tries again with backoff,
+/// until it commits or the service stops. A COMMIT that landed without an answer is safe to
+/// retry: its messages are then decided `duplicate`.
+fn commit_with_retry(
+    store: &mut Backend,
+    batch: &[Incoming],
+    unreachable_since: &AtomicU64,
+    stopping: &AtomicBool,
+) -> Result<BatchReport, StoreError> {
+    let mut delay = UNREACHABLE_BACKOFF.0;
+    let mut attempts = 0u64;
+    loop {
+        match store.commit_batch(batch, now_ms()) {
+            Err(StoreError::Unreachable(why)) if !stopping.load(Ordering::Relaxed) => {
+                attempts += 1;
+                if unreachable_since.load(Ordering::Relaxed) == 0 {
+                    unreachable_since.store(now_ms().max(1), Ordering::Relaxed);
+                    tracing::error!(
+                        error = %why,
+                        "PostgreSQL unreachable: acknowledgements withheld, retrying the batch"
+                    );
+                } else if attempts.is_power_of_two() {
+                    tracing::warn!(error = %why, attempts, "PostgreSQL still unreachable");
+                }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(UNREACHABLE_BACKOFF.1);
+            }
+            other => {
+                if other.is_ok() && unreachable_since.swap(0, Ordering::Relaxed) != 0 {
+                    tracing::info!(attempts, "PostgreSQL reachable again: batch committed");
+                }
+                return other;
+            }
+        }
+    }
 }
 
 impl StoreWorker {
-    fn spawn(mut store: Store, wake: Wake) -> std::io::Result<StoreWorker> {
+    fn spawn(mut store: Backend, wake: Wake) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
+        let unreachable_since = Arc::new(AtomicU64::new(0));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (since, stop) = (unreachable_since.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
             .name("store".into())
             .spawn(move || {
                 for job in rx {
                     match job {
                         Job::Batch(batch, reply) => {
-                            let result = store.commit_batch(&batch, now_ms());
+                            let result = commit_with_retry(&mut store, &batch, &since, &stop);
                             if let Ok(r) = &result
                                 && r.pruned.total() > 0
                             {
@@ -128,6 +180,8 @@ impl StoreWorker {
         Ok(StoreWorker {
             jobs: Some(tx),
             thread: Some(thread),
+            unreachable_since,
+            stopping,
         })
     }
 
@@ -148,9 +202,28 @@ impl StoreWorker {
 
 impl Drop for StoreWorker {
     fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
         self.jobs.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join(); // the store closes cleanly on its own thread
+        }
+    }
+}
+
+/// Opens the feed writer's store: the redb file, or the PostgreSQL schema (created or migrated
+/// on the way). Returns what to call it in messages.
+pub fn open_store(config: &Config) -> Result<(PathBuf, Backend), ServiceError> {
+    let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
+    match config.location().map_err(config_err)? {
+        crate::config::StoreLocation::File(db) => {
+            let store = Store::open(db, config.store.clone())?;
+            Ok((db.to_path_buf(), Backend::Redb(store)))
+        }
+        crate::config::StoreLocation::Postgres(pg) => {
+            let cfg = pg.pg_config().map_err(config_err)?;
+            let name = PathBuf::from(cfg.target());
+            let store = PgStore::open(cfg, config.store.clone(), now_ms())?;
+            Ok((name, Backend::Postgres(store)))
         }
     }
 }
@@ -161,19 +234,18 @@ pub fn run(
     shutdown: Shutdown,
     notifier: &Notifier,
 ) -> Result<RunSummary, ServiceError> {
-    let db: PathBuf = config
-        .require_db()
-        .map_err(|e| ServiceError::Config(e.to_string()))?
-        .to_path_buf();
     let mqtt = config
         .mqtt
         .clone()
         .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
-    let store = Store::open(&db, config.store.clone())?;
+    let (db, store) = open_store(&config)?;
     let wake = Wake::new();
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
-    let relay = relay::spawn(&config, &db, Some(&wake))?;
+    let relay = match &store {
+        Backend::Redb(_) => relay::spawn(&config, &db, Some(&wake))?,
+        Backend::Postgres(_) => None, // refused with sinks by the config
+    };
     let worker = StoreWorker::spawn(store, wake)
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
@@ -318,7 +390,16 @@ impl<'a> Consumer<'a> {
 
     fn status(&self) -> String {
         let c = &self.summary.counts;
-        let mut line = format!(
+        let since = self.worker.unreachable_since.load(Ordering::Relaxed);
+        let mut line = if since > 0 {
+            format!(
+                "PostgreSQL UNREACHABLE since {} (acknowledgements withheld, retrying); ",
+                crate::timefmt::rfc3339_ms(since)
+            )
+        } else {
+            String::new()
+        };
+        line += &format!(
             "applied={} duplicate={} quarantined={} reconnects={} failovers={}",
             c.get(Outcome::Applied) + c.get(Outcome::AppliedLate),
             c.get(Outcome::Duplicate),

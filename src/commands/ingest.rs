@@ -13,7 +13,7 @@ use crate::cli::IngestArgs;
 use crate::config::Config;
 use crate::key::Sha256Stream;
 use crate::model::{Outcome, OutcomeCounts};
-use crate::store::{Incoming, Store};
+use crate::store::{Backend, Incoming};
 use crate::timefmt::now_ms;
 
 /// What an ingest run decided.
@@ -27,7 +27,7 @@ pub struct IngestSummary {
 pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     let mut config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     config.store.new_database = args.new_database;
-    let db = config.require_db()?.to_path_buf();
+    config.location()?;
     let input: Box<dyn Read + Send> = if args.input == Path::new("-") {
         Box::new(io::stdin())
     } else {
@@ -42,13 +42,13 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
             .map_err(Failure::Usage)?;
         Box::new(file)
     };
-    let summary = {
-        let mut store = Store::open(&db, config.store.clone())?;
+    let (db, summary) = {
+        let (db, mut store) = crate::service::open_store(&config)?;
         let summary = ingest(&mut store, &config, &args.topic, BufReader::new(input))?;
         // The store closes here, before anything is printed: a failing stderr cannot leave
         // the file needing recovery, and a file too damaged to close says so.
         store.close()?;
-        summary
+        (db, summary)
     };
     let mut err = io::stderr().lock();
     let _ = writeln!(
@@ -76,7 +76,7 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
 /// On a commit error this returns at once; the reader thread is not joined (it may be blocked
 /// on an idle input) and ends when its next send fails or the process exits.
 pub fn ingest(
-    store: &mut Store,
+    store: &mut Backend,
     config: &Config,
     topic: &str,
     input: impl BufRead + Send + 'static,
@@ -93,7 +93,7 @@ pub fn ingest(
 }
 
 fn commit_loop(
-    store: &mut Store,
+    store: &mut Backend,
     config: &Config,
     rx: &Receiver<io::Result<Incoming>>,
 ) -> Result<IngestSummary, Failure> {

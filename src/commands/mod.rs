@@ -30,6 +30,13 @@ pub const EXIT_VIOLATION: u8 = 4;
 pub fn open_existing(
     args: &crate::cli::DbArgs,
 ) -> Result<(std::path::PathBuf, crate::store::Snapshot), Failure> {
+    let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    if let crate::config::StoreLocation::Postgres(pg) = config.location()? {
+        let cfg = pg.pg_config()?;
+        let name = std::path::PathBuf::from(cfg.target());
+        let (_, snap) = crate::store::Reader::postgres(cfg)?;
+        return Ok((name, snap));
+    }
     let (db, reader) = open_reader(args)?;
     Ok((db, reader.begin()?))
 }
@@ -40,6 +47,12 @@ pub fn open_reader(
     args: &crate::cli::DbArgs,
 ) -> Result<(std::path::PathBuf, crate::store::Reader), Failure> {
     let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    if let crate::config::StoreLocation::Postgres(pg) = config.location()? {
+        let cfg = pg.pg_config()?;
+        let name = std::path::PathBuf::from(cfg.target());
+        let (reader, _) = crate::store::Reader::postgres(cfg)?;
+        return Ok((name, reader));
+    }
     let db = config.require_db()?.to_path_buf();
     if !db.exists() {
         return Err(Failure::Usage(anyhow::anyhow!(

@@ -7,8 +7,9 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::cli::{QuarantineAction, QuarantineArgs};
-use crate::config::Config;
-use crate::store::{Resolution, Store, StoreError};
+use crate::config::{Config, StoreLocation};
+use crate::store::postgres::PgStore;
+use crate::store::{Backend, Resolution, Store, StoreError};
 use crate::timefmt::now_ms;
 
 pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
@@ -41,20 +42,30 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
         }
     };
     let config = Config::resolve(a.db.config.as_deref(), a.db.db.as_deref())?;
-    let db = config.require_db()?.to_path_buf();
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
-    let mut store = Store::open_operator(&db, config.store.clone())?;
-    let decided = store
-        .resolve_quarantined(a.id, &resolution, &config.feed, now_ms())
-        .map_err(|e| match e {
-            StoreError::Refused(why) => Failure::Usage(anyhow!(why)),
-            other => Failure::from(other),
-        })?;
+    let mut store = match config.location()? {
+        StoreLocation::Postgres(pg) => Backend::Postgres(PgStore::open(
+            pg.pg_config()?,
+            config.store.clone(),
+            now_ms(),
+        )?),
+        StoreLocation::File(db) => {
+            if !db.exists() {
+                return Err(Failure::Usage(anyhow!(
+                    "database {} does not exist",
+                    db.display()
+                )));
+            }
+            Backend::Redb(Store::open_operator(db, config.store.clone())?)
+        }
+    };
+    let decided = match &mut store {
+        Backend::Redb(s) => s.resolve_quarantined(a.id, &resolution, &config.feed, now_ms()),
+        Backend::Postgres(s) => s.resolve_quarantined(a.id, &resolution, &config.feed, now_ms()),
+    };
+    let decided = decided.map_err(|e| match e {
+        StoreError::Refused(why) => Failure::Usage(anyhow!(why)),
+        other => Failure::from(other),
+    })?;
     let mut line = format!(
         "quarantine #{} {}: audit entry {}",
         a.id, decided.outcome, decided.audit_index

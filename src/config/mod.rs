@@ -86,8 +86,9 @@ pub fn topic_filter_problem(filter: &str) -> Option<String> {
     }
     if filter.starts_with("$share/") {
         return Some(
-            "is a shared subscription, which is not supported: the group's other members \
-             would receive redeliveries this database never sees"
+            "is a shared subscription: give the plain filter and [mqtt] share_group (with \
+             [store] backend = \"postgres\", so every member of the group decides against \
+             one window)"
                 .into(),
         );
     }
@@ -208,6 +209,7 @@ struct RawMqtt {
     brokers: Vec<String>,
     client_id: String,
     topics: Vec<String>,
+    share_group: Option<String>,
     protocol: RawProtocol,
     session_expiry_seconds: u32,
     receive_maximum: u16,
@@ -227,6 +229,7 @@ impl Default for RawMqtt {
             brokers: Vec::new(),
             client_id: String::new(),
             topics: Vec::new(),
+            share_group: None,
             protocol: RawProtocol::V5,
             session_expiry_seconds: 86_400,
             receive_maximum: 1000,
@@ -375,14 +378,131 @@ pub struct MqttConfig {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields, default)]
 struct RawStore {
+    backend: RawBackend,
     path: Option<PathBuf>,
     cache_mb: u64,
+    dsn: Option<String>,
+    dsn_file: Option<PathBuf>,
+    schema: Option<String>,
 }
 impl Default for RawStore {
     fn default() -> Self {
         RawStore {
+            backend: RawBackend::Redb,
             path: None,
             cache_mb: (DEFAULT_CACHE_BYTES / (1024 * 1024)) as u64,
+            dsn: None,
+            dsn_file: None,
+            schema: None,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawBackend {
+    #[default]
+    Redb,
+    Postgres,
+}
+
+/// Where the store lives: `[store] backend`.
+#[derive(Debug, Clone)]
+pub enum StoreBackend {
+    /// One redb file (`[store] path` or `--db`).
+    Redb,
+    /// A PostgreSQL schema that several members may share.
+    Postgres(PostgresStore),
+}
+
+/// `[store] backend = "postgres"`: the server and the schema.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    /// From `dsn` or `dsn_file`; never printed.
+    pub dsn: Secret,
+    pub schema: String,
+}
+
+/// Where the store is, as `Config::location` found it.
+#[derive(Debug, Clone, Copy)]
+pub enum StoreLocation<'a> {
+    File(&'a Path),
+    Postgres(&'a PostgresStore),
+}
+
+impl PostgresStore {
+    /// The connection settings (parsed when the config was validated).
+    pub fn pg_config(&self) -> Result<crate::store::postgres::PgConfig, ConfigError> {
+        crate::store::postgres::PgConfig::parse(self.dsn.expose(), &self.schema)
+            .map_err(ConfigError::Invalid)
+    }
+}
+
+/// The schema name when `[store] schema` is not given.
+pub const DEFAULT_PG_SCHEMA: &str = "replay_guard";
+
+/// Validates `[store]`'s backend keys.
+fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(format!("[store] {m}"));
+    match raw.backend {
+        RawBackend::Redb => {
+            for (key, set) in [
+                ("dsn", raw.dsn.is_some()),
+                ("dsn_file", raw.dsn_file.is_some()),
+                ("schema", raw.schema.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(format!(
+                        "{key} belongs to backend = \"postgres\" (this store is a redb file)"
+                    )));
+                }
+            }
+            Ok(StoreBackend::Redb)
+        }
+        RawBackend::Postgres => {
+            if raw.path.is_some() {
+                return Err(invalid(
+                    "path belongs to backend = \"redb\": a postgres store has dsn (or \
+                     dsn_file) and schema"
+                        .into(),
+                ));
+            }
+            let dsn = match (&raw.dsn, &raw.dsn_file) {
+                (Some(d), None) => d.clone(),
+                (None, Some(p)) => read_bounded(p, sinks::MAX_DSN_BYTES)
+                    .map_err(|e| invalid(format!("dsn_file {}: {e}", p.display())))?
+                    .trim()
+                    .to_string(),
+                _ => {
+                    return Err(invalid(
+                        "backend = \"postgres\" needs exactly one of dsn and dsn_file (a dsn \
+                         with a password belongs in dsn_file)"
+                            .into(),
+                    ));
+                }
+            };
+            if dsn.is_empty() {
+                return Err(invalid("the dsn is empty".into()));
+            }
+            if let Some(mode) = sinks::dsn_tls_mode(&dsn) {
+                return Err(invalid(format!(
+                    "the dsn asks for sslmode={mode}, but TLS to PostgreSQL is not supported \
+                     yet: reach the server over a trusted network, a Unix socket or a tunnel, \
+                     with sslmode=disable"
+                )));
+            }
+            let schema = raw
+                .schema
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
+            if let Some(why) = crate::store::postgres::schema::schema_name_problem(&schema) {
+                return Err(invalid(format!("schema {schema:?} {why}")));
+            }
+            crate::store::postgres::PgConfig::parse(&dsn, &schema).map_err(invalid)?;
+            Ok(StoreBackend::Postgres(PostgresStore {
+                dsn: Secret(dsn),
+                schema,
+            }))
         }
     }
 }
@@ -496,6 +616,8 @@ fn log_retention(days: u64, entries: u64) -> LogRetention {
 /// Everything the engine needs, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// `[store] backend`: a redb file (at `db_path`) or a PostgreSQL schema.
+    pub backend: StoreBackend,
     /// The database file; `None` until a config file or `--db` names it.
     pub db_path: Option<PathBuf>,
     pub store: StoreOptions,
@@ -572,13 +694,36 @@ impl Config {
             None => Config::default(),
         };
         if let Some(db) = db {
+            if let StoreBackend::Postgres(_) = c.backend {
+                return Err(ConfigError::Invalid(
+                    "--db names a redb file, but the config's [store] backend is postgres: \
+                     drop --db (the config names the server)"
+                        .into(),
+                ));
+            }
             c.db_path = Some(db.to_path_buf());
         }
         Ok(c)
     }
 
+    /// Where the store is: a redb file (named by `--db` or `[store] path`) or a PostgreSQL
+    /// schema.
+    pub fn location(&self) -> Result<StoreLocation<'_>, ConfigError> {
+        match &self.backend {
+            StoreBackend::Postgres(pg) => Ok(StoreLocation::Postgres(pg)),
+            StoreBackend::Redb => self.require_db().map(StoreLocation::File),
+        }
+    }
+
     /// The database path, or a usage error naming both ways to give one.
     pub fn require_db(&self) -> Result<&Path, ConfigError> {
+        if let StoreBackend::Postgres(_) = self.backend {
+            return Err(ConfigError::Invalid(
+                "this command works on a redb file, and the config's [store] backend is \
+                 postgres"
+                    .into(),
+            ));
+        }
         self.db_path.as_deref().ok_or_else(|| {
             ConfigError::Invalid(
                 "no database: pass --db PATH or set [store] path in --config".into(),
@@ -700,8 +845,26 @@ impl Config {
         };
         let client_id = raw.mqtt.as_ref().map(|m| m.client_id.clone());
         let relay = sinks::relay_from_raw(raw.relay, raw.sink, client_id.as_deref())?;
+        let backend = store_backend(&raw.store)?;
+        let shared = raw.mqtt.as_ref().is_some_and(|m| m.share_group.is_some());
+        if shared && matches!(backend, StoreBackend::Redb) {
+            return Err(invalid(
+                "[mqtt] share_group needs [store] backend = \"postgres\": the broker redelivers \
+                 a member's unacknowledged messages to another member, whose own redb file \
+                 would not know them (shared subscriptions need one shared window)"
+                    .into(),
+            ));
+        }
+        if matches!(backend, StoreBackend::Postgres(_)) && !relay.sinks.is_empty() {
+            return Err(invalid(
+                "[[sink]] with [store] backend = \"postgres\": the relay does not read a \
+                 PostgreSQL store yet; deliver from a redb store, or leave the sinks out"
+                    .into(),
+            ));
+        }
         Ok(Config {
             relay,
+            backend,
             db_path: raw.store.path,
             store: StoreOptions {
                 cache_bytes: usize::try_from(raw.store.cache_mb.saturating_mul(1024 * 1024))
@@ -797,6 +960,24 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
             )));
         }
     }
+    let topics = match &m.share_group {
+        None => m.topics.clone(),
+        Some(g) => {
+            if g.is_empty() || g.len() > 256 || g.contains(['/', '+', '#', '\0']) {
+                return Err(invalid(format!(
+                    "share_group {g:?}: give 1 to 256 bytes without '/', '+', '#' (it becomes \
+                     $share/{{share_group}}/FILTER)"
+                )));
+            }
+            if let Some(t) = m.topics.iter().find(|t| t.starts_with("$share/")) {
+                return Err(invalid(format!(
+                    "topics: {t:?} is already a shared subscription; with share_group give \
+                     the plain filters"
+                )));
+            }
+            m.topics.iter().map(|t| format!("$share/{g}/{t}")).collect()
+        }
+    };
     for (key, value, range) in [
         (
             "session_expiry_seconds",
@@ -864,7 +1045,7 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
     Ok(MqttConfig {
         brokers,
         client_id: m.client_id,
-        topics: m.topics,
+        topics,
         protocol: match m.protocol {
             RawProtocol::V5 => Protocol::V5,
             RawProtocol::V311 => Protocol::V311,
@@ -883,6 +1064,101 @@ fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_postgres_backend_is_validated_and_its_dsn_never_echoed() {
+        let c = Config::parse(
+            "[store]\nbackend = \"postgres\"\ndsn = \"host=db.eoc user=rg password=hunter2\"\n",
+        )
+        .unwrap();
+        let StoreBackend::Postgres(pg) = &c.backend else {
+            panic!("postgres expected")
+        };
+        assert_eq!(pg.schema, DEFAULT_PG_SCHEMA);
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let target = pg.pg_config().unwrap().target();
+        assert_eq!(
+            target,
+            "postgresql db.eoc:5432/postgres schema replay_guard"
+        );
+        assert!(c.require_db().is_err(), "a postgres store has no file");
+        for (text, want) in [
+            ("backend = \"postgres\"", "exactly one of dsn and dsn_file"),
+            (
+                "backend = \"postgres\"\ndsn = \"host=h\"\npath = \"/x\"",
+                "path belongs to backend = \"redb\"",
+            ),
+            ("dsn = \"host=h\"", "dsn belongs to backend = \"postgres\""),
+            (
+                "backend = \"postgres\"\ndsn = \"host=h\"\nschema = \"Drop Table\"",
+                "lower-case SQL name",
+            ),
+            (
+                "backend = \"postgres\"\ndsn = \"host=h\"\nschema = \"pg_x\"",
+                "must not start with pg_",
+            ),
+            (
+                "backend = \"postgres\"\ndsn = \"host=h password=hunter2 sslmode=require\"",
+                "TLS to PostgreSQL is not supported",
+            ),
+            (
+                "backend = \"postgres\"\ndsn = \"postgres://u:hunter2@h:notaport/db\"",
+                "dsn is not understood",
+            ),
+            ("backend = \"sqlite\"", "unknown variant"),
+        ] {
+            let e = Config::parse(&format!("[store]\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        let e = Config::parse(
+            "[store]\nbackend = \"postgres\"\ndsn = \"host=h\"\n[[sink]]\nname = \"a\"\n\
+             kind = \"exec\"\ncommand = [\"cat\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("the relay does not read a PostgreSQL store yet"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn share_group_makes_every_filter_a_shared_subscription() {
+        let e = Config::parse(
+            "[mqtt]\nbrokers = [\"mqtt://127.0.0.1\"]\nclient_id = \"m1\"\ntopics = [\"t\"]\n\
+             share_group = \"cop\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("share_group needs [store] backend"), "{e}");
+        let base = "[store]\nbackend = \"postgres\"\ndsn = \"host=h\"\n\
+                    [mqtt]\nbrokers = [\"mqtt://127.0.0.1\"]\nclient_id = \"m1\"\n";
+        let c = Config::parse(&format!(
+            "{base}topics = [\"incidents/#\", \"units/+\"]\nshare_group = \"cop\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.mqtt.unwrap().topics,
+            ["$share/cop/incidents/#", "$share/cop/units/+"]
+        );
+        for (group, want) in [("a/b", "without '/'"), ("", "1 to 256 bytes")] {
+            let e = Config::parse(&format!(
+                "{base}topics = [\"t\"]\nshare_group = \"{group}\"\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let e = Config::parse(&format!(
+            "{base}topics = [\"$share/x/t\"]\nshare_group = \"g\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is a shared subscription: give the plain filter"), "{e}");
+    }
 
     #[test]
     fn empty_config_gives_documented_defaults() {

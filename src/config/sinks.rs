@@ -21,7 +21,7 @@ pub const SINK_TIMEOUT_MS: Range = 100..=600_000;
 /// Longest `[relay] source` and sink topic template.
 const MAX_TEXT: usize = 4096;
 /// Largest `dsn_file` read.
-const MAX_DSN_BYTES: u64 = 16 * 1024;
+pub(super) const MAX_DSN_BYTES: u64 = 16 * 1024;
 
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields, default)]

@@ -33,6 +33,29 @@ impl Snapshot {
         source_id: &str,
         position: Position,
     ) -> Result<Option<PositionState>, StoreError> {
+        if let Some(pg) = self.pg() {
+            let Some(no) = pg.source_no(agency, source_id)? else {
+                return Ok(None);
+            };
+            let record: SourceRecord = pg.get("sources", "no", no)?.ok_or_else(|| RecordError {
+                table: "sources",
+                key: no.to_string(),
+                why: "missing (named in source_ids)".into(),
+            })?;
+            let seen = pg
+                .window((no, position.epoch, position.sequence))?
+                .map(|w| Seen {
+                    digest: Digest::from_bytes(w.digest),
+                    effect_offset: w.effect_offset,
+                });
+            return Ok(Some(PositionState {
+                marks: SourceMarks {
+                    high_water: pos(record.high_water),
+                    evicted_floor: record.evicted_floor.map(pos),
+                },
+                seen,
+            }));
+        }
         self.guard(|txn| {
             let ids = txn.open_table(SOURCE_IDS).map_err(r)?;
             let Some(no) = ids.get((agency, source_id)).map_err(r)?.map(|g| g.value()) else {

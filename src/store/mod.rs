@@ -726,4 +726,20 @@ impl Backend {
             Backend::Postgres(s) => s.options(),
         }
     }
+
+    /// Records a replay burst `run` absorbed, for `stats`.
+    pub fn record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
+        match self {
+            Backend::Redb(s) => s.record_burst(burst),
+            Backend::Postgres(s) => s.record_burst(burst),
+        }
+    }
+
+    /// Closes the store (redb saves its allocator state; a PostgreSQL connection just ends).
+    pub fn close(self) -> Result<(), StoreError> {
+        match self {
+            Backend::Redb(s) => s.close(),
+            Backend::Postgres(_) => Ok(()),
+        }
+    }
 }

@@ -72,7 +72,7 @@ impl Store {
         // The long look for earlier applications runs on a read snapshot, so `run`'s commits
         // are not held up; the write transaction then checks only what was committed since.
         let prior = match resolution {
-            Resolution::Release { .. } => Some(self.prior_applications(id, contract)?),
+            Resolution::Release { .. } => Some(prior_applications(&self.reader()?, id, contract)?),
             Resolution::Discard { .. } => None,
         };
         let txn = Leak::new(self.begin_durable()?);
@@ -141,16 +141,14 @@ impl PriorApplications {
     }
 }
 
-impl Store {
-    /// Every content already applied under quarantined message `id`'s key, read from a
-    /// snapshot (one pass over the audit log, plus the effects whose audit entries were
-    /// pruned).
-    fn prior_applications(
-        &self,
-        id: u64,
-        contract: &FeedContract,
-    ) -> Result<PriorApplications, StoreError> {
-        let snap = self.reader()?;
+/// Every content already applied under quarantined message `id`'s key, read from a
+/// snapshot (one pass over the audit log, plus the effects whose audit entries were pruned).
+fn prior_applications(
+    snap: &super::Snapshot,
+    id: u64,
+    contract: &FeedContract,
+) -> Result<PriorApplications, StoreError> {
+    {
         let meta = snap.meta()?;
         let key = snap.quarantined(id)?.and_then(|q| q.record.key);
         let mut prior = PriorApplications {
@@ -184,6 +182,33 @@ impl Store {
             })?;
         }
         Ok(prior)
+    }
+}
+
+impl super::postgres::PgStore {
+    /// `Store::resolve_quarantined` on PostgreSQL: the same checks and writes, in one
+    /// transaction under the schema's lock.
+    pub fn resolve_quarantined(
+        &mut self,
+        id: u64,
+        resolution: &Resolution,
+        contract: &FeedContract,
+        now_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let contract = &contract.for_stored();
+        let prior = match resolution {
+            Resolution::Release { .. } => Some(prior_applications(
+                &super::Snapshot::postgres(self.view()?),
+                id,
+                contract,
+            )?),
+            Resolution::Discard { .. } => None,
+        };
+        self.write(|tx, opts| {
+            let mut w = Writer::open(tx, opts)?;
+            let d = w.resolve(id, resolution, contract, prior, now_ms)?;
+            Ok((w.finish()?, d))
+        })
     }
 }
 

@@ -11,6 +11,7 @@ use redb::{
 };
 
 use super::guard::{self, Handle};
+use super::postgres::PgConfig;
 use super::postgres::view::PgView;
 use super::tables::*;
 use super::{StoreError, builder};
@@ -18,8 +19,14 @@ use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
 
 /// A read-only handle that follows a live writer's commits.
 pub struct Reader {
+    db: Source,
+}
+
+enum Source {
     /// Poisoned once redb panicked on a damaged page.
-    db: Handle<ReadOnlyDatabase>,
+    Redb(Handle<ReadOnlyDatabase>),
+    /// Each snapshot is a transaction on a connection of its own.
+    Pg(Box<PgConfig>),
 }
 
 impl Reader {
@@ -44,14 +51,31 @@ impl Reader {
         })?;
         let db = opened.map_err(StoreError::classify)?;
         Ok(Reader {
-            db: Handle::new(db),
+            db: Source::Redb(Handle::new(db)),
         })
+    }
+
+    /// A reader of a PostgreSQL store; its first snapshot is taken here, so an unreachable
+    /// server or a missing schema is reported at once.
+    pub fn postgres(cfg: PgConfig) -> Result<(Reader, Snapshot), StoreError> {
+        let first = Snapshot::postgres(PgView::open(&cfg)?);
+        first.meta()?;
+        Ok((
+            Reader {
+                db: Source::Pg(Box::new(cfg)),
+            },
+            first,
+        ))
     }
 
     /// A snapshot of the latest commit.
     pub fn begin(&self) -> Result<Snapshot, StoreError> {
-        self.db
-            .guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
+        match &self.db {
+            Source::Redb(db) => {
+                db.guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
+            }
+            Source::Pg(cfg) => Ok(Snapshot::postgres(PgView::open(cfg)?)),
+        }
     }
 }
 
@@ -73,6 +97,11 @@ impl Snapshot {
     /// A view of a PostgreSQL store.
     pub fn postgres(view: PgView) -> Snapshot {
         Snapshot(View::Pg(Box::new(view)))
+    }
+
+    /// Whether this is a view of a PostgreSQL store.
+    pub fn is_postgres(&self) -> bool {
+        self.pg().is_some()
     }
 
     /// The PostgreSQL view, if this is one.
@@ -294,6 +323,9 @@ impl Snapshot {
 
     /// Bytes each table takes in the file: (name, stored, metadata + fragmentation).
     pub fn table_sizes(&self) -> Result<Vec<(&'static str, u64, u64)>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.table_sizes();
+        }
         self.guard(|txn| {
             let mut out = Vec::new();
             let mut add = |name: &'static str, s: redb::TableStats| {

@@ -525,6 +525,9 @@ pub(super) fn lowest_cursor(
 impl Snapshot {
     /// Every sink with a cursor, by name.
     pub fn sink_cursors(&self) -> Result<Vec<(String, SinkRecord)>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.sink_cursors(None);
+        }
         self.guard(|txn| {
             let t = match txn.open_table(SINK_CURSORS) {
                 Ok(t) => t,
@@ -544,6 +547,9 @@ impl Snapshot {
     }
 
     pub fn sink_cursor(&self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return Ok(pg.sink_cursors(Some(name))?.pop().map(|(_, r)| r));
+        }
         self.guard(|txn| {
             let t = match txn.open_table(SINK_CURSORS) {
                 Ok(t) => t,
@@ -563,6 +569,13 @@ impl Snapshot {
         sink: &str,
         offset: u64,
     ) -> Result<Option<ParkedRecord>, StoreError> {
+        if let Some(pg) = self.pg() {
+            let all = pg.sink_parked(Some(sink))?;
+            return Ok(all
+                .into_iter()
+                .find(|(_, o, _)| *o == offset)
+                .map(|(_, _, r)| r));
+        }
         self.guard(|txn| {
             let t = match txn.open_table(SINK_PARKED) {
                 Ok(t) => t,
@@ -578,6 +591,17 @@ impl Snapshot {
 
     /// Parked events of `sink` (every sink when `None`), in sink then offset order.
     pub fn sink_parked(&self, sink: Option<&str>) -> Result<Vec<Parked>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return Ok(pg
+                .sink_parked(sink)?
+                .into_iter()
+                .map(|(sink, offset, record)| Parked {
+                    sink,
+                    offset,
+                    record,
+                })
+                .collect());
+        }
         self.guard(|txn| {
             let t = match txn.open_table(SINK_PARKED) {
                 Ok(t) => t,

@@ -89,7 +89,10 @@ impl Conn {
                 tracing::debug!("postgresql connection ended: {}", describe(&e));
             }
         });
-        Ok(Conn { rt, client })
+        let conn = Conn { rt, client };
+        // `CREATE ... IF NOT EXISTS` on every start must not log a NOTICE each time.
+        conn.batch("SET client_min_messages TO warning")?;
+        Ok(conn)
     }
 
     pub fn is_closed(&self) -> bool {

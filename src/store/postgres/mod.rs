@@ -171,6 +171,20 @@ impl PgStore {
         })
     }
 
+    /// Runs `f` on a `Tx` of one transaction under the schema's lock, then sends what it
+    /// wrote and commits (operator writes).
+    pub(crate) fn write<R>(
+        &mut self,
+        f: impl for<'a> FnOnce(PgTx<'a>, &StoreOptions) -> Result<(PgTx<'a>, R), StoreError>,
+    ) -> Result<R, StoreError> {
+        let opts = self.opts.clone();
+        self.in_txn(|conn, sql| {
+            let (mut tx, r) = f(PgTx::begin(conn, sql)?, &opts)?;
+            tx.flush()?;
+            Ok(r)
+        })
+    }
+
     /// Decides and records every delivery of `batch` in one PostgreSQL transaction. On `Err`
     /// nothing of the batch may be acknowledged; `Unreachable` is worth retrying (the same
     /// batch, after a backoff): if an unanswered COMMIT did land, the retry decides its
@@ -186,6 +200,23 @@ impl PgStore {
             let report = w.decide_batch(batch, now_ms)?;
             w.finish()?.flush()?;
             Ok(report)
+        })
+    }
+}
+
+impl PgStore {
+    /// Records a replay burst (its own small transaction).
+    pub fn record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
+        let schema = self.cfg.schema.clone();
+        self.in_txn(|conn, _| {
+            conn.execute(
+                &format!(
+                    "INSERT INTO {schema}.replay_bursts (no, record) \
+                     SELECT coalesce(max(no) + 1, 0), $1 FROM {schema}.replay_bursts"
+                ),
+                &[&encode(burst)],
+            )?;
+            Ok(())
         })
     }
 }

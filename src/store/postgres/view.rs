@@ -209,4 +209,70 @@ impl PgView {
             })
             .transpose()
     }
+
+    /// Every sink cursor (or the one named), by name.
+    pub fn sink_cursors(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<(String, SinkRecord)>, StoreError> {
+        let sql = format!(
+            "SELECT name, record FROM {}.sink_cursors WHERE $1::text IS NULL OR name = $1 ORDER BY name",
+            self.schema
+        );
+        let mut out = Vec::new();
+        for row in self.conn.query(&sql, &[&name])? {
+            let n: String = row.get(0);
+            let rec = decode("sink_cursors", &n, row.get::<_, &[u8]>(1))?;
+            out.push((n, rec));
+        }
+        Ok(out)
+    }
+
+    /// Parked events of one sink (or all), in sink then offset order.
+    pub fn sink_parked(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<(String, u64, ParkedRecord)>, StoreError> {
+        let sql = format!(
+            "SELECT name, effect_offset, record FROM {}.sink_parked \
+             WHERE $1::text IS NULL OR name = $1 ORDER BY name, effect_offset",
+            self.schema
+        );
+        let mut out = Vec::new();
+        for row in self.conn.query(&sql, &[&name])? {
+            let n: String = row.get(0);
+            let o = un(row.get::<_, i64>(1));
+            let rec = decode(
+                "sink_parked",
+                format_args!("{n}#{o}"),
+                row.get::<_, &[u8]>(2),
+            )?;
+            out.push((n, o, rec));
+        }
+        Ok(out)
+    }
+
+    /// Bytes each table takes on the server: (name, table data, indexes + TOAST + free space
+    /// map), like the file's stored and overhead bytes.
+    pub fn table_sizes(&self) -> Result<Vec<(&'static str, u64, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for (name, table) in [
+            ("audit", "audit"),
+            ("effects", "effects"),
+            ("window", "window_entries"),
+            ("quarantine", "quarantine"),
+            ("sources", "sources"),
+        ] {
+            let sql = format!(
+                "SELECT pg_relation_size('{s}.{table}'), \
+                 pg_total_relation_size('{s}.{table}') - pg_relation_size('{s}.{table}')",
+                s = self.schema
+            );
+            let rows = self.conn.query(&sql, &[])?;
+            let row = rows.first();
+            let get = |i| row.map_or(0, |r| un(r.get::<_, i64>(i)));
+            out.push((name, get(0), get(1)));
+        }
+        Ok(out)
+    }
 }
