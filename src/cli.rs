@@ -75,6 +75,30 @@ pub enum Command {
     /// the sinks' cursors (`relay status|parked|retry|rewind|forget`).
     #[command(long_about = RELAY_ABOUT, args_conflicts_with_subcommands = true)]
     Relay(RelayArgs),
+    /// Create the PostgreSQL schema of `[store] backend = "postgres"`, or bring it to this
+    /// build's version (`run` and `ingest` also do this when they start).
+    MigrateSchema(MigrateSchemaArgs),
+    /// Copy a redb database into a new, empty PostgreSQL schema and verify the copy (move a
+    /// single host to a shared store without losing its window). Stop `run` first.
+    Migrate(MigrateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MigrateSchemaArgs {
+    /// TOML config file whose [store] names the PostgreSQL server and schema.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MigrateArgs {
+    /// The redb database file to copy (left unchanged).
+    #[arg(long, value_name = "PATH")]
+    pub from: PathBuf,
+    /// TOML config file whose [store] names the PostgreSQL server and (empty) schema, and
+    /// whose [feed] is the one `run` decides with (to verify the copy).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
 }
 
 const RELAY_ABOUT: &str = "Without a subcommand: run every [[sink]] of --config against the \

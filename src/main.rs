@@ -54,6 +54,8 @@ fn main() -> ExitCode {
         Command::Explain(a) => commands::explain::run(a),
         Command::Gaps(a) => commands::gaps::run(a),
         Command::Relay(a) => commands::relay::run(a),
+        Command::MigrateSchema(a) => commands::migrate::run_schema(a),
+        Command::Migrate(a) => commands::migrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

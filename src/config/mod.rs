@@ -1157,7 +1157,10 @@ mod tests {
         ))
         .unwrap_err()
         .to_string();
-        assert!(e.contains("is a shared subscription: give the plain filter"), "{e}");
+        assert!(
+            e.contains("is a shared subscription: give the plain filter"),
+            "{e}"
+        );
     }
 
     #[test]

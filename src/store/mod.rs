@@ -40,6 +40,12 @@ pub use retention::{LogRetention, PruneCounts, RetentionPolicy};
 use tables::*;
 pub use writer_check::check_writer_open;
 
+/// Who holds the feed writer's lock on the database file at `path` (" (PID n: command)" or
+/// ""), if anyone: `run` or `ingest` is writing it.
+pub fn feed_writer(path: &Path) -> Result<Option<String>, StoreError> {
+    file::feed_lock_holder(path)
+}
+
 /// Default redb page cache: bounds the process's memory whatever the window size.
 pub const DEFAULT_CACHE_BYTES: usize = 32 * 1024 * 1024;
 

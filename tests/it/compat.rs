@@ -38,8 +38,13 @@ fn a_database_written_by_the_previous_release_reads_verifies_and_takes_new_write
         .replace("prev.redb", db_s);
     assert_eq!(stdout(&["verify", "--db", db_s]), want);
 
-    // The same feed again: every message is a replay of what the old release decided.
-    let feed = Path::new(FIXTURE).join("feed.jsonl");
+    // New events extend the old record: applied, on the old chain. (The old window has aged
+    // out since the fixture was made: a replay of it would be `stale`, by time alone.)
+    let more: String = (21..26)
+        .map(|q| crate::common::msg("fd", "e1", 1, q, &format!("count {q}")) + "\n")
+        .collect();
+    let feed = dir.path().join("more.jsonl");
+    std::fs::write(&feed, more).unwrap();
     let out = run(&["ingest", "--db", db_s, feed.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -48,15 +53,11 @@ fn a_database_written_by_the_previous_release_reads_verifies_and_takes_new_write
     );
     let report = String::from_utf8_lossy(&out.stderr).to_string();
     let words: Vec<&str> = report.split_whitespace().collect();
-    for want in [
-        ["applied", "0"],
-        ["duplicate", "29"],
-        ["conflict", "1"],
-        ["malformed", "1"],
-    ] {
-        assert!(words.windows(2).any(|w| w == want), "{want:?} in {report}");
-    }
+    assert!(words.windows(2).any(|w| w == ["applied", "5"]), "{report}");
     let audit = stdout(&["dump-audit", "--db", db_s]);
-    assert_eq!(audit.lines().count(), 62);
-    assert!(stdout(&["verify", "--db", db_s]).contains("62 audit entries, hash chain intact"));
+    assert_eq!(audit.lines().count(), 36);
+    assert!(audit.lines().nth(31).unwrap().contains(
+        "\"prev_hash\":\"5e5e28b61dcd02a554ed8b2997da0dc1b64bfa39cccff987fa6790c1bfc9cc6a\""
+    ));
+    assert!(stdout(&["verify", "--db", db_s]).contains("36 audit entries, hash chain intact"));
 }

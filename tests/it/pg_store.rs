@@ -442,3 +442,66 @@ fn the_operator_commands_work_on_postgres_through_the_config_and_print_what_redb
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("drop --db"));
 }
+
+#[test]
+fn migrate_copies_a_redb_database_into_a_new_schema_verifies_it_and_the_window_carries_over() {
+    let db = PgDb::new("migrate_from");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pg.toml");
+    std::fs::write(
+        &cfg,
+        format!("[store]\nbackend = \"postgres\"\ndsn = \"{}\"\n", db.dsn()),
+    )
+    .unwrap();
+    let file = dir.path().join("host.redb");
+    let feed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/release-f2ebb61/feed.jsonl"
+    );
+    let (cfg, file) = (cfg.to_str().unwrap(), file.to_str().unwrap());
+    let run = |args: &[&str]| {
+        let out = common::run(args);
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    assert_eq!(run(&["ingest", "--db", file, feed]).0, Some(0));
+    let (code, out, err) = run(&["migrate-schema", "--config", cfg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("schema replay_guard: schema version 1 (created)"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["migrate-schema", "--config", cfg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("(already current)"), "{out}");
+
+    let (code, out, err) = run(&["migrate", "--from", file, "--config", cfg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("31 audit entries, 25 effects, 25 window entries, 2 quarantined, 2 sources; verified: chain head"), "{out}");
+    // Record for record, hashes and times included.
+    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
+        assert_eq!(
+            run(&[cmd, "--config", cfg]).1,
+            run(&[cmd, "--db", file]).1,
+            "{cmd}"
+        );
+    }
+    // The window came along: the host's replays are duplicates on the shared store.
+    let (code, _, err) = run(&["ingest", "--config", cfg, feed]);
+    assert_eq!(code, Some(0), "{err}");
+    let words: Vec<&str> = err.split_whitespace().collect();
+    assert!(words.windows(2).any(|w| w == ["applied", "0"]), "{err}");
+    assert!(words.windows(2).any(|w| w == ["duplicate", "29"]), "{err}");
+    // A second copy into the now non-empty schema is refused; the schema is untouched.
+    let (code, _, err) = run(&["migrate", "--from", file, "--config", cfg]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("already holds decisions"), "{err}");
+    assert_eq!(db.sql("SELECT count(*) FROM replay_guard.audit"), "62");
+    // A redb config is not a migration target.
+    let (code, _, err) = run(&["migrate", "--from", file, "--config", "/dev/null"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("backend = \"postgres\""), "{err}");
+}

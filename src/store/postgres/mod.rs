@@ -10,6 +10,7 @@
 //! (and the relay's postgres sink).
 
 mod conn;
+pub mod copy;
 pub mod schema;
 mod tx;
 pub mod view;
@@ -37,14 +38,19 @@ pub struct PgStore {
 impl PgStore {
     /// Connects, creates or migrates the schema, and checks its meta record.
     pub fn open(cfg: PgConfig, opts: StoreOptions, now_ms: u64) -> Result<PgStore, StoreError> {
-        let mut store = PgStore {
+        let mut store = PgStore::unmigrated(cfg, opts);
+        store.migrate(now_ms)?;
+        Ok(store)
+    }
+
+    /// A handle that has not connected nor looked at the schema yet (`migrate-schema`).
+    pub fn unmigrated(cfg: PgConfig, opts: StoreOptions) -> PgStore {
+        PgStore {
             sql: Sql::new(&cfg.schema),
             cfg,
             opts,
             conn: None,
-        };
-        store.migrate(now_ms)?;
-        Ok(store)
+        }
     }
 
     pub fn options(&self) -> &StoreOptions {
