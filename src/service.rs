@@ -488,10 +488,10 @@ impl<'a> Consumer<'a> {
         handle.release(delivered);
         self.summary.acks_sent += stats.sent as u64;
         self.summary.acks_stale += stats.stale as u64;
-        if stats.failed > 0 {
-            tracing::warn!(
-                failed = stats.failed,
-                "could not queue every PUBACK; the broker will redeliver those"
+        if stats.deferred > 0 {
+            tracing::debug!(
+                deferred = stats.deferred,
+                "the request queue is full: PUBACKs deferred, queued in order as it drains"
             );
         }
         self.summary.counts.merge(&report.counts);

@@ -91,6 +91,11 @@ pub struct TransportHandle {
     /// The poll loop stops reading while `backlog` is at this (the receive maximum): a broker
     /// that ignores our Receive Maximum then waits on TCP instead of filling our memory.
     limit: usize,
+    /// PUBACKs of committed deliveries that did not fit in rumqttc's request queue yet, in
+    /// delivery order: queued as the poll loop drains it, never dropped (a dropped PUBACK
+    /// leaves the message in flight at the broker until a reconnect, and a broker whose
+    /// in-flight window is full of them stops delivering).
+    pending: Arc<Mutex<std::collections::VecDeque<AckToken>>>,
 }
 
 /// Counts of one `ack` call.
@@ -99,33 +104,40 @@ pub struct AckStats {
     pub sent: usize,
     /// Deliveries of an earlier connection: the broker redelivers them.
     pub stale: usize,
-    /// The request queue was full: the broker redelivers them after a reconnect.
-    pub failed: usize,
+    /// The request queue was full: kept, in order, and queued as it drains.
+    pub deferred: usize,
 }
 
 impl TransportHandle {
-    /// Queues PUBACKs, in the given order, for the tokens of the current connection.
+    /// Queues PUBACKs, in the given order (after any still deferred), for the tokens of the
+    /// current connection.
     pub fn ack(&self, tokens: impl IntoIterator<Item = AckToken>) -> AckStats {
         let current = self.generation.load(Ordering::SeqCst);
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let mut stats = AckStats::default();
+        flush(&client, &mut pending, current);
         for t in tokens {
             if t.generation != current {
                 stats.stale += 1;
                 continue;
             }
-            let ok = match (&*client, &t.publish) {
-                (Client::V311(c), PubRef::V311(p)) => c.try_ack(p).is_ok(),
-                (Client::V5(c), PubRef::V5(p)) => c.try_ack(p).is_ok(),
-                _ => false,
-            };
-            if ok {
+            if pending.is_empty() && try_ack(&client, &t) {
                 stats.sent += 1;
             } else {
-                stats.failed += 1;
+                stats.deferred += 1;
+                pending.push_back(t);
             }
         }
         stats
+    }
+
+    /// Queues deferred PUBACKs that now fit (the poll loop calls this after each poll).
+    fn flush_deferred(&self) {
+        let current = self.generation.load(Ordering::SeqCst);
+        let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        flush(&client, &mut pending, current);
     }
 
     /// Marks `n` deliveries as decided and committed, letting the poll loop read more.
@@ -143,11 +155,35 @@ impl TransportHandle {
     pub fn disconnect(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.room.notify_one();
+        self.flush_deferred();
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = match &*client {
             Client::V311(c) => c.try_disconnect().is_ok(),
             Client::V5(c) => c.try_disconnect().is_ok(),
         };
+    }
+}
+
+fn try_ack(client: &Client, t: &AckToken) -> bool {
+    match (client, &t.publish) {
+        (Client::V311(c), PubRef::V311(p)) => c.try_ack(p).is_ok(),
+        (Client::V5(c), PubRef::V5(p)) => c.try_ack(p).is_ok(),
+        _ => false,
+    }
+}
+
+/// Queues deferred PUBACKs, oldest first, until the request queue is full again. Those of an
+/// earlier connection are dropped: the broker redelivers their messages.
+fn flush(client: &Client, pending: &mut std::collections::VecDeque<AckToken>, current: u64) {
+    while let Some(t) = pending.front() {
+        if t.generation != current {
+            pending.pop_front();
+            continue;
+        }
+        if !try_ack(client, t) {
+            return;
+        }
+        pending.pop_front();
     }
 }
 
@@ -423,6 +459,7 @@ pub fn start(
         backlog: Arc::new(AtomicUsize::new(0)),
         room: Arc::new(Notify::new()),
         limit: usize::from(cfg.receive_maximum),
+        pending: Arc::new(Mutex::new(std::collections::VecDeque::new())),
     };
     let h = handle.clone();
     let task = tokio::spawn(poll_loop(cfg, max_packet, eventloop, h, events));
@@ -459,6 +496,7 @@ async fn poll_loop(
         }
         let generation = handle.generation.load(Ordering::SeqCst);
         let polled = poll_once(&mut eventloop, generation).await;
+        handle.flush_deferred();
         // No await between a connection error and the generation bump (see module docs).
         let event = match polled {
             Polled::Error(error) => {

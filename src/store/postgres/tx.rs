@@ -14,8 +14,11 @@ use crate::store::StoreError;
 use crate::store::tables::*;
 use crate::store::tx::{Tx, Visit, WindowKey};
 
-/// Rows a range scan fetches per round trip.
-const SCAN_CHUNK: i64 = 256;
+/// Rows a range scan fetches in its first round trip (eviction and pruning usually stop at
+/// the first row or two), doubled for each further one up to `SCAN_CHUNK`.
+const SCAN_FIRST: i64 = 8;
+/// Rows a range scan fetches per round trip at most.
+const SCAN_CHUNK: i64 = 512;
 
 /// `u64` <-> `bigint`, bit for bit.
 pub(super) fn db(x: u64) -> i64 {
@@ -267,8 +270,9 @@ impl<'c> PgTx<'c> {
     ) -> Result<(), StoreError> {
         let mut from = range.start;
         let to = bound(range.end);
+        let mut chunk = SCAN_FIRST;
         loop {
-            let rows = self.conn.query(sql, &[&bound(from), &to, &SCAN_CHUNK])?;
+            let rows = self.conn.query(sql, &[&bound(from), &to, &chunk])?;
             let n = rows.len();
             for row in rows {
                 let k = un(row.get::<_, i64>(0));
@@ -278,9 +282,10 @@ impl<'c> PgTx<'c> {
                 }
                 from = k + 1;
             }
-            if i64::try_from(n).unwrap_or(i64::MAX) < SCAN_CHUNK {
+            if i64::try_from(n).unwrap_or(i64::MAX) < chunk {
                 return Ok(());
             }
+            chunk = (chunk * 2).min(SCAN_CHUNK);
         }
     }
 }
