@@ -679,3 +679,143 @@ fn postgres_connections_terminated_mid_surge_through_run_lose_nothing() {
     assert_eq!(other, 0, "{o:?}");
     assert_verifies(&c.config);
 }
+
+/// A TCP proxy in front of the local PostgreSQL that the test can cut off: while down, every
+/// connection through it is closed and new ones are closed at once (the server is unreachable
+/// for whoever connects through it; nobody else is disturbed).
+struct PgProxy {
+    port: u16,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl PgProxy {
+    fn start() -> PgProxy {
+        use std::net::{TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns = Arc::new(std::sync::Mutex::new(Vec::<TcpStream>::new()));
+        let (d, c) = (down.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if d.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", 5432)) else {
+                    continue;
+                };
+                {
+                    let mut list = c.lock().unwrap();
+                    list.push(client.try_clone().unwrap());
+                    list.push(server.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        PgProxy { port, down, conns }
+    }
+
+    fn cut(&self) {
+        self.down.store(true, Ordering::SeqCst);
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.down.store(false, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_status() {
+    use std::os::unix::net::UnixDatagram;
+    const N: u64 = 3_000;
+    let db = PgDb::new("cutoff");
+    let proxy = PgProxy::start();
+    let via_proxy = db
+        .dsn()
+        .replace("port=5432", &format!("port={}", proxy.port));
+    let dsn = db.dsn();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::with_config(
+        dir.path(),
+        "rg",
+        &member_config(&via_proxy, &[broker.url()], "rg-cut", None, "v5"),
+    );
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let notes = Arc::new(std::sync::Mutex::new(Vec::<(Instant, String)>::new()));
+    {
+        let notes = notes.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+                notes.lock().unwrap().push((Instant::now(), m));
+            }
+        });
+    }
+    // A 1 s watchdog: a ping is due every 500 ms.
+    c.start_env(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+        ("WATCHDOG_USEC", "1000000"),
+    ]);
+    wait_log(&c, "session_present", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    broker.publish_lines(TOPIC, &events(0, 2_000), "pub-cut");
+    wait_counts(&dsn, Duration::from_secs(30), "first commits", |_, e| {
+        e >= 2_000
+    });
+    proxy.cut();
+    let cut_at = Instant::now();
+    // The feed goes on while the server is out of reach: the member keeps it unacknowledged.
+    broker.publish_lines(TOPIC, &events(2_000, N), "pub-cut");
+    std::thread::sleep(Duration::from_secs(5));
+    if let Some(status) = c.exited() {
+        panic!("run exited: {status}\n{}", c.log_text());
+    }
+    assert_eq!(
+        counts(&dsn).unwrap().1,
+        2_000,
+        "committed without the server?"
+    );
+    let during: Vec<String> = notes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| *t > cut_at + Duration::from_secs(2))
+        .map(|(_, m)| m.clone())
+        .collect();
+    proxy.restore();
+    wait_counts(&dsn, Duration::from_secs(30), "all applied", |_, e| e >= N);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    let log = c.log_text();
+    assert!(log.contains("PostgreSQL unreachable"), "{log}");
+    assert!(log.contains("PostgreSQL reachable again"), "{log}");
+    // systemd (WatchdogSec) restarts a service that stops pinging: an outage of the server
+    // must not starve the watchdog, and the STATUS says why nothing is acknowledged.
+    assert!(
+        during
+            .iter()
+            .any(|m| m.starts_with("WATCHDOG=1")
+                && m.contains("STATUS=PostgreSQL UNREACHABLE since")),
+        "no watchdog ping with the unreachable status from 2 s into the outage on: {during:?}\nlog:\n{log}"
+    );
+    let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
+    assert_exactly_once(&scan_effects(&dsn), &want);
+    assert_verifies(&c.config);
+}

@@ -68,6 +68,11 @@ impl Consumer {
     }
 
     pub fn start(&mut self) {
+        self.start_env(&[]);
+    }
+
+    /// Starts it with extra environment variables (e.g. NOTIFY_SOCKET).
+    pub fn start_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none());
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -77,6 +82,7 @@ impl Consumer {
         let child = Command::new(common::bin())
             .args(["run", "--config", self.config.to_str().unwrap()])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
