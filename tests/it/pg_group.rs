@@ -1,7 +1,8 @@
 //! Several `run` members on one PostgreSQL schema through real brokers: three members on a
 //! shared subscription through kill -9s and a broker failover replay; an active member killed
 //! and a standby (other client id, other config file) taking over and absorbing the replay;
-//! the server terminating the member's connections mid-surge.
+//! the server terminating the member's connections mid-surge; the server cut off behind a
+//! proxy while the member keeps pinging the watchdog with an UNREACHABLE status.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
