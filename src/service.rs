@@ -86,6 +86,9 @@ struct StoreWorker {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Since when (ms) the PostgreSQL server has been unreachable (0: reachable).
     unreachable_since: Arc<AtomicU64>,
+    /// When (ms) the last attempt to commit while the server is unreachable failed: the
+    /// store thread is alive and retrying, not hung.
+    last_failed_attempt: Arc<AtomicU64>,
     /// Set when the service stops: a commit waiting for the server gives up.
     stopping: Arc<AtomicBool>,
 }
@@ -102,6 +105,7 @@ fn commit_with_retry(
     store: &mut Backend,
     batch: &[Incoming],
     unreachable_since: &AtomicU64,
+    last_failed_attempt: &AtomicU64,
     stopping: &AtomicBool,
 ) -> Result<BatchReport, StoreError> {
     let mut delay = UNREACHABLE_BACKOFF.0;
@@ -110,6 +114,7 @@ fn commit_with_retry(
         match store.commit_batch(batch, now_ms()) {
             Err(StoreError::Unreachable(why)) if !stopping.load(Ordering::Relaxed) => {
                 attempts += 1;
+                last_failed_attempt.store(now_ms(), Ordering::Relaxed);
                 if unreachable_since.load(Ordering::Relaxed) == 0 {
                     unreachable_since.store(now_ms().max(1), Ordering::Relaxed);
                     tracing::error!(
@@ -136,15 +141,21 @@ impl StoreWorker {
     fn spawn(mut store: Backend, wake: Wake) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
         let unreachable_since = Arc::new(AtomicU64::new(0));
+        let last_failed_attempt = Arc::new(AtomicU64::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
-        let (since, stop) = (unreachable_since.clone(), stopping.clone());
+        let (since, last, stop) = (
+            unreachable_since.clone(),
+            last_failed_attempt.clone(),
+            stopping.clone(),
+        );
         let thread = std::thread::Builder::new()
             .name("store".into())
             .spawn(move || {
                 for job in rx {
                     match job {
                         Job::Batch(batch, reply) => {
-                            let result = commit_with_retry(&mut store, &batch, &since, &stop);
+                            let result =
+                                commit_with_retry(&mut store, &batch, &since, &last, &stop);
                             if let Ok(r) = &result
                                 && r.pruned.total() > 0
                             {
@@ -181,8 +192,17 @@ impl StoreWorker {
             jobs: Some(tx),
             thread: Some(thread),
             unreachable_since,
+            last_failed_attempt,
             stopping,
         })
+    }
+
+    /// Whether the commit under way waits for an unreachable PostgreSQL server, with an
+    /// attempt failing within `recent` (the store thread is retrying, not stuck in a call).
+    fn retrying(&self, recent: Duration) -> bool {
+        self.unreachable_since.load(Ordering::Relaxed) > 0
+            && now_ms().saturating_sub(self.last_failed_attempt.load(Ordering::Relaxed))
+                <= u64::try_from(recent.as_millis()).unwrap_or(u64::MAX)
     }
 
     fn submit(&self, batch: Vec<Incoming>) -> oneshot::Receiver<Result<BatchReport, StoreError>> {
@@ -369,10 +389,14 @@ impl<'a> Consumer<'a> {
                 () = sleep_until(linger_at), if linger_at.is_some() && p.committing.is_none() => {}
                 _ = ticker.tick(), if watchdog.is_some() => {
                     // Ping only while commits make progress: a commit stuck for a whole
-                    // watchdog period (a hung disk) lets systemd restart us.
+                    // watchdog period (a hung disk) lets systemd restart us. A commit
+                    // retrying against an unreachable PostgreSQL server is not stuck: its
+                    // attempts keep failing (each bounded by the connect timeout) and the
+                    // STATUS says so; a restart would only fail to open the store.
                     let period = watchdog.unwrap_or_default() * 2;
+                    let retrying = self.worker.retrying(period + UNREACHABLE_BACKOFF.1);
                     match p.commit_started.filter(|_| p.committing.is_some()) {
-                        Some(t) if t.elapsed() > period => {
+                        Some(t) if t.elapsed() > period && !retrying => {
                             tracing::warn!(waiting = ?t.elapsed(), "commit not finished: withholding the watchdog ping");
                         }
                         _ => self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status())),

@@ -31,6 +31,9 @@
 //! - `pg`: a PostgreSQL database of the test's own (harness), `psql`.
 //! - `pg_store`: the PostgreSQL store backend: the reference model, the same decisions and
 //!   chain as redb for the same feed, members committing concurrently.
+//! - `pg_group`: several `run` members on one PostgreSQL schema: a shared subscription
+//!   through kill -9s and a broker failover replay, an active/standby takeover, the server
+//!   terminating connections mid-surge, the server cut off (watchdog and STATUS meanwhile).
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -55,6 +58,7 @@ mod live_read;
 mod model;
 mod operator;
 mod pg;
+mod pg_group;
 mod pg_store;
 mod readme;
 mod relay;

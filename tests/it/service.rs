@@ -45,7 +45,34 @@ impl Consumer {
         }
     }
 
+    /// A consumer whose config file `{name}.toml` in `dir` holds `text` as given (e.g. a
+    /// PostgreSQL store); its log is `{name}.log`. `db`/`decided`/`outcomes` read a redb file
+    /// only, so they are of no use with another backend.
+    pub fn with_config(dir: &Path, name: &str, text: &str) -> Consumer {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, text).unwrap();
+        Consumer {
+            config,
+            db: dir.join(format!("{name}.redb")),
+            log: dir.join(format!("{name}.log")),
+            child: None,
+        }
+    }
+
+    /// The exit status if the process has exited on its own (it stays reaped and recorded
+    /// by the caller; the consumer then counts as not started).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().unwrap()?;
+        self.child = None;
+        Some(status)
+    }
+
     pub fn start(&mut self) {
+        self.start_env(&[]);
+    }
+
+    /// Starts it with extra environment variables (e.g. NOTIFY_SOCKET).
+    pub fn start_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none());
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -55,6 +82,7 @@ impl Consumer {
         let child = Command::new(common::bin())
             .args(["run", "--config", self.config.to_str().unwrap()])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -82,7 +110,8 @@ impl Consumer {
         }
     }
 
-    fn kill9(&mut self) {
+    /// SIGKILL, and reap it.
+    pub fn kill9(&mut self) {
         let mut child = self.child.take().expect("running");
         child.kill().unwrap();
         child.wait().unwrap();
