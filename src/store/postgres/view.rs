@@ -15,7 +15,21 @@ const CHUNK: i64 = 512;
 pub struct PgView {
     conn: Conn,
     schema: String,
+    /// Rows read ahead by `get`: a reader that looks records up one by one in key order
+    /// (`verify` following the audit log to its effects) costs one round trip per `CHUNK`
+    /// rows, not one per row. The view is one snapshot, so what it read stays true.
+    ahead: std::cell::RefCell<ReadAhead>,
 }
+
+/// Rows read ahead, per table: every row with a key in one of `covered` is in `rows`.
+#[derive(Default)]
+struct ReadAhead {
+    rows: std::collections::HashMap<(&'static str, u64), Vec<u8>>,
+    covered: Vec<(&'static str, u64, u64)>,
+}
+
+/// Rows kept read ahead at most (then forgotten and read again as needed).
+const AHEAD_MAX: usize = 16 * 1024;
 
 impl PgStore {
     /// A consistent view of the latest commit, on a connection of its own.
@@ -33,24 +47,48 @@ impl PgView {
         Ok(PgView {
             conn,
             schema: cfg.schema.clone(),
+            ahead: std::cell::RefCell::new(ReadAhead::default()),
         })
     }
 
-    /// The record in `table` whose `keycol` is `key` (a `u64` key).
+    /// The record in `table` whose `keycol` is `key` (a `u64` key). Reads the next `CHUNK`
+    /// rows of the table along with it (see `ahead`).
     pub fn get<R: serde::de::DeserializeOwned>(
         &self,
         table: &'static str,
         keycol: &str,
         key: u64,
     ) -> Result<Option<R>, StoreError> {
-        let sql = format!(
-            "SELECT record FROM {}.{table} WHERE {keycol} = $1",
-            self.schema
-        );
-        self.conn
-            .query(&sql, &[&db(key)])?
-            .first()
-            .map(|r| Ok(decode(table, key, r.get::<_, &[u8]>(0))?))
+        let known = |a: &ReadAhead| {
+            a.covered
+                .iter()
+                .any(|(t, lo, hi)| *t == table && (*lo..=*hi).contains(&key))
+        };
+        if !known(&self.ahead.borrow()) {
+            let sql = format!(
+                "SELECT {keycol}, record FROM {}.{table} WHERE {keycol} >= $1 ORDER BY {keycol} LIMIT $2",
+                self.schema
+            );
+            let rows = self.conn.query(&sql, &[&bound(key), &CHUNK])?;
+            let mut a = self.ahead.borrow_mut();
+            if a.rows.len() + rows.len() > AHEAD_MAX || a.covered.len() >= 1024 {
+                *a = ReadAhead::default();
+            }
+            let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= CHUNK;
+            let mut hi = key;
+            for row in &rows {
+                let k = un(row.get::<_, i64>(0));
+                hi = hi.max(k);
+                a.rows.insert((table, k), row.get::<_, Vec<u8>>(1));
+            }
+            // A short read saw the table's end: nothing above `key` is missing from it.
+            a.covered
+                .push((table, key, if full { hi } else { u64::MAX }));
+        }
+        let a = self.ahead.borrow();
+        a.rows
+            .get(&(table, key))
+            .map(|bytes| Ok(decode(table, key, bytes)?))
             .transpose()
     }
 
