@@ -85,7 +85,7 @@ pub enum Command {
 
 #[derive(clap::Args, Debug)]
 pub struct MigrateSchemaArgs {
-    /// TOML config file whose [store] names the PostgreSQL server and schema.
+    /// TOML config file whose `[store]` names the PostgreSQL server and schema.
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
 }
@@ -95,8 +95,8 @@ pub struct MigrateArgs {
     /// The redb database file to copy (left unchanged).
     #[arg(long, value_name = "PATH")]
     pub from: PathBuf,
-    /// TOML config file whose [store] names the PostgreSQL server and (empty) schema, and
-    /// whose [feed] is the one `run` decides with (to verify the copy).
+    /// TOML config file whose `[store]` names the PostgreSQL server and (empty) schema, and
+    /// whose `[feed]` is the one `run` decides with (to verify the copy).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
 }
