@@ -15,6 +15,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::PostgresSink as PostgresConfig;
+use crate::store::postgres::describe;
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table.
 const CURSOR_TABLE: &str = "replay_guard_sink_cursors";
@@ -432,22 +433,4 @@ fn is_creation_race(e: &tokio_postgres::Error) -> bool {
         ]
         .contains(c)
     })
-}
-
-/// The error with its causes and, for a server error, its SQLSTATE, on one line.
-fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let mut s = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
-        if let Some(d) = db.detail() {
-            s.push_str(&format!("; {d}"));
-        }
-        return s;
-    }
-    let mut s = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        s.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    s
 }

@@ -585,17 +585,7 @@ impl Store {
                     }));
                 }
                 None => {
-                    let m = Meta {
-                        schema_version: SCHEMA_VERSION,
-                        created_at_ms: crate::timefmt::now_ms(),
-                        window_start: 0,
-                        next_effect: 0,
-                        next_audit: 0,
-                        next_quarantine: 0,
-                        next_source: 0,
-                        chain_head: [0; 32],
-                        audit_anchor: None,
-                    };
+                    let m = Meta::new(crate::timefmt::now_ms());
                     meta.insert(META_KEY, encode(&m).as_slice())
                         .map_err(StoreError::redb)?;
                 }

@@ -66,6 +66,23 @@ pub struct Meta {
     pub audit_anchor: Option<(u64, [u8; 32])>,
 }
 
+impl Meta {
+    /// The meta record of a new, empty store created at `created_at_ms`.
+    pub fn new(created_at_ms: u64) -> Meta {
+        Meta {
+            schema_version: SCHEMA_VERSION,
+            created_at_ms,
+            window_start: 0,
+            next_effect: 0,
+            next_audit: 0,
+            next_quarantine: 0,
+            next_source: 0,
+            chain_head: [0; 32],
+            audit_anchor: None,
+        }
+    }
+}
+
 /// What retention has removed: every effect below `effects_floor` and every quarantine id
 /// below `quarantine_floor` is gone by policy (the audit log's own mark is
 /// `Meta::audit_anchor`). Absent (all zero) until retention first prunes.

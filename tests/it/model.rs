@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use replay_guard::fuzzing::model::{Case, Op, run_case};
 use replay_guard::store::{Backend, Store};
 
-fn op() -> impl Strategy<Value = Op> {
+pub fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0u8..4, prop::bool::weighted(0.05)).prop_map(|(src, bump)| Op::Fresh { src, bump }),
         2 => any::<usize>().prop_map(Op::Exact),

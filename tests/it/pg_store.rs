@@ -7,27 +7,18 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Barrier};
 
 use proptest::prelude::*;
-use replay_guard::fuzzing::model::{Case, Op, run_case};
+use replay_guard::fuzzing::model::{Case, run_case};
 use replay_guard::store::postgres::{PgConfig, PgStore};
 use replay_guard::store::{Backend, Incoming, Snapshot, Store, StoreError, StoreOptions};
 use replay_guard::wire::FeedContract;
 
 use crate::common::{self, SplitMix64};
+use crate::model::op;
 use crate::pg::PgDb;
 
 fn pg_store(db: &PgDb, schema: &str, opts: StoreOptions) -> Result<PgStore, StoreError> {
     let cfg = PgConfig::parse(&db.dsn(), schema).unwrap();
     PgStore::open(cfg, opts, 1_000)
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => (0u8..4, prop::bool::weighted(0.05)).prop_map(|(src, bump)| Op::Fresh { src, bump }),
-        2 => any::<usize>().prop_map(Op::Exact),
-        1 => any::<usize>().prop_map(Op::Reserialise),
-        1 => any::<usize>().prop_map(Op::Conflict),
-        1 => prop::collection::vec(any::<u8>(), 0..40).prop_map(Op::Malformed),
-    ]
 }
 
 proptest! {

@@ -16,7 +16,7 @@ mod tx;
 pub mod view;
 
 use conn::Conn;
-pub use conn::PgConfig;
+pub use conn::{PgConfig, describe};
 use schema::{PG_SCHEMA_VERSION, Sql};
 use tx::PgTx;
 
@@ -151,17 +151,7 @@ impl PgStore {
                     false
                 }
                 None => {
-                    let m = Meta {
-                        schema_version: SCHEMA_VERSION,
-                        created_at_ms: now_ms,
-                        window_start: 0,
-                        next_effect: 0,
-                        next_audit: 0,
-                        next_quarantine: 0,
-                        next_source: 0,
-                        chain_head: [0; 32],
-                        audit_anchor: None,
-                    };
+                    let m = Meta::new(now_ms);
                     conn.execute(
                         &format!("INSERT INTO {schema}.meta (name, record) VALUES ($1, $2)"),
                         &[&META_KEY, &encode(&m)],
