@@ -52,15 +52,13 @@ fn wait_delivered(relay: &Relay, target: u64, limit: Duration) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let config = Config::load(Path::new(&args[2])).expect("CONFIG");
     let db = Path::new(&args[3]);
+    let config = Config::resolve(Some(Path::new(&args[2])), Some(db)).expect("CONFIG");
     match args[1].as_str() {
         "drain" => {
             let n = head(db);
             let started = Instant::now();
-            let relay = relay::spawn(&config, db, None)
-                .unwrap()
-                .expect("a [[sink]]");
+            let relay = relay::spawn(&config, None).unwrap().expect("a [[sink]]");
             wait_delivered(&relay, n, Duration::from_secs(3600));
             let secs = started.elapsed().as_secs_f64();
             relay.stop(Duration::from_secs(10)).unwrap();
@@ -75,7 +73,7 @@ fn main() {
             let mut out = std::io::BufWriter::new(std::fs::File::create(&args[6]).unwrap());
             let mut store = Store::open(db, config.store.clone()).unwrap();
             let wake = Wake::new();
-            let relay = relay::spawn(&config, db, Some(&wake))
+            let relay = relay::spawn(&config, Some(&wake))
                 .unwrap()
                 .expect("a [[sink]]");
             // One message first, so that the measurement starts with the sink connected.

@@ -262,10 +262,7 @@ pub fn run(
     let wake = Wake::new();
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
-    let relay = match &store {
-        Backend::Redb(_) => relay::spawn(&config, &db, Some(&wake))?,
-        Backend::Postgres(_) => None, // refused with sinks by the config
-    };
+    let relay = relay::spawn(&config, Some(&wake))?;
     let worker = StoreWorker::spawn(store, wake)
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");

@@ -65,6 +65,28 @@ pub fn open_reader(
     Ok((db, reader))
 }
 
+/// The store named by `config` opened for an operator's write (`quarantine`, `relay`): a
+/// redb file that must exist (opened beside a running `run`), or the PostgreSQL schema.
+pub fn open_operator(config: &crate::config::Config) -> Result<crate::store::Backend, Failure> {
+    use crate::store::{Backend, Store, postgres::PgStore};
+    Ok(match config.location()? {
+        crate::config::StoreLocation::Postgres(pg) => Backend::Postgres(PgStore::open(
+            pg.pg_config()?,
+            config.store.clone(),
+            crate::timefmt::now_ms(),
+        )?),
+        crate::config::StoreLocation::File(db) => {
+            if !db.exists() {
+                return Err(Failure::Usage(anyhow::anyhow!(
+                    "database {} does not exist",
+                    db.display()
+                )));
+            }
+            Backend::Redb(Store::open_operator(db, config.store.clone())?)
+        }
+    })
+}
+
 /// A command's failure, classified by what the operator must do about it.
 #[derive(Debug)]
 pub enum Failure {

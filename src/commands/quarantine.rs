@@ -7,9 +7,8 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::cli::{QuarantineAction, QuarantineArgs};
-use crate::config::{Config, StoreLocation};
-use crate::store::postgres::PgStore;
-use crate::store::{Backend, Resolution, Store, StoreError};
+use crate::config::Config;
+use crate::store::{Backend, Resolution, StoreError};
 use crate::timefmt::now_ms;
 
 pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
@@ -42,22 +41,7 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
         }
     };
     let config = Config::resolve(a.db.config.as_deref(), a.db.db.as_deref())?;
-    let mut store = match config.location()? {
-        StoreLocation::Postgres(pg) => Backend::Postgres(PgStore::open(
-            pg.pg_config()?,
-            config.store.clone(),
-            now_ms(),
-        )?),
-        StoreLocation::File(db) => {
-            if !db.exists() {
-                return Err(Failure::Usage(anyhow!(
-                    "database {} does not exist",
-                    db.display()
-                )));
-            }
-            Backend::Redb(Store::open_operator(db, config.store.clone())?)
-        }
-    };
+    let mut store = super::open_operator(&config)?;
     let decided = match &mut store {
         Backend::Redb(s) => s.resolve_quarantined(a.id, &resolution, &config.feed, now_ms()),
         Backend::Postgres(s) => s.resolve_quarantined(a.id, &resolution, &config.feed, now_ms()),

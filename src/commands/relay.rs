@@ -10,11 +10,13 @@ use anyhow::anyhow;
 use super::Failure;
 use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatsFormat};
 use crate::config::Config;
+use crate::config::StoreLocation;
 use crate::json::Json;
 use crate::notify::Notifier;
 use crate::store::relay::Parked;
+use crate::store::relay::RelayStore;
 use crate::store::tables::SinkRecord;
-use crate::store::{Snapshot, Store, StoreError};
+use crate::store::{Backend, Snapshot, StoreError};
 use crate::timefmt::{now_ms, rfc3339_ms};
 
 pub fn run(args: &RelayArgs) -> Result<(), Failure> {
@@ -55,28 +57,33 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
 
 fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
-    let db = config.require_db()?.to_path_buf();
     if config.relay.sinks.is_empty() {
         return Err(Failure::Usage(anyhow!(
             "no [[sink]] in the config: nothing to relay (see README \"Relaying effects\")"
         )));
     }
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist (`run` or `ingest` creates it)",
-            db.display()
-        )));
-    }
+    let db = match config.location()? {
+        StoreLocation::File(db) => {
+            if !db.exists() {
+                return Err(Failure::Usage(anyhow!(
+                    "database {} does not exist (`run` or `ingest` creates it)",
+                    db.display()
+                )));
+            }
+            db.display().to_string()
+        }
+        StoreLocation::Postgres(pg) => pg.pg_config()?.target(),
+    };
     let stop = crate::signals::stop_flag().map_err(|e| {
         Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
     })?;
-    let relay = crate::relay::spawn(&config, &db, None)
+    let relay = crate::relay::spawn(&config, None)
         .map_err(|e| match e {
             crate::relay::RelayError::Config(m) => Failure::Usage(anyhow!(m)),
             other => Failure::Runtime(other.into()),
         })?
         .ok_or_else(|| Failure::Usage(anyhow!("no [[sink]] in the config")))?;
-    tracing::info!(db = %db.display(), sinks = config.relay.sinks.len(), "relay started");
+    tracing::info!(%db, sinks = config.relay.sinks.len(), "relay started");
     let notifier = Notifier::from_env();
     notifier.notify("READY=1\nSTATUS=relay started");
     let watchdog = Notifier::watchdog_interval();
@@ -364,16 +371,9 @@ fn who_and_why(reason: &str, operator: Option<&str>) -> Result<(String, String),
     Ok((operator, reason.to_string()))
 }
 
-fn operator_store(db: &DbArgs) -> Result<(Config, Store), Failure> {
+fn operator_store(db: &DbArgs) -> Result<(Config, Backend), Failure> {
     let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
-    let path = config.require_db()?.to_path_buf();
-    if !path.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            path.display()
-        )));
-    }
-    let store = Store::open_operator(&path, config.store.clone())?;
+    let store = super::open_operator(&config)?;
     Ok((config, store))
 }
 
@@ -460,9 +460,12 @@ fn forget(db: &DbArgs, sink: &str, reason: &str, operator: Option<&str>) -> Resu
         )));
     }
     let (config, mut store) = operator_store(db)?;
-    // A relay still delivering it would make its cursor again at once.
-    let path = config.require_db()?.to_path_buf();
-    let _lock = crate::store::relay::lock_sinks(&path, &[sink])?;
+    // A relay still delivering it would make its cursor again at once. On PostgreSQL the
+    // forget's transaction itself checks that no member holds the sink.
+    let _lock = match config.location()? {
+        StoreLocation::File(path) => Some(crate::store::relay::lock_sinks(path, &[sink])?),
+        StoreLocation::Postgres(_) => None,
+    };
     if config.relay.sink(sink).is_some() {
         return Err(Failure::Usage(anyhow!(
             "sink {sink:?} is still in the config: remove its [[sink]] table (and restart the \

@@ -855,13 +855,6 @@ impl Config {
                     .into(),
             ));
         }
-        if matches!(backend, StoreBackend::Postgres(_)) && !relay.sinks.is_empty() {
-            return Err(invalid(
-                "[[sink]] with [store] backend = \"postgres\": the relay does not read a \
-                 PostgreSQL store yet; deliver from a redb store, or leave the sinks out"
-                    .into(),
-            ));
-        }
         Ok(Config {
             relay,
             backend,
@@ -1113,16 +1106,13 @@ mod tests {
             assert!(e.contains(want), "{text}: {e}");
             assert!(!e.contains("hunter2"), "{e}");
         }
-        let e = Config::parse(
+        // The relay reads a PostgreSQL store too.
+        let c = Config::parse(
             "[store]\nbackend = \"postgres\"\ndsn = \"host=h\"\n[[sink]]\nname = \"a\"\n\
              kind = \"exec\"\ncommand = [\"cat\"]\n",
         )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("the relay does not read a PostgreSQL store yet"),
-            "{e}"
-        );
+        .unwrap();
+        assert_eq!(c.relay.sinks.len(), 1);
     }
 
     #[test]

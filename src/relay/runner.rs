@@ -7,7 +7,7 @@
 //! a park, otherwise at most every `CURSOR_FLUSH` (a crash re-delivers at most that much,
 //! with the same ids). Redb work runs on the blocking pool, never on the task's thread.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,10 +15,12 @@ use tokio::sync::watch;
 
 use super::envelope::{self, EffectView};
 use super::{Attempt, CursorAfter, Event, Failure, Sink};
+use crate::config::StoreLocation;
 use crate::config::{Config, OnPoison, SinkConfig, Start};
-use crate::store::relay::{CursorWrite, StartAt};
+use crate::store::postgres::PgStore;
+use crate::store::relay::{CursorWrite, RelayStore, StartAt};
 use crate::store::tables::{ParkedRecord, SinkRecord};
-use crate::store::{Reader, Store, StoreError, StoreOptions};
+use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
 
 /// Longest a delivered cursor position waits in memory before it is written.
@@ -168,10 +170,15 @@ impl Drop for Relay {
     }
 }
 
-/// Starts the relay for every `[[sink]]` of `config` on the database at `db` (`None` when
-/// there are no sinks). `wake` is bumped by the writer in this process after each commit;
-/// without it the relay polls the file.
-pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<Relay>, RelayError> {
+/// Starts the relay for every `[[sink]]` of `config` on its store (`None` when there are no
+/// sinks). `wake` is bumped by the writer in this process after each commit; without it (and
+/// always on PostgreSQL, where other members commit too) the relay polls the log's head.
+///
+/// On a redb file each sink's byte lock is taken here, and a sink another process delivers
+/// is refused (`SinkBusy`). On PostgreSQL several members run the same sinks: each sink
+/// task claims its sink's session lock and, while another member holds it, waits as its
+/// standby.
+pub fn spawn(config: &Config, wake: Option<&Wake>) -> Result<Option<Relay>, RelayError> {
     if config.relay.sinks.is_empty() {
         return Ok(None);
     }
@@ -184,9 +191,31 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         ..config.store.clone()
     };
     let names: Vec<&str> = config.relay.sinks.iter().map(|s| s.name.as_str()).collect();
-    let locks = crate::store::relay::lock_sinks(db, &names)?;
-    let store = Store::open_operator(db, opts)?;
-    let reader = Reader::open(db)?;
+    let location = config
+        .location()
+        .map_err(|e| RelayError::Config(e.to_string()))?;
+    let (db, locks, store, reader) = match location {
+        StoreLocation::File(db) => {
+            let locks = crate::store::relay::lock_sinks(db, &names)?;
+            let store = Store::open_operator(db, opts)?;
+            let reader = Reader::open(db)?;
+            (db.to_path_buf(), Some(locks), Backend::Redb(store), reader)
+        }
+        StoreLocation::Postgres(pg) => {
+            let cfg = pg
+                .pg_config()
+                .map_err(|e| RelayError::Config(e.to_string()))?;
+            let store = PgStore::open(cfg.clone(), opts, now_ms())?;
+            let (reader, _) = Reader::postgres(cfg.clone())?;
+            (
+                PathBuf::from(cfg.target()),
+                None,
+                Backend::Postgres(store),
+                reader,
+            )
+        }
+    };
+    let shared_store = matches!(store, Backend::Postgres(_));
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hard_tx, hard_rx) = watch::channel(false);
     let status = Arc::new(Mutex::new(Vec::new()));
@@ -195,9 +224,9 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
         reader: Arc::new(reader),
         source: config.relay.source.clone(),
         status: status.clone(),
+        shared_store,
     };
-    let wake_rx = wake.map(Wake::subscribe);
-    let db: PathBuf = db.to_path_buf();
+    let wake = wake.cloned();
     let thread = std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {
@@ -205,8 +234,8 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
                 .enable_all()
                 .build()
                 .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
-            let r = rt.block_on(run_all(shared.clone(), sinks, wake_rx, stop_rx, hard_rx));
-            // Released only once every cursor is written.
+            let r = rt.block_on(run_all(shared.clone(), sinks, wake, stop_rx, hard_rx));
+            // Released only once every cursor is written (PostgreSQL: with the connection).
             drop(locks);
             // Every cursor is written; closing lets the next open skip the repair.
             if let Ok(mut g) = shared.store.lock()
@@ -228,17 +257,19 @@ pub fn spawn(config: &Config, db: &Path, wake: Option<&Wake>) -> Result<Option<R
 
 #[derive(Clone)]
 struct Shared {
-    store: Arc<Mutex<Option<Store>>>,
+    store: Arc<Mutex<Option<Backend>>>,
     reader: Arc<Reader>,
     source: String,
     status: Arc<Mutex<Vec<SinkStatus>>>,
+    /// PostgreSQL: other members commit to the log and deliver the same sinks.
+    shared_store: bool,
 }
 
 impl Shared {
     /// Runs a store write on the blocking pool.
     async fn write<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Store) -> Result<R, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut Backend) -> Result<R, StoreError> + Send + 'static,
     ) -> Result<R, RelayError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
@@ -280,36 +311,35 @@ impl Shared {
 async fn run_all(
     shared: Shared,
     sinks: Vec<(SinkConfig, Sink)>,
-    wake: Option<watch::Receiver<u64>>,
+    wake: Option<Wake>,
     stop: watch::Receiver<bool>,
     hard: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
-    let wake = match wake {
-        Some(w) => w,
-        None => {
-            // Standalone: watch the log's head.
-            let (tx, rx) = watch::channel(0u64);
-            let s = shared.clone();
-            let mut stop = stop.clone();
-            tokio::spawn(async move {
-                let mut last = None;
-                loop {
-                    let head = s.read(|snap| Ok(snap.meta()?.next_effect)).await;
-                    if let Ok(h) = head
-                        && last != Some(h)
-                    {
-                        last = Some(h);
-                        tx.send_modify(|n| *n = n.wrapping_add(1));
-                    }
-                    tokio::select! {
-                        _ = stop.changed() => return,
-                        () = tokio::time::sleep(POLL_EVERY) => {}
-                    }
+    // Standalone, or on a store other members commit to: watch the log's head.
+    let polled = wake.is_none() || shared.shared_store;
+    let wake = wake.unwrap_or_default();
+    if polled {
+        let s = shared.clone();
+        let mut stop = stop.clone();
+        let bump = wake.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let head = s.read(|snap| Ok(snap.meta()?.next_effect)).await;
+                if let Ok(h) = head
+                    && last != Some(h)
+                {
+                    last = Some(h);
+                    bump.bump();
                 }
-            });
-            rx
-        }
-    };
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    () = tokio::time::sleep(POLL_EVERY) => {}
+                }
+            }
+        });
+    }
+    let wake = wake.subscribe();
     if let Ok(mut st) = shared.status.lock() {
         *st = sinks
             .iter()
@@ -338,6 +368,7 @@ async fn run_all(
             parked: Vec::new(),
             flushed_at: Instant::now(),
             error_noted_at: None,
+            standby: false,
         };
         tasks.spawn(task.run());
     }
@@ -378,6 +409,8 @@ struct SinkTask {
     flushed_at: Instant,
     error_noted_at: Option<Instant>,
     rng: u64,
+    /// Another member holds the sink (PostgreSQL): this task waits to take over.
+    standby: bool,
 }
 
 /// How a wait ended.
@@ -403,6 +436,22 @@ impl SinkTask {
         let r = loop {
             match self.work().await {
                 Ok(()) => break Ok(()),
+                Err(RelayError::Store(StoreError::SinkBusy { .. })) if self.shared.shared_store => {
+                    // Another member delivers this sink (or took it over while this one's
+                    // connection was lost): stand by, and take over once its lock is free.
+                    // What this task delivered since its last cursor write is delivered again
+                    // by the other, with the same ids.
+                    if !self.standby {
+                        tracing::info!(sink = %self.cfg.name, "another member delivers this sink; standing by");
+                        self.standby = true;
+                    }
+                    self.rec = None;
+                    self.parked.clear();
+                    self.status("standby", None);
+                    if self.sleep(RELOAD_EVERY).await == Woken::Stop {
+                        break Ok(());
+                    }
+                }
                 Err(e) => {
                     tracing::error!(sink = %self.cfg.name, error = %e, "relay sink failed; restarting it after a backoff");
                     self.status("failing", Some(e.to_string()));
@@ -414,7 +463,11 @@ impl SinkTask {
                 }
             }
         };
-        let flushed = self.flush(true).await;
+        let flushed = if self.standby {
+            Ok(())
+        } else {
+            self.flush(true).await
+        };
         let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
         self.shared.set_status(self.idx, |s| s.state = "stopped");
         r.and(flushed)
@@ -479,7 +532,12 @@ impl SinkTask {
             .shared
             .write(move |s| s.register_sink(&name, kind, start, now_ms()))
             .await?;
-        tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink started");
+        if self.standby {
+            tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink taken over from another member");
+            self.standby = false;
+        } else {
+            tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink started");
+        }
         self.next = rec.next;
         self.rec = Some(rec);
         Ok(())

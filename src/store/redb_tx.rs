@@ -22,6 +22,7 @@ pub struct RedbTx<'t> {
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
     sink_cursors: Table<'t, &'static str, &'static [u8]>,
+    sink_parked: Table<'t, (&'static str, u64), &'static [u8]>,
     /// Reused encoding buffer (one allocation per batch, not per record).
     buf: Vec<u8>,
 }
@@ -41,6 +42,7 @@ impl<'t> RedbTx<'t> {
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
         let sink_cursors = Leak::new(txn.open_table(SINK_CURSORS).map_err(open)?);
+        let sink_parked = Leak::new(txn.open_table(SINK_PARKED).map_err(open)?);
         Ok(RedbTx {
             meta: meta.into_inner(),
             source_ids: source_ids.into_inner(),
@@ -52,6 +54,7 @@ impl<'t> RedbTx<'t> {
             quarantine_fp: quarantine_fp.into_inner(),
             quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
             sink_cursors: sink_cursors.into_inner(),
+            sink_parked: sink_parked.into_inner(),
             buf: Vec::with_capacity(1024),
         })
     }
@@ -297,5 +300,68 @@ impl Tx for RedbTx<'_> {
 
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
         super::relay::lowest_cursor(&self.sink_cursors)
+    }
+
+    fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        get(&self.sink_cursors, "sink_cursors", name, name)
+    }
+
+    fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
+        self.sink_cursors
+            .insert(name, encode_into(record, &mut self.buf))
+            .map_err(redb)?;
+        Ok(())
+    }
+
+    fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        let removed = self.sink_cursors.remove(name).map_err(redb)?;
+        match removed {
+            Some(g) => Ok(Some(decode("sink_cursors", name, g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn parked(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, ParkedRecord)>, StoreError> {
+        let mut out = Vec::new();
+        let (lo, hi) = range.into_inner();
+        for item in self
+            .sink_parked
+            .range((name, lo)..=(name, hi))
+            .map_err(redb)?
+        {
+            let (k, v) = item.map_err(redb)?;
+            let offset = k.value().1;
+            out.push((offset, decode("sink_parked", offset, v.value())?));
+        }
+        Ok(out)
+    }
+
+    fn put_parked(
+        &mut self,
+        name: &str,
+        offset: u64,
+        record: &ParkedRecord,
+    ) -> Result<bool, StoreError> {
+        let was = self
+            .sink_parked
+            .insert((name, offset), encode_into(record, &mut self.buf))
+            .map_err(redb)?;
+        Ok(was.is_none())
+    }
+
+    fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError> {
+        let (lo, hi) = range.into_inner();
+        let mut removed = 0;
+        self.sink_parked
+            .retain_in((name, lo)..=(name, hi), |_, _| {
+                removed += 1;
+                false
+            })
+            .map_err(redb)?;
+        Ok(removed)
     }
 }

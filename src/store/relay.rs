@@ -12,10 +12,12 @@ use redb::{ReadableTable, TableError};
 
 use super::engine::Writer;
 use super::guard::Leak;
+use super::postgres::PgStore;
 use super::read::Snapshot;
 use super::redb_tx::RedbTx;
 use super::tables::*;
-use super::{Store, StoreError};
+use super::tx::Tx;
+use super::{Backend, Store, StoreError, StoreOptions};
 use crate::model::Outcome;
 
 /// Where a new sink's cursor starts.
@@ -67,51 +69,45 @@ fn no_sink(name: &str) -> StoreError {
     ))
 }
 
-impl Store {
+/// The relay's writes, each one durable transaction on either backend (`Store`, `PgStore`,
+/// `Backend`), written once against `Tx`. A deliverer's write first claims its sink
+/// (`Tx::claim_sink`); an operator's action writes its audit entry in the same transaction.
+pub trait RelayStore {
+    /// Runs `f` on one write transaction's tables; commits if it returns `Ok`.
+    fn relay_txn<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Tx, &StoreOptions) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError>;
+
     /// The sink's cursor, made (at `start`) if it has none. A sink's cursor is never made
     /// anywhere else, so `forget` followed by a restart starts afresh.
-    pub fn register_sink(
+    fn register_sink(
         &mut self,
         name: &str,
         kind: &str,
         start: StartAt,
         now_ms: u64,
     ) -> Result<SinkRecord, StoreError> {
-        self.guarded(|s| {
-            let txn = Leak::new(s.begin_durable()?);
-            let rec = {
-                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                let existing = t
-                    .get(name)
-                    .map_err(StoreError::redb)?
-                    .map(|g| decode::<SinkRecord>("sink_cursors", name, g.value()))
-                    .transpose()?;
-                match existing {
-                    Some(r) => return Ok(r),
-                    None => {
-                        let meta = meta_of(&txn)?;
-                        let marks = marks_of(&txn)?;
-                        let next = match start {
-                            StartAt::Beginning => marks.effects_floor,
-                            StartAt::Head => meta.next_effect,
-                        };
-                        let rec = SinkRecord {
-                            kind: kind.to_string(),
-                            next,
-                            generation: 0,
-                            registered_at_ms: now_ms,
-                            advanced_at_ms: now_ms,
-                            delivered: 0,
-                            parked: 0,
-                            last_error: None,
-                        };
-                        t.insert(name, encode(&rec).as_slice())
-                            .map_err(StoreError::redb)?;
-                        rec
-                    }
-                }
+        self.relay_txn(|tx, _| {
+            tx.claim_sink(name)?;
+            if let Some(r) = tx.sink_cursor(name)? {
+                return Ok(r);
+            }
+            let next = match start {
+                StartAt::Beginning => tx.retention_marks()?.unwrap_or_default().effects_floor,
+                StartAt::Head => tx.meta()?.next_effect,
             };
-            txn.into_inner().commit().map_err(StoreError::redb)?;
+            let rec = SinkRecord {
+                kind: kind.to_string(),
+                next,
+                generation: 0,
+                registered_at_ms: now_ms,
+                advanced_at_ms: now_ms,
+                delivered: 0,
+                parked: 0,
+                last_error: None,
+            };
+            tx.put_sink_cursor(name, &rec)?;
             Ok(rec)
         })
     }
@@ -119,7 +115,7 @@ impl Store {
     /// Moves the sink's cursor from `from` to `to` (every effect in between delivered or, if
     /// in `parked`, parked), in one durable transaction, if the cursor is still at `from` in
     /// `generation`. Clears the last error.
-    pub fn advance_sink(
+    fn advance_sink(
         &mut self,
         name: &str,
         generation: u64,
@@ -128,100 +124,94 @@ impl Store {
         parked: &[(u64, ParkedRecord)],
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
-        self.cursor_write(name, generation, Some(from), |t, rec| {
-            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
-            // What a rewind re-delivered is no longer parked (unless parked again below).
-            if from < to {
-                p.retain_in((name, from)..(name, to), |_, _| false)
-                    .map_err(StoreError::redb)?;
-            }
-            let mut newly = 0;
-            for (offset, record) in parked {
-                let was = p
-                    .insert((name, *offset), encode(record).as_slice())
-                    .map_err(StoreError::redb)?;
-                if was.is_none() {
-                    newly += 1;
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, generation, Some(from), |tx, rec| {
+                // What a rewind re-delivered is no longer parked (unless parked again below).
+                if from < to {
+                    tx.remove_parked(name, from..=to - 1)?;
                 }
-            }
-            let moved_past = to.saturating_sub(from);
-            let blocking = parked.iter().filter(|(_, r)| r.blocking).count() as u64;
-            rec.delivered += moved_past.saturating_sub(parked.len() as u64 - blocking);
-            rec.parked += newly;
-            if to != rec.next {
-                rec.advanced_at_ms = now_ms;
-            }
-            rec.next = to;
-            rec.last_error = None;
-            Ok(())
+                let mut newly = 0;
+                for (offset, record) in parked {
+                    if tx.put_parked(name, *offset, record)? {
+                        newly += 1;
+                    }
+                }
+                let moved_past = to.saturating_sub(from);
+                let blocking = parked.iter().filter(|(_, r)| r.blocking).count() as u64;
+                rec.delivered += moved_past.saturating_sub(parked.len() as u64 - blocking);
+                rec.parked += newly;
+                if to != rec.next {
+                    rec.advanced_at_ms = now_ms;
+                }
+                rec.next = to;
+                rec.last_error = None;
+                Ok(())
+            })
         })
     }
 
     /// Sets the cursor to `to` if it is still in `generation`: the postgres sink trusting the
     /// cursor stored beside its rows.
-    pub fn set_sink_cursor(
+    fn set_sink_cursor(
         &mut self,
         name: &str,
         generation: u64,
         to: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
-        self.cursor_write(name, generation, None, |_, rec| {
-            if to != rec.next {
-                rec.advanced_at_ms = now_ms;
-            }
-            rec.next = to;
-            Ok(())
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, generation, None, |_, rec| {
+                if to != rec.next {
+                    rec.advanced_at_ms = now_ms;
+                }
+                rec.next = to;
+                Ok(())
+            })
         })
     }
 
     /// Records a failed attempt (shown by `relay status`). Not a cursor move: written whatever
     /// the generation.
-    pub fn note_sink_error(
-        &mut self,
-        name: &str,
-        error: &str,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
+    fn note_sink_error(&mut self, name: &str, error: &str, now_ms: u64) -> Result<(), StoreError> {
         let error: String = error.chars().take(1024).collect();
-        self.cursor_write(name, u64::MAX, None, |_, rec| {
-            rec.last_error = Some((now_ms, error));
-            Ok(())
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, u64::MAX, None, |_, rec| {
+                rec.last_error = Some((now_ms, error));
+                Ok(())
+            })
         })
         .map(drop)
     }
 
     /// A parked event was delivered after `relay retry`: its record goes; a blocking one also
     /// lets the cursor past it, if the cursor is still at it in `generation` (not rewound).
-    pub fn parked_delivered(
+    fn parked_delivered(
         &mut self,
         name: &str,
         offset: u64,
         generation: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
-        self.cursor_write(name, u64::MAX, None, |t, rec| {
-            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
-            let removed = p
-                .remove((name, offset))
-                .map_err(StoreError::redb)?
-                .map(|g| decode::<ParkedRecord>("sink_parked", offset, g.value()))
-                .transpose()?;
-            if let Some(r) = removed {
-                rec.delivered += 1;
-                if r.blocking && rec.next == offset && rec.generation == generation {
-                    rec.next = offset + 1;
-                    rec.advanced_at_ms = now_ms;
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, u64::MAX, None, |tx, rec| {
+                let removed = tx.parked(name, offset..=offset)?.pop();
+                if let Some((_, r)) = removed {
+                    tx.remove_parked(name, offset..=offset)?;
+                    rec.delivered += 1;
+                    if r.blocking && rec.next == offset && rec.generation == generation {
+                        rec.next = offset + 1;
+                        rec.advanced_at_ms = now_ms;
+                    }
                 }
-            }
-            rec.last_error = None;
-            Ok(())
+                rec.last_error = None;
+                Ok(())
+            })
         })
     }
 
     /// A retried parked event was refused again: it stays parked with the new response,
     /// and waits for the next `relay retry`.
-    pub fn parked_failed(
+    fn parked_failed(
         &mut self,
         name: &str,
         offset: u64,
@@ -229,29 +219,24 @@ impl Store {
         now_ms: u64,
     ) -> Result<(), StoreError> {
         let response: String = response.chars().take(2048).collect();
-        self.cursor_write(name, u64::MAX, None, |t, rec| {
-            let mut p = Leak::new(t.open_table(SINK_PARKED).map_err(StoreError::redb)?);
-            let current = p
-                .get((name, offset))
-                .map_err(StoreError::redb)?
-                .map(|g| decode::<ParkedRecord>("sink_parked", offset, g.value()))
-                .transpose()?;
-            if let Some(mut r) = current {
-                r.attempts += 1;
-                r.response = response.clone();
-                r.retry_requested_at_ms = None;
-                p.insert((name, offset), encode(&r).as_slice())
-                    .map_err(StoreError::redb)?;
-            }
-            rec.last_error = Some((now_ms, response));
-            Ok(())
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, u64::MAX, None, |tx, rec| {
+                if let Some((_, mut r)) = tx.parked(name, offset..=offset)?.pop() {
+                    r.attempts += 1;
+                    r.response = response.clone();
+                    r.retry_requested_at_ms = None;
+                    tx.put_parked(name, offset, &r)?;
+                }
+                rec.last_error = Some((now_ms, response));
+                Ok(())
+            })
         })
         .map(drop)
     }
 
     /// `relay retry`: asks the sink to deliver parked event `offset` (or every parked event)
     /// again. Returns how many were marked. One audit entry per event.
-    pub fn relay_retry(
+    fn relay_retry(
         &mut self,
         name: &str,
         offset: Option<u64>,
@@ -259,64 +244,49 @@ impl Store {
         reason: &str,
         now_ms: u64,
     ) -> Result<u64, StoreError> {
-        self.guarded(|s| {
-            let txn = Leak::new(s.begin_durable()?);
-            let marked = {
-                let cursors = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                if cursors.get(name).map_err(StoreError::redb)?.is_none() {
-                    return Err(no_sink(name));
-                }
-                drop(cursors.into_inner());
-                let mut p = Leak::new(txn.open_table(SINK_PARKED).map_err(StoreError::redb)?);
-                let mut targets: Vec<(u64, ParkedRecord)> = Vec::new();
-                let range = match offset {
-                    Some(o) => (name, o)..=(name, o),
-                    None => (name, 0)..=(name, u64::MAX),
-                };
-                for item in p.range(range).map_err(StoreError::redb)? {
-                    let (k, v) = item.map_err(StoreError::redb)?;
-                    let o = k.value().1;
-                    targets.push((o, decode("sink_parked", o, v.value())?));
-                }
-                if targets.is_empty() {
-                    return Err(refused(match offset {
-                        Some(o) => format!(
-                            "sink {name:?} has no parked event at offset {o} (`relay parked --sink {name}` lists them)"
-                        ),
-                        None => format!("sink {name:?} has no parked events"),
-                    }));
-                }
-                for (o, r) in &mut targets {
-                    r.retry_requested_at_ms = Some(now_ms);
-                    p.insert((name, *o), encode(&*r).as_slice())
-                        .map_err(StoreError::redb)?;
-                }
-                drop(p.into_inner());
-                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
-                for (o, r) in &targets {
-                    w.append_audit(relay_entry(
-                        now_ms,
-                        name,
-                        format!(
-                            "relay retry of event {} (offset {o}) on sink {name} requested by {operator}: {reason}",
-                            r.id
-                        ),
-                        Some(*o),
-                        Some(r.key),
-                        Some((&r.agency, &r.source_id)),
-                    ))?;
-                }
-                drop(w.into_inner().finish()?);
-                targets.len() as u64
+        self.relay_txn(|tx, opts| {
+            if tx.sink_cursor(name)?.is_none() {
+                return Err(no_sink(name));
+            }
+            let range = match offset {
+                Some(o) => o..=o,
+                None => 0..=u64::MAX,
             };
-            txn.into_inner().commit().map_err(StoreError::redb)?;
-            Ok(marked)
+            let mut targets = tx.parked(name, range)?;
+            if targets.is_empty() {
+                return Err(refused(match offset {
+                    Some(o) => format!(
+                        "sink {name:?} has no parked event at offset {o} (`relay parked --sink {name}` lists them)"
+                    ),
+                    None => format!("sink {name:?} has no parked events"),
+                }));
+            }
+            for (o, r) in &mut targets {
+                r.retry_requested_at_ms = Some(now_ms);
+                tx.put_parked(name, *o, r)?;
+            }
+            let mut w = Writer::open(tx, opts)?;
+            for (o, r) in &targets {
+                w.append_audit(relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay retry of event {} (offset {o}) on sink {name} requested by {operator}: {reason}",
+                        r.id
+                    ),
+                    Some(*o),
+                    Some(r.key),
+                    Some((&r.agency, &r.source_id)),
+                ))?;
+            }
+            w.finish()?;
+            Ok(targets.len() as u64)
         })
     }
 
     /// `relay rewind`: the sink delivers again from effect `to` (ids are stable, so receivers
     /// that keep them see each effect once). `to` must still be in the log.
-    pub fn relay_rewind(
+    fn relay_rewind(
         &mut self,
         name: &str,
         to: u64,
@@ -324,138 +294,138 @@ impl Store {
         reason: &str,
         now_ms: u64,
     ) -> Result<(SinkRecord, SinkRecord), StoreError> {
-        self.guarded(|s| {
-            let txn = Leak::new(s.begin_durable()?);
-            let result = {
-                let meta = meta_of(&txn)?;
-                let marks = marks_of(&txn)?;
-                if to < marks.effects_floor || to > meta.next_effect {
-                    return Err(refused(format!(
-                        "offset {to} is not in the effect log: it holds {}..{} (retention removed \
-                         what is below)",
-                        marks.effects_floor, meta.next_effect
-                    )));
-                }
-                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                let before: SinkRecord = t
-                    .get(name)
-                    .map_err(StoreError::redb)?
-                    .map(|g| decode("sink_cursors", name, g.value()))
-                    .transpose()?
-                    .ok_or_else(|| no_sink(name))?;
-                let mut after = before.clone();
-                after.next = to;
-                after.generation += 1;
-                after.advanced_at_ms = now_ms;
-                t.insert(name, encode(&after).as_slice())
-                    .map_err(StoreError::redb)?;
-                drop(t.into_inner());
-                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
-                w.append_audit(relay_entry(
-                    now_ms,
-                    name,
-                    format!(
-                        "relay rewind of sink {name} from offset {} to {to} by {operator}: {reason}",
-                        before.next
-                    ),
-                    Some(to),
-                    None,
-                    None,
-                ))?;
-                drop(w.into_inner().finish()?);
-                (before, after)
-            };
-            txn.into_inner().commit().map_err(StoreError::redb)?;
-            Ok(result)
+        self.relay_txn(|tx, opts| {
+            let meta = tx.meta()?;
+            let marks = tx.retention_marks()?.unwrap_or_default();
+            if to < marks.effects_floor || to > meta.next_effect {
+                return Err(refused(format!(
+                    "offset {to} is not in the effect log: it holds {}..{} (retention removed \
+                     what is below)",
+                    marks.effects_floor, meta.next_effect
+                )));
+            }
+            let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let mut after = before.clone();
+            after.next = to;
+            after.generation += 1;
+            after.advanced_at_ms = now_ms;
+            tx.put_sink_cursor(name, &after)?;
+            let mut w = Writer::open(tx, opts)?;
+            w.append_audit(relay_entry(
+                now_ms,
+                name,
+                format!(
+                    "relay rewind of sink {name} from offset {} to {to} by {operator}: {reason}",
+                    before.next
+                ),
+                Some(to),
+                None,
+                None,
+            ))?;
+            w.finish()?;
+            Ok((before, after))
         })
     }
 
     /// `relay forget`: removes a sink's cursor and parked events, so retention no longer
-    /// keeps effects for it. The caller refuses a sink that is still configured.
-    pub fn relay_forget(
+    /// keeps effects for it. The caller refuses a sink that is still configured; a sink a
+    /// deliverer holds is refused here (`Tx::sink_idle`).
+    fn relay_forget(
         &mut self,
         name: &str,
         operator: &str,
         reason: &str,
         now_ms: u64,
     ) -> Result<Forgotten, StoreError> {
-        self.guarded(|s| {
-            let txn = Leak::new(s.begin_durable()?);
-            let result = {
-                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                let record: SinkRecord = t
-                    .remove(name)
-                    .map_err(StoreError::redb)?
-                    .map(|g| decode("sink_cursors", name, g.value()))
-                    .transpose()?
-                    .ok_or_else(|| no_sink(name))?;
-                drop(t.into_inner());
-                let mut p = Leak::new(txn.open_table(SINK_PARKED).map_err(StoreError::redb)?);
-                let mut parked = 0;
-                p.retain_in((name, 0)..=(name, u64::MAX), |_, _| {
-                    parked += 1;
-                    false
-                })
-                .map_err(StoreError::redb)?;
-                drop(p.into_inner());
-                let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &s.opts)?);
-                w.append_audit(relay_entry(
-                    now_ms,
-                    name,
-                    format!(
-                        "relay forget of sink {name} (cursor at offset {}, {parked} parked events \
-                         removed) by {operator}: {reason}",
-                        record.next
-                    ),
-                    Some(record.next),
-                    None,
-                    None,
-                ))?;
-                drop(w.into_inner().finish()?);
-                Forgotten { record, parked }
-            };
-            txn.into_inner().commit().map_err(StoreError::redb)?;
-            Ok(result)
+        self.relay_txn(|tx, opts| {
+            tx.sink_idle(name)?;
+            let record = tx.remove_sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let parked = tx.remove_parked(name, 0..=u64::MAX)?;
+            let mut w = Writer::open(tx, opts)?;
+            w.append_audit(relay_entry(
+                now_ms,
+                name,
+                format!(
+                    "relay forget of sink {name} (cursor at offset {}, {parked} parked events \
+                     removed) by {operator}: {reason}",
+                    record.next
+                ),
+                Some(record.next),
+                None,
+                None,
+            ))?;
+            w.finish()?;
+            Ok(Forgotten { record, parked })
         })
     }
+}
 
-    /// Reads the cursor, lets `f` change it (and other relay tables), and writes it back, in
-    /// one durable transaction, if it is still in `generation` (`u64::MAX`: any) and, when
-    /// given, at `at`.
-    fn cursor_write(
+impl RelayStore for Store {
+    fn relay_txn<R>(
         &mut self,
-        name: &str,
-        generation: u64,
-        at: Option<u64>,
-        f: impl FnOnce(&redb::WriteTransaction, &mut SinkRecord) -> Result<(), StoreError>,
-    ) -> Result<CursorWrite, StoreError> {
+        f: impl FnOnce(&mut dyn Tx, &StoreOptions) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         self.guarded(|s| {
             let txn = Leak::new(s.begin_durable()?);
-            let current: Option<SinkRecord> = {
-                let t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                t.get(name)
-                    .map_err(StoreError::redb)?
-                    .map(|g| decode("sink_cursors", name, g.value()))
-                    .transpose()?
+            let r = {
+                // Leaked if redb panics inside `f` (see `guard`).
+                let mut tx = Leak::new(RedbTx::open(&txn)?);
+                let r = f(&mut *tx, &s.opts)?;
+                drop(tx.into_inner());
+                r
             };
-            let Some(mut rec) = current else {
-                return Ok(CursorWrite::Moved(None));
-            };
-            let stale = (generation != u64::MAX && rec.generation != generation)
-                || at.is_some_and(|a| a != rec.next);
-            if stale {
-                return Ok(CursorWrite::Moved(Some(rec)));
-            }
-            f(&txn, &mut rec)?;
-            {
-                let mut t = Leak::new(txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?);
-                t.insert(name, encode(&rec).as_slice())
-                    .map_err(StoreError::redb)?;
-            }
             txn.into_inner().commit().map_err(StoreError::redb)?;
-            Ok(CursorWrite::Done(rec))
+            Ok(r)
         })
     }
+}
+
+impl RelayStore for PgStore {
+    fn relay_txn<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Tx, &StoreOptions) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.write(|mut tx, opts| {
+            let r = f(&mut tx, opts)?;
+            Ok((tx, r))
+        })
+    }
+}
+
+impl RelayStore for Backend {
+    fn relay_txn<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Tx, &StoreOptions) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        match self {
+            Backend::Redb(s) => s.relay_txn(f),
+            Backend::Postgres(s) => s.relay_txn(f),
+        }
+    }
+}
+
+/// Reads the cursor, lets `f` change it (and the parked events), and writes it back if it
+/// is still in `generation` (`u64::MAX`: any) and, when given, at `at`. Only the sink's
+/// deliverer calls it: it claims the sink first.
+fn cursor_write(
+    tx: &mut dyn Tx,
+    name: &str,
+    generation: u64,
+    at: Option<u64>,
+    f: impl FnOnce(&mut dyn Tx, &mut SinkRecord) -> Result<(), StoreError>,
+) -> Result<CursorWrite, StoreError> {
+    tx.claim_sink(name)?;
+    let Some(mut rec) = tx.sink_cursor(name)? else {
+        return Ok(CursorWrite::Moved(None));
+    };
+    let stale = (generation != u64::MAX && rec.generation != generation)
+        || at.is_some_and(|a| a != rec.next);
+    if stale {
+        return Ok(CursorWrite::Moved(Some(rec)));
+    }
+    f(tx, &mut rec)?;
+    tx.put_sink_cursor(name, &rec)?;
+    Ok(CursorWrite::Done(rec))
 }
 
 fn relay_entry(
@@ -482,31 +452,6 @@ fn relay_entry(
         prev_hash: [0; 32],
         hash: [0; 32],
     }
-}
-
-fn meta_of(txn: &redb::WriteTransaction) -> Result<Meta, StoreError> {
-    let t = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
-    let bytes = t
-        .get(META_KEY)
-        .map_err(StoreError::redb)?
-        .map(|g| g.value().to_vec())
-        .ok_or_else(|| RecordError {
-            table: "meta",
-            key: META_KEY.into(),
-            why: "missing".into(),
-        })?;
-    Ok(decode("meta", META_KEY, &bytes)?)
-}
-
-fn marks_of(txn: &redb::WriteTransaction) -> Result<RetentionMarks, StoreError> {
-    let t = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
-    let marks = t
-        .get(RETENTION_KEY)
-        .map_err(StoreError::redb)?
-        .map(|g| decode::<RetentionMarks>("meta", RETENTION_KEY, g.value()))
-        .transpose()?
-        .unwrap_or_default();
-    Ok(marks)
 }
 
 /// The lowest cursor of every sink in `t` (`None`: no sink), which retention may not pass.

@@ -10,8 +10,8 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 
 use super::StoreError;
 use super::tables::{
-    AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, Meta, QuarantineRecord,
-    RetentionMarks, SourceRecord, WindowRecord,
+    AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, Meta, ParkedRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -96,4 +96,184 @@ pub trait Tx {
     /// The lowest relay sink cursor, if any sink has one: retention keeps every effect from
     /// there on.
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError>;
+
+    /// The relay's cursor of sink `name`.
+    fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError>;
+    fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError>;
+    /// Removes and returns the cursor.
+    fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError>;
+    /// Sink `name`'s parked events at offsets in `range`, lowest first.
+    fn parked(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, ParkedRecord)>, StoreError>;
+    /// Parks (or re-parks) an event; whether it was not parked before.
+    fn put_parked(
+        &mut self,
+        name: &str,
+        offset: u64,
+        record: &ParkedRecord,
+    ) -> Result<bool, StoreError>;
+    /// Removes sink `name`'s parked events at offsets in `range`; how many there were.
+    fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError>;
+
+    /// Before a deliverer's write to sink `name`'s cursor: makes sure this process is the
+    /// sink's one deliverer, or `SinkBusy`. Redb: the relay holds the sink's byte lock on
+    /// the file for as long as it runs, so there is nothing to check here.
+    fn claim_sink(&mut self, _name: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Before an operator removes sink `name`: `SinkBusy` while a deliverer holds it. Redb:
+    /// the command takes the sink's byte lock itself.
+    fn sink_idle(&mut self, _name: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A borrowed transaction is one too: `Writer` can work on `&mut dyn Tx` (the relay's and
+/// operators' writes, which run once per action, not per message).
+impl<T: Tx + ?Sized> Tx for &mut T {
+    fn prefetch(&mut self, positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
+        (**self).prefetch(positions)
+    }
+    fn scan_effect_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, EffectHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_effect_heads(range, f)
+    }
+    fn scan_audit(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_audit(range, f)
+    }
+    fn scan_audit_heads(
+        &mut self,
+        range: Range<u64>,
+        f: &mut dyn FnMut(u64, AuditHead) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_audit_heads(range, f)
+    }
+    fn scan_quarantine(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(u64, QuarantineRecord) -> Result<Visit, StoreError>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_quarantine(from, f)
+    }
+    fn parked(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, ParkedRecord)>, StoreError> {
+        (**self).parked(name, range)
+    }
+    fn put_parked(
+        &mut self,
+        name: &str,
+        offset: u64,
+        record: &ParkedRecord,
+    ) -> Result<bool, StoreError> {
+        (**self).put_parked(name, offset, record)
+    }
+    fn meta(&mut self) -> Result<Meta, StoreError> {
+        (**self).meta()
+    }
+    fn counters(&mut self) -> Result<Option<Counters>, StoreError> {
+        (**self).counters()
+    }
+    fn retention_marks(&mut self) -> Result<Option<RetentionMarks>, StoreError> {
+        (**self).retention_marks()
+    }
+    fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
+        (**self).put_meta(meta)
+    }
+    fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError> {
+        (**self).put_counters(counters)
+    }
+    fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
+        (**self).put_retention_marks(marks)
+    }
+    fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
+        (**self).source_no(agency, source_id)
+    }
+    fn put_source_no(&mut self, agency: &str, source_id: &str, no: u64) -> Result<(), StoreError> {
+        (**self).put_source_no(agency, source_id, no)
+    }
+    fn source(&mut self, no: u64) -> Result<Option<SourceRecord>, StoreError> {
+        (**self).source(no)
+    }
+    fn put_source(&mut self, no: u64, record: &SourceRecord) -> Result<(), StoreError> {
+        (**self).put_source(no, record)
+    }
+    fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
+        (**self).window(key)
+    }
+    fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
+        (**self).put_window(key, record)
+    }
+    fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
+        (**self).remove_window(key)
+    }
+    fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
+        (**self).put_effect(offset, record)
+    }
+    fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        (**self).remove_effects(range)
+    }
+    fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError> {
+        (**self).audit(index)
+    }
+    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
+        (**self).put_audit(index, record)
+    }
+    fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        (**self).remove_audit(range)
+    }
+    fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
+        (**self).quarantined(id)
+    }
+    fn put_quarantined(&mut self, id: u64, record: &QuarantineRecord) -> Result<(), StoreError> {
+        (**self).put_quarantined(id, record)
+    }
+    fn remove_quarantined(&mut self, id: u64) -> Result<(), StoreError> {
+        (**self).remove_quarantined(id)
+    }
+    fn quarantine_len(&mut self) -> Result<u64, StoreError> {
+        (**self).quarantine_len()
+    }
+    fn fingerprint_owner(&mut self, fp: &[u8; 32]) -> Result<Option<u64>, StoreError> {
+        (**self).fingerprint_owner(fp)
+    }
+    fn put_fingerprint(&mut self, fp: &[u8; 32], id: u64) -> Result<(), StoreError> {
+        (**self).put_fingerprint(fp, id)
+    }
+    fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError> {
+        (**self).forget_fingerprint(id)
+    }
+    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
+        (**self).lowest_cursor()
+    }
+    fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        (**self).sink_cursor(name)
+    }
+    fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
+        (**self).put_sink_cursor(name, record)
+    }
+    fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        (**self).remove_sink_cursor(name)
+    }
+    fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError> {
+        (**self).remove_parked(name, range)
+    }
+    fn claim_sink(&mut self, name: &str) -> Result<(), StoreError> {
+        (**self).claim_sink(name)
+    }
+    fn sink_idle(&mut self, name: &str) -> Result<(), StoreError> {
+        (**self).sink_idle(name)
+    }
 }

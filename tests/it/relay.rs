@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use replay_guard::json::{self, Json};
-use replay_guard::store::relay::StartAt;
+use replay_guard::store::relay::{RelayStore, StartAt};
 use replay_guard::store::tables::ParkedRecord;
 use replay_guard::store::{Store, StoreOptions};
 

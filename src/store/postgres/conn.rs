@@ -4,7 +4,7 @@
 //! server refused this" (a schema or data problem).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tokio_postgres::types::ToSql;
 
 use tokio_postgres::{Client, NoTls, Row, Statement};
@@ -78,6 +78,11 @@ pub struct Conn {
     /// Statements prepared on this connection, by their text: a query then costs one round
     /// trip instead of two (prepare, execute).
     prepared: RefCell<HashMap<String, Statement>>,
+    /// Where it is connected, for messages (never the password).
+    target: String,
+    /// Relay sinks whose session-level advisory lock this connection's session holds (taken
+    /// by `PgTx::claim_sink`; they end with the session, so a new connection starts empty).
+    sink_locks: RefCell<HashSet<String>>,
 }
 
 impl Conn {
@@ -99,10 +104,33 @@ impl Conn {
             rt,
             client,
             prepared: RefCell::new(HashMap::new()),
+            target: cfg.target(),
+            sink_locks: RefCell::new(HashSet::new()),
         };
-        // `CREATE ... IF NOT EXISTS` on every start must not log a NOTICE each time.
-        conn.batch("SET client_min_messages TO warning")?;
+        // `CREATE ... IF NOT EXISTS` on every start must not log a NOTICE each time. The
+        // keepalives let the server notice within about 25 s a member that vanished (a cut
+        // link, not a closed socket) and end its session: its transaction, the schema's lock
+        // and its relay sinks' locks are then released instead of holding the group for hours.
+        conn.batch(
+            "SET client_min_messages TO warning; SET tcp_keepalives_idle TO 10; \
+             SET tcp_keepalives_interval TO 5; SET tcp_keepalives_count TO 3",
+        )?;
         Ok(conn)
+    }
+
+    /// Where it is connected (host, port, database), for messages.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Whether this session holds sink `name`'s lock (see `PgTx::claim_sink`).
+    pub fn holds_sink(&self, name: &str) -> bool {
+        self.sink_locks.borrow().contains(name)
+    }
+
+    /// Notes that this session took sink `name`'s lock.
+    pub fn took_sink(&self, name: &str) {
+        self.sink_locks.borrow_mut().insert(name.to_string());
     }
 
     pub fn is_closed(&self) -> bool {

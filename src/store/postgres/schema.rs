@@ -87,11 +87,22 @@ pub struct Sql {
     pub fp_by_id_upsert: String,
     pub fp_by_id_delete: String,
     pub cursors_all: String,
+    pub cursor: String,
+    pub cursor_upsert: String,
+    pub cursor_delete: String,
+    pub parked_range: String,
+    pub parked_upsert: String,
+    pub parked_delete_range: String,
+    pub sink_lock: String,
+    pub sink_xact_lock: String,
 }
 
 /// The class of replay-guard's advisory locks (the first key of the two-key form); the
 /// second is `hashtext(schema)`.
 pub const LOCK_CLASS: i32 = 0x7267_6431; // "rgd1"
+/// The class of the relay sinks' session locks (one deliverer per sink); the second key is
+/// `hashtext(schema || '/' || sink)`.
+pub const SINK_LOCK_CLASS: i32 = 0x7267_6432; // "rgd2"
 
 impl Sql {
     pub fn new(s: &str) -> Sql {
@@ -179,6 +190,29 @@ impl Sql {
             ),
             fp_by_id_delete: f("DELETE FROM {s}.quarantine_fp_by_id WHERE id = ANY($1::bigint[])"),
             cursors_all: f("SELECT name, record FROM {s}.sink_cursors"),
+            cursor: f("SELECT record FROM {s}.sink_cursors WHERE name = $1"),
+            cursor_upsert: f(
+                "INSERT INTO {s}.sink_cursors (name, record) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            cursor_delete: f("DELETE FROM {s}.sink_cursors WHERE name = $1 RETURNING record"),
+            parked_range: f("SELECT effect_offset, record FROM {s}.sink_parked \
+                 WHERE name = $1 AND effect_offset BETWEEN $2 AND $3 ORDER BY effect_offset"),
+            // `xmax = 0`: the row was inserted, not updated.
+            parked_upsert: f(
+                "INSERT INTO {s}.sink_parked (name, effect_offset, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name, effect_offset) DO UPDATE SET record = EXCLUDED.record \
+                 RETURNING (xmax = 0)",
+            ),
+            parked_delete_range: f(
+                "DELETE FROM {s}.sink_parked WHERE name = $1 AND effect_offset BETWEEN $2 AND $3",
+            ),
+            sink_lock: format!(
+                "SELECT pg_try_advisory_lock({SINK_LOCK_CLASS}, hashtext('{s}/' || $1::text))"
+            ),
+            sink_xact_lock: format!(
+                "SELECT pg_try_advisory_xact_lock({SINK_LOCK_CLASS}, hashtext('{s}/' || $1::text))"
+            ),
         }
     }
 }

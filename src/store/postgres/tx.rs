@@ -613,4 +613,98 @@ impl Tx for PgTx<'_> {
         }
         Ok(low)
     }
+
+    fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        let rows = self.conn.query(&self.sql.cursor, &[&name])?;
+        rows.first()
+            .map(|row| decode_col("sink_cursors", name, row.get::<_, &[u8]>(0)))
+            .transpose()
+    }
+
+    fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
+        self.conn
+            .execute(&self.sql.cursor_upsert, &[&name, &encode(record)])?;
+        Ok(())
+    }
+
+    fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        let rows = self.conn.query(&self.sql.cursor_delete, &[&name])?;
+        rows.first()
+            .map(|row| decode_col("sink_cursors", name, row.get::<_, &[u8]>(0)))
+            .transpose()
+    }
+
+    fn parked(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, ParkedRecord)>, StoreError> {
+        let (lo, hi) = (bound(*range.start()), bound(*range.end()));
+        let mut out = Vec::new();
+        for row in self
+            .conn
+            .query(&self.sql.parked_range, &[&name, &lo, &hi])?
+        {
+            let offset = un(row.get(0));
+            out.push((
+                offset,
+                decode_col("sink_parked", offset, row.get::<_, &[u8]>(1))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn put_parked(
+        &mut self,
+        name: &str,
+        offset: u64,
+        record: &ParkedRecord,
+    ) -> Result<bool, StoreError> {
+        let rows = self.conn.query(
+            &self.sql.parked_upsert,
+            &[&name, &db(offset), &encode(record)],
+        )?;
+        Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError> {
+        let (lo, hi) = (bound(*range.start()), bound(*range.end()));
+        self.conn
+            .execute(&self.sql.parked_delete_range, &[&name, &lo, &hi])
+    }
+
+    /// Takes the sink's session-level advisory lock on this connection's session the first
+    /// time, and relies on it after: a session lock lasts as long as the session, and this
+    /// transaction commits on that same session or not at all. A new connection (after a
+    /// lost one) takes it again, or finds that another member's relay took over.
+    fn claim_sink(&mut self, name: &str) -> Result<(), StoreError> {
+        if self.conn.holds_sink(name) {
+            return Ok(());
+        }
+        let rows = self.conn.query(&self.sql.sink_lock, &[&name])?;
+        if rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            self.conn.took_sink(name);
+            Ok(())
+        } else {
+            Err(StoreError::SinkBusy {
+                path: self.conn.target().into(),
+                sink: name.to_string(),
+            })
+        }
+    }
+
+    fn sink_idle(&mut self, name: &str) -> Result<(), StoreError> {
+        if self.conn.holds_sink(name) {
+            return Ok(());
+        }
+        let rows = self.conn.query(&self.sql.sink_xact_lock, &[&name])?;
+        if rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            Ok(())
+        } else {
+            Err(StoreError::SinkBusy {
+                path: self.conn.target().into(),
+                sink: name.to_string(),
+            })
+        }
+    }
 }
