@@ -59,6 +59,7 @@ mod model;
 mod operator;
 mod pg;
 mod pg_group;
+mod pg_relay;
 mod pg_store;
 mod readme;
 mod relay;

@@ -71,6 +71,11 @@ impl Consumer {
         self.start_env(&[]);
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts it with extra environment variables (e.g. NOTIFY_SOCKET).
     pub fn start_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none());
