@@ -1,7 +1,8 @@
 //! Relay benchmark driver (figures in the README; `scripts/bench-relay-pg.sh` runs it).
 //!
 //! - `relay_drain drain CONFIG DB`: starts the relay of CONFIG's sinks on the backlog in DB and
-//!   prints how long the first sink took to deliver every effect (events/s).
+//!   prints how long the first sink took to deliver every effect (events/s). DB `-`: the store
+//!   CONFIG names (e.g. `[store] backend = "postgres"`).
 //! - `relay_drain steady CONFIG DB RATE SECONDS OUT`: feeds RATE messages/s for SECONDS into DB
 //!   through the engine's commit path (as `run` does: whatever is due commits as one batch,
 //!   then wakes the relay), with the relay running in this process, and writes
@@ -12,7 +13,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use replay_guard::config::Config;
+use replay_guard::config::{Config, StoreLocation};
 use replay_guard::relay::{self, Relay, Wake};
 use replay_guard::store::{Incoming, Reader, Store};
 
@@ -24,14 +25,12 @@ fn now_ms_f() -> f64 {
         * 1000.0
 }
 
-fn head(db: &Path) -> u64 {
-    Reader::open(db)
-        .unwrap()
-        .begin()
-        .unwrap()
-        .meta()
-        .unwrap()
-        .next_effect
+fn head(config: &Config) -> u64 {
+    let snap = match config.location().unwrap() {
+        StoreLocation::File(db) => Reader::open(db).unwrap().begin().unwrap(),
+        StoreLocation::Postgres(pg) => Reader::postgres(pg.pg_config().unwrap()).unwrap().1,
+    };
+    snap.meta().unwrap().next_effect
 }
 
 /// Waits until the first sink has delivered up to `target`.
@@ -53,10 +52,11 @@ fn wait_delivered(relay: &Relay, target: u64, limit: Duration) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let db = Path::new(&args[3]);
-    let config = Config::resolve(Some(Path::new(&args[2])), Some(db)).expect("CONFIG");
+    let over = (args[3] != "-").then_some(db);
+    let config = Config::resolve(Some(Path::new(&args[2])), over).expect("CONFIG");
     match args[1].as_str() {
         "drain" => {
-            let n = head(db);
+            let n = head(&config);
             let started = Instant::now();
             let relay = relay::spawn(&config, None).unwrap().expect("a [[sink]]");
             wait_delivered(&relay, n, Duration::from_secs(3600));
@@ -79,13 +79,13 @@ fn main() {
             // One message first, so that the measurement starts with the sink connected.
             let warm = format!(
                 r#"{{"agency":"BENCH","source_id":"WARMUP","epoch":1,"sequence":{},"body":"warm-up"}}"#,
-                head(db) + 1
+                head(&config) + 1
             );
             let now = now_ms_f() as u64;
             let inc = Incoming::decode("bench/steady", warm.into_bytes(), now, &config.feed);
             store.commit_batch(&[inc], now).unwrap();
             wake.bump();
-            let first = head(db);
+            let first = head(&config);
             wait_delivered(&relay, first, Duration::from_secs(600));
             let started = Instant::now();
             let total = (rate * seconds) as u64;

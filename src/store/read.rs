@@ -12,7 +12,7 @@ use redb::{
 
 use super::guard::{self, Handle};
 use super::postgres::PgConfig;
-use super::postgres::view::PgView;
+use super::postgres::view::{PgView, ViewPool};
 use super::tables::*;
 use super::{StoreError, builder};
 use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
@@ -25,8 +25,8 @@ pub struct Reader {
 enum Source {
     /// Poisoned once redb panicked on a damaged page.
     Redb(Handle<ReadOnlyDatabase>),
-    /// Each snapshot is a transaction on a connection of its own.
-    Pg(Box<PgConfig>),
+    /// Each snapshot is a transaction on a connection of its own, reused by later ones.
+    Pg(Box<PgConfig>, std::sync::Arc<ViewPool>),
 }
 
 impl Reader {
@@ -58,11 +58,12 @@ impl Reader {
     /// A reader of a PostgreSQL store; its first snapshot is taken here, so an unreachable
     /// server or a missing schema is reported at once.
     pub fn postgres(cfg: PgConfig) -> Result<(Reader, Snapshot), StoreError> {
-        let first = Snapshot::postgres(PgView::open(&cfg)?);
+        let pool = std::sync::Arc::new(ViewPool::default());
+        let first = Snapshot::postgres(PgView::pooled(&cfg, &pool)?);
         first.meta()?;
         Ok((
             Reader {
-                db: Source::Pg(Box::new(cfg)),
+                db: Source::Pg(Box::new(cfg), pool),
             },
             first,
         ))
@@ -74,7 +75,7 @@ impl Reader {
             Source::Redb(db) => {
                 db.guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
             }
-            Source::Pg(cfg) => Ok(Snapshot::postgres(PgView::open(cfg)?)),
+            Source::Pg(cfg, pool) => Ok(Snapshot::postgres(PgView::pooled(cfg, pool)?)),
         }
     }
 }

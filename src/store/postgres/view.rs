@@ -2,6 +2,7 @@
 //! commit of the group (like a redb read transaction) while members go on committing.
 
 use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
 
 use super::conn::Conn;
 use super::tx::{bound, db, un};
@@ -13,7 +14,10 @@ use crate::store::tables::*;
 const CHUNK: i64 = 512;
 
 pub struct PgView {
-    conn: Conn,
+    /// Taken out only by `drop`, to go back to `pool`.
+    conn: Option<Conn>,
+    /// Where the connection goes when the view ends (a `Reader`'s views), if anywhere.
+    pool: Option<Arc<ViewPool>>,
     schema: String,
     /// Rows read ahead by `get`: a reader that looks records up one by one in key order
     /// (`verify` following the audit log to its effects) costs one round trip per `CHUNK`
@@ -38,17 +42,72 @@ impl PgStore {
     }
 }
 
+/// Idle connections of ended views, for the next view of the same `Reader`: a relay or a
+/// `--follow` takes a view every few milliseconds, and a new session costs a TCP handshake,
+/// authentication and a backend process each time.
+#[derive(Default)]
+pub struct ViewPool {
+    idle: Mutex<Vec<Conn>>,
+}
+
+/// Idle connections a pool keeps at most.
+const POOL_MAX: usize = 4;
+
+impl ViewPool {
+    fn take(&self) -> Option<Conn> {
+        self.idle.lock().ok()?.pop()
+    }
+
+    fn give(&self, conn: Conn) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < POOL_MAX
+        {
+            idle.push(conn);
+        }
+    }
+}
+
+/// Starts the view's transaction; its snapshot is taken by the first statement: now.
+fn begin_view(conn: &Conn) -> Result<(), StoreError> {
+    conn.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    conn.query("SELECT 1", &[])?;
+    Ok(())
+}
+
 impl PgView {
     pub fn open(cfg: &PgConfig) -> Result<PgView, StoreError> {
         let conn = Conn::connect(cfg)?;
-        conn.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
-        // The snapshot is taken by the first statement: take it now.
-        conn.query("SELECT 1", &[])?;
-        Ok(PgView {
-            conn,
+        begin_view(&conn)?;
+        Ok(PgView::on(conn, None, cfg))
+    }
+
+    /// A view on an idle connection of `pool` if one still works, else on a new one; the
+    /// connection goes back to `pool` when the view ends.
+    pub fn pooled(cfg: &PgConfig, pool: &Arc<ViewPool>) -> Result<PgView, StoreError> {
+        while let Some(conn) = pool.take() {
+            if !conn.is_closed() && begin_view(&conn).is_ok() {
+                return Ok(PgView::on(conn, Some(pool.clone()), cfg));
+            }
+        }
+        let conn = Conn::connect(cfg)?;
+        begin_view(&conn)?;
+        Ok(PgView::on(conn, Some(pool.clone()), cfg))
+    }
+
+    fn on(conn: Conn, pool: Option<Arc<ViewPool>>, cfg: &PgConfig) -> PgView {
+        PgView {
+            conn: Some(conn),
+            pool,
             schema: cfg.schema.clone(),
             ahead: std::cell::RefCell::new(ReadAhead::default()),
-        })
+        }
+    }
+
+    fn conn(&self) -> &Conn {
+        match &self.conn {
+            Some(c) => c,
+            None => unreachable!("a view's connection is taken only when the view is dropped"),
+        }
     }
 
     /// The record in `table` whose `keycol` is `key` (a `u64` key). Reads the next `CHUNK`
@@ -69,7 +128,7 @@ impl PgView {
                 "SELECT {keycol}, record FROM {}.{table} WHERE {keycol} >= $1 ORDER BY {keycol} LIMIT $2",
                 self.schema
             );
-            let rows = self.conn.query(&sql, &[&bound(key), &CHUNK])?;
+            let rows = self.conn().query(&sql, &[&bound(key), &CHUNK])?;
             let mut a = self.ahead.borrow_mut();
             if a.rows.len() + rows.len() > AHEAD_MAX || a.covered.len() >= 1024 {
                 *a = ReadAhead::default();
@@ -97,7 +156,7 @@ impl PgView {
         name: &'static str,
     ) -> Result<Option<R>, StoreError> {
         let sql = format!("SELECT record FROM {}.meta WHERE name = $1", self.schema);
-        self.conn
+        self.conn()
             .query(&sql, &[&name])?
             .first()
             .map(|r| Ok(decode("meta", name, r.get::<_, &[u8]>(0))?))
@@ -118,7 +177,7 @@ impl PgView {
         );
         let mut from = from;
         loop {
-            let rows = self.conn.query(&sql, &[&bound(from), &CHUNK])?;
+            let rows = self.conn().query(&sql, &[&bound(from), &CHUNK])?;
             let n = rows.len();
             for row in rows {
                 let k = un(row.get::<_, i64>(0));
@@ -152,7 +211,7 @@ impl PgView {
     pub fn count(&self, table: &'static str) -> Result<u64, StoreError> {
         let sql = format!("SELECT count(*) FROM {}.{table}", self.schema);
         Ok(self
-            .conn
+            .conn()
             .query(&sql, &[])?
             .first()
             .map_or(0, |r| un(r.get(0))))
@@ -170,7 +229,7 @@ impl PgView {
         );
         let mut below = i64::MAX;
         loop {
-            let rows = self.conn.query(&sql, &[&below, &CHUNK])?;
+            let rows = self.conn().query(&sql, &[&below, &CHUNK])?;
             let n = rows.len();
             for row in rows {
                 let k: i64 = row.get(0);
@@ -193,7 +252,7 @@ impl PgView {
             self.schema
         );
         Ok(self
-            .conn
+            .conn()
             .query(&sql, &[&db(id)])?
             .first()
             .and_then(|r| <[u8; 32]>::try_from(r.get::<_, &[u8]>(0)).ok()))
@@ -206,7 +265,7 @@ impl PgView {
             self.schema
         );
         Ok(self
-            .conn
+            .conn()
             .query(&sql, &[&agency, &source_id])?
             .first()
             .map(|r| un(r.get(0))))
@@ -218,7 +277,7 @@ impl PgView {
             "SELECT record FROM {}.window_entries WHERE source_no = $1 AND epoch = $2 AND sequence = $3",
             self.schema
         );
-        self.conn
+        self.conn()
             .query(&sql, &[&db(key.0), &db(key.1), &db(key.2)])?
             .first()
             .map(|r| {
@@ -238,7 +297,7 @@ impl PgView {
              WHERE effect_offset >= $1 ORDER BY effect_offset LIMIT 1",
             self.schema
         );
-        self.conn
+        self.conn()
             .query(&sql, &[&bound(from)])?
             .first()
             .map(|r| {
@@ -258,7 +317,7 @@ impl PgView {
             self.schema
         );
         let mut out = Vec::new();
-        for row in self.conn.query(&sql, &[&name])? {
+        for row in self.conn().query(&sql, &[&name])? {
             let n: String = row.get(0);
             let rec = decode("sink_cursors", &n, row.get::<_, &[u8]>(1))?;
             out.push((n, rec));
@@ -277,7 +336,7 @@ impl PgView {
             self.schema
         );
         let mut out = Vec::new();
-        for row in self.conn.query(&sql, &[&name])? {
+        for row in self.conn().query(&sql, &[&name])? {
             let n: String = row.get(0);
             let o = un(row.get::<_, i64>(1));
             let rec = decode(
@@ -306,11 +365,24 @@ impl PgView {
                  pg_total_relation_size('{s}.{table}') - pg_relation_size('{s}.{table}')",
                 s = self.schema
             );
-            let rows = self.conn.query(&sql, &[])?;
+            let rows = self.conn().query(&sql, &[])?;
             let row = rows.first();
             let get = |i| row.map_or(0, |r| un(r.get::<_, i64>(i)));
             out.push((name, get(0), get(1)));
         }
         Ok(out)
+    }
+}
+
+impl Drop for PgView {
+    /// Ends the view's transaction (an idle one would hold back VACUUM) and hands the
+    /// connection back to its pool.
+    fn drop(&mut self) {
+        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.take())
+            && !conn.is_closed()
+            && conn.batch("ROLLBACK").is_ok()
+        {
+            pool.give(conn);
+        }
     }
 }
