@@ -89,7 +89,8 @@ pub struct TransportHandle {
     backlog: Arc<AtomicUsize>,
     room: Arc<Notify>,
     /// The poll loop stops reading while `backlog` is at this (the receive maximum): a broker
-    /// that ignores our Receive Maximum then waits on TCP instead of filling our memory.
+    /// that ignores our Receive Maximum then waits on TCP instead of filling our memory. It
+    /// still polls once per half keep-alive, so pings go on during a long commit.
     limit: usize,
     /// PUBACKs of committed deliveries that did not fit in rumqttc's request queue yet, in
     /// delivery order: queued as the poll loop drains it, never dropped (a dropped PUBACK
@@ -482,7 +483,12 @@ async fn poll_loop(
     // is a leftover of the broken connection (second guard beside `discard_leftovers`).
     let mut connected = false;
     loop {
-        // Backpressure: wait for room before reading more deliveries.
+        // Backpressure: wait for room before reading more deliveries, but poll at least every
+        // half keep-alive: rumqttc sends PINGREQ and reads PINGRESP only inside `poll`, and a
+        // commit that takes longer than the keep-alive (a loaded PostgreSQL, members queued on
+        // its lock) must not cost the connection, or the broker redelivers the whole window
+        // and the next commit is as slow again. Such a poll reads at most one delivery more.
+        let stalled_until = tokio::time::Instant::now() + cfg.keep_alive / 2;
         while handle.backlog.load(Ordering::SeqCst) >= handle.limit
             && !handle.stopping.load(Ordering::SeqCst)
         {
@@ -492,7 +498,10 @@ async fn poll_loop(
             {
                 break;
             }
-            room.await;
+            tokio::select! {
+                () = room => {}
+                () = tokio::time::sleep_until(stalled_until) => break,
+            }
         }
         let generation = handle.generation.load(Ordering::SeqCst);
         let polled = poll_once(&mut eventloop, generation).await;
