@@ -236,7 +236,7 @@ pub fn open_store(config: &Config) -> Result<(PathBuf, Backend), ServiceError> {
     let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
     match config.location().map_err(config_err)? {
         crate::config::StoreLocation::File(db) => {
-            let store = Store::open(db, config.store.clone())?;
+            let store = Store::open(db, config.store.clone(), now_ms())?;
             Ok((db.to_path_buf(), Backend::Redb(store)))
         }
         crate::config::StoreLocation::Postgres(pg) => {
