@@ -207,7 +207,7 @@ fn fresh_store(contract: &FeedContract, concurrency: Concurrency) -> (TempDir, S
 
 fn fresh_store_with(contract: &FeedContract, opts: StoreOptions) -> (TempDir, Store, Feed) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut store = Store::open(&dir.path().join("bench.redb"), opts).expect("open store");
+    let mut store = Store::open(&dir.path().join("bench.redb"), opts, 1_000).expect("open store");
     let mut feed = Feed::new();
     let mut seed = Vec::new();
     for s in 0..SOURCES {
@@ -234,7 +234,8 @@ impl Prefilled {
     fn build(contract: &FeedContract) -> Prefilled {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bench-1m.redb");
-        let mut store = Store::open(&path, options(DEFAULT_CACHE_BYTES)).expect("open store");
+        let mut store =
+            Store::open(&path, options(DEFAULT_CACHE_BYTES), 1_000).expect("open store");
         let mut feed = Feed::new();
         let start = Instant::now();
         let mut done = 0u64;
@@ -281,7 +282,8 @@ impl Prefilled {
     ) -> Duration {
         if self.cache_bytes != cache_bytes {
             drop(self.store.take());
-            self.store = Some(Store::open(&self.path, options(cache_bytes)).expect("reopen store"));
+            self.store =
+                Some(Store::open(&self.path, options(cache_bytes), 1_000).expect("reopen store"));
             self.cache_bytes = cache_bytes;
         }
         let store = self.store.as_mut().expect("store is open");

@@ -71,7 +71,8 @@ fn main() {
             let rate: f64 = args[4].parse().expect("RATE");
             let seconds: f64 = args[5].parse().expect("SECONDS");
             let mut out = std::io::BufWriter::new(std::fs::File::create(&args[6]).unwrap());
-            let mut store = Store::open(db, config.store.clone()).unwrap();
+            let mut store =
+                Store::open(db, config.store.clone(), replay_guard::timefmt::now_ms()).unwrap();
             let wake = Wake::new();
             let relay = relay::spawn(&config, Some(&wake))
                 .unwrap()

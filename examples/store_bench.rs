@@ -79,7 +79,12 @@ fn main() {
         "redb" => {
             let (n, b): (u64, usize) = (args[3].parse().unwrap(), args[4].parse().unwrap());
             let mut store = Backend::Redb(
-                Store::open(std::path::Path::new(&args[2]), StoreOptions::default()).unwrap(),
+                Store::open(
+                    std::path::Path::new(&args[2]),
+                    StoreOptions::default(),
+                    replay_guard::timefmt::now_ms(),
+                )
+                .unwrap(),
             );
             let (done, lat) = drive(&mut store, batches(0, 1, n, b));
             ("redb, 1 member".to_string(), lat, done)

@@ -31,6 +31,12 @@ pub enum ServiceError {
     Runtime(String),
     #[error("relay: {0}")]
     Relay(#[from] RelayError),
+    /// The PostgreSQL server did not answer when the store was opened (`run` waits instead).
+    #[error(
+        "PostgreSQL at {target} is unreachable ({why}): nothing was decided; try again once \
+         the server answers"
+    )]
+    Unreachable { target: String, why: String },
 }
 
 /// A shutdown request that can be awaited; `Shutdown::new` also returns its trigger.
@@ -236,29 +242,167 @@ pub fn open_store(config: &Config) -> Result<(PathBuf, Backend), ServiceError> {
     let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
     match config.location().map_err(config_err)? {
         crate::config::StoreLocation::File(db) => {
-            let store = Store::open(db, config.store.clone())?;
+            let store = Store::open(db, config.store.clone(), now_ms())?;
             Ok((db.to_path_buf(), Backend::Redb(store)))
         }
         crate::config::StoreLocation::Postgres(pg) => {
             let cfg = pg.pg_config().map_err(config_err)?;
             let name = PathBuf::from(cfg.target());
-            let store = PgStore::open(cfg, config.store.clone(), now_ms())?;
+            let store =
+                PgStore::open(cfg, config.store.clone(), now_ms()).map_err(|e| match e {
+                    StoreError::Unreachable(why) => ServiceError::Unreachable {
+                        target: name.display().to_string(),
+                        why,
+                    },
+                    e => e.into(),
+                })?;
             Ok((name, Backend::Postgres(store)))
         }
     }
 }
 
+/// `open_store` for `run`: a PostgreSQL server that cannot be reached at start is waited for,
+/// as `run` rides out an outage later on: attempts with the same backoff, READY=1 and a
+/// STATUS saying what it waits for (so that systemd's start timeout does not restart it in a
+/// loop), watchdog pings while attempts keep failing. Any other error fails at once. `None`:
+/// `shutdown` came while waiting. Nothing subscribes before this returns the store.
+fn open_store_waiting(
+    config: &Config,
+    shutdown: &mut Shutdown,
+    notifier: &Notifier,
+) -> Result<Option<(PathBuf, Backend)>, ServiceError> {
+    let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
+    let pg = match config.location().map_err(config_err)? {
+        crate::config::StoreLocation::File(_) => return open_store(config).map(Some),
+        crate::config::StoreLocation::Postgres(pg) => pg.pg_config().map_err(config_err)?,
+    };
+    let target = pg.target();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServiceError::Runtime(format!("cannot start the runtime: {e}")))?;
+    let watchdog = Notifier::watchdog_interval();
+    rt.block_on(async {
+        let period = watchdog.unwrap_or_default() * 2;
+        let mut ticker = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+        let mut delay = UNREACHABLE_BACKOFF.0;
+        let mut attempts = 0u64;
+        // The STATUS line once the first attempt failed (and READY=1 was sent).
+        let mut waiting: Option<String> = None;
+        loop {
+            // Each attempt on a thread of its own (it blocks, up to the connect timeout, or
+            // longer while another member migrates the schema), so that it never holds up a
+            // shutdown.
+            let (tx, mut attempt) = oneshot::channel();
+            let (cfg, opts) = (pg.clone(), config.store.clone());
+            std::thread::Builder::new()
+                .name("store-open".into())
+                .spawn(move || {
+                    let _ = tx.send(PgStore::open(cfg, opts, now_ms()));
+                })
+                .map_err(|e| ServiceError::Runtime(format!("cannot start a thread: {e}")))?;
+            let started = Instant::now();
+            let opened = loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.requested() => return Ok(None),
+                    r = &mut attempt => {
+                        let died = |_| ServiceError::Runtime("opening the store panicked".into());
+                        break r.map_err(died)?;
+                    }
+                    _ = ticker.tick(), if watchdog.is_some() => {
+                        // An attempt hanging for a whole watchdog period lets systemd restart
+                        // us, as a stuck commit does.
+                        if let Some(status) = &waiting
+                            && started.elapsed() <= period
+                        {
+                            notifier.notify(&format!("WATCHDOG=1\nSTATUS={status}"));
+                        }
+                    }
+                }
+            };
+            attempts += 1;
+            let why = match opened {
+                Ok(store) => {
+                    if waiting.is_some() {
+                        tracing::info!(
+                            store = %target,
+                            attempts,
+                            "PostgreSQL reachable again: store open"
+                        );
+                    }
+                    return Ok(Some((PathBuf::from(&target), Backend::Postgres(store))));
+                }
+                Err(StoreError::Unreachable(why)) => why,
+                Err(e) => return Err(e.into()),
+            };
+            let status = match &waiting {
+                Some(status) => {
+                    if attempts.is_power_of_two() {
+                        tracing::warn!(
+                            store = %target,
+                            error = %why,
+                            attempts,
+                            "PostgreSQL still unreachable"
+                        );
+                    }
+                    status
+                }
+                None => {
+                    tracing::error!(
+                        store = %target,
+                        error = %why,
+                        "PostgreSQL unreachable at start; retrying"
+                    );
+                    // Started, as far as systemd is concerned: the outage is ridden out as one
+                    // that comes later is. The feed waits at the broker meanwhile.
+                    let status = waiting.insert(waiting_status(&target, now_ms()));
+                    notifier.notify(&format!("READY=1\nSTATUS={status}"));
+                    status
+                }
+            };
+            let pause = tokio::time::sleep(delay);
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.requested() => return Ok(None),
+                    () = &mut pause => break,
+                    _ = ticker.tick(), if watchdog.is_some() => {
+                        notifier.notify(&format!("WATCHDOG=1\nSTATUS={status}"));
+                    }
+                }
+            }
+            delay = (delay * 2).min(UNREACHABLE_BACKOFF.1);
+        }
+    })
+}
+
+/// The systemd STATUS while `run` waits for PostgreSQL at start.
+fn waiting_status(target: &str, since_ms: u64) -> String {
+    format!(
+        "waiting for PostgreSQL at {target} since {} (not subscribed yet, retrying)",
+        crate::timefmt::rfc3339_ms(since_ms)
+    )
+}
+
 /// Runs the consumer until `shutdown`, or a fatal storage error.
 pub fn run(
     config: Config,
-    shutdown: Shutdown,
+    mut shutdown: Shutdown,
     notifier: &Notifier,
 ) -> Result<RunSummary, ServiceError> {
     let mqtt = config
         .mqtt
         .clone()
         .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
-    let (db, store) = open_store(&config)?;
+    let Some((db, store)) = open_store_waiting(&config, &mut shutdown, notifier)? else {
+        tracing::info!(
+            "shutdown requested while waiting for PostgreSQL: stopped, nothing consumed"
+        );
+        notifier.notify("STOPPING=1");
+        return Ok(RunSummary::default());
+    };
     let wake = Wake::new();
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.

@@ -326,13 +326,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_new_database_is_created_at_the_time_given_and_keeps_it_when_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        drop(Store::open(&path, StoreOptions::default(), 1_234).unwrap());
+        drop(Store::open(&path, StoreOptions::default(), 9_999).unwrap());
+        let meta = crate::store::Reader::open(&path)
+            .unwrap()
+            .begin()
+            .unwrap()
+            .meta()
+            .unwrap();
+        assert_eq!(meta.created_at_ms, 1_234);
+    }
+
     /// Guards the choice of bytes against a redb upgrade: redb's own handles in the modes the
     /// commands use never meet the feed lock, and its exclusive mode does.
     #[test]
     fn the_feed_lock_meets_another_feed_lock_and_redbs_exclusive_mode_only() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.redb");
-        let mut store = Store::open(&path, StoreOptions::default()).unwrap();
+        let mut store = Store::open(&path, StoreOptions::default(), 1_000).unwrap();
         // A second feed lock in the same process, through another descriptor: refused, and
         // named after this process.
         let holder = holder_of(FeedLock::take(&path).err().unwrap());
@@ -354,10 +369,14 @@ mod tests {
             .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
             .open(&path)
             .unwrap();
-        let holder = holder_of(Store::open(&path, StoreOptions::default()).err().unwrap());
+        let holder = holder_of(
+            Store::open(&path, StoreOptions::default(), 1_000)
+                .err()
+                .unwrap(),
+        );
         assert!(holder.contains("whole file locked"), "{holder}");
         drop(db);
-        drop(Store::open(&path, StoreOptions::default()).unwrap());
+        drop(Store::open(&path, StoreOptions::default(), 1_000).unwrap());
     }
 
     /// A child forked by another thread shares every descriptor until it execs: the locks
@@ -376,8 +395,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let outcome = (0..40).try_for_each(|i| {
             let path = dir.path().join(format!("{i}.redb"));
-            drop(Store::open(&path, StoreOptions::default())?);
-            drop(Store::open(&path, StoreOptions::default())?);
+            drop(Store::open(&path, StoreOptions::default(), 1_000)?);
+            drop(Store::open(&path, StoreOptions::default(), 1_000)?);
             Ok::<(), StoreError>(())
         });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

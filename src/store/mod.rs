@@ -334,10 +334,10 @@ const FILE_MODE: u32 = 0o600;
 
 impl Store {
     /// Opens the database at `path` for the one feed writer (`run`, `ingest`), creating it if
-    /// nothing is there. Repairs it after a crash. A damaged file is `StoreError::Damaged`,
-    /// even where redb panics on it.
-    pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        guard::catch(|| Store::open_unguarded(path, opts))?.map_err(StoreError::classify)
+    /// nothing is there (its meta record then says it was created at `now_ms`). Repairs it
+    /// after a crash. A damaged file is `StoreError::Damaged`, even where redb panics on it.
+    pub fn open(path: &Path, opts: StoreOptions, now_ms: u64) -> Result<Store, StoreError> {
+        guard::catch(|| Store::open_unguarded(path, opts, now_ms))?.map_err(StoreError::classify)
     }
 
     /// `open` without the panic guard.
@@ -348,11 +348,11 @@ impl Store {
     /// temporary name and linked into place only once it holds its tables and meta record, so
     /// a crash during creation never leaves `path` half-initialised (redb writes its magic
     /// number last and refuses a file without it).
-    fn open_unguarded(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+    fn open_unguarded(path: &Path, opts: StoreOptions, now_ms: u64) -> Result<Store, StoreError> {
         match file::probe(path)? {
-            file::Found::Missing => Store::create_in_place(path, &opts, false)?,
+            file::Found::Missing => Store::create_in_place(path, &opts, false, now_ms)?,
             file::Found::Empty if opts.new_database => {
-                Store::create_in_place(&file::resolved(path)?, &opts, true)?;
+                Store::create_in_place(&file::resolved(path)?, &opts, true, now_ms)?;
             }
             file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),
             file::Found::File if opts.new_database => {
@@ -380,7 +380,7 @@ impl Store {
                     error,
                 },
             })?;
-        let mut store = Store::init(db, opts, false)?;
+        let mut store = Store::init(db, opts, None)?;
         store._feed_lock = Some(lock);
         Ok(store)
     }
@@ -402,19 +402,20 @@ impl Store {
                     path: path.to_path_buf(),
                     error,
                 })?;
-            Store::init(db, opts, false)
+            Store::init(db, opts, None)
         })?;
         opened.map_err(StoreError::classify)
     }
 
-    /// Creates and initialises a database (mode 0600 whatever the umask) at a temporary name
-    /// next to `path`, then links it to `path`, never replacing a file another process put
+    /// Creates and initialises a database created at `now_ms` (mode 0600 whatever the umask)
+    /// at a temporary name next to `path`, then links it to `path`, never replacing a file another process put
     /// there meanwhile, except, when `replace_empty`, a zero-length regular file. Leaves no
     /// temporary file behind when it fails, unless another process is creating it.
     fn create_in_place(
         path: &Path,
         opts: &StoreOptions,
         replace_empty: bool,
+        now_ms: u64,
     ) -> Result<(), StoreError> {
         // Errors name the path the operator gave, whichever file the step touched.
         let io_err = |e: std::io::Error| file::io_error(path, e);
@@ -426,12 +427,12 @@ impl Store {
             _ => PathBuf::from("."),
         };
         let tmp = dir.join(format!(".{name}.creating"));
-        let created = match Store::create_file(&tmp, opts) {
+        let created = match Store::create_file(&tmp, opts, now_ms) {
             Err(StoreError::Busy { .. }) => return Err(StoreError::busy(path)),
             // A leftover of a creation that crashed before completing: ours to discard.
             Err(_) if std::fs::symlink_metadata(&tmp).is_ok() => {
                 std::fs::remove_file(&tmp).map_err(io_err)?;
-                Store::create_file(&tmp, opts)
+                Store::create_file(&tmp, opts, now_ms)
             }
             other => other,
         };
@@ -471,9 +472,9 @@ impl Store {
             .map_err(io_err)
     }
 
-    /// Creates (or reuses) `tmp` with mode 0600 and initialises a database in it. Returns the
-    /// creation lock on it.
-    fn create_file(tmp: &Path, opts: &StoreOptions) -> Result<file::Held, StoreError> {
+    /// Creates (or reuses) `tmp` with mode 0600 and initialises a database created at `now_ms`
+    /// in it. Returns the creation lock on it.
+    fn create_file(tmp: &Path, opts: &StoreOptions, now_ms: u64) -> Result<file::Held, StoreError> {
         use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
         let io_err = |e: std::io::Error| file::io_error(tmp, e);
         let open = || {
@@ -519,14 +520,16 @@ impl Store {
                     error,
                 },
             })?;
-        drop(Store::init(db, opts.clone(), true)?);
+        drop(Store::init(db, opts.clone(), Some(now_ms))?);
         Ok(lock)
     }
 
-    /// Opens a database on a caller-supplied backend (fault-injection tests).
+    /// Opens a database on a caller-supplied backend (fault-injection tests); a new one is
+    /// created at `now_ms`.
     pub fn open_with_backend(
         backend: impl StorageBackend,
         opts: StoreOptions,
+        now_ms: u64,
     ) -> Result<Store, StoreError> {
         let opened = guard::catch(|| {
             let db = builder(opts.cache_bytes, opts.concurrency)
@@ -535,13 +538,15 @@ impl Store {
                     path: PathBuf::from("<backend>"),
                     error: source,
                 })?;
-            Store::init(db, opts, true)
+            Store::init(db, opts, Some(now_ms))
         })?;
         opened.map_err(StoreError::classify)
     }
 
     /// A new database held in memory (the engine fuzz target: no file, no fsync). A memory
-    /// backend has no locks, and redb then allows only its `ExclusiveWriter` mode.
+    /// backend has no locks, and redb then allows only its `ExclusiveWriter` mode. Its meta
+    /// record says it was created at time 0: it lives for one fuzz case or test, where a fixed
+    /// time keeps runs reproducible and nothing reads it.
     #[doc(hidden)]
     pub fn open_in_memory(opts: StoreOptions) -> Result<Store, StoreError> {
         let mut b = Builder::new();
@@ -553,11 +558,16 @@ impl Store {
                 path: PathBuf::from("<memory>"),
                 error,
             })?;
-        Store::init(db, opts, true)
+        Store::init(db, opts, Some(0))
     }
 
-    /// Checks (or, when `creating`, writes) the meta record and makes sure every table exists.
-    fn init(db: Database, opts: StoreOptions, creating: bool) -> Result<Store, StoreError> {
+    /// Checks the meta record, or writes that of a new store created at `created_at_ms` when
+    /// there is none and that is given; makes sure every table exists.
+    fn init(
+        db: Database,
+        opts: StoreOptions,
+        created_at_ms: Option<u64>,
+    ) -> Result<Store, StoreError> {
         // Held in `Leak`s: a redb panic below must not run their destructors (see `guard`).
         let db = Leak::new(db);
         let txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
@@ -567,8 +577,8 @@ impl Store {
                 .get(META_KEY)
                 .map_err(StoreError::redb)?
                 .map(|g| g.value().to_vec());
-            match existing {
-                Some(bytes) => {
+            match (existing, created_at_ms) {
+                (Some(bytes), _) => {
                     let m: Meta = decode("meta", META_KEY, &bytes)?;
                     if m.schema_version != SCHEMA_VERSION {
                         return Err(StoreError::Schema {
@@ -577,15 +587,15 @@ impl Store {
                         });
                     }
                 }
-                None if !creating => {
+                (None, None) => {
                     return Err(StoreError::Record(RecordError {
                         table: "meta",
                         key: META_KEY.into(),
                         why: "missing: this redb file is not a replay-guard database".into(),
                     }));
                 }
-                None => {
-                    let m = Meta::new(crate::timefmt::now_ms());
+                (None, Some(created_at_ms)) => {
+                    let m = Meta::new(created_at_ms);
                     meta.insert(META_KEY, encode(&m).as_slice())
                         .map_err(StoreError::redb)?;
                 }

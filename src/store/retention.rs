@@ -260,7 +260,7 @@ mod tests {
             ..StoreOptions::default()
         };
         opts.window.seconds = 60;
-        Store::open(&dir.path().join("r.redb"), opts).unwrap()
+        Store::open(&dir.path().join("r.redb"), opts, 1_000).unwrap()
     }
 
     fn days(d: u64) -> LogRetention {

@@ -388,7 +388,7 @@ fn a_store_that_meets_damage_mid_run_fails_the_batch_and_refuses_further_use() {
         cache_bytes: 0,
         ..StoreOptions::default()
     };
-    let mut store = Store::open_with_backend(backend, opts).unwrap();
+    let mut store = Store::open_with_backend(backend, opts, 1_000).unwrap();
     let contract = FeedContract::default();
     let batch = |from: u64| -> Vec<Incoming> {
         (from..from + 50)

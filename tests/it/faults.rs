@@ -110,7 +110,7 @@ fn batch(range: std::ops::Range<u64>, replay_of: Option<u64>) -> Vec<Incoming> {
 
 /// Everything a reviewer can see: audit, effects, quarantine (as debug strings).
 fn snapshot(path: &Path) -> Vec<String> {
-    let store = Store::open(path, StoreOptions::default()).unwrap();
+    let store = Store::open(path, StoreOptions::default(), 1_000).unwrap();
     let txn = store.reader().unwrap();
     let mut out = Vec::new();
     txn.scan_audit::<StoreError>(0, |e| {
@@ -141,7 +141,7 @@ fn failed_write_or_sync_during_commit_leaves_the_previous_state_intact() {
     let ref_a = dir.path().join("ref_a.redb");
     let ref_ab = dir.path().join("ref_ab.redb");
     for (path, both) in [(&ref_a, false), (&ref_ab, true)] {
-        let mut s = Store::open(path, StoreOptions::default()).unwrap();
+        let mut s = Store::open(path, StoreOptions::default(), 1_000).unwrap();
         s.commit_batch(&a, 10_000).unwrap();
         if both {
             s.commit_batch(&b, 20_000).unwrap();
@@ -159,7 +159,7 @@ fn failed_write_or_sync_during_commit_leaves_the_previous_state_intact() {
             inner: FileBackend::new(open_file(&path)).unwrap(),
             budget: budget.clone(),
         };
-        let mut store = Store::open_with_backend(backend, StoreOptions::default()).unwrap();
+        let mut store = Store::open_with_backend(backend, StoreOptions::default(), 1_000).unwrap();
         store.commit_batch(&a, 10_000).unwrap();
         budget.store(n, Ordering::SeqCst);
         let result = store.commit_batch(&b, 20_000);

@@ -33,7 +33,8 @@
 //!   chain as redb for the same feed, members committing concurrently.
 //! - `pg_group`: several `run` members on one PostgreSQL schema: a shared subscription
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
-//!   terminating connections mid-surge, the server cut off (watchdog and STATUS meanwhile).
+//!   terminating connections mid-surge, the server cut off (watchdog and STATUS meanwhile),
+//!   `run` started while the server is cut off (waits, SIGTERM), fail-fast refusals at start.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.

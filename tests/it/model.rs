@@ -35,7 +35,7 @@ proptest! {
         let mut n = 0;
         let mut open = |opts| {
             n += 1;
-            Store::open(&dir.path().join(format!("m{n}.redb")), opts).map(Backend::Redb)
+            Store::open(&dir.path().join(format!("m{n}.redb")), opts, 1_000).map(Backend::Redb)
         };
         run_case(&case, &mut open).map_err(TestCaseError::fail)?;
     }

@@ -2,7 +2,9 @@
 //! shared subscription through kill -9s and a broker failover replay; an active member killed
 //! and a standby (other client id, other config file) taking over and absorbing the replay;
 //! the server terminating the member's connections mid-surge; the server cut off behind a
-//! proxy while the member keeps pinging the watchdog with an UNREACHABLE status.
+//! proxy while the member keeps pinging the watchdog with an UNREACHABLE status; `run` started
+//! while the server is cut off (it waits, unsubscribed, and stops at once on SIGTERM), and
+//! what still fails at start (a newer schema; `ingest` with the server unreachable).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -847,4 +849,254 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
     assert_exactly_once(&scan_effects(&dsn), &want);
     assert_verifies(&c.config);
+}
+
+/// The datagrams a fake systemd notify socket in `dir` receives, with their arrival times.
+type Notes = Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
+
+fn notify_socket(dir: &Path) -> (std::path::PathBuf, Notes) {
+    let path = dir.join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let notes: Notes = Arc::default();
+    let out = notes.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = sock.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            out.lock().unwrap().push((Instant::now(), m));
+        }
+    });
+    (path, notes)
+}
+
+#[test]
+fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and_decides_the_queued_feed_once()
+ {
+    const N: u64 = 1_000;
+    let db = PgDb::new("startwait");
+    let proxy = PgProxy::start();
+    let via_proxy = db
+        .dsn()
+        .replace("port=5432", &format!("port={}", proxy.port));
+    let dsn = db.dsn();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let mut c = Consumer::with_config(
+        dir.path(),
+        "rg",
+        &member_config(&via_proxy, &[broker.url()], "rg-startwait", None, "v5"),
+    );
+    // A first start makes the schema and the member's persistent session; then the service
+    // restarts while the server is out of reach (a reboot where PostgreSQL comes up later).
+    c.start();
+    wait_log(&c, "session_present", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    proxy.cut();
+    let mark = c.log_text().len();
+    let (sock, notes) = notify_socket(dir.path());
+    // A 1 s watchdog: a ping is due every 500 ms.
+    c.start_env(&[
+        ("NOTIFY_SOCKET", sock.to_str().unwrap()),
+        ("WATCHDOG_USEC", "1000000"),
+    ]);
+    let started = Instant::now();
+    wait_log(
+        &c,
+        "PostgreSQL unreachable at start; retrying",
+        Duration::from_secs(10),
+    );
+    // The feed goes on: the broker keeps it in the member's session.
+    broker.publish_lines(TOPIC, &events(0, N), "pub-startwait");
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    if let Some(status) = c.exited() {
+        panic!("run exited while waiting: {status}\n{}", c.log_text());
+    }
+    assert_eq!(counts(&dsn), Some((0, 0)), "decided without the server?");
+    let waiting = c.log_text()[mark..].to_string();
+    assert!(
+        !waiting.contains("connected broker") && !waiting.contains("database open"),
+        "connected to the broker before the store was open:\n{waiting}"
+    );
+    assert!(
+        !waiting.contains(&format!("port={}", proxy.port)) && !waiting.contains("user=postgres"),
+        "the dsn was logged:\n{waiting}"
+    );
+    let during: Vec<(Instant, String)> = notes.lock().unwrap().clone();
+    let target = format!(
+        "postgresql 127.0.0.1:{}/{} schema {SCHEMA}",
+        proxy.port, db.name
+    );
+    let status = format!("STATUS=waiting for PostgreSQL at {target} since ");
+    let ready = during
+        .iter()
+        .find(|(_, m)| m.starts_with("READY=1"))
+        .unwrap_or_else(|| panic!("no READY=1 while waiting: {during:?}"));
+    assert!(ready.1.contains(&status), "{ready:?}");
+    // Pings from 1 s after READY on: the watchdog does not restart a member that waits.
+    let pings = during
+        .iter()
+        .filter(|(t, m)| {
+            *t > ready.0 + Duration::from_secs(1)
+                && m.starts_with("WATCHDOG=1")
+                && m.contains(&status)
+        })
+        .count();
+    assert!(
+        pings >= 2,
+        "{pings} watchdog pings while waiting: {during:?}"
+    );
+
+    proxy.restore();
+    let opened = Instant::now();
+    wait_counts(&dsn, Duration::from_secs(15), "first commit", |_, e| e > 0);
+    let first_commit = opened.elapsed();
+    wait_counts(&dsn, Duration::from_secs(30), "all applied", |_, e| e >= N);
+    eprintln!(
+        "server reachable again -> first commit {first_commit:?}, all {N} applied {:?}",
+        opened.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    let log = c.log_text()[mark..].to_string();
+    assert!(log.contains("PostgreSQL reachable again"), "{log}");
+    assert!(log.contains("session_present=true"), "{log}");
+    let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
+    assert_exactly_once(&scan_effects(&dsn), &want);
+    let dump = common::run(&["dump-audit", "--config", c.config.to_str().unwrap()]);
+    assert_eq!(dump.status.code(), Some(0), "{dump:?}");
+    let lines = String::from_utf8(dump.stdout).unwrap();
+    assert_eq!(
+        lines.lines().count() as u64,
+        N,
+        "each delivery decided once"
+    );
+    assert!(
+        lines.lines().all(|l| l.contains("\"outcome\":\"applied\"")),
+        "{}",
+        lines
+            .lines()
+            .find(|l| !l.contains("\"outcome\":\"applied\""))
+            .unwrap()
+    );
+    assert_verifies(&c.config);
+}
+
+#[test]
+fn sigterm_while_run_waits_for_postgres_at_start_exits_0_at_once() {
+    let db = PgDb::new("startterm");
+    let proxy = PgProxy::start();
+    proxy.cut();
+    let via_proxy = db
+        .dsn()
+        .replace("port=5432", &format!("port={}", proxy.port));
+    let dir = tempfile::tempdir().unwrap();
+    // No broker at all: nothing may connect to one before the store is open.
+    let broker = format!("mqtt://127.0.0.1:{}", free_port());
+    let mut c = Consumer::with_config(
+        dir.path(),
+        "rg",
+        &member_config(&via_proxy, &[broker], "rg-startterm", None, "v5"),
+    );
+    c.start();
+    wait_log(
+        &c,
+        "PostgreSQL unreachable at start; retrying",
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(c.exited().is_none(), "{}", c.log_text());
+    let asked = Instant::now();
+    assert_eq!(c.stop(Duration::from_secs(5)), Some(0), "{}", c.log_text());
+    let took = asked.elapsed();
+    eprintln!("SIGTERM while waiting for PostgreSQL -> exit 0 in {took:?}");
+    assert!(took < Duration::from_secs(1), "stopped after {took:?}");
+    let log = c.log_text();
+    assert!(
+        log.contains("shutdown requested while waiting for PostgreSQL"),
+        "{log}"
+    );
+    assert!(!log.contains("connected"), "{log}");
+    assert_eq!(
+        db.sql("SELECT count(*) FROM pg_namespace WHERE nspname = 'replay_guard'"),
+        "0",
+        "the schema was made through a closed proxy?"
+    );
+}
+
+#[test]
+fn run_fails_fast_on_a_newer_schema_and_ingest_on_an_unreachable_server() {
+    let db = PgDb::new("startfail");
+    db.sql(&format!(
+        "CREATE SCHEMA {SCHEMA}; CREATE TABLE {SCHEMA}.schema_version (version integer NOT NULL); \
+         INSERT INTO {SCHEMA}.schema_version VALUES (99)"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let broker = format!("mqtt://127.0.0.1:{}", free_port());
+    let mut c = Consumer::with_config(
+        dir.path(),
+        "rg",
+        &member_config(
+            &db.dsn(),
+            std::slice::from_ref(&broker),
+            "rg-startfail",
+            None,
+            "v5",
+        ),
+    );
+    // A refusal is not an outage: no waiting, exit 2 (systemd restarts; the log says why).
+    c.start();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = c.exited() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "run waits on a newer schema:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2), "{}", c.log_text());
+    let log = c.log_text();
+    assert!(log.contains("schema version 99"), "{log}");
+    assert!(!log.contains("unreachable"), "{log}");
+
+    // `ingest` is a one-shot command: an unreachable server is an error at once.
+    let proxy = PgProxy::start();
+    proxy.cut();
+    let via_proxy = db
+        .dsn()
+        .replace("port=5432", &format!("port={}", proxy.port));
+    let config = dir.path().join("ingest.toml");
+    std::fs::write(
+        &config,
+        member_config(&via_proxy, &[broker], "rg-ingest", None, "v5"),
+    )
+    .unwrap();
+    let feed = events(0, 10).join("\n");
+    let start = Instant::now();
+    let out = common::run_with_stdin(
+        &["ingest", "--config", config.to_str().unwrap(), "-"],
+        feed.as_bytes(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        stderr.contains(&format!(
+            "PostgreSQL at postgresql 127.0.0.1:{}/{} schema {SCHEMA} is unreachable",
+            proxy.port, db.name
+        )) && stderr.contains("nothing was decided"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("user=postgres"),
+        "the dsn was printed: {stderr}"
+    );
 }

@@ -128,7 +128,8 @@ fn the_same_feed_gives_the_same_decisions_records_and_chain_on_both_backends() {
         },
         ..StoreOptions::default()
     };
-    let mut redb = Backend::Redb(Store::open(&dir.path().join("a.redb"), opts.clone()).unwrap());
+    let mut redb =
+        Backend::Redb(Store::open(&dir.path().join("a.redb"), opts.clone(), 1_000).unwrap());
     let mut pg = Backend::Postgres(pg_store(&db, "replay_guard", opts).unwrap());
     let feed = feed(7, 1_500);
     let mut outcomes = std::collections::BTreeMap::new();
@@ -209,7 +210,8 @@ fn members_committing_at_once_apply_each_key_once_and_keep_one_chain() {
     );
     // Exactly the distinct genuine keys of the feed were applied (one reference run).
     let dir = tempfile::tempdir().unwrap();
-    let mut alone = Store::open(&dir.path().join("ref.redb"), StoreOptions::default()).unwrap();
+    let mut alone =
+        Store::open(&dir.path().join("ref.redb"), StoreOptions::default(), 1_000).unwrap();
     let mut alone_applied = 0;
     for (now, batch) in batches(&feed, 50, 9_000_000) {
         let r = alone.commit_batch(&batch, now).unwrap();
@@ -301,7 +303,8 @@ fn connections_terminated_mid_surge_lose_nothing_and_apply_nothing_twice() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let mut alone = Store::open(&dir.path().join("ref.redb"), StoreOptions::default()).unwrap();
+    let mut alone =
+        Store::open(&dir.path().join("ref.redb"), StoreOptions::default(), 1_000).unwrap();
     let mut want = 0;
     for (now, batch) in batches(&feed, 20, 7_000_000) {
         let r = alone.commit_batch(&batch, now).unwrap();
