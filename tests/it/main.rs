@@ -34,6 +34,9 @@
 //! - `pg_group`: several `run` members on one PostgreSQL schema: a shared subscription
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
 //!   terminating connections mid-surge, the server cut off (watchdog and STATUS meanwhile).
+//! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
+//!   `sslmode`, wrong CA and host name refused in words, channel binding, a client
+//!   certificate, the postgres sink over verify-full.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -60,6 +63,7 @@ mod operator;
 mod pg;
 mod pg_group;
 mod pg_store;
+mod pg_tls;
 mod readme;
 mod relay;
 mod relay_http;

@@ -317,22 +317,26 @@ impl MakeTlsConnect<tokio_postgres::Socket> for PgTls {
     type TlsConnect = Handshake;
     type Error = String;
 
+    /// Called for every connection, `disable` too (where the handshake is never asked for).
     fn make_tls_connect(&mut self, host: &str) -> Result<Handshake, String> {
-        let client = self.client.clone().ok_or("TLS is off (sslmode=disable)")?;
+        let Some(client) = self.client.clone() else {
+            return Ok(Handshake {
+                to: None,
+                rootcert: None,
+            });
+        };
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| format!("host {host:?} is not a TLS server name: {e}"))?;
         Ok(Handshake {
-            client,
-            name,
+            to: Some((client, name)),
             rootcert: self.rootcert.clone(),
         })
     }
 }
 
-/// One TLS handshake, to `name`.
+/// One TLS handshake, to a server name (none under `disable`).
 pub struct Handshake {
-    client: Arc<ClientConfig>,
-    name: ServerName<'static>,
+    to: Option<(Arc<ClientConfig>, ServerName<'static>)>,
     rootcert: Option<PathBuf>,
 }
 
@@ -345,11 +349,12 @@ impl TlsConnect<tokio_postgres::Socket> for Handshake {
 
     fn connect(self, stream: tokio_postgres::Socket) -> HandshakeFuture {
         Box::pin(async move {
-            TlsConnector::from(self.client)
-                .connect(self.name.clone(), stream)
+            let (client, name) = self.to.ok_or("TLS is off (sslmode=disable)")?;
+            TlsConnector::from(client)
+                .connect(name.clone(), stream)
                 .await
                 .map(|s| PgTlsStream(Box::new(s)))
-                .map_err(|e| explain(&e, &self.name, self.rootcert.as_ref()))
+                .map_err(|e| explain(&e, &name, self.rootcert.as_ref()))
         })
     }
 }
