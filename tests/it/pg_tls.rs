@@ -357,6 +357,13 @@ fn pg_tls_disable_and_no_sslmode_stay_plain_on_a_server_that_offers_tls() {
     let server = PgServer::start(Some(pki.path()));
     assert!(!open_store(&server, &server.dsn("sslmode=disable")).unwrap());
     assert!(!open_store(&server, &server.dsn("")).unwrap());
+    // prefer over the Unix socket: the server declines TLS there, and the session is plain.
+    let socket = format!(
+        "host={} port={} user=postgres dbname=postgres sslmode=prefer",
+        server.dir.path().display(),
+        server.port
+    );
+    assert!(!open_store(&server, &socket).unwrap());
 }
 
 #[test]

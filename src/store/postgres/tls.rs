@@ -317,9 +317,10 @@ impl MakeTlsConnect<tokio_postgres::Socket> for PgTls {
     type TlsConnect = Handshake;
     type Error = String;
 
-    /// Called for every connection, `disable` too (where the handshake is never asked for).
+    /// Called for every connection, also under `disable` and for a Unix socket (`host` is
+    /// empty then), where no handshake is asked for.
     fn make_tls_connect(&mut self, host: &str) -> Result<Handshake, String> {
-        let Some(client) = self.client.clone() else {
+        let Some(client) = self.client.clone().filter(|_| !host.is_empty()) else {
             return Ok(Handshake {
                 to: None,
                 rootcert: None,
@@ -349,7 +350,9 @@ impl TlsConnect<tokio_postgres::Socket> for Handshake {
 
     fn connect(self, stream: tokio_postgres::Socket) -> HandshakeFuture {
         Box::pin(async move {
-            let (client, name) = self.to.ok_or("TLS is off (sslmode=disable)")?;
+            let (client, name) = self
+                .to
+                .ok_or("no TLS for this connection (sslmode=disable, or no host name)")?;
             TlsConnector::from(client)
                 .connect(name.clone(), stream)
                 .await
