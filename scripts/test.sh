@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
 # Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client),
-# makes sure a PostgreSQL server answers on 127.0.0.1:5432, then runs the whole suite.
+# makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
+# runs the whole suite.
 # Extra arguments go to `cargo test` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,5 +68,9 @@ if ! pg_up; then
         exit 1
     }
 fi
+
+# The TLS tests (tests/it/pg_tls.rs) start PostgreSQL servers of their own with initdb (the
+# server package; checked after the block above, which may already have installed it).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || install postgresql
 
 exec cargo test --locked --release "$@"

@@ -21,5 +21,6 @@ pub mod service;
 pub mod signals;
 pub mod store;
 pub mod timefmt;
+pub mod tls;
 pub mod transport;
 pub mod wire;

@@ -484,13 +484,6 @@ fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError> {
             if dsn.is_empty() {
                 return Err(invalid("the dsn is empty".into()));
             }
-            if let Some(mode) = sinks::dsn_tls_mode(&dsn) {
-                return Err(invalid(format!(
-                    "the dsn asks for sslmode={mode}, but TLS to PostgreSQL is not supported \
-                     yet: reach the server over a trusted network, a Unix socket or a tunnel, \
-                     with sslmode=disable"
-                )));
-            }
             let schema = raw
                 .schema
                 .clone()
@@ -1091,8 +1084,13 @@ mod tests {
                 "must not start with pg_",
             ),
             (
-                "backend = \"postgres\"\ndsn = \"host=h password=hunter2 sslmode=require\"",
-                "TLS to PostgreSQL is not supported",
+                "backend = \"postgres\"\ndsn = \"host=h password=hunter2 sslmode=verify-full\"",
+                "sslmode=verify-full needs sslrootcert=FILE",
+            ),
+            (
+                "backend = \"postgres\"\ndsn = \"host=h password=hunter2 sslmode=verify-ca \
+                 sslrootcert=/nonexistent/ca.pem\"",
+                "sslrootcert /nonexistent/ca.pem",
             ),
             (
                 "backend = \"postgres\"\ndsn = \"postgres://u:hunter2@h:notaport/db\"",

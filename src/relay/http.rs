@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, pki_types};
+use tokio_rustls::rustls::{ClientConfig, pki_types};
 
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::{HttpSink as HttpConfig, HttpUrl};
@@ -643,27 +643,11 @@ where
     })
 }
 
-/// A verifying TLS client trusting exactly the certificates in `ca_file`, on the aws-lc-rs
-/// provider rumqttc already links (named explicitly: no process-wide default is assumed).
+/// A verifying TLS client trusting exactly the certificates in `ca_file`, on the provider
+/// of `crate::tls` (the aws-lc-rs rumqttc already links).
 fn tls_connector(ca_file: &Path) -> Result<TlsConnector, String> {
-    use pki_types::pem::PemObject;
-    let mut roots = RootCertStore::empty();
-    let certs = pki_types::CertificateDer::pem_file_iter(ca_file)
-        .map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
-    for cert in certs {
-        let cert = cert.map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("ca_file {}: {e}", ca_file.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!(
-            "ca_file {}: no PEM certificate in it",
-            ca_file.display()
-        ));
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut cfg = ClientConfig::builder_with_provider(provider)
+    let roots = crate::tls::roots(ca_file, "ca_file")?;
+    let mut cfg = ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up: {e}"))?
         .with_root_certificates(roots)

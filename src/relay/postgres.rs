@@ -4,18 +4,19 @@
 //! trusts that stored cursor on start (`stored_cursor`); a redelivered event is a no-op. This
 //! sink is therefore exactly-once by construction, across crashes of either side.
 //!
-//! tokio-postgres is named only here. Plain TCP (or a Unix socket) only: TLS to PostgreSQL is
-//! not supported yet, and the config refuses a dsn that asks for it.
+//! tokio-postgres is named only here (and under `store/postgres/`). TLS as the store connects:
+//! the dsn's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` through `store::postgres::tls`.
 
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::PostgresSink as PostgresConfig;
 use crate::store::postgres::describe;
+use crate::store::postgres::tls::{PgTls, parse_dsn};
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table.
 const CURSOR_TABLE: &str = "replay_guard_sink_cursors";
@@ -24,6 +25,7 @@ pub struct PostgresSink {
     /// The sink's name: its cursor row's key.
     name: String,
     config: tokio_postgres::Config,
+    tls: PgTls,
     /// The events table, as validated (`[a-z_][a-z0-9_]*`, optionally schema-qualified).
     table: String,
     cursor_table: String,
@@ -56,12 +58,8 @@ impl PostgresSink {
         cfg: &PostgresConfig,
         timeout: Duration,
     ) -> Result<PostgresSink, String> {
-        let mut config: tokio_postgres::Config = cfg.dsn.expose().parse().map_err(|e| {
-            format!(
-                "sink {name:?}: the postgres dsn is not understood: {}",
-                describe(&e)
-            )
-        })?;
+        let (mut config, tls) =
+            parse_dsn(cfg.dsn.expose()).map_err(|e| format!("sink {name:?}: {e}"))?;
         if config.get_application_name().is_none() {
             config.application_name(format!("replay-guard sink {name}"));
         }
@@ -75,6 +73,7 @@ impl PostgresSink {
         Ok(PostgresSink {
             name: name.to_string(),
             config,
+            tls,
             table: cfg.table.clone(),
             cursor_table,
             timeout,
@@ -230,7 +229,7 @@ impl PostgresSink {
     }
 
     async fn connect(&self, deadline: Instant) -> Result<Conn, String> {
-        let (client, connection) = timed(deadline, self.config.connect(NoTls))
+        let (client, connection) = timed(deadline, self.config.connect(self.tls.clone()))
             .await
             .map_err(|e| format!("connecting to PostgreSQL ({}): {e}", self.server()))?;
         let name = self.name.clone();

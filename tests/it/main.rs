@@ -35,6 +35,11 @@
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
 //!   terminating connections mid-surge, the server cut off (watchdog and STATUS meanwhile),
 //!   `run` started while the server is cut off (waits, SIGTERM), fail-fast refusals at start.
+//! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
+//!   `sslmode`, wrong CA and host name refused in words, channel binding, a client
+//!   certificate, the postgres sink over verify-full.
+//! - `pg_relay`: the relay on a PostgreSQL store: the same relay writes as on redb, one
+//!   deliverer per sink with the others standing by, relays and `run` members through kill -9s.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -62,6 +67,7 @@ mod pg;
 mod pg_group;
 mod pg_relay;
 mod pg_store;
+mod pg_tls;
 mod readme;
 mod relay;
 mod relay_http;

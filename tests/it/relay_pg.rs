@@ -32,7 +32,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// The event of effect `offset` as the runner builds it; `body` is the message's body.
-fn event(offset: u64, body: &str) -> Event {
+pub(super) fn event(offset: u64, body: &str) -> Event {
     let key = replay_guard::key::sha256(&[offset.to_le_bytes().as_slice()]);
     let payload = format!(
         r#"{{"agency":"fire","source_id":"cad-{}","epoch":1,"sequence":{offset},"body":"{body}"}}"#,

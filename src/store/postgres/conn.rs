@@ -7,14 +7,17 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use tokio_postgres::types::ToSql;
 
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 
+use super::tls::{PgTls, parse_dsn};
 use crate::store::StoreError;
 
 /// The connection settings, parsed once; never printed (the dsn may hold a password).
 #[derive(Clone)]
 pub struct PgConfig {
     pub(super) config: tokio_postgres::Config,
+    /// The dsn's `sslmode` and certificates (files read when the dsn was parsed).
+    tls: PgTls,
     /// The schema holding replay-guard's tables.
     pub schema: String,
 }
@@ -33,11 +36,11 @@ impl std::fmt::Debug for PgConfig {
 }
 
 impl PgConfig {
-    /// Parses `dsn` (key=value or a postgres:// URL). The error never quotes the dsn.
+    /// Parses `dsn` (key=value or a postgres:// URL, with libpq's `sslmode`, `sslrootcert`,
+    /// `sslcert`, `sslkey`) and reads the certificate files it names. The error never quotes
+    /// the dsn.
     pub fn parse(dsn: &str, schema: &str) -> Result<PgConfig, String> {
-        let mut config: tokio_postgres::Config = dsn
-            .parse()
-            .map_err(|e| format!("the postgres dsn is not understood: {}", describe(&e)))?;
+        let (mut config, tls) = parse_dsn(dsn)?;
         if config.get_application_name().is_none() {
             config.application_name("replay-guard");
         }
@@ -46,6 +49,7 @@ impl PgConfig {
         }
         Ok(PgConfig {
             config,
+            tls,
             schema: schema.to_string(),
         })
     }
@@ -92,7 +96,7 @@ impl Conn {
             .build()
             .map_err(|e| StoreError::Unreachable(format!("cannot start a runtime: {e}")))?;
         let (client, connection) = rt
-            .block_on(cfg.config.connect(NoTls))
+            .block_on(cfg.config.connect(cfg.tls.clone()))
             .map_err(|e| classify(&e))?;
         // Driven whenever a query is (the runtime runs only inside `block_on`).
         rt.spawn(async move {

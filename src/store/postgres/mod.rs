@@ -12,6 +12,7 @@
 mod conn;
 pub mod copy;
 pub mod schema;
+pub mod tls;
 mod tx;
 pub mod view;
 
