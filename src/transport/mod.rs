@@ -88,9 +88,9 @@ pub struct TransportHandle {
     /// Deliveries handed to the service and not yet released (decided and committed).
     backlog: Arc<AtomicUsize>,
     room: Arc<Notify>,
-    /// The poll loop stops reading while `backlog` is at this (the receive maximum): a broker
-    /// that ignores our Receive Maximum then waits on TCP instead of filling our memory. It
-    /// still polls once per half keep-alive, so pings go on during a long commit.
+    /// The poll loop stops reading while `backlog` is at this (`STALL_WINDOWS` receive
+    /// maximums): a broker that ignores our Receive Maximum then waits on TCP instead of
+    /// filling our memory. It still polls once per half keep-alive, so pings go on.
     limit: usize,
     /// PUBACKs of committed deliveries that did not fit in rumqttc's request queue yet, in
     /// delivery order: queued as the poll loop drains it, never dropped (a dropped PUBACK
@@ -445,6 +445,14 @@ fn suback_problem(codes: &[Option<String>], topics: &[String]) -> Option<String>
     ))
 }
 
+/// How many receive windows of deliveries may await their commit before the poll loop stops
+/// reading. Not one: a session resumed after a reconnect is redelivered past the window
+/// (Mosquitto resends its queue too), and rumqttc checks the keep-alive only when its buffer
+/// of up to 10 read packets is empty, so a loop that stalls with packets buffered goes a
+/// keep-alive without a ping answered and loses the connection (seen with three members on a
+/// loaded PostgreSQL: a redelivery, a stall and a lost connection every 12 s).
+const STALL_WINDOWS: usize = 4;
+
 /// Starts the poll loop on the current runtime. Events go to `events`; the loop ends after
 /// `disconnect()` or when `events` is closed.
 pub fn start(
@@ -459,7 +467,7 @@ pub fn start(
         stopping: Arc::new(AtomicBool::new(false)),
         backlog: Arc::new(AtomicUsize::new(0)),
         room: Arc::new(Notify::new()),
-        limit: usize::from(cfg.receive_maximum),
+        limit: usize::from(cfg.receive_maximum) * STALL_WINDOWS,
         pending: Arc::new(Mutex::new(std::collections::VecDeque::new())),
     };
     let h = handle.clone();

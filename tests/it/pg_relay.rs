@@ -180,12 +180,7 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
         Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
-    // Creation time aside (a new redb file reads the clock).
-    let meta = replay_guard::store::tables::Meta {
-        created_at_ms: 0,
-        ..snap.meta().unwrap()
-    };
-    out.push(format!("meta: {meta:?}"));
+    out.push(format!("meta: {:?}", snap.meta().unwrap()));
     let report = replay_guard::store::verify::verify(&snap, &FeedContract::default()).unwrap();
     out.push(format!("verify: {:?}", report.violation));
     out
@@ -194,8 +189,9 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
 #[test]
 fn relay_writes_give_the_same_cursors_parked_events_and_audit_on_both_backends() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redb =
-        Backend::Redb(Store::open(&dir.path().join("rg.redb"), StoreOptions::default()).unwrap());
+    let mut redb = Backend::Redb(
+        Store::open(&dir.path().join("rg.redb"), StoreOptions::default(), T0).unwrap(),
+    );
     let db = PgDb::new("relay_same");
     let mut pg =
         Backend::Postgres(PgStore::open(pg_cfg(&db), StoreOptions::default(), T0).unwrap());
