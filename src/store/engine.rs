@@ -155,10 +155,8 @@ impl<T: Tx> Writer<T> {
 
     pub(super) fn state(&mut self, no: u64) -> Result<&mut SourceState, StoreError> {
         if !self.states.contains_key(&no) {
-            let record = self.tx.source(no)?.ok_or_else(|| RecordError {
-                table: "sources",
-                key: no.to_string(),
-                why: "missing (named in source_ids or the effect log)".into(),
+            let record = self.tx.source(no)?.ok_or_else(|| {
+                SOURCES.missing(&no, "missing (named in source_ids or the effect log)")
             })?;
             self.states.insert(
                 no,

@@ -16,10 +16,6 @@ pub struct PositionState {
     pub seen: Option<Seen>,
 }
 
-fn r<E: Into<redb::Error>>(e: E) -> StoreError {
-    StoreError::redb(e)
-}
-
 fn pos((epoch, sequence): (u64, u64)) -> Position {
     Position { epoch, sequence }
 }
@@ -33,65 +29,35 @@ impl Snapshot {
         source_id: &str,
         position: Position,
     ) -> Result<Option<PositionState>, StoreError> {
-        if let Some(pg) = self.pg() {
-            let Some(no) = pg.source_no(agency, source_id)? else {
-                return Ok(None);
-            };
-            let record: SourceRecord = pg.get("sources", "no", no)?.ok_or_else(|| RecordError {
-                table: "sources",
-                key: no.to_string(),
-                why: "missing (named in source_ids)".into(),
-            })?;
-            let seen = pg
-                .window((no, position.epoch, position.sequence))?
-                .map(|w| Seen {
-                    digest: Digest::from_bytes(w.digest),
-                    effect_offset: w.effect_offset,
-                });
-            return Ok(Some(PositionState {
-                marks: SourceMarks {
-                    high_water: pos(record.high_water),
-                    evicted_floor: record.evicted_floor.map(pos),
-                },
-                seen,
-            }));
-        }
-        self.guard(|txn| {
-            let ids = txn.open_table(SOURCE_IDS).map_err(r)?;
-            let Some(no) = ids.get((agency, source_id)).map_err(r)?.map(|g| g.value()) else {
-                return Ok(None);
-            };
-            let sources = txn.open_table(SOURCES).map_err(r)?;
-            let record: SourceRecord = match sources.get(no).map_err(r)? {
-                Some(g) => decode("sources", no, g.value())?,
-                None => {
-                    return Err(RecordError {
-                        table: "sources",
-                        key: no.to_string(),
-                        why: "missing (named in source_ids)".into(),
-                    }
-                    .into());
-                }
-            };
-            let window = txn.open_table(WINDOW).map_err(r)?;
-            let wkey = (no, position.epoch, position.sequence);
-            let seen = match window.get(wkey).map_err(r)? {
-                Some(g) => {
-                    let w: WindowRecord = decode("window", format_args!("{wkey:?}"), g.value())?;
-                    Some(Seen {
-                        digest: Digest::from_bytes(w.digest),
-                        effect_offset: w.effect_offset,
-                    })
-                }
+        let key = |no| (no, position.epoch, position.sequence);
+        let found = match self.pg() {
+            Some(pg) => match pg.source_no(agency, source_id)? {
+                Some(no) => Some((no, pg.get(SOURCES, no)?, pg.window(key(no))?)),
                 None => None,
-            };
-            Ok(Some(PositionState {
-                marks: SourceMarks {
-                    high_water: pos(record.high_water),
-                    evicted_floor: record.evicted_floor.map(pos),
-                },
-                seen,
-            }))
-        })
+            },
+            None => self.guard(|txn| {
+                let ids = txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?;
+                let Some(no) = ids.get((agency, source_id)).map_err(StoreError::redb)? else {
+                    return Ok(None);
+                };
+                let no = no.value();
+                let window = WINDOW.open(txn)?.get(key(no))?;
+                Ok::<_, StoreError>(Some((no, SOURCES.open(txn)?.get(no)?, window)))
+            })?,
+        };
+        let Some((no, record, window)) = found else {
+            return Ok(None);
+        };
+        let record = record.ok_or_else(|| SOURCES.missing(&no, "missing (named in source_ids)"))?;
+        Ok(Some(PositionState {
+            marks: SourceMarks {
+                high_water: pos(record.high_water),
+                evicted_floor: record.evicted_floor.map(pos),
+            },
+            seen: window.map(|w| Seen {
+                digest: Digest::from_bytes(w.digest),
+                effect_offset: w.effect_offset,
+            }),
+        }))
     }
 }

@@ -22,7 +22,7 @@ mod writer_check;
 use std::path::{Path, PathBuf};
 
 use redb::{
-    Builder, ConcurrencyMode, Database, DatabaseError, Durability, ReadableDatabase, ReadableTable,
+    Builder, ConcurrencyMode, Database, DatabaseError, Durability, ReadableDatabase,
     StorageBackend, WriteTransaction,
 };
 
@@ -572,14 +572,9 @@ impl Store {
         let db = Leak::new(db);
         let txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
         {
-            let mut meta = Leak::new(txn.open_table(META).map_err(StoreError::redb)?);
-            let existing = meta
-                .get(META_KEY)
-                .map_err(StoreError::redb)?
-                .map(|g| g.value().to_vec());
-            match (existing, created_at_ms) {
-                (Some(bytes), _) => {
-                    let m: Meta = decode("meta", META_KEY, &bytes)?;
+            let mut meta = Leak::new(txn.open_table(META_TABLE).map_err(StoreError::redb)?);
+            match (META.get(&*meta)?, created_at_ms) {
+                (Some(m), _) => {
                     if m.schema_version != SCHEMA_VERSION {
                         return Err(StoreError::Schema {
                             found: m.schema_version,
@@ -588,31 +583,27 @@ impl Store {
                     }
                 }
                 (None, None) => {
-                    return Err(StoreError::Record(RecordError {
-                        table: "meta",
-                        key: META_KEY.into(),
-                        why: "missing: this redb file is not a replay-guard database".into(),
-                    }));
+                    return Err(META
+                        .missing("missing: this redb file is not a replay-guard database")
+                        .into());
                 }
                 (None, Some(created_at_ms)) => {
-                    let m = Meta::new(created_at_ms);
-                    meta.insert(META_KEY, encode(&m).as_slice())
-                        .map_err(StoreError::redb)?;
+                    META.put(&mut meta, &Meta::new(created_at_ms), &mut Vec::new())?;
                 }
             }
             // Create every table so read-only inspectors never meet a missing one.
             txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?;
-            txn.open_table(SOURCES).map_err(StoreError::redb)?;
-            txn.open_table(WINDOW).map_err(StoreError::redb)?;
-            txn.open_table(EFFECTS).map_err(StoreError::redb)?;
-            txn.open_table(AUDIT).map_err(StoreError::redb)?;
-            txn.open_table(QUARANTINE).map_err(StoreError::redb)?;
+            SOURCES.open_mut(&txn)?;
+            WINDOW.open_mut(&txn)?;
+            EFFECTS.open_mut(&txn)?;
+            AUDIT.open_mut(&txn)?;
+            QUARANTINE.open_mut(&txn)?;
             txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?;
             txn.open_table(QUARANTINE_FP_BY_ID)
                 .map_err(StoreError::redb)?;
-            txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?;
-            txn.open_table(SINK_CURSORS).map_err(StoreError::redb)?;
-            txn.open_table(SINK_PARKED).map_err(StoreError::redb)?;
+            REPLAY_BURSTS.open_mut(&txn)?;
+            SINK_CURSORS.open_mut(&txn)?;
+            SINK_PARKED.open_mut(&txn)?;
         }
         txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(Store {

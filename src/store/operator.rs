@@ -95,13 +95,12 @@ impl Store {
         use redb::ReadableTable;
         let txn = Leak::new(self.begin_durable()?);
         {
-            let mut t = Leak::new(txn.open_table(REPLAY_BURSTS).map_err(StoreError::redb)?);
+            let mut t = Leak::new(REPLAY_BURSTS.open_mut(&txn)?);
             let next = t
                 .last()
                 .map_err(StoreError::redb)?
                 .map_or(0, |(k, _)| k.value() + 1);
-            t.insert(next, encode(burst).as_slice())
-                .map_err(StoreError::redb)?;
+            t.put(next, burst, &mut Vec::new())?;
         }
         txn.into_inner().commit().map_err(StoreError::redb)
     }

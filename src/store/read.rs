@@ -6,8 +6,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use redb::{
-    DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
-    ReadableTableMetadata,
+    DatabaseError, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTableMetadata,
 };
 
 use super::guard::{self, Handle};
@@ -191,56 +190,32 @@ fn r<E: Into<redb::Error>>(e: E) -> StoreError {
 impl Snapshot {
     pub fn meta(&self) -> Result<Meta, StoreError> {
         if let Some(pg) = self.pg() {
-            return pg.meta_row(META_KEY)?.ok_or_else(|| {
-                RecordError {
-                    table: "meta",
-                    key: META_KEY.into(),
-                    why: "missing: not a replay-guard schema".into(),
-                }
-                .into()
-            });
+            return pg
+                .meta_row(META)?
+                .ok_or_else(|| META.missing("missing: not a replay-guard schema").into());
         }
         self.guard(|txn| {
-            let t = txn.open_table(META).map_err(r)?;
-            let g = t.get(META_KEY).map_err(r)?.ok_or_else(|| RecordError {
-                table: "meta",
-                key: META_KEY.into(),
-                why: "missing: not a replay-guard database".into(),
-            })?;
-            Ok(decode("meta", META_KEY, g.value())?)
+            META.read(txn)?
+                .ok_or_else(|| META.missing("missing: not a replay-guard database").into())
         })
     }
 
     /// What retention has removed so far (all zero if nothing).
     pub fn retention_marks(&self) -> Result<RetentionMarks, StoreError> {
         if let Some(pg) = self.pg() {
-            return Ok(pg.meta_row(RETENTION_KEY)?.unwrap_or_default());
+            return Ok(pg.meta_row(RETENTION)?.unwrap_or_default());
         }
-        self.guard(|txn| {
-            let t = txn.open_table(META).map_err(r)?;
-            let marks = t.get(RETENTION_KEY).map_err(r)?;
-            Ok(match marks {
-                Some(g) => decode("meta", RETENTION_KEY, g.value())?,
-                None => RetentionMarks::default(),
-            })
-        })
+        self.guard(|txn| Ok(RETENTION.read(txn)?.unwrap_or_default()))
     }
 
     /// Audit entries per outcome since the database was created (`None` for a database no
     /// writer of this version has opened yet).
     pub fn counters(&self) -> Result<Option<OutcomeCounts>, StoreError> {
-        if let Some(pg) = self.pg() {
-            let c: Option<Counters> = pg.meta_row(COUNTS_KEY)?;
-            return Ok(c.map(|c| OutcomeCounts::from_array(c.by_outcome)));
-        }
-        self.guard(|txn| {
-            let t = txn.open_table(META).map_err(r)?;
-            let c = t.get(COUNTS_KEY).map_err(r)?;
-            c.map(|g| decode::<Counters>("meta", COUNTS_KEY, g.value()))
-                .transpose()
-                .map(|c| c.map(|c| OutcomeCounts::from_array(c.by_outcome)))
-                .map_err(StoreError::from)
-        })
+        let counters = match self.pg() {
+            Some(pg) => pg.meta_row(COUNTS)?,
+            None => self.guard(|txn| COUNTS.read(txn))?,
+        };
+        Ok(counters.map(|c| OutcomeCounts::from_array(c.by_outcome)))
     }
 
     /// Audit entries per outcome recorded at or after `since_ms` (a backward scan from the
@@ -260,11 +235,10 @@ impl Snapshot {
             return Ok(counts);
         }
         self.guard(|txn| {
-            let t = txn.open_table(AUDIT).map_err(r)?;
+            let t = AUDIT.open(txn)?;
             let mut counts = OutcomeCounts::default();
-            for item in t.iter().map_err(r)?.rev() {
-                let (k, v) = item.map_err(r)?;
-                let head: AuditHead = decode_head("audit", k.value(), v.value())?;
+            for entry in t.heads::<AuditHead>(..)?.rev() {
+                let (_, head) = entry?;
                 if head.recorded_at_ms < since_ms {
                     break;
                 }
@@ -279,16 +253,11 @@ impl Snapshot {
     /// Every source with its marks, in source-number order.
     pub fn sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
         if let Some(pg) = self.pg() {
-            return pg.all("sources", "no");
+            return pg.all(SOURCES);
         }
         self.guard(|txn| {
-            let t = txn.open_table(SOURCES).map_err(r)?;
-            let mut out = Vec::new();
-            for item in t.iter().map_err(r)? {
-                let (k, v) = item.map_err(r)?;
-                out.push(decode("sources", k.value(), v.value())?);
-            }
-            Ok(out)
+            let t = SOURCES.open(txn)?;
+            t.all()?.map(|entry| entry.map(|(_, r)| r)).collect()
         })
     }
 
@@ -308,17 +277,12 @@ impl Snapshot {
             if m.window_start >= m.next_effect {
                 return Ok(None);
             }
-            let t = txn.open_table(EFFECTS).map_err(r)?;
-            let first = t.range(m.window_start..).map_err(r)?.next();
-            match first {
-                Some(item) => {
-                    let (k, v) = item.map_err(r)?;
-                    Ok(Some(
-                        decode_effect_head(k.value(), v.value())?.received_at_ms,
-                    ))
-                }
-                None => Ok(None),
-            }
+            let t = EFFECTS.open(txn)?;
+            let first = t
+                .heads::<EffectHead>(m.window_start..)?
+                .next()
+                .transpose()?;
+            Ok(first.map(|(_, head)| head.received_at_ms))
         })
     }
 
@@ -336,26 +300,11 @@ impl Snapshot {
                     s.metadata_bytes() + s.fragmented_bytes(),
                 ));
             };
-            add(
-                "audit",
-                txn.open_table(AUDIT).map_err(r)?.stats().map_err(r)?,
-            );
-            add(
-                "effects",
-                txn.open_table(EFFECTS).map_err(r)?.stats().map_err(r)?,
-            );
-            add(
-                "window",
-                txn.open_table(WINDOW).map_err(r)?.stats().map_err(r)?,
-            );
-            add(
-                "quarantine",
-                txn.open_table(QUARANTINE).map_err(r)?.stats().map_err(r)?,
-            );
-            add(
-                "sources",
-                txn.open_table(SOURCES).map_err(r)?.stats().map_err(r)?,
-            );
+            add(AUDIT.name(), AUDIT.open(txn)?.stats().map_err(r)?);
+            add(EFFECTS.name(), EFFECTS.open(txn)?.stats().map_err(r)?);
+            add(WINDOW.name(), WINDOW.open(txn)?.stats().map_err(r)?);
+            add(QUARANTINE.name(), QUARANTINE.open(txn)?.stats().map_err(r)?);
+            add(SOURCES.name(), SOURCES.open(txn)?.stats().map_err(r)?);
             Ok(out)
         })
     }
@@ -363,21 +312,14 @@ impl Snapshot {
     /// Every recorded replay burst, oldest first (a handful per failover).
     pub fn replay_bursts(&self) -> Result<Vec<BurstRecord>, StoreError> {
         if let Some(pg) = self.pg() {
-            return pg.all("replay_bursts", "no");
+            return pg.all(REPLAY_BURSTS);
         }
         self.guard(|txn| {
-            let t = match txn.open_table(REPLAY_BURSTS) {
-                Ok(t) => t,
-                // A database last written before bursts were recorded.
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(r(e)),
+            // Absent from a database last written before bursts were recorded.
+            let Some(t) = REPLAY_BURSTS.open_if_present(txn)? else {
+                return Ok(Vec::new());
             };
-            let mut out = Vec::new();
-            for item in t.iter().map_err(r)? {
-                let (k, v) = item.map_err(r)?;
-                out.push(decode("replay_bursts", k.value(), v.value())?);
-            }
-            Ok(out)
+            t.all()?.map(|entry| entry.map(|(_, r)| r)).collect()
         })
     }
 
@@ -387,20 +329,20 @@ impl Snapshot {
             return Ok(StoreSummary {
                 audit_entries: m.next_audit,
                 effects: m.next_effect,
-                window_entries: pg.count("window_entries")?,
-                quarantined: pg.count("quarantine")?,
+                window_entries: pg.count(WINDOW.pg_table())?,
+                quarantined: pg.count(QUARANTINE.pg_table())?,
                 sources: m.next_source,
                 chain_head: m.chain_head,
             });
         }
         self.guard(|txn| {
             let m = self.meta()?;
-            let window_entries = txn.open_table(WINDOW).map_err(r)?.len().map_err(r)?;
+            let window_entries = WINDOW.open(txn)?.len().map_err(r)?;
             Ok(StoreSummary {
                 audit_entries: m.next_audit,
                 effects: m.next_effect,
                 window_entries,
-                quarantined: txn.open_table(QUARANTINE).map_err(r)?.len().map_err(r)?,
+                quarantined: QUARANTINE.open(txn)?.len().map_err(r)?,
                 sources: m.next_source,
                 chain_head: m.chain_head,
             })
@@ -413,13 +355,7 @@ impl Snapshot {
         from: u64,
         f: impl FnMut(AuditEntry) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        self.scan(
-            AUDIT,
-            "audit",
-            from,
-            |index, record| AuditEntry { index, record },
-            f,
-        )
+        self.scan(AUDIT, from, |index, record| AuditEntry { index, record }, f)
     }
 
     /// Calls `f` with each effect from offset `from` on, until it breaks.
@@ -428,13 +364,7 @@ impl Snapshot {
         from: u64,
         f: impl FnMut(Effect) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
-        self.scan(
-            EFFECTS,
-            "effects",
-            from,
-            |offset, record| Effect { offset, record },
-            f,
-        )
+        self.scan(EFFECTS, from, |offset, record| Effect { offset, record }, f)
     }
 
     /// Calls `f` with each quarantined message from id `from` on, until it breaks.
@@ -445,7 +375,6 @@ impl Snapshot {
     ) -> Result<(), E> {
         self.scan(
             QUARANTINE,
-            "quarantine",
             from,
             |id, record| QuarantineEntry { id, record },
             f,
@@ -454,26 +383,17 @@ impl Snapshot {
 
     /// One audit entry by index.
     pub fn audit_entry(&self, index: u64) -> Result<Option<AuditEntry>, StoreError> {
-        self.get(AUDIT, "audit", index, |index, record| AuditEntry {
-            index,
-            record,
-        })
+        self.get(AUDIT, index, |index, record| AuditEntry { index, record })
     }
 
     /// One effect by offset.
     pub fn effect(&self, offset: u64) -> Result<Option<Effect>, StoreError> {
-        self.get(EFFECTS, "effects", offset, |offset, record| Effect {
-            offset,
-            record,
-        })
+        self.get(EFFECTS, offset, |offset, record| Effect { offset, record })
     }
 
     /// One quarantined message by id.
     pub fn quarantined(&self, id: u64) -> Result<Option<QuarantineEntry>, StoreError> {
-        self.get(QUARANTINE, "quarantine", id, |id, record| QuarantineEntry {
-            id,
-            record,
-        })
+        self.get(QUARANTINE, id, |id, record| QuarantineEntry { id, record })
     }
 
     /// The fingerprint stored beside quarantined message `id` when it was quarantined.
@@ -494,56 +414,37 @@ impl Snapshot {
 
     fn get<R: serde::de::DeserializeOwned, T>(
         &self,
-        table: redb::TableDefinition<u64, &[u8]>,
-        name: &'static str,
+        table: Records<u64, R>,
         key: u64,
         make: impl Fn(u64, R) -> T,
     ) -> Result<Option<T>, StoreError> {
-        if let Some(pg) = self.pg() {
-            let (t, col) = pg_table(name);
-            return Ok(pg.get(t, col, key)?.map(|r| make(key, r)));
-        }
-        self.guard(|txn| {
-            let t = txn.open_table(table).map_err(r)?;
-            let Some(v) = t.get(key).map_err(r)? else {
-                return Ok(None);
-            };
-            Ok(Some(make(key, decode(name, key, v.value())?)))
-        })
+        let record = match self.pg() {
+            Some(pg) => pg.get(table, key)?,
+            None => self.guard(|txn| table.open(txn)?.get(key))?,
+        };
+        Ok(record.map(|r| make(key, r)))
     }
 
     /// Streams the records of a `u64`-keyed log table from key `from` on.
     fn scan<R: serde::de::DeserializeOwned, T, E: From<StoreError>>(
         &self,
-        table: redb::TableDefinition<u64, &[u8]>,
-        name: &'static str,
+        table: Records<u64, R>,
         from: u64,
         make: impl Fn(u64, R) -> T,
         mut f: impl FnMut(T) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
         if let Some(pg) = self.pg() {
-            let (t, col) = pg_table(name);
-            return pg.scan(t, col, from, |k, r| f(make(k, r)));
+            return pg.scan(table, from, |k, r| f(make(k, r)));
         }
         self.guard(|txn| {
-            let t = txn.open_table(table).map_err(r)?;
-            for item in t.range(from..).map_err(r)? {
-                let (k, v) = item.map_err(r)?;
-                let record = decode(name, k.value(), v.value()).map_err(StoreError::from)?;
+            let t = table.open(txn)?;
+            for entry in t.range(from..)? {
+                let (k, record) = entry?;
                 if f(make(k.value(), record))?.is_break() {
                     break;
                 }
             }
             Ok(())
         })
-    }
-}
-
-/// The PostgreSQL table and key column of a log.
-fn pg_table(name: &'static str) -> (&'static str, &'static str) {
-    match name {
-        "audit" => ("audit", "audit_index"),
-        "effects" => ("effects", "effect_offset"),
-        _ => ("quarantine", "id"),
     }
 }

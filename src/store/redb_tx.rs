@@ -1,5 +1,5 @@
 //! The redb backend of `Tx`: the open tables of one redb write transaction, each typed by
-//! its record (`tables::Typed`), so no caller passes a table's name or decodes bytes itself.
+//! its record (`tables::Records`), so no caller passes a table's name or decodes bytes itself.
 
 use std::ops::{Range, RangeInclusive};
 
@@ -14,15 +14,15 @@ use super::tx::{Tx, Visit, WindowKey};
 pub struct RedbTx<'t> {
     meta: Table<'t, &'static str, &'static [u8]>,
     source_ids: Table<'t, (&'static str, &'static str), u64>,
-    sources: Table<'t, u64, &'static [u8]>,
-    window: Table<'t, (u64, u64, u64), &'static [u8]>,
-    effects: Table<'t, u64, &'static [u8]>,
-    audit: Table<'t, u64, &'static [u8]>,
-    quarantine: Table<'t, u64, &'static [u8]>,
+    sources: Writable<'t, u64, SourceRecord>,
+    window: Writable<'t, (u64, u64, u64), WindowRecord>,
+    effects: Writable<'t, u64, EffectRecord>,
+    audit: Writable<'t, u64, AuditRecord>,
+    quarantine: Writable<'t, u64, QuarantineRecord>,
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
-    sink_cursors: Table<'t, &'static str, &'static [u8]>,
-    sink_parked: Table<'t, (&'static str, u64), &'static [u8]>,
+    sink_cursors: Writable<'t, &'static str, SinkRecord>,
+    sink_parked: Writable<'t, (&'static str, u64), ParkedRecord>,
     /// Reused encoding buffer (one allocation per batch, not per record).
     buf: Vec<u8>,
 }
@@ -32,17 +32,17 @@ impl<'t> RedbTx<'t> {
         // Each table is a `Leak` until the `RedbTx` (itself held in one) owns it: a redb
         // panic must not run their destructors (see `guard`).
         let open = |e| StoreError::redb(e);
-        let meta = Leak::new(txn.open_table(META).map_err(open)?);
+        let meta = Leak::new(txn.open_table(META_TABLE).map_err(open)?);
         let source_ids = Leak::new(txn.open_table(SOURCE_IDS).map_err(open)?);
-        let sources = Leak::new(txn.open_table(SOURCES).map_err(open)?);
-        let window = Leak::new(txn.open_table(WINDOW).map_err(open)?);
-        let effects = Leak::new(txn.open_table(EFFECTS).map_err(open)?);
-        let audit = Leak::new(txn.open_table(AUDIT).map_err(open)?);
-        let quarantine = Leak::new(txn.open_table(QUARANTINE).map_err(open)?);
+        let sources = Leak::new(SOURCES.open_mut(txn)?);
+        let window = Leak::new(WINDOW.open_mut(txn)?);
+        let effects = Leak::new(EFFECTS.open_mut(txn)?);
+        let audit = Leak::new(AUDIT.open_mut(txn)?);
+        let quarantine = Leak::new(QUARANTINE.open_mut(txn)?);
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
-        let sink_cursors = Leak::new(txn.open_table(SINK_CURSORS).map_err(open)?);
-        let sink_parked = Leak::new(txn.open_table(SINK_PARKED).map_err(open)?);
+        let sink_cursors = Leak::new(SINK_CURSORS.open_mut(txn)?);
+        let sink_parked = Leak::new(SINK_PARKED.open_mut(txn)?);
         Ok(RedbTx {
             meta: meta.into_inner(),
             source_ids: source_ids.into_inner(),
@@ -64,61 +64,44 @@ fn redb(e: impl Into<redb::Error>) -> StoreError {
     StoreError::redb(e)
 }
 
-/// Gets and decodes the record at `key` of a table whose values are records.
-fn get<K, R>(
-    t: &impl ReadableTable<K, &'static [u8]>,
-    table: &'static str,
-    key: K::SelfType<'_>,
-    shown: impl std::fmt::Display,
-) -> Result<Option<R>, StoreError>
-where
-    K: redb::Key + 'static,
-    R: serde::de::DeserializeOwned,
-{
-    match t.get(key).map_err(redb)? {
-        Some(g) => Ok(Some(decode(table, shown, g.value())?)),
-        None => Ok(None),
+/// Calls `f` with each entry until it breaks.
+fn visit<T>(
+    entries: impl Iterator<Item = Result<(u64, T), StoreError>>,
+    f: &mut dyn FnMut(u64, T) -> Result<Visit, StoreError>,
+) -> Result<(), StoreError> {
+    for entry in entries {
+        let (k, v) = entry?;
+        if f(k, v)?.is_break() {
+            break;
+        }
     }
+    Ok(())
 }
 
 impl Tx for RedbTx<'_> {
     fn meta(&mut self) -> Result<Meta, StoreError> {
-        get(&self.meta, "meta", META_KEY, META_KEY)?.ok_or_else(|| {
-            StoreError::Record(RecordError {
-                table: "meta",
-                key: META_KEY.into(),
-                why: "missing".into(),
-            })
-        })
+        META.get(&self.meta)?
+            .ok_or_else(|| META.missing("missing").into())
     }
 
     fn counters(&mut self) -> Result<Option<Counters>, StoreError> {
-        get(&self.meta, "meta", COUNTS_KEY, COUNTS_KEY)
+        COUNTS.get(&self.meta)
     }
 
     fn retention_marks(&mut self) -> Result<Option<RetentionMarks>, StoreError> {
-        get(&self.meta, "meta", RETENTION_KEY, RETENTION_KEY)
+        RETENTION.get(&self.meta)
     }
 
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
-        self.meta
-            .insert(META_KEY, encode_into(meta, &mut self.buf))
-            .map_err(redb)?;
-        Ok(())
+        META.put(&mut self.meta, meta, &mut self.buf)
     }
 
     fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError> {
-        self.meta
-            .insert(COUNTS_KEY, encode_into(counters, &mut self.buf))
-            .map_err(redb)?;
-        Ok(())
+        COUNTS.put(&mut self.meta, counters, &mut self.buf)
     }
 
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
-        self.meta
-            .insert(RETENTION_KEY, encode_into(marks, &mut self.buf))
-            .map_err(redb)?;
-        Ok(())
+        RETENTION.put(&mut self.meta, marks, &mut self.buf)
     }
 
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
@@ -137,39 +120,29 @@ impl Tx for RedbTx<'_> {
     }
 
     fn source(&mut self, no: u64) -> Result<Option<SourceRecord>, StoreError> {
-        get(&self.sources, "sources", no, no)
+        self.sources.get(no)
     }
 
     fn put_source(&mut self, no: u64, record: &SourceRecord) -> Result<(), StoreError> {
-        self.sources
-            .insert(no, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.sources.put(no, record, &mut self.buf)?;
         Ok(())
     }
 
     fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        get(&self.window, "window", key, format_args!("{key:?}"))
+        self.window.get(key)
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
-        self.window
-            .insert(key, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.window.put(key, record, &mut self.buf)?;
         Ok(())
     }
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        let removed = self.window.remove(key).map_err(redb)?;
-        match removed {
-            Some(g) => Ok(Some(decode("window", format_args!("{key:?}"), g.value())?)),
-            None => Ok(None),
-        }
+        self.window.take(key)
     }
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
-        self.effects
-            .insert(offset, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.effects.put(offset, record, &mut self.buf)?;
         Ok(())
     }
 
@@ -178,14 +151,7 @@ impl Tx for RedbTx<'_> {
         range: Range<u64>,
         f: &mut dyn FnMut(u64, EffectHead) -> Result<Visit, StoreError>,
     ) -> Result<(), StoreError> {
-        for item in self.effects.range(range).map_err(redb)? {
-            let (k, v) = item.map_err(redb)?;
-            let head = decode_effect_head(k.value(), v.value())?;
-            if f(k.value(), head)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
+        visit(self.effects.heads(range)?, f)
     }
 
     fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
@@ -194,13 +160,11 @@ impl Tx for RedbTx<'_> {
     }
 
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError> {
-        get(&self.audit, "audit", index, index)
+        self.audit.get(index)
     }
 
     fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
-        self.audit
-            .insert(index, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.audit.put(index, record, &mut self.buf)?;
         Ok(())
     }
 
@@ -209,14 +173,7 @@ impl Tx for RedbTx<'_> {
         range: Range<u64>,
         f: &mut dyn FnMut(u64, AuditRecord) -> Result<Visit, StoreError>,
     ) -> Result<(), StoreError> {
-        for item in self.audit.range(range).map_err(redb)? {
-            let (k, v) = item.map_err(redb)?;
-            let rec = decode("audit", k.value(), v.value())?;
-            if f(k.value(), rec)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
+        visit(self.audit.range(range)?.map(by_offset), f)
     }
 
     fn scan_audit_heads(
@@ -224,14 +181,7 @@ impl Tx for RedbTx<'_> {
         range: Range<u64>,
         f: &mut dyn FnMut(u64, AuditHead) -> Result<Visit, StoreError>,
     ) -> Result<(), StoreError> {
-        for item in self.audit.range(range).map_err(redb)? {
-            let (k, v) = item.map_err(redb)?;
-            let head = decode_head::<AuditHead>("audit", k.value(), v.value())?;
-            if f(k.value(), head)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
+        visit(self.audit.heads(range)?, f)
     }
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
@@ -240,13 +190,11 @@ impl Tx for RedbTx<'_> {
     }
 
     fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
-        get(&self.quarantine, "quarantine", id, id)
+        self.quarantine.get(id)
     }
 
     fn put_quarantined(&mut self, id: u64, record: &QuarantineRecord) -> Result<(), StoreError> {
-        self.quarantine
-            .insert(id, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.quarantine.put(id, record, &mut self.buf)?;
         Ok(())
     }
 
@@ -264,14 +212,7 @@ impl Tx for RedbTx<'_> {
         from: u64,
         f: &mut dyn FnMut(u64, QuarantineRecord) -> Result<Visit, StoreError>,
     ) -> Result<(), StoreError> {
-        for item in self.quarantine.range(from..).map_err(redb)? {
-            let (k, v) = item.map_err(redb)?;
-            let rec = decode("quarantine", k.value(), v.value())?;
-            if f(k.value(), rec)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
+        visit(self.quarantine.range(from..)?.map(by_offset), f)
     }
 
     fn fingerprint_owner(&mut self, fp: &[u8; 32]) -> Result<Option<u64>, StoreError> {
@@ -303,22 +244,16 @@ impl Tx for RedbTx<'_> {
     }
 
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
-        get(&self.sink_cursors, "sink_cursors", name, name)
+        self.sink_cursors.get(name)
     }
 
     fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
-        self.sink_cursors
-            .insert(name, encode_into(record, &mut self.buf))
-            .map_err(redb)?;
+        self.sink_cursors.put(name, record, &mut self.buf)?;
         Ok(())
     }
 
     fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
-        let removed = self.sink_cursors.remove(name).map_err(redb)?;
-        match removed {
-            Some(g) => Ok(Some(decode("sink_cursors", name, g.value())?)),
-            None => Ok(None),
-        }
+        self.sink_cursors.take(name)
     }
 
     fn parked(
@@ -326,18 +261,11 @@ impl Tx for RedbTx<'_> {
         name: &str,
         range: RangeInclusive<u64>,
     ) -> Result<Vec<(u64, ParkedRecord)>, StoreError> {
-        let mut out = Vec::new();
         let (lo, hi) = range.into_inner();
-        for item in self
-            .sink_parked
-            .range((name, lo)..=(name, hi))
-            .map_err(redb)?
-        {
-            let (k, v) = item.map_err(redb)?;
-            let offset = k.value().1;
-            out.push((offset, decode("sink_parked", offset, v.value())?));
-        }
-        Ok(out)
+        self.sink_parked
+            .range((name, lo)..=(name, hi))?
+            .map(|entry| entry.map(|(k, record)| (k.value().1, record)))
+            .collect()
     }
 
     fn put_parked(
@@ -348,9 +276,8 @@ impl Tx for RedbTx<'_> {
     ) -> Result<bool, StoreError> {
         let was = self
             .sink_parked
-            .insert((name, offset), encode_into(record, &mut self.buf))
-            .map_err(redb)?;
-        Ok(was.is_none())
+            .put((name, offset), record, &mut self.buf)?;
+        Ok(!was)
     }
 
     fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError> {
@@ -364,4 +291,9 @@ impl Tx for RedbTx<'_> {
             .map_err(redb)?;
         Ok(removed)
     }
+}
+
+/// An entry of a `u64`-keyed table as (key, record).
+fn by_offset<R>(entry: Entry<'_, u64, R>) -> Result<(u64, R), StoreError> {
+    entry.map(|(k, record)| (k.value(), record))
 }

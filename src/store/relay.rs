@@ -8,7 +8,7 @@
 //! outcome `relay` in the same transaction, naming the sink (in the entry's `topic`), who and
 //! why.
 
-use redb::{ReadableTable, TableError};
+use redb::ReadableTable;
 
 use super::engine::Writer;
 use super::guard::Leak;
@@ -455,13 +455,12 @@ fn relay_entry(
 }
 
 /// The lowest cursor of every sink in `t` (`None`: no sink), which retention may not pass.
-pub(super) fn lowest_cursor(
-    t: &impl ReadableTable<&'static str, &'static [u8]>,
+pub(super) fn lowest_cursor<T: ReadableTable<&'static str, &'static [u8]>>(
+    t: &Opened<T, &'static str, SinkRecord>,
 ) -> Result<Option<u64>, StoreError> {
     let mut low: Option<u64> = None;
-    for item in t.iter().map_err(StoreError::redb)? {
-        let (k, v) = item.map_err(StoreError::redb)?;
-        let rec: SinkRecord = decode("sink_cursors", k.value(), v.value())?;
+    for entry in t.all()? {
+        let (_, rec) = entry?;
         low = Some(low.map_or(rec.next, |l: u64| l.min(rec.next)));
     }
     Ok(low)
@@ -474,20 +473,12 @@ impl Snapshot {
             return pg.sink_cursors(None);
         }
         self.guard(|txn| {
-            let t = match txn.open_table(SINK_CURSORS) {
-                Ok(t) => t,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::redb(e)),
+            let Some(t) = SINK_CURSORS.open_if_present(txn)? else {
+                return Ok(Vec::new());
             };
-            let mut out = Vec::new();
-            for item in t.iter().map_err(StoreError::redb)? {
-                let (k, v) = item.map_err(StoreError::redb)?;
-                out.push((
-                    k.value().to_string(),
-                    decode("sink_cursors", k.value(), v.value())?,
-                ));
-            }
-            Ok(out)
+            t.all()?
+                .map(|entry| entry.map(|(k, record)| (k.value().to_string(), record)))
+                .collect()
         })
     }
 
@@ -495,16 +486,9 @@ impl Snapshot {
         if let Some(pg) = self.pg() {
             return Ok(pg.sink_cursors(Some(name))?.pop().map(|(_, r)| r));
         }
-        self.guard(|txn| {
-            let t = match txn.open_table(SINK_CURSORS) {
-                Ok(t) => t,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(StoreError::redb(e)),
-            };
-            Ok(t.get(name)
-                .map_err(StoreError::redb)?
-                .map(|g| decode("sink_cursors", name, g.value()))
-                .transpose()?)
+        self.guard(|txn| match SINK_CURSORS.open_if_present(txn)? {
+            Some(t) => t.get(name),
+            None => Ok(None),
         })
     }
 
@@ -521,16 +505,9 @@ impl Snapshot {
                 .find(|(_, o, _)| *o == offset)
                 .map(|(_, _, r)| r));
         }
-        self.guard(|txn| {
-            let t = match txn.open_table(SINK_PARKED) {
-                Ok(t) => t,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(StoreError::redb(e)),
-            };
-            Ok(t.get((sink, offset))
-                .map_err(StoreError::redb)?
-                .map(|g| decode("sink_parked", offset, g.value()))
-                .transpose()?)
+        self.guard(|txn| match SINK_PARKED.open_if_present(txn)? {
+            Some(t) => t.get((sink, offset)),
+            None => Ok(None),
         })
     }
 
@@ -548,38 +525,20 @@ impl Snapshot {
                 .collect());
         }
         self.guard(|txn| {
-            let t = match txn.open_table(SINK_PARKED) {
-                Ok(t) => t,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::redb(e)),
+            let Some(t) = SINK_PARKED.open_if_present(txn)? else {
+                return Ok(Vec::new());
             };
-            let mut out = Vec::new();
-            let mut push = |k: (&str, u64), v: &[u8]| -> Result<(), StoreError> {
-                out.push(Parked {
-                    sink: k.0.to_string(),
-                    offset: k.1,
-                    record: decode("sink_parked", format_args!("{}#{}", k.0, k.1), v)?,
-                });
-                Ok(())
+            let parked = |entry: Entry<'_, (&'static str, u64), ParkedRecord>| {
+                entry.map(|(k, record)| Parked {
+                    sink: k.value().0.to_string(),
+                    offset: k.value().1,
+                    record,
+                })
             };
             match sink {
-                Some(name) => {
-                    for item in t
-                        .range((name, 0)..=(name, u64::MAX))
-                        .map_err(StoreError::redb)?
-                    {
-                        let (k, v) = item.map_err(StoreError::redb)?;
-                        push(k.value(), v.value())?;
-                    }
-                }
-                None => {
-                    for item in t.iter().map_err(StoreError::redb)? {
-                        let (k, v) = item.map_err(StoreError::redb)?;
-                        push(k.value(), v.value())?;
-                    }
-                }
+                Some(name) => t.range((name, 0)..=(name, u64::MAX))?.map(parked).collect(),
+                None => t.all()?.map(parked).collect(),
             }
-            Ok(out)
         })
     }
 }

@@ -122,11 +122,7 @@ impl<T: Tx> Writer<T> {
         let hash = self
             .tx
             .audit(last)?
-            .ok_or_else(|| RecordError {
-                table: "audit",
-                key: last.to_string(),
-                why: "vanished while pruning".into(),
-            })?
+            .ok_or_else(|| AUDIT.missing(&last, "vanished while pruning"))?
             .hash;
         self.tx.remove_audit(start..=last)?;
         self.meta.audit_anchor = Some((last, hash));

@@ -1,8 +1,17 @@
 //! Every redb table replay-guard keeps, and the versioned postcard records stored in them.
 //! Nothing outside `store/` sees these types.
 
-use redb::TableDefinition;
+use std::borrow::Borrow;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+
+use redb::{
+    AccessGuard, Key, ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition,
+    TableError, WriteTransaction,
+};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use super::StoreError;
 
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -12,17 +21,19 @@ pub const RECORD_V1: u8 = 1;
 /// (agency, source_id) -> source number.
 pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");
 /// source number -> `SourceRecord` (names, high-water mark, evicted floor).
-pub const SOURCES: TableDefinition<u64, &[u8]> = TableDefinition::new("sources");
+pub const SOURCES: Records<u64, SourceRecord> = Records::new("sources", "sources", "no");
 /// (source number, epoch, sequence) -> `WindowRecord`. Keyed by position so inserts are
 /// per-source appends; the SHA-256 key is derived from the same fields and stored in the logs.
-pub const WINDOW: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("window");
+pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
+    Records::new("window", "window_entries", "source_no, epoch, sequence");
 /// effect offset -> `EffectRecord`. Also the window's time index: the window holds exactly the
 /// effects at offsets >= `Meta::window_start`, in first-seen order.
-pub const EFFECTS: TableDefinition<u64, &[u8]> = TableDefinition::new("effects");
+pub const EFFECTS: Records<u64, EffectRecord> = Records::new("effects", "effects", "effect_offset");
 /// audit index -> `AuditRecord`, hash-chained.
-pub const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+pub const AUDIT: Records<u64, AuditRecord> = Records::new("audit", "audit", "audit_index");
 /// quarantine id -> `QuarantineRecord`.
-pub const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
+pub const QUARANTINE: Records<u64, QuarantineRecord> =
+    Records::new("quarantine", "quarantine", "id");
 /// quarantine fingerprint -> quarantine id, so replays of the same bytes do not grow it.
 pub const QUARANTINE_FP: TableDefinition<&[u8; 32], u64> = TableDefinition::new("quarantine_fp");
 /// quarantine id -> its fingerprint, so pruning or resolving a quarantined message also
@@ -30,19 +41,379 @@ pub const QUARANTINE_FP: TableDefinition<&[u8; 32], u64> = TableDefinition::new(
 pub const QUARANTINE_FP_BY_ID: TableDefinition<u64, &[u8; 32]> =
     TableDefinition::new("quarantine_fp_by_id");
 /// burst number -> `BurstRecord`: failover replay bursts `run` absorbed (for `stats`).
-pub const REPLAY_BURSTS: TableDefinition<u64, &[u8]> = TableDefinition::new("replay_bursts");
+pub const REPLAY_BURSTS: Records<u64, BurstRecord> =
+    Records::new("replay_bursts", "replay_bursts", "no");
 /// sink name -> `SinkRecord`: a relay sink's durable cursor (issue 10). Written only by
 /// `store::relay`.
-pub const SINK_CURSORS: TableDefinition<&str, &[u8]> = TableDefinition::new("sink_cursors");
+pub const SINK_CURSORS: Records<&str, SinkRecord> =
+    Records::new("sink_cursors", "sink_cursors", "name");
 /// (sink name, effect offset) -> `ParkedRecord`: events a sink's receiver refused for good.
-pub const SINK_PARKED: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("sink_parked");
-/// "meta" -> `Meta`; "retention" -> `RetentionMarks`.
-pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-pub const META_KEY: &str = "meta";
-pub const RETENTION_KEY: &str = "retention";
+pub const SINK_PARKED: Records<(&str, u64), ParkedRecord> =
+    Records::new("sink_parked", "sink_parked", "name, effect_offset");
+/// The meta table: one record of its own type under each name (`META`, `RETENTION`,
+/// `COUNTS`).
+pub const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// "meta" -> `Meta`.
+pub const META: MetaEntry<Meta> = MetaEntry::new("meta");
+/// "retention" -> `RetentionMarks`.
+pub const RETENTION: MetaEntry<RetentionMarks> = MetaEntry::new("retention");
 /// "counts" -> `Counters`: audit entries per outcome code since the database was created
 /// (retention does not lower them).
-pub const COUNTS_KEY: &str = "counts";
+pub const COUNTS: MetaEntry<Counters> = MetaEntry::new("counts");
+
+/// A redb table whose values are versioned records of one type: its key type `K`, its record
+/// type `R`, its name, and the PostgreSQL table (and key columns) holding the same records,
+/// all named here once. Callers open it and get and put `R`s; none passes a table name or
+/// decodes bytes.
+///
+/// The stored value type stays redb's `&[u8]` (a record's version byte, then postcard): redb
+/// keeps each table's value type name in the file and refuses a different one, and `&[u8]`'s
+/// name is one a type of ours cannot take, so a `redb::Value` of our own would change the
+/// on-disk format. The typing lives here instead.
+pub struct Records<K: Key + 'static, R> {
+    name: &'static str,
+    pg_table: &'static str,
+    pg_key: &'static str,
+    types: PhantomData<fn() -> (K, R)>,
+}
+
+impl<K: Key + 'static, R> Clone for Records<K, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K: Key + 'static, R> Copy for Records<K, R> {}
+
+impl<K: KeyText, R> Records<K, R> {
+    pub const fn new(name: &'static str, pg_table: &'static str, pg_key: &'static str) -> Self {
+        Records {
+            name,
+            pg_table,
+            pg_key,
+            types: PhantomData,
+        }
+    }
+
+    /// The redb table's name, as errors name it.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The PostgreSQL table holding these records.
+    pub fn pg_table(&self) -> &'static str {
+        self.pg_table
+    }
+
+    /// Its key column(s), in key order.
+    pub fn pg_key(&self) -> &'static str {
+        self.pg_key
+    }
+
+    /// The table as stored bytes: only for copying records unchanged (`migrate --from`) and
+    /// for creating the table.
+    pub fn raw(&self) -> TableDefinition<'static, K, &'static [u8]> {
+        TableDefinition::new(self.name)
+    }
+
+    /// Opens the table in a read transaction.
+    pub fn open(&self, txn: &ReadTransaction) -> Result<Opened<ReadOnly<K>, K, R>, StoreError> {
+        let table = txn.open_table(self.raw()).map_err(StoreError::redb)?;
+        Ok(Opened {
+            table,
+            records: *self,
+        })
+    }
+
+    /// Opens the table in a read transaction; `None` for a database last written before the
+    /// table existed.
+    pub fn open_if_present(
+        &self,
+        txn: &ReadTransaction,
+    ) -> Result<Option<Opened<ReadOnly<K>, K, R>>, StoreError> {
+        match txn.open_table(self.raw()) {
+            Ok(table) => Ok(Some(Opened {
+                table,
+                records: *self,
+            })),
+            Err(TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(StoreError::redb(e)),
+        }
+    }
+
+    /// Opens (or creates) the table in a write transaction.
+    pub fn open_mut<'t>(
+        &self,
+        txn: &'t WriteTransaction,
+    ) -> Result<Writable<'t, K, R>, StoreError> {
+        let table = txn.open_table(self.raw()).map_err(StoreError::redb)?;
+        Ok(Opened {
+            table,
+            records: *self,
+        })
+    }
+}
+
+impl<K: KeyText, R> Records<K, R> {
+    /// The error for a record at `key` that should be there and is not.
+    pub fn missing(&self, key: &K::SelfType<'_>, why: &str) -> RecordError {
+        RecordError {
+            table: self.name,
+            key: Shown::<K>(key).to_string(),
+            why: why.into(),
+        }
+    }
+}
+
+impl<K: KeyText, R: DeserializeOwned> Records<K, R> {
+    /// Decodes the record stored at `key`.
+    pub fn decode(&self, key: &K::SelfType<'_>, bytes: &[u8]) -> Result<R, RecordError> {
+        decode(self.name, Shown::<K>(key), bytes)
+    }
+}
+
+impl<R: DeserializeOwned> Records<u64, R> {
+    /// Decodes only the leading fields `H` of the record stored at `key`.
+    pub fn head<H: HeadOf<R>>(&self, key: u64, bytes: &[u8]) -> Result<H, RecordError> {
+        decode_head(self.name, key, bytes)
+    }
+}
+
+impl<K: KeyText, R: Serialize> Records<K, R> {
+    pub fn encode(&self, record: &R) -> Vec<u8> {
+        encode(record)
+    }
+}
+
+/// A read-only redb table of records.
+pub type ReadOnly<K> = ReadOnlyTable<K, &'static [u8]>;
+
+/// A table of `Records<K, R>` open in write transaction `'t`.
+pub type Writable<'t, K, R> = Opened<Table<'t, K, &'static [u8]>, K, R>;
+
+/// An open table of `Records<K, R>` (`T`: redb's read-only or writable table). Its own
+/// methods take and give `R`s; redb's (`len`, `stats`, `retain_in`) are reached through
+/// `Deref`.
+pub struct Opened<T, K: Key + 'static, R> {
+    table: T,
+    records: Records<K, R>,
+}
+
+impl<T, K: Key + 'static, R> std::ops::Deref for Opened<T, K, R> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.table
+    }
+}
+
+impl<T, K: Key + 'static, R> std::ops::DerefMut for Opened<T, K, R> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.table
+    }
+}
+
+/// One stored record and its key guard (`.value()` gives the key).
+pub type Entry<'a, K, R> = Result<(AccessGuard<'a, K>, R), StoreError>;
+
+impl<T, K, R> Opened<T, K, R>
+where
+    T: ReadableTable<K, &'static [u8]>,
+    K: KeyText,
+    R: DeserializeOwned,
+{
+    /// The record at `key`.
+    pub fn get<'k>(&self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
+        let key = key.borrow();
+        match self.table.get(key).map_err(StoreError::redb)? {
+            Some(g) => Ok(Some(self.records.decode(key, g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The records with keys in `range`, in key order (`.rev()` for the other way).
+    pub fn range<'k, KR: Borrow<K::SelfType<'k>> + 'k>(
+        &self,
+        range: impl RangeBounds<KR> + 'k,
+    ) -> Result<impl DoubleEndedIterator<Item = Entry<'_, K, R>> + '_, StoreError> {
+        let records = self.records;
+        let entries = self.table.range(range).map_err(StoreError::redb)?;
+        Ok(entries.map(move |item| {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            let record = records.decode(&k.value(), v.value())?;
+            Ok((k, record))
+        }))
+    }
+
+    /// Every record, in key order.
+    pub fn all(&self) -> Result<impl DoubleEndedIterator<Item = Entry<'_, K, R>> + '_, StoreError> {
+        self.range::<K::SelfType<'_>>(..)
+    }
+}
+
+impl<T, R> Opened<T, u64, R>
+where
+    T: ReadableTable<u64, &'static [u8]>,
+    R: DeserializeOwned,
+{
+    /// The leading fields `H` of the records with keys in `range`, in key order (`.rev()`
+    /// for the other way), each with its key; the rest of each record is not decoded.
+    pub fn heads<H: HeadOf<R>>(
+        &self,
+        range: impl RangeBounds<u64> + 'static,
+    ) -> Result<impl DoubleEndedIterator<Item = Result<(u64, H), StoreError>> + '_, StoreError>
+    {
+        let records = self.records;
+        let entries = self.table.range(range).map_err(StoreError::redb)?;
+        Ok(entries.map(move |item| {
+            let (k, v) = item.map_err(StoreError::redb)?;
+            Ok((k.value(), records.head(k.value(), v.value())?))
+        }))
+    }
+}
+
+impl<K, R> Opened<Table<'_, K, &'static [u8]>, K, R>
+where
+    K: KeyText,
+    R: Serialize + DeserializeOwned,
+{
+    /// Stores `record` at `key`, encoded in `buf` (reused across puts); whether a record was
+    /// there before.
+    pub fn put<'k>(
+        &mut self,
+        key: impl Borrow<K::SelfType<'k>>,
+        record: &R,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, StoreError> {
+        let was = self
+            .table
+            .insert(key, encode_into(record, buf))
+            .map_err(StoreError::redb)?;
+        Ok(was.is_some())
+    }
+
+    /// Removes the record at `key` and returns it.
+    pub fn take<'k>(&mut self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
+        let key = key.borrow();
+        let records = self.records;
+        match self.table.remove(key).map_err(StoreError::redb)? {
+            Some(g) => Ok(Some(records.decode(key, g.value())?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// One record of the meta table: its name there and its type.
+pub struct MetaEntry<R> {
+    key: &'static str,
+    types: PhantomData<fn() -> R>,
+}
+
+impl<R> Clone for MetaEntry<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R> Copy for MetaEntry<R> {}
+
+impl<R: Serialize + DeserializeOwned> MetaEntry<R> {
+    pub const fn new(key: &'static str) -> Self {
+        MetaEntry {
+            key,
+            types: PhantomData,
+        }
+    }
+
+    /// Its name in the meta table (the PostgreSQL `meta.name`).
+    pub fn key(&self) -> &'static str {
+        self.key
+    }
+
+    pub fn decode(&self, bytes: &[u8]) -> Result<R, RecordError> {
+        decode("meta", self.key, bytes)
+    }
+
+    pub fn encode(&self, record: &R) -> Vec<u8> {
+        encode(record)
+    }
+
+    /// The record, read from an open meta table.
+    pub fn get(
+        &self,
+        t: &impl ReadableTable<&'static str, &'static [u8]>,
+    ) -> Result<Option<R>, StoreError> {
+        match t.get(self.key).map_err(StoreError::redb)? {
+            Some(g) => Ok(Some(self.decode(g.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The record, read in a read transaction.
+    pub fn read(&self, txn: &ReadTransaction) -> Result<Option<R>, StoreError> {
+        self.get(&txn.open_table(META_TABLE).map_err(StoreError::redb)?)
+    }
+
+    /// Stores the record in an open meta table, encoded in `buf`.
+    pub fn put(
+        &self,
+        t: &mut Table<'_, &'static str, &'static [u8]>,
+        record: &R,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), StoreError> {
+        t.insert(self.key, encode_into(record, buf))
+            .map_err(StoreError::redb)?;
+        Ok(())
+    }
+
+    /// The error for a store whose meta table lacks this record.
+    pub fn missing(&self, why: &str) -> RecordError {
+        RecordError {
+            table: "meta",
+            key: self.key.into(),
+            why: why.into(),
+        }
+    }
+}
+
+/// A key type of a records table, shown in errors the way operators name records.
+pub trait KeyText: Key + 'static {
+    fn show(key: &Self::SelfType<'_>, f: &mut std::fmt::Formatter) -> std::fmt::Result;
+}
+
+impl KeyText for u64 {
+    fn show(key: &u64, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{key}")
+    }
+}
+
+impl KeyText for &'static str {
+    fn show(key: &&str, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(key)
+    }
+}
+
+impl KeyText for (u64, u64, u64) {
+    fn show(key: &(u64, u64, u64), f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{key:?}")
+    }
+}
+
+impl KeyText for (&'static str, u64) {
+    fn show(key: &(&str, u64), f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{}#{}", key.0, key.1)
+    }
+}
+
+struct Shown<'a, 'b, K: KeyText>(&'a K::SelfType<'b>);
+
+impl<K: KeyText> std::fmt::Display for Shown<'_, '_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        K::show(self.0, f)
+    }
+}
+
+/// A struct of the leading fields of record `R`, decodable from `R`'s bytes alone.
+pub trait HeadOf<R>: DeserializeOwned {}
+impl HeadOf<EffectRecord> for EffectHead {}
+impl HeadOf<AuditRecord> for AuditHead {}
 
 /// Audit entries per outcome code, since creation.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -271,14 +642,14 @@ pub struct RecordError {
     pub why: String,
 }
 
-pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     let mut out = Vec::new();
     encode_into(record, &mut out);
     out
 }
 
 /// Encodes into `buf` (cleared first), reusing its allocation on the commit path.
-pub fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
+fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
     buf.clear();
     buf.push(RECORD_V1);
     let taken = std::mem::take(buf);
@@ -290,7 +661,7 @@ pub fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u
     buf.as_slice()
 }
 
-pub fn decode<T: DeserializeOwned>(
+fn decode<T: DeserializeOwned>(
     table: &'static str,
     key: impl std::fmt::Display,
     bytes: &[u8],
@@ -318,7 +689,7 @@ pub struct AuditHead {
 }
 
 /// Decodes only the leading fields `H` of a stored record (a prefix struct of its record).
-pub fn decode_head<'a, H: Deserialize<'a>>(
+fn decode_head<'a, H: Deserialize<'a>>(
     table: &'static str,
     key: u64,
     bytes: &'a [u8],
@@ -335,11 +706,6 @@ pub fn decode_head<'a, H: Deserialize<'a>>(
         Some((v, _)) => Err(err(format!("unknown record version {v}"))),
         None => Err(err("empty record".into())),
     }
-}
-
-/// Decodes only the leading `EffectHead` of an effect record.
-pub fn decode_effect_head(offset: u64, bytes: &[u8]) -> Result<EffectHead, RecordError> {
-    decode_head("effects", offset, bytes)
 }
 
 /// The fuzz check of every table's record decoder (`fuzz/` target `records` and its
@@ -360,15 +726,29 @@ pub fn check_decoders(bytes: &[u8]) {
         );
         Some(record)
     }
-    round_trip::<Meta>("meta", bytes);
-    round_trip::<RetentionMarks>("meta", bytes);
-    round_trip::<Counters>("meta", bytes);
-    round_trip::<BurstRecord>("replay_bursts", bytes);
-    round_trip::<SourceRecord>("sources", bytes);
-    round_trip::<WindowRecord>("window", bytes);
-    round_trip::<QuarantineRecord>("quarantine", bytes);
-    let effect_head = decode_effect_head(0, bytes);
-    if let Some(e) = round_trip::<EffectRecord>("effects", bytes) {
+    fn records<K: KeyText, T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+        table: Records<K, T>,
+        bytes: &[u8],
+    ) -> Option<T> {
+        round_trip(table.name(), bytes)
+    }
+    fn meta<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+        _: MetaEntry<T>,
+        bytes: &[u8],
+    ) -> Option<T> {
+        round_trip("meta", bytes)
+    }
+    meta(META, bytes);
+    meta(RETENTION, bytes);
+    meta(COUNTS, bytes);
+    records(REPLAY_BURSTS, bytes);
+    records(SOURCES, bytes);
+    records(WINDOW, bytes);
+    records(QUARANTINE, bytes);
+    records(SINK_CURSORS, bytes);
+    records(SINK_PARKED, bytes);
+    let effect_head = EFFECTS.head::<EffectHead>(0, bytes);
+    if let Some(e) = records(EFFECTS, bytes) {
         let h = effect_head.as_ref().ok();
         assert_eq!(
             h.map(|h| (h.source_no, h.epoch, h.sequence, h.received_at_ms)),
@@ -376,8 +756,8 @@ pub fn check_decoders(bytes: &[u8]) {
             "EffectHead disagrees with the EffectRecord it prefixes"
         );
     }
-    let audit_head = decode_head::<AuditHead>("audit", 0, bytes);
-    if let Some(a) = round_trip::<AuditRecord>("audit", bytes) {
+    let audit_head = AUDIT.head::<AuditHead>(0, bytes);
+    if let Some(a) = records(AUDIT, bytes) {
         assert_eq!(
             audit_head.ok().map(|h| (h.recorded_at_ms, h.outcome)),
             Some((a.recorded_at_ms, a.outcome)),
@@ -409,12 +789,12 @@ mod tests {
         let bytes = encode(&r);
         // Same bytes as serde's default sequence-of-u8 encoding: length, then raw bytes.
         assert!(bytes.ends_with(&[2, b'{', b'}']));
-        let h = decode_effect_head(0, &bytes).unwrap();
+        let h: EffectHead = EFFECTS.head(0, &bytes).unwrap();
         assert_eq!(
             (h.source_no, h.epoch, h.sequence, h.received_at_ms),
             (7, 2, 300, 1_700_000_000_000)
         );
-        assert_eq!(decode::<EffectRecord>("effects", 0, &bytes).unwrap(), r);
+        assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), r);
     }
 
     #[test]
@@ -435,13 +815,13 @@ mod tests {
             prev_hash: [0; 32],
             hash: [1; 32],
         };
-        let h: AuditHead = decode_head("audit", 0, &encode(&r)).unwrap();
+        let h: AuditHead = AUDIT.head(0, &AUDIT.encode(&r)).unwrap();
         assert_eq!((h.recorded_at_ms, h.outcome), (1_700_000_000_123, 2));
     }
 
     #[test]
     fn unknown_versions_are_named_errors() {
-        let e = decode::<Meta>("meta", "meta", &[9, 1, 2]).unwrap_err();
+        let e = META.decode(&[9, 1, 2]).unwrap_err();
         assert!(e.to_string().contains("unknown record version 9"), "{e}");
     }
 }

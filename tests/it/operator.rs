@@ -8,11 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use redb::ReadableTable as _;
 use replay_guard::json::{self, Json, Pointer};
-use replay_guard::store::tables::{
-    AUDIT, AuditRecord, EFFECTS, META, QUARANTINE, RETENTION_KEY, RetentionMarks, decode, encode,
-};
+use replay_guard::store::tables::{AUDIT, EFFECTS, META_TABLE, QUARANTINE, RETENTION};
 
 use super::broker::Broker;
 use super::common;
@@ -264,14 +261,11 @@ fn retention_prunes_during_ingest_and_verify_still_proves_the_rest() {
         let rdb = redb::Database::create(&edited).unwrap();
         let txn = rdb.begin_write().unwrap();
         {
-            let mut t = txn.open_table(AUDIT).unwrap();
+            let mut t = AUDIT.open_mut(&txn).unwrap();
             let index = first + 10;
-            let mut rec: AuditRecord = {
-                let g = t.get(index).unwrap().unwrap();
-                decode("audit", index, g.value()).unwrap()
-            };
+            let mut rec = t.get(index).unwrap().unwrap();
             rec.reason.push_str(" (edited)");
-            t.insert(index, encode(&rec).as_slice()).unwrap();
+            t.put(index, &rec, &mut Vec::new()).unwrap();
         }
         txn.commit().unwrap();
     }
@@ -294,7 +288,10 @@ fn retention_prunes_during_ingest_and_verify_still_proves_the_rest() {
     {
         let rdb = redb::Database::create(&deleted).unwrap();
         let txn = rdb.begin_write().unwrap();
-        txn.open_table(QUARANTINE).unwrap().remove(victim).unwrap();
+        txn.open_table(QUARANTINE.raw())
+            .unwrap()
+            .remove(victim)
+            .unwrap();
         txn.commit().unwrap();
     }
     let (code, out) = verify(&deleted);
@@ -319,7 +316,7 @@ fn retention_prunes_during_ingest_and_verify_still_proves_the_rest() {
     {
         let rdb = redb::Database::create(&gap).unwrap();
         let txn = rdb.begin_write().unwrap();
-        txn.open_table(EFFECTS)
+        txn.open_table(EFFECTS.raw())
             .unwrap()
             .remove(effects_floor + 1)
             .unwrap();
@@ -339,13 +336,10 @@ fn retention_prunes_during_ingest_and_verify_still_proves_the_rest() {
         let rdb = redb::Database::create(&floor).unwrap();
         let txn = rdb.begin_write().unwrap();
         {
-            let mut t = txn.open_table(META).unwrap();
-            let mut marks: RetentionMarks = {
-                let g = t.get(RETENTION_KEY).unwrap().unwrap();
-                decode("meta", RETENTION_KEY, g.value()).unwrap()
-            };
+            let mut t = txn.open_table(META_TABLE).unwrap();
+            let mut marks = RETENTION.get(&t).unwrap().unwrap();
             marks.effects_floor = 4_999;
-            t.insert(RETENTION_KEY, encode(&marks).as_slice()).unwrap();
+            RETENTION.put(&mut t, &marks, &mut Vec::new()).unwrap();
         }
         txn.commit().unwrap();
     }

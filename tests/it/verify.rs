@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use redb::{Builder, ConcurrencyMode, ReadableTable};
-use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, QUARANTINE, decode, encode};
+use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, QUARANTINE, Records};
 
 use super::common::run;
 
@@ -45,9 +45,9 @@ fn tampered(
 }
 
 fn audit_record(txn: &redb::WriteTransaction, index: u64) -> (Vec<u8>, AuditRecord) {
-    let t = txn.open_table(AUDIT).unwrap();
+    let t = txn.open_table(AUDIT.raw()).unwrap();
     let bytes = t.get(index).unwrap().unwrap().value().to_vec();
-    let rec = decode("audit", index, &bytes).unwrap();
+    let rec = AUDIT.decode(&index, &bytes).unwrap();
     (bytes, rec)
 }
 
@@ -96,9 +96,10 @@ fn verify_catches_each_kind_of_tampering() {
             tampered(dir.path(), &honest, "edited", |txn| {
                 let (_, mut rec) = audit_record(txn, 6);
                 rec.reason = "nothing to see here".into();
-                txn.open_table(AUDIT)
+                AUDIT
+                    .open_mut(txn)
                     .unwrap()
-                    .insert(6, encode(&rec).as_slice())
+                    .put(6, &rec, &mut Vec::new())
                     .unwrap();
             }),
             "audit entry 6: its hash does not match its content",
@@ -106,7 +107,7 @@ fn verify_catches_each_kind_of_tampering() {
         (
             "deleted",
             tampered(dir.path(), &honest, "deleted", |txn| {
-                txn.open_table(AUDIT).unwrap().remove(5).unwrap();
+                txn.open_table(AUDIT.raw()).unwrap().remove(5).unwrap();
             }),
             "audit entry 6: expected index 5",
         ),
@@ -115,7 +116,7 @@ fn verify_catches_each_kind_of_tampering() {
             tampered(dir.path(), &honest, "reordered", |txn| {
                 let (a, _) = audit_record(txn, 3);
                 let (b, _) = audit_record(txn, 4);
-                let mut t = txn.open_table(AUDIT).unwrap();
+                let mut t = txn.open_table(AUDIT.raw()).unwrap();
                 t.insert(3, b.as_slice()).unwrap();
                 t.insert(4, a.as_slice()).unwrap();
             }),
@@ -124,14 +125,14 @@ fn verify_catches_each_kind_of_tampering() {
         (
             "truncated",
             tampered(dir.path(), &honest, "truncated", |txn| {
-                txn.open_table(AUDIT).unwrap().remove(27).unwrap();
+                txn.open_table(AUDIT.raw()).unwrap().remove(27).unwrap();
             }),
             "entries were removed from the end",
         ),
         (
             "effect-deleted",
             tampered(dir.path(), &honest, "effect-deleted", |txn| {
-                txn.open_table(EFFECTS).unwrap().remove(2).unwrap();
+                txn.open_table(EFFECTS.raw()).unwrap().remove(2).unwrap();
             }),
             "audit entry 2: applied but effect 2 does not exist",
         ),
@@ -148,12 +149,12 @@ fn verify_catches_each_kind_of_tampering() {
 /// the file would: the record is not decoded, so its other fields stay byte for byte.
 fn edit_stored(
     txn: &redb::WriteTransaction,
-    table: redb::TableDefinition<u64, &[u8]>,
+    table: Records<u64, impl Sized>,
     key: u64,
     from: &[u8],
     to: &[u8],
 ) {
-    let mut t = txn.open_table(table).unwrap();
+    let mut t = txn.open_table(table.raw()).unwrap();
     let mut bytes = t.get(key).unwrap().unwrap().value().to_vec();
     let at = bytes
         .windows(from.len())

@@ -66,11 +66,11 @@ impl PgStore {
         self.in_txn(|conn, _| {
             let meta = conn.query(
                 &format!("SELECT record FROM {schema}.meta WHERE name = $1"),
-                &[&META_KEY],
+                &[&META.key()],
             )?;
             let held = match meta.first() {
                 Some(r) => {
-                    let m: Meta = decode("meta", META_KEY, r.get::<_, &[u8]>(0))?;
+                    let m = META.decode(r.get::<_, &[u8]>(0))?;
                     m.next_audit > 0 || m.next_effect > 0 || m.next_quarantine > 0
                 }
                 None => false,
@@ -112,28 +112,44 @@ impl PgStore {
                 // Records keyed by u64: effects, audit, quarantine, sources, bursts.
                 let logs: [(TableDefinition<u64, &[u8]>, Target); 5] = [
                     (
-                        EFFECTS,
+                        EFFECTS.raw(),
                         t(
-                            "effects",
+                            EFFECTS.pg_table(),
                             "effect_offset, record",
                             "$1::bigint[], $2::bytea[]",
                         ),
                     ),
                     (
-                        AUDIT,
-                        t("audit", "audit_index, record", "$1::bigint[], $2::bytea[]"),
+                        AUDIT.raw(),
+                        t(
+                            AUDIT.pg_table(),
+                            "audit_index, record",
+                            "$1::bigint[], $2::bytea[]",
+                        ),
                     ),
                     (
-                        QUARANTINE,
-                        t("quarantine", "id, record", "$1::bigint[], $2::bytea[]"),
+                        QUARANTINE.raw(),
+                        t(
+                            QUARANTINE.pg_table(),
+                            "id, record",
+                            "$1::bigint[], $2::bytea[]",
+                        ),
                     ),
                     (
-                        SOURCES,
-                        t("sources", "no, record", "$1::bigint[], $2::bytea[]"),
+                        SOURCES.raw(),
+                        t(
+                            SOURCES.pg_table(),
+                            "no, record",
+                            "$1::bigint[], $2::bytea[]",
+                        ),
                     ),
                     (
-                        REPLAY_BURSTS,
-                        t("replay_bursts", "no, record", "$1::bigint[], $2::bytea[]"),
+                        REPLAY_BURSTS.raw(),
+                        t(
+                            REPLAY_BURSTS.pg_table(),
+                            "no, record",
+                            "$1::bigint[], $2::bytea[]",
+                        ),
                     ),
                 ];
                 for (def, target) in &logs {
@@ -175,9 +191,9 @@ impl PgStore {
                     }
                 }
                 send(&target, &mut cols)?;
-                let window = txn.open_table(WINDOW).map_err(StoreError::redb)?;
+                let window = txn.open_table(WINDOW.raw()).map_err(StoreError::redb)?;
                 let target = t(
-                    "window_entries",
+                    WINDOW.pg_table(),
                     "source_no, epoch, sequence, record",
                     "$1::bigint[], $2::bigint[], $3::bigint[], $4::bytea[]",
                 );
@@ -220,10 +236,17 @@ impl PgStore {
                 }
                 for (def, target) in [
                     (
-                        SINK_CURSORS,
-                        t("sink_cursors", "name, record", "$1::text[], $2::bytea[]"),
+                        SINK_CURSORS.raw(),
+                        t(
+                            SINK_CURSORS.pg_table(),
+                            "name, record",
+                            "$1::text[], $2::bytea[]",
+                        ),
                     ),
-                    (META, t("meta", "name, record", "$1::text[], $2::bytea[]")),
+                    (
+                        META_TABLE,
+                        t("meta", "name, record", "$1::text[], $2::bytea[]"),
+                    ),
                 ] {
                     let table = match txn.open_table(def) {
                         Ok(table) => table,
@@ -238,9 +261,9 @@ impl PgStore {
                     }
                     send(&target, &mut cols)?;
                 }
-                if let Ok(parked) = txn.open_table(SINK_PARKED) {
+                if let Ok(parked) = txn.open_table(SINK_PARKED.raw()) {
                     let target = t(
-                        "sink_parked",
+                        SINK_PARKED.pg_table(),
                         "name, effect_offset, record",
                         "$1::text[], $2::bigint[], $3::bytea[]",
                     );

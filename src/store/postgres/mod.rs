@@ -138,11 +138,11 @@ impl PgStore {
             }
             let meta = conn.query(
                 &format!("SELECT record FROM {schema}.meta WHERE name = $1"),
-                &[&META_KEY],
+                &[&META.key()],
             )?;
             let created = match meta.first() {
                 Some(row) => {
-                    let m: Meta = decode("meta", META_KEY, row.get::<_, &[u8]>(0))?;
+                    let m = META.decode(row.get::<_, &[u8]>(0))?;
                     if m.schema_version != SCHEMA_VERSION {
                         return Err(StoreError::Schema {
                             found: m.schema_version,
@@ -155,7 +155,7 @@ impl PgStore {
                     let m = Meta::new(now_ms);
                     conn.execute(
                         &format!("INSERT INTO {schema}.meta (name, record) VALUES ($1, $2)"),
-                        &[&META_KEY, &encode(&m)],
+                        &[&META.key(), &META.encode(&m)],
                     )?;
                     true
                 }
@@ -211,7 +211,7 @@ impl PgStore {
                     "INSERT INTO {schema}.replay_bursts (no, record) \
                      SELECT coalesce(max(no) + 1, 0), $1 FROM {schema}.replay_bursts"
                 ),
-                &[&encode(burst)],
+                &[&REPLAY_BURSTS.encode(burst)],
             )?;
             Ok(())
         })

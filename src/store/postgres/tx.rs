@@ -99,12 +99,12 @@ pub struct PgTx<'c> {
     new_audit: BTreeMap<u64, AuditRecord>,
 }
 
-fn decode_col<T: serde::de::DeserializeOwned>(
-    table: &'static str,
-    key: impl std::fmt::Display,
+fn decode_col<K: KeyText, R: serde::de::DeserializeOwned>(
+    records: Records<K, R>,
+    key: &K::SelfType<'_>,
     bytes: &[u8],
-) -> Result<T, StoreError> {
-    Ok(decode(table, key, bytes)?)
+) -> Result<R, StoreError> {
+    Ok(records.decode(key, bytes)?)
 }
 
 impl<'c> PgTx<'c> {
@@ -131,19 +131,24 @@ impl<'c> PgTx<'c> {
         })
     }
 
-    fn meta_record<T: serde::de::DeserializeOwned>(
+    fn meta_record<T: serde::Serialize + serde::de::DeserializeOwned>(
         &self,
-        name: &'static str,
+        entry: MetaEntry<T>,
     ) -> Result<Option<T>, StoreError> {
         self.meta
-            .get(name)
-            .map(|b| decode_col("meta", name, b))
+            .get(entry.key())
+            .map(|b| Ok(entry.decode(b)?))
             .transpose()
     }
 
-    fn set_meta<T: serde::Serialize>(&mut self, name: &'static str, record: &T) {
-        self.meta.insert(name.to_string(), encode(record));
-        self.meta_dirty.insert(name);
+    fn set_meta<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &mut self,
+        entry: MetaEntry<T>,
+        record: &T,
+    ) {
+        self.meta
+            .insert(entry.key().to_string(), entry.encode(record));
+        self.meta_dirty.insert(entry.key());
     }
 
     fn flush_effects(&mut self) -> Result<(), StoreError> {
@@ -162,7 +167,7 @@ impl<'c> PgTx<'c> {
         }
         let (k, v): (Vec<i64>, Vec<Vec<u8>>) = std::mem::take(&mut self.new_audit)
             .into_iter()
-            .map(|(i, r)| (db(i), encode(&r)))
+            .map(|(i, r)| (db(i), AUDIT.encode(&r)))
             .unzip();
         self.conn.execute(&self.sql.audit_insert, &[&k, &v])?;
         Ok(())
@@ -175,8 +180,10 @@ impl<'c> PgTx<'c> {
             self.conn.execute(&self.sql.quarantine_delete, &[&ids])?;
         }
         if !up.is_empty() {
-            let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
-                up.into_iter().map(|(id, r)| (db(id), encode(&r))).unzip();
+            let (k, v): (Vec<i64>, Vec<Vec<u8>>) = up
+                .into_iter()
+                .map(|(id, r)| (db(id), QUARANTINE.encode(&r)))
+                .unzip();
             self.conn.execute(&self.sql.quarantine_upsert, &[&k, &v])?;
         }
         Ok(())
@@ -198,8 +205,10 @@ impl<'c> PgTx<'c> {
         }
         let (up, _) = self.sources.take_dirty();
         if !up.is_empty() {
-            let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
-                up.into_iter().map(|(no, r)| (db(no), encode(&r))).unzip();
+            let (k, v): (Vec<i64>, Vec<Vec<u8>>) = up
+                .into_iter()
+                .map(|(no, r)| (db(no), SOURCES.encode(&r)))
+                .unzip();
             self.conn.execute(&self.sql.sources_upsert, &[&k, &v])?;
         }
         let (up, del) = self.window.take_dirty();
@@ -218,7 +227,7 @@ impl<'c> PgTx<'c> {
                 a.push(db(no));
                 b.push(db(e));
                 c.push(db(s));
-                d.push(encode(&r));
+                d.push(WINDOW.encode(&r));
             }
             self.conn
                 .execute(&self.sql.window_upsert, &[&a, &b, &c, &d])?;
@@ -321,9 +330,7 @@ impl Tx for PgTx<'_> {
                         self.sources.known.entry(no)
                     {
                         let rec: Option<Vec<u8>> = row.get(3);
-                        let rec = rec
-                            .map(|b| decode_col::<SourceRecord>("sources", no, &b))
-                            .transpose()?;
+                        let rec = rec.map(|b| decode_col(SOURCES, &no, &b)).transpose()?;
                         v.insert(rec);
                     }
                     let wkey = (no, un(row.get(4)), un(row.get(5)));
@@ -331,11 +338,7 @@ impl Tx for PgTx<'_> {
                         self.window.known.entry(wkey)
                     {
                         let rec: Option<Vec<u8>> = row.get(6);
-                        let rec = rec
-                            .map(|b| {
-                                decode_col::<WindowRecord>("window", format_args!("{wkey:?}"), &b)
-                            })
-                            .transpose()?;
+                        let rec = rec.map(|b| decode_col(WINDOW, &wkey, &b)).transpose()?;
                         v.insert(rec);
                     }
                 }
@@ -345,35 +348,30 @@ impl Tx for PgTx<'_> {
     }
 
     fn meta(&mut self) -> Result<Meta, StoreError> {
-        self.meta_record(META_KEY)?.ok_or_else(|| {
-            StoreError::Record(RecordError {
-                table: "meta",
-                key: META_KEY.into(),
-                why: "missing".into(),
-            })
-        })
+        self.meta_record(META)?
+            .ok_or_else(|| META.missing("missing").into())
     }
 
     fn counters(&mut self) -> Result<Option<Counters>, StoreError> {
-        self.meta_record(COUNTS_KEY)
+        self.meta_record(COUNTS)
     }
 
     fn retention_marks(&mut self) -> Result<Option<RetentionMarks>, StoreError> {
-        self.meta_record(RETENTION_KEY)
+        self.meta_record(RETENTION)
     }
 
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
-        self.set_meta(META_KEY, meta);
+        self.set_meta(META, meta);
         Ok(())
     }
 
     fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError> {
-        self.set_meta(COUNTS_KEY, counters);
+        self.set_meta(COUNTS, counters);
         Ok(())
     }
 
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
-        self.set_meta(RETENTION_KEY, marks);
+        self.set_meta(RETENTION, marks);
         Ok(())
     }
 
@@ -404,7 +402,7 @@ impl Tx for PgTx<'_> {
         self.sources.get(&no, || {
             conn.query(&sql.source, &[&db(no)])?
                 .first()
-                .map(|r| decode_col("sources", no, r.get::<_, &[u8]>(0)))
+                .map(|r| decode_col(SOURCES, &no, r.get::<_, &[u8]>(0)))
                 .transpose()
         })
     }
@@ -419,7 +417,7 @@ impl Tx for PgTx<'_> {
         self.window.get(&key, || {
             conn.query(&sql.window, &[&db(key.0), &db(key.1), &db(key.2)])?
                 .first()
-                .map(|r| decode_col("window", format_args!("{key:?}"), r.get::<_, &[u8]>(0)))
+                .map(|r| decode_col(WINDOW, &key, r.get::<_, &[u8]>(0)))
                 .transpose()
         })
     }
@@ -438,7 +436,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
-        self.new_effects.push((db(offset), encode(record)));
+        self.new_effects.push((db(offset), EFFECTS.encode(record)));
         Ok(())
     }
 
@@ -449,7 +447,7 @@ impl Tx for PgTx<'_> {
     ) -> Result<(), StoreError> {
         self.flush_effects()?;
         self.scan_chunks(&self.sql.effect_heads, range, &mut |k, bytes| {
-            f(k, decode_effect_head(k, bytes)?)
+            f(k, EFFECTS.head(k, bytes)?)
         })
     }
 
@@ -469,7 +467,7 @@ impl Tx for PgTx<'_> {
         self.conn
             .query(&self.sql.audit, &[&db(index)])?
             .first()
-            .map(|r| decode_col("audit", index, r.get::<_, &[u8]>(0)))
+            .map(|r| decode_col(AUDIT, &index, r.get::<_, &[u8]>(0)))
             .transpose()
     }
 
@@ -485,7 +483,7 @@ impl Tx for PgTx<'_> {
     ) -> Result<(), StoreError> {
         self.flush_audit()?;
         self.scan_chunks(&self.sql.audit_range, range, &mut |k, bytes| {
-            f(k, decode_col("audit", k, bytes)?)
+            f(k, decode_col(AUDIT, &k, bytes)?)
         })
     }
 
@@ -496,7 +494,7 @@ impl Tx for PgTx<'_> {
     ) -> Result<(), StoreError> {
         self.flush_audit()?;
         self.scan_chunks(&self.sql.audit_heads, range, &mut |k, bytes| {
-            f(k, decode_head::<AuditHead>("audit", k, bytes)?)
+            f(k, AUDIT.head(k, bytes)?)
         })
     }
 
@@ -514,7 +512,7 @@ impl Tx for PgTx<'_> {
         self.quarantine.get(&id, || {
             conn.query(&sql.quarantine, &[&db(id)])?
                 .first()
-                .map(|r| decode_col("quarantine", id, r.get::<_, &[u8]>(0)))
+                .map(|r| decode_col(QUARANTINE, &id, r.get::<_, &[u8]>(0)))
                 .transpose()
         })
     }
@@ -549,7 +547,7 @@ impl Tx for PgTx<'_> {
             let n = rows.len();
             for row in rows {
                 let id = un(row.get::<_, i64>(0));
-                let rec: QuarantineRecord = decode_col("quarantine", id, row.get::<_, &[u8]>(1))?;
+                let rec = decode_col(QUARANTINE, &id, row.get::<_, &[u8]>(1))?;
                 if f(id, rec)?.is_break() {
                     return Ok(());
                 }
@@ -608,7 +606,7 @@ impl Tx for PgTx<'_> {
         let mut low: Option<u64> = None;
         for row in self.conn.query(&self.sql.cursors_all, &[])? {
             let name: String = row.get(0);
-            let rec: SinkRecord = decode_col("sink_cursors", &name, row.get::<_, &[u8]>(1))?;
+            let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
             low = Some(low.map_or(rec.next, |l| l.min(rec.next)));
         }
         Ok(low)
@@ -617,20 +615,22 @@ impl Tx for PgTx<'_> {
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
         let rows = self.conn.query(&self.sql.cursor, &[&name])?;
         rows.first()
-            .map(|row| decode_col("sink_cursors", name, row.get::<_, &[u8]>(0)))
+            .map(|row| decode_col(SINK_CURSORS, &name, row.get::<_, &[u8]>(0)))
             .transpose()
     }
 
     fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
-        self.conn
-            .execute(&self.sql.cursor_upsert, &[&name, &encode(record)])?;
+        self.conn.execute(
+            &self.sql.cursor_upsert,
+            &[&name, &SINK_CURSORS.encode(record)],
+        )?;
         Ok(())
     }
 
     fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
         let rows = self.conn.query(&self.sql.cursor_delete, &[&name])?;
         rows.first()
-            .map(|row| decode_col("sink_cursors", name, row.get::<_, &[u8]>(0)))
+            .map(|row| decode_col(SINK_CURSORS, &name, row.get::<_, &[u8]>(0)))
             .transpose()
     }
 
@@ -648,7 +648,7 @@ impl Tx for PgTx<'_> {
             let offset = un(row.get(0));
             out.push((
                 offset,
-                decode_col("sink_parked", offset, row.get::<_, &[u8]>(1))?,
+                decode_col(SINK_PARKED, &(name, offset), row.get::<_, &[u8]>(1))?,
             ));
         }
         Ok(out)
@@ -662,7 +662,7 @@ impl Tx for PgTx<'_> {
     ) -> Result<bool, StoreError> {
         let rows = self.conn.query(
             &self.sql.parked_upsert,
-            &[&name, &db(offset), &encode(record)],
+            &[&name, &db(offset), &SINK_PARKED.encode(record)],
         )?;
         Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
     }

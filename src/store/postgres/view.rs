@@ -110,14 +110,14 @@ impl PgView {
         }
     }
 
-    /// The record in `table` whose `keycol` is `key` (a `u64` key). Reads the next `CHUNK`
-    /// rows of the table along with it (see `ahead`).
+    /// The record of `records` at `key`. Reads the next `CHUNK` rows of the table along with
+    /// it (see `ahead`).
     pub fn get<R: serde::de::DeserializeOwned>(
         &self,
-        table: &'static str,
-        keycol: &str,
+        records: Records<u64, R>,
         key: u64,
     ) -> Result<Option<R>, StoreError> {
+        let (table, keycol) = (records.pg_table(), records.pg_key());
         let known = |a: &ReadAhead| {
             a.covered
                 .iter()
@@ -147,30 +147,30 @@ impl PgView {
         let a = self.ahead.borrow();
         a.rows
             .get(&(table, key))
-            .map(|bytes| Ok(decode(table, key, bytes)?))
+            .map(|bytes| Ok(records.decode(&key, bytes)?))
             .transpose()
     }
 
-    pub fn meta_row<R: serde::de::DeserializeOwned>(
+    pub fn meta_row<R: serde::Serialize + serde::de::DeserializeOwned>(
         &self,
-        name: &'static str,
+        entry: MetaEntry<R>,
     ) -> Result<Option<R>, StoreError> {
         let sql = format!("SELECT record FROM {}.meta WHERE name = $1", self.schema);
         self.conn()
-            .query(&sql, &[&name])?
+            .query(&sql, &[&entry.key()])?
             .first()
-            .map(|r| Ok(decode("meta", name, r.get::<_, &[u8]>(0))?))
+            .map(|r| Ok(entry.decode(r.get::<_, &[u8]>(0))?))
             .transpose()
     }
 
-    /// Streams `table`'s records from key `from` on, lowest first, until `f` breaks.
+    /// Streams the records of `records` from key `from` on, lowest first, until `f` breaks.
     pub fn scan<R: serde::de::DeserializeOwned, E: From<StoreError>>(
         &self,
-        table: &'static str,
-        keycol: &str,
+        records: Records<u64, R>,
         from: u64,
         mut f: impl FnMut(u64, R) -> Result<ControlFlow<()>, E>,
     ) -> Result<(), E> {
+        let (table, keycol) = (records.pg_table(), records.pg_key());
         let sql = format!(
             "SELECT {keycol}, record FROM {}.{table} WHERE {keycol} >= $1 ORDER BY {keycol} LIMIT $2",
             self.schema
@@ -181,7 +181,9 @@ impl PgView {
             let n = rows.len();
             for row in rows {
                 let k = un(row.get::<_, i64>(0));
-                let rec: R = decode(table, k, row.get::<_, &[u8]>(1)).map_err(StoreError::from)?;
+                let rec = records
+                    .decode(&k, row.get::<_, &[u8]>(1))
+                    .map_err(StoreError::from)?;
                 if f(k, rec)?.is_break() {
                     return Ok(());
                 }
@@ -193,14 +195,13 @@ impl PgView {
         }
     }
 
-    /// Every record of `table` in key order (small tables: sources, bursts).
+    /// Every record of `records` in key order (small tables: sources, bursts).
     pub fn all<R: serde::de::DeserializeOwned>(
         &self,
-        table: &'static str,
-        keycol: &str,
+        records: Records<u64, R>,
     ) -> Result<Vec<R>, StoreError> {
         let mut out = Vec::new();
-        self.scan::<R, StoreError>(table, keycol, 0, |_, r| {
+        self.scan::<R, StoreError>(records, 0, |_, r| {
             out.push(r);
             Ok(ControlFlow::Continue(()))
         })?;
@@ -233,7 +234,7 @@ impl PgView {
             let n = rows.len();
             for row in rows {
                 let k: i64 = row.get(0);
-                let head: AuditHead = decode_head("audit", un(k), row.get::<_, &[u8]>(1))?;
+                let head: AuditHead = AUDIT.head(un(k), row.get::<_, &[u8]>(1))?;
                 if f(un(k), head).is_break() {
                     return Ok(());
                 }
@@ -280,13 +281,7 @@ impl PgView {
         self.conn()
             .query(&sql, &[&db(key.0), &db(key.1), &db(key.2)])?
             .first()
-            .map(|r| {
-                Ok(decode(
-                    "window",
-                    format_args!("{key:?}"),
-                    r.get::<_, &[u8]>(0),
-                )?)
-            })
+            .map(|r| Ok(WINDOW.decode(&key, r.get::<_, &[u8]>(0))?))
             .transpose()
     }
 
@@ -302,7 +297,7 @@ impl PgView {
             .first()
             .map(|r| {
                 let k = un(r.get::<_, i64>(0));
-                Ok(decode_effect_head(k, r.get::<_, &[u8]>(1))?)
+                Ok(EFFECTS.head(k, r.get::<_, &[u8]>(1))?)
             })
             .transpose()
     }
@@ -319,7 +314,7 @@ impl PgView {
         let mut out = Vec::new();
         for row in self.conn().query(&sql, &[&name])? {
             let n: String = row.get(0);
-            let rec = decode("sink_cursors", &n, row.get::<_, &[u8]>(1))?;
+            let rec = SINK_CURSORS.decode(&n.as_str(), row.get::<_, &[u8]>(1))?;
             out.push((n, rec));
         }
         Ok(out)
@@ -339,11 +334,7 @@ impl PgView {
         for row in self.conn().query(&sql, &[&name])? {
             let n: String = row.get(0);
             let o = un(row.get::<_, i64>(1));
-            let rec = decode(
-                "sink_parked",
-                format_args!("{n}#{o}"),
-                row.get::<_, &[u8]>(2),
-            )?;
+            let rec = SINK_PARKED.decode(&(n.as_str(), o), row.get::<_, &[u8]>(2))?;
             out.push((n, o, rec));
         }
         Ok(out)
@@ -354,11 +345,11 @@ impl PgView {
     pub fn table_sizes(&self) -> Result<Vec<(&'static str, u64, u64)>, StoreError> {
         let mut out = Vec::new();
         for (name, table) in [
-            ("audit", "audit"),
-            ("effects", "effects"),
-            ("window", "window_entries"),
-            ("quarantine", "quarantine"),
-            ("sources", "sources"),
+            (AUDIT.name(), AUDIT.pg_table()),
+            (EFFECTS.name(), EFFECTS.pg_table()),
+            (WINDOW.name(), WINDOW.pg_table()),
+            (QUARANTINE.name(), QUARANTINE.pg_table()),
+            (SOURCES.name(), SOURCES.pg_table()),
         ] {
             let sql = format!(
                 "SELECT pg_relation_size('{s}.{table}'), \
