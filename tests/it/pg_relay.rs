@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use replay_guard::model::Outcome;
 use replay_guard::store::postgres::{PgConfig, PgStore};
 use replay_guard::store::relay::{CursorWrite, RelayStore, StartAt};
-use replay_guard::store::tables::ParkedRecord;
-use replay_guard::store::{Backend, Incoming, Reader, Snapshot, Store, StoreError, StoreOptions};
+use replay_guard::store::{Backend, Reader, Snapshot, Store, StoreError, StoreOptions};
+use replay_guard::testing::{T0, feed, parked};
 use replay_guard::wire::FeedContract;
 
 use super::broker::Broker;
@@ -22,41 +22,9 @@ use super::pg::PgDb;
 use super::service::{Consumer, events};
 
 const SCHEMA: &str = "replay_guard";
-const T0: u64 = 1_800_000_000_000;
 
 fn pg_cfg(db: &PgDb) -> PgConfig {
     PgConfig::parse(&db.dsn(), SCHEMA).unwrap()
-}
-
-fn feed(s: &mut Backend, seqs: std::ops::RangeInclusive<u64>, at: u64) {
-    let c = FeedContract::default();
-    let batch: Vec<Incoming> = seqs
-        .map(|q| {
-            let p = format!(r#"{{"agency":"A","source_id":"S","sequence":{q}}}"#);
-            Incoming::decode("t", p.into_bytes(), at, &c)
-        })
-        .collect();
-    s.commit_batch(&batch, at).unwrap();
-}
-
-fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
-    (
-        offset,
-        ParkedRecord {
-            parked_at_ms: T0,
-            id: format!("id-{offset}"),
-            key: [offset as u8; 32],
-            agency: "A".into(),
-            source_id: "S".into(),
-            topic: "t".into(),
-            reason: "HTTP 422".into(),
-            response: "HTTP/1.1 422 Unprocessable Entity".into(),
-            attempts: 1,
-            blocking,
-            retry_requested_at_ms: None,
-            event: "{}".into(),
-        },
-    )
 }
 
 /// Every relay write the relay and the operator make, on one store; what each returned and
