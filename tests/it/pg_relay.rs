@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use replay_guard::model::Outcome;
@@ -358,17 +358,7 @@ fn assert_each_effect_arrived_with_one_id(dir: &Path, head: u64) -> usize {
 }
 
 fn relay_process(config: &Path, log: &Path) -> Child {
-    Command::new(common::bin())
-        .args(["relay", "--config", config.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        )
+    common::logged_command(&["relay", "--config", config.to_str().unwrap()], log)
         .spawn()
         .unwrap()
 }
