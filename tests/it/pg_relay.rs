@@ -275,9 +275,10 @@ fn delivered(dir: &Path) -> Vec<(u32, u64, String)> {
     out
 }
 
-/// A receiver script: each batch goes to `out-<relay pid>.jsonl` in `dir`, and `active` names
-/// the relay process that delivered last.
+/// A receiver script in `dir`, which it makes: each batch goes to `out-<relay pid>.jsonl` in
+/// `dir`, and `active` names the relay process that delivered last.
 fn receiver(dir: &Path) -> PathBuf {
+    std::fs::create_dir(dir).unwrap();
     let script = dir.join("receiver.sh");
     std::fs::write(
         &script,
@@ -407,7 +408,6 @@ fn two_relays_on_one_schema_deliver_every_effect_once_with_its_id_through_kill_9
     let dsn = db.dsn();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    std::fs::create_dir(&out).unwrap();
     let script = receiver(&out);
     let config = dir.path().join("rg.toml");
     std::fs::write(
@@ -487,7 +487,6 @@ fn run_members_on_a_shared_subscription_deliver_what_the_group_applies_through_k
     let dsn = db.dsn();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    std::fs::create_dir(&out).unwrap();
     let script = receiver(&out);
     let broker = Broker::start(&dir.path().join("broker"), false);
     let config = |id: &str| {
