@@ -15,30 +15,11 @@ n=${1:-100000}
 rate=${2:-1000}
 secs=${3:-30}
 
-cargo build --release --quiet --example relay_drain --bin replay-guard
-bin=target/release/replay-guard
-drv=target/release/examples/relay_drain
-tmp=$(mktemp -d)
-pgdb="rg_bench_$$"
-psql_() { psql -h 127.0.0.1 -p 5432 -U postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
-cleanup() {
-    psql_ -d postgres -c "DROP DATABASE IF EXISTS $pgdb WITH (FORCE)" >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-psql_ -d postgres -c "CREATE DATABASE $pgdb"
+. scripts/lib/bench.sh rg_bench
 now() { date +%s.%N; }
 rate_of() { python3 -c "import sys; n,a,b=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]); print(f'{n} rows in {b-a:.2f} s: {n/(b-a):.0f} rows/s')" "$@"; }
 
-python3 - "$n" >"$tmp/feed.jsonl" <<'EOF'
-import sys
-n = int(sys.argv[1])
-for i in range(n):
-    print('{"agency":"BENCH","source_id":"S%d","epoch":1,"sequence":%d,"type":"dispatch",'
-          '"incident":{"id":"INC-%d","units":[%d,%d]},"body":"backlog message %d, padded to '
-          'a typical incident update size with some free text"}'
-          % (i % 16, i // 16 + 1, i // 7, i % 97, i % 89, i))
-EOF
+backlog_feed "$n" >"$tmp/feed.jsonl"
 sink() {
     cat <<EOF
 [[sink]]

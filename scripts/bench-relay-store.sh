@@ -10,28 +10,9 @@ cd "$(dirname "$0")/.."
 n=${1:-50000}
 rounds=${2:-2}
 
-cargo build --release --quiet --example relay_drain --bin replay-guard
-bin=target/release/replay-guard
-drv=target/release/examples/relay_drain
-tmp=$(mktemp -d)
-pgdb="rg_bench_relay_$$"
-psql_() { psql -h 127.0.0.1 -p 5432 -U postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
-cleanup() {
-    psql_ -d postgres -c "DROP DATABASE IF EXISTS $pgdb WITH (FORCE)" >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-psql_ -d postgres -c "CREATE DATABASE $pgdb"
+. scripts/lib/bench.sh rg_bench_relay
 
-python3 - "$n" >"$tmp/feed.jsonl" <<'PY'
-import sys
-n = int(sys.argv[1])
-for i in range(n):
-    print('{"agency":"BENCH","source_id":"S%d","epoch":1,"sequence":%d,"type":"dispatch",'
-          '"incident":{"id":"INC-%d","units":[%d,%d]},"body":"backlog message %d, padded to '
-          'a typical incident update size with some free text"}'
-          % (i % 16, i // 16 + 1, i // 7, i % 97, i % 89, i))
-PY
+backlog_feed "$n" >"$tmp/feed.jsonl"
 # Each round drains with a sink of its own name (a new cursor at the log's beginning).
 sink() {
     cat <<TOML

@@ -20,6 +20,8 @@ pub mod relay;
 pub mod service;
 pub mod signals;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;
 pub mod timefmt;
 pub mod tls;
 pub mod transport;

@@ -548,41 +548,8 @@ mod tests {
     use super::*;
     use crate::store::retention::{LogRetention, RetentionPolicy};
     use crate::store::verify::verify;
-    use crate::store::{Incoming, StoreOptions};
+    use crate::testing::{T0, feed, parked};
     use crate::wire::FeedContract;
-
-    const T0: u64 = 1_800_000_000_000;
-
-    fn feed(s: &mut Store, seqs: std::ops::RangeInclusive<u64>, at: u64) {
-        let c = FeedContract::default();
-        let batch: Vec<Incoming> = seqs
-            .map(|q| {
-                let p = format!(r#"{{"agency":"A","source_id":"S","sequence":{q}}}"#);
-                Incoming::decode("t", p.into_bytes(), at, &c)
-            })
-            .collect();
-        s.commit_batch(&batch, at).unwrap();
-    }
-
-    fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
-        (
-            offset,
-            ParkedRecord {
-                parked_at_ms: T0,
-                id: format!("id-{offset}"),
-                key: [offset as u8; 32],
-                agency: "A".into(),
-                source_id: "S".into(),
-                topic: "t".into(),
-                reason: "HTTP 422".into(),
-                response: "HTTP/1.1 422 Unprocessable Entity".into(),
-                attempts: 1,
-                blocking,
-                retry_requested_at_ms: None,
-                event: "{}".into(),
-            },
-        )
-    }
 
     fn relay_entries(s: &Store) -> Vec<String> {
         let mut out = Vec::new();

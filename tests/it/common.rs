@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use replay_guard::store::{Effect, Reader};
 
@@ -33,6 +33,23 @@ pub fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     sin.write_all(stdin).unwrap();
     drop(sin);
     child.wait_with_output().unwrap()
+}
+
+/// The binary with `args`, logging at `info` (whatever RUST_LOG the suite runs under) to
+/// `log`, appended, so that a restarted process's lines follow its predecessor's; stdout
+/// discarded. The caller adds what else it needs and spawns it.
+pub fn logged_command(args: &[&str], log: &Path) -> Command {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log);
+    cmd
 }
 
 /// Every effect in the database, in offset order, read through a read-only handle.

@@ -767,38 +767,39 @@ impl PgProxy {
     fn restore(&self) {
         self.down.store(false, Ordering::SeqCst);
     }
+
+    /// `db`'s dsn through this proxy.
+    fn dsn(&self, db: &PgDb) -> String {
+        db.dsn()
+            .replace("port=5432", &format!("port={}", self.port))
+    }
+}
+
+/// A database of the test's own that the member reaches only through a `PgProxy`, a broker of
+/// its own, and the member on both (not started). In the order a test declares them, so the
+/// member goes first when they drop.
+fn member_behind_proxy(
+    db_name: &str,
+    client_id: &str,
+) -> (PgDb, PgProxy, tempfile::TempDir, Broker, Consumer) {
+    let db = PgDb::new(db_name);
+    let proxy = PgProxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let c = Consumer::with_config(
+        dir.path(),
+        "rg",
+        &member_config(&proxy.dsn(&db), &[broker.url()], client_id, None, "v5"),
+    );
+    (db, proxy, dir, broker, c)
 }
 
 #[test]
 fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_status() {
-    use std::os::unix::net::UnixDatagram;
     const N: u64 = 3_000;
-    let db = PgDb::new("cutoff");
-    let proxy = PgProxy::start();
-    let via_proxy = db
-        .dsn()
-        .replace("port=5432", &format!("port={}", proxy.port));
+    let (db, proxy, dir, broker, mut c) = member_behind_proxy("cutoff", "rg-cut");
     let dsn = db.dsn();
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(&dir.path().join("broker"), false);
-    let mut c = Consumer::with_config(
-        dir.path(),
-        "rg",
-        &member_config(&via_proxy, &[broker.url()], "rg-cut", None, "v5"),
-    );
-    let sock_path = dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let notes = Arc::new(std::sync::Mutex::new(Vec::<(Instant, String)>::new()));
-    {
-        let notes = notes.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 1024];
-            while let Ok(n) = sock.recv(&mut buf) {
-                let m = String::from_utf8_lossy(&buf[..n]).into_owned();
-                notes.lock().unwrap().push((Instant::now(), m));
-            }
-        });
-    }
+    let (sock_path, notes) = notify_socket(dir.path());
     // A 1 s watchdog: a ping is due every 500 ms.
     c.start_env(&[
         ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
@@ -873,19 +874,8 @@ fn notify_socket(dir: &Path) -> (std::path::PathBuf, Notes) {
 fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and_decides_the_queued_feed_once()
  {
     const N: u64 = 1_000;
-    let db = PgDb::new("startwait");
-    let proxy = PgProxy::start();
-    let via_proxy = db
-        .dsn()
-        .replace("port=5432", &format!("port={}", proxy.port));
+    let (db, proxy, dir, broker, mut c) = member_behind_proxy("startwait", "rg-startwait");
     let dsn = db.dsn();
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(&dir.path().join("broker"), false);
-    let mut c = Consumer::with_config(
-        dir.path(),
-        "rg",
-        &member_config(&via_proxy, &[broker.url()], "rg-startwait", None, "v5"),
-    );
     // A first start makes the schema and the member's persistent session; then the service
     // restarts while the server is out of reach (a reboot where PostgreSQL comes up later).
     c.start();
@@ -987,9 +977,7 @@ fn sigterm_while_run_waits_for_postgres_at_start_exits_0_at_once() {
     let db = PgDb::new("startterm");
     let proxy = PgProxy::start();
     proxy.cut();
-    let via_proxy = db
-        .dsn()
-        .replace("port=5432", &format!("port={}", proxy.port));
+    let via_proxy = proxy.dsn(&db);
     let dir = tempfile::tempdir().unwrap();
     // No broker at all: nothing may connect to one before the store is open.
     let broker = format!("mqtt://127.0.0.1:{}", free_port());
@@ -1066,9 +1054,7 @@ fn run_fails_fast_on_a_newer_schema_and_ingest_on_an_unreachable_server() {
     // `ingest` is a one-shot command: an unreachable server is an error at once.
     let proxy = PgProxy::start();
     proxy.cut();
-    let via_proxy = db
-        .dsn()
-        .replace("port=5432", &format!("port={}", proxy.port));
+    let via_proxy = proxy.dsn(&db);
     let config = dir.path().join("ingest.toml");
     std::fs::write(
         &config,

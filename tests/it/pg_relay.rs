@@ -6,14 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use replay_guard::model::Outcome;
 use replay_guard::store::postgres::{PgConfig, PgStore};
 use replay_guard::store::relay::{CursorWrite, RelayStore, StartAt};
-use replay_guard::store::tables::ParkedRecord;
-use replay_guard::store::{Backend, Incoming, Reader, Snapshot, Store, StoreError, StoreOptions};
+use replay_guard::store::{Backend, Reader, Snapshot, Store, StoreError, StoreOptions};
+use replay_guard::testing::{T0, feed, parked};
 use replay_guard::wire::FeedContract;
 
 use super::broker::Broker;
@@ -22,41 +22,9 @@ use super::pg::PgDb;
 use super::service::{Consumer, events};
 
 const SCHEMA: &str = "replay_guard";
-const T0: u64 = 1_800_000_000_000;
 
 fn pg_cfg(db: &PgDb) -> PgConfig {
     PgConfig::parse(&db.dsn(), SCHEMA).unwrap()
-}
-
-fn feed(s: &mut Backend, seqs: std::ops::RangeInclusive<u64>, at: u64) {
-    let c = FeedContract::default();
-    let batch: Vec<Incoming> = seqs
-        .map(|q| {
-            let p = format!(r#"{{"agency":"A","source_id":"S","sequence":{q}}}"#);
-            Incoming::decode("t", p.into_bytes(), at, &c)
-        })
-        .collect();
-    s.commit_batch(&batch, at).unwrap();
-}
-
-fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
-    (
-        offset,
-        ParkedRecord {
-            parked_at_ms: T0,
-            id: format!("id-{offset}"),
-            key: [offset as u8; 32],
-            agency: "A".into(),
-            source_id: "S".into(),
-            topic: "t".into(),
-            reason: "HTTP 422".into(),
-            response: "HTTP/1.1 422 Unprocessable Entity".into(),
-            attempts: 1,
-            blocking,
-            retry_requested_at_ms: None,
-            event: "{}".into(),
-        },
-    )
 }
 
 /// Every relay write the relay and the operator make, on one store; what each returned and
@@ -307,9 +275,10 @@ fn delivered(dir: &Path) -> Vec<(u32, u64, String)> {
     out
 }
 
-/// A receiver script: each batch goes to `out-<relay pid>.jsonl` in `dir`, and `active` names
-/// the relay process that delivered last.
+/// A receiver script in `dir`, which it makes: each batch goes to `out-<relay pid>.jsonl` in
+/// `dir`, and `active` names the relay process that delivered last.
 fn receiver(dir: &Path) -> PathBuf {
+    std::fs::create_dir(dir).unwrap();
     let script = dir.join("receiver.sh");
     std::fs::write(
         &script,
@@ -390,17 +359,7 @@ fn assert_each_effect_arrived_with_one_id(dir: &Path, head: u64) -> usize {
 }
 
 fn relay_process(config: &Path, log: &Path) -> Child {
-    Command::new(common::bin())
-        .args(["relay", "--config", config.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        )
+    common::logged_command(&["relay", "--config", config.to_str().unwrap()], log)
         .spawn()
         .unwrap()
 }
@@ -449,7 +408,6 @@ fn two_relays_on_one_schema_deliver_every_effect_once_with_its_id_through_kill_9
     let dsn = db.dsn();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    std::fs::create_dir(&out).unwrap();
     let script = receiver(&out);
     let config = dir.path().join("rg.toml");
     std::fs::write(
@@ -529,7 +487,6 @@ fn run_members_on_a_shared_subscription_deliver_what_the_group_applies_through_k
     let dsn = db.dsn();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    std::fs::create_dir(&out).unwrap();
     let script = receiver(&out);
     let broker = Broker::start(&dir.path().join("broker"), false);
     let config = |id: &str| {

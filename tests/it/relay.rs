@@ -95,19 +95,12 @@ impl Setup {
     }
 
     fn relay(&self) -> Child {
-        Command::new(common::bin())
-            .args(["relay", "--config", self.config.to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.dir.join("relay.log"))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
+        common::logged_command(
+            &["relay", "--config", self.config.to_str().unwrap()],
+            &self.dir.join("relay.log"),
+        )
+        .spawn()
+        .unwrap()
     }
 
     /// `run` with this config (which then needs an `[mqtt]` section: `mqtt_section`).

@@ -542,17 +542,7 @@ fn run_with_an_mqtt_sink_killed_mid_delivery_delivers_every_effect_with_one_stab
     .unwrap();
     let log = dir.path().join("run.log");
     let start_run = || {
-        Command::new(super::common::bin())
-            .args(["run", "--config", config.to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
+        super::common::logged_command(&["run", "--config", config.to_str().unwrap()], &log)
             .spawn()
             .unwrap()
     };

@@ -325,18 +325,8 @@ fn relay_killed_repeatedly_and_cut_off_leaves_each_effect_once_with_the_cursor_a
     .unwrap();
     let log = dir.path().join("relay.log");
     let relay = || {
-        Command::new(common::bin())
-            .args(["relay", "--config"])
-            .arg(&cfg)
+        common::logged_command(&["relay", "--config", cfg.to_str().unwrap()], &log)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
             .spawn()
             .expect("spawn replay-guard relay")
     };

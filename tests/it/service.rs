@@ -79,19 +79,13 @@ impl Consumer {
     /// Starts it with extra environment variables (e.g. NOTIFY_SOCKET).
     pub fn start_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(common::bin())
-            .args(["run", "--config", self.config.to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = common::logged_command(
+            &["run", "--config", self.config.to_str().unwrap()],
+            &self.log,
+        )
+        .envs(env.iter().copied())
+        .spawn()
+        .unwrap();
         self.child = Some(child);
     }
 

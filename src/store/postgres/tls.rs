@@ -274,8 +274,8 @@ impl PgTls {
                     .build()
                     .map_err(|e| format!("sslrootcert {}: {e}", p.display()))?
                 } else {
-                    Arc::new(ChainOnly {
-                        roots,
+                    Arc::new(NoHostName {
+                        roots: Some(roots),
                         provider: provider.clone(),
                     })
                 }
@@ -286,7 +286,10 @@ impl PgTls {
                      PEM): replay-guard reads no system trust store"
                 ));
             }
-            None => Arc::new(AnyCert(provider.clone())),
+            None => Arc::new(NoHostName {
+                roots: None,
+                provider: provider.clone(),
+            }),
         };
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -481,52 +484,18 @@ fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
 }
 
-/// `require` without `sslrootcert`: any certificate, but the handshake's signatures are
-/// still checked (the session is with whoever holds the certificate's key).
+/// The certificate checks short of `verify-full` (which is rustls's own `WebPkiServerVerifier`):
+/// with `roots`, the chain to `sslrootcert` whatever host name the certificate carries
+/// (`verify-ca`, and a given `sslrootcert` under `prefer`/`require`); without, any certificate
+/// (`require` without `sslrootcert`). Either way the handshake's signatures are still checked
+/// (the session is with whoever holds the certificate's key).
 #[derive(Debug)]
-struct AnyCert(Arc<CryptoProvider>);
-
-/// `verify-ca` (and a given `sslrootcert` under `prefer`/`require`): the chain to
-/// `sslrootcert`, whatever host name the certificate carries.
-#[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
+struct NoHostName {
+    roots: Option<Arc<RootCertStore>>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        msg: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(msg, cert, dss, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        msg: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(msg, cert, dss, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NoHostName {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -535,14 +504,16 @@ impl ServerCertVerifier for ChainOnly {
         _: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.provider.signature_verification_algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
     fn verify_tls12_signature(

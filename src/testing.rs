@@ -1,0 +1,67 @@
+//! Fixtures shared by the unit tests and the integration suite (`tests/it/`), so that the same
+//! feed and the same parked event mean the same thing on both sides. Not part of the product's
+//! interface.
+
+use std::ops::RangeInclusive;
+
+use crate::store::tables::ParkedRecord;
+use crate::store::{Backend, BatchReport, Store, StoreError};
+use crate::wire::{FeedContract, Incoming};
+
+/// The fixtures' clock: 2027-01-15T08:00:00Z in milliseconds.
+pub const T0: u64 = 1_800_000_000_000;
+
+/// A store `feed` commits to: the redb `Store` the unit tests hold, or either `Backend`.
+pub trait CommitBatch {
+    fn commit_batch(&mut self, batch: &[Incoming], now_ms: u64) -> Result<BatchReport, StoreError>;
+}
+
+impl CommitBatch for Store {
+    fn commit_batch(&mut self, batch: &[Incoming], now_ms: u64) -> Result<BatchReport, StoreError> {
+        Store::commit_batch(self, batch, now_ms)
+    }
+}
+
+impl CommitBatch for Backend {
+    fn commit_batch(&mut self, batch: &[Incoming], now_ms: u64) -> Result<BatchReport, StoreError> {
+        Backend::commit_batch(self, batch, now_ms)
+    }
+}
+
+/// Commits, as one batch at `at`, one message of source `A`/`S` on topic `t` per sequence
+/// number in `seqs` (each an effect). Panics if the commit fails.
+pub fn feed(s: &mut impl CommitBatch, seqs: RangeInclusive<u64>, at: u64) {
+    let c = FeedContract::default();
+    let batch: Vec<Incoming> = seqs
+        .clone()
+        .map(|q| {
+            let p = format!(r#"{{"agency":"A","source_id":"S","sequence":{q}}}"#);
+            Incoming::decode("t", p.into_bytes(), at, &c)
+        })
+        .collect();
+    if let Err(e) = s.commit_batch(&batch, at) {
+        panic!("feeding sequences {seqs:?}: {e}");
+    }
+}
+
+/// An event parked at `offset` (its key and id made from the offset), as a sink parks one
+/// the receiver refused with HTTP 422; `blocking` as given.
+pub fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
+    (
+        offset,
+        ParkedRecord {
+            parked_at_ms: T0,
+            id: format!("id-{offset}"),
+            key: [offset as u8; 32],
+            agency: "A".into(),
+            source_id: "S".into(),
+            topic: "t".into(),
+            reason: "HTTP 422".into(),
+            response: "HTTP/1.1 422 Unprocessable Entity".into(),
+            attempts: 1,
+            blocking,
+            retry_requested_at_ms: None,
+            event: "{}".into(),
+        },
+    )
+}
