@@ -241,9 +241,18 @@ fn one_member_holds_a_sink_the_others_stand_by_until_its_session_ends() {
     let snap = Reader::postgres(pg_cfg(&db)).unwrap().1;
     assert_eq!(snap.sink_cursor("cop").unwrap().unwrap().next, 6);
     // The new holder closes (SIGTERM, kill -9: the session ends); the first takes it back.
+    // The server ends the session, and its lock, a moment after the client hangs up.
     drop(b);
-    a.register_sink("cop", "http", StartAt::Beginning, T0)
-        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match a.register_sink("cop", "http", StartAt::Beginning, T0) {
+            Ok(_) => break,
+            Err(StoreError::SinkBusy { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the sink was not handed back within 10 s: {e}"),
+        }
+    }
     assert!(matches!(
         a.advance_sink("cop", 1, 6, 10, &[], T0).unwrap(),
         CursorWrite::Done(r) if r.next == 10
