@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
-# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client),
+# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client;
+# cargo-deb from crates.io),
 # makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
 # runs the whole suite.
 # Extra arguments go to `cargo test` (e.g. a test name filter).
@@ -72,5 +73,8 @@ fi
 # The TLS tests (tests/it/pg_tls.rs) start PostgreSQL servers of their own with initdb (the
 # server package; checked after the block above, which may already have installed it).
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || install postgresql
+
+# The package test (tests/it/deb.rs) builds the .deb with cargo-deb, from crates.io.
+command -v cargo-deb >/dev/null || cargo install --locked --quiet cargo-deb
 
 exec cargo test --locked --release "$@"

@@ -11,7 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "Exactly-once incident effects from an at-least-once MQTT feed",
     long_about = "replay-guard decides, for every delivered incident message, whether its effect \
                   is applied, suppressed as a provable duplicate, or quarantined, and records \
-                  each decision in a hash-chained audit log, all in one redb file.\n\n\
+                  each decision in a hash-chained audit log, all in one redb file (or one \
+                  PostgreSQL schema shared by several members).\n\n\
                   Exit codes: 0 success or clean stop, 1 usage or configuration error, 2 runtime or \
                   storage failure, 3 stopped at once by a second signal, 4 `verify` found a violation."
 )]
@@ -81,6 +82,35 @@ pub enum Command {
     /// Copy a redb database into a new, empty PostgreSQL schema and verify the copy (move a
     /// single host to a shared store without losing its window). Stop `run` first.
     Migrate(MigrateArgs),
+    /// Print the shell completion script for SHELL on stdout (the .deb installs all three).
+    #[command(long_about = COMPLETIONS_ABOUT)]
+    Completions {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page on stdout, or write one page per command into --dir.
+    Man(ManArgs),
+}
+
+const COMPLETIONS_ABOUT: &str = "Print the shell completion script for SHELL on stdout (the .deb \
+installs all three). For example:\n\n  \
+replay-guard completions bash > /etc/bash_completion.d/replay-guard\n  \
+replay-guard completions zsh > /usr/local/share/zsh/site-functions/_replay-guard\n  \
+replay-guard completions fish > ~/.config/fish/completions/replay-guard.fish";
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ManArgs {
+    /// Write replay-guard.1 and one page per command (replay-guard-run.1, …) into this
+    /// directory instead of printing replay-guard.1.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

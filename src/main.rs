@@ -56,6 +56,8 @@ fn main() -> ExitCode {
         Command::Relay(a) => commands::relay::run(a),
         Command::MigrateSchema(a) => commands::migrate::run_schema(a),
         Command::Migrate(a) => commands::migrate::run(a),
+        Command::Completions { shell } => commands::manual::completions(*shell),
+        Command::Man(a) => commands::manual::man(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ pub mod dump;
 pub mod explain;
 pub mod gaps;
 pub mod ingest;
+pub mod manual;
 pub mod migrate;
 pub mod quarantine;
 pub mod relay;

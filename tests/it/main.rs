@@ -20,6 +20,8 @@
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
+//! - `deb`: the Debian package built from the binary under test, read with dpkg-deb and
+//!   unpacked into a throwaway root; `man` and `completions`.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
@@ -55,6 +57,7 @@ mod config;
 mod crash;
 mod damage;
 mod db_file;
+mod deb;
 mod demo;
 mod fake_peer;
 mod faults;
