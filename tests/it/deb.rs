@@ -1,6 +1,7 @@
 //! The Debian package, built by `scripts/build-deb.sh --no-build` from the binary under test
-//! in the test's own target directory (`CARGO_TARGET_DIR`), then read with `dpkg-deb` and
-//! unpacked with `dpkg -x` into a throwaway root; and the `man` and `completions` commands
+//! in the test's own target directory (`CARGO_TARGET_DIR`), then read with `dpkg-deb`,
+//! unpacked with `dpkg -x` into a throwaway root, and installed into a real systemd (PID 1 in
+//! systemd-nspawn, `scripts/deb-systemd-test.sh`); and the `man` and `completions` commands
 //! it is made from.
 
 use std::collections::BTreeSet;
@@ -162,7 +163,6 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
         std::fs::read_to_string(root.join("usr/lib/systemd/system/replay-guard.service")).unwrap();
     for line in [
         "ExecStart=/usr/bin/replay-guard run --config /etc/replay-guard/replay-guard.toml",
-        "ExecStartPre=/usr/bin/replay-guard check-config /etc/replay-guard/replay-guard.toml",
         "RestartPreventExitStatus=1",
         "LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password",
     ] {
@@ -207,6 +207,34 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
     assert!(
         read("usr/share/fish/vendor_completions.d/replay-guard.fish")
             .contains("complete -c replay-guard")
+    );
+}
+
+/// The package as an operator meets it, in a Debian bookworm booted with systemd as PID 1:
+/// `apt install`, not started until enabled, `Type=notify` under its hardening, a
+/// redelivery suppressed, a config error not restarted, an upgrade restarting it, removal
+/// stopping it and keeping the database (the script's own checks; it fails at the first).
+/// The root file system is made once with debootstrap and kept in cargo's temp dir for
+/// integration tests; the container runs on an overlay in its own network namespace.
+#[test]
+fn the_deb_installs_and_runs_under_a_real_systemd() {
+    let dir = tempfile::tempdir().unwrap();
+    let deb = build_deb(dir.path());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join("scripts/deb-systemd-test.sh"))
+        .arg(&deb)
+        .env(
+            "ROOTFS",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-guard-bookworm-root"),
+        )
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("all checks passed"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The .deb in a real systemd: boots a Debian bookworm root (debootstrap, cached) with systemd
+# as PID 1 in systemd-nspawn, installs the package as an operator would (`apt install`), then
+# `systemctl enable --now`, and checks what the README promises: nothing starts before the
+# config is edited, the unit comes up `Type=notify` with its STATUS and watchdog under its
+# hardening, a redelivered message is suppressed, a config error stops the unit instead of
+# restarting it, an upgrade restarts it, removal stops it, and the store verifies. Prints one line per check; exits
+# non-zero at the first failed one.
+#
+# Usage: scripts/deb-systemd-test.sh PATH/TO/replay-guard_*.deb
+# Env: ROOTFS (the cached root, default ${TMPDIR:-/tmp}/replay-guard-bookworm-root, made on the
+# first run: about 35 s and 250 MB, from Debian's mirror). Needs root, debootstrap and
+# systemd-container (installed with --no-install-recommends if missing: the recommended
+# libnss-mymachines would edit the host's nsswitch.conf). The container has its own network
+# namespace (its own loopback and Mosquitto) and a throwaway overlay: the cached root is never
+# changed, and nothing of the host's is touched.
+set -euo pipefail
+deb=$(readlink -f "${1:?usage: $0 PATH/TO/replay-guard_*.deb}")
+rootfs=${ROOTFS:-${TMPDIR:-/tmp}/replay-guard-bookworm-root}
+name=rgdeb$$
+t0=$(date +%s%N)
+say() { printf '%6.1fs %s\n' "$(( ($(date +%s%N) - t0) / 100000000 ))e-1" "$*"; }
+fail() { say "FAIL: $*"; exit 1; }
+
+if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        debootstrap systemd-container >/dev/null
+fi
+if [ ! -x "$rootfs/lib/systemd/systemd" ]; then
+    say "making the bookworm root in $rootfs (once)"
+    rm -rf "$rootfs.partial"
+    debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,mosquitto,mosquitto-clients,man-db \
+        bookworm "$rootfs.partial" >/dev/null
+    mv "$rootfs.partial" "$rootfs"
+fi
+
+console=$(mktemp -t replay-guard-nspawn.XXXXXX)
+# The host's PID 1 need not be systemd: no machined, so --register=no --keep-unit.
+setsid systemd-nspawn -D "$rootfs" -b -M "$name" --register=no --keep-unit --private-network \
+    --volatile=overlay --console=passive >"$console" 2>&1 &
+nspawn=$!
+cleanup() {
+    if kill -0 "$nspawn" 2>/dev/null; then
+        kill -TERM "$nspawn"
+        for _ in $(seq 100); do kill -0 "$nspawn" 2>/dev/null || break; sleep 0.2; done
+        kill -0 "$nspawn" 2>/dev/null && kill -KILL "$nspawn"
+    fi
+    wait "$nspawn" 2>/dev/null || true
+    rm -f "$console"
+}
+trap cleanup EXIT
+leader=
+for _ in $(seq 200); do
+    leader=$(pgrep -P "$nspawn" -x systemd || true)
+    [ -n "$leader" ] && break
+    sleep 0.05
+done
+[ -n "$leader" ] || { cat "$console"; fail "the container's systemd did not start"; }
+ct() { nsenter -t "$leader" -m -u -i -n -p -- "$@"; }
+for _ in $(seq 200); do
+    state=$(ct systemctl is-system-running 2>/dev/null || true)
+    case "$state" in running | degraded) break ;; esac
+    sleep 0.1
+done
+say "booted: $(ct systemctl is-system-running || true), $(ct systemctl --version | head -n 1)"
+ct systemctl is-active --quiet mosquitto || fail "the container's mosquitto is not running"
+
+ct sh -c 'cat > /tmp/replay-guard.deb' <"$deb"
+ct env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq /tmp/replay-guard.deb >/dev/null 2>&1 ||
+    ct dpkg -i /tmp/replay-guard.deb >/dev/null
+say "installed $(ct dpkg-query -W -f '${Package} ${Version}' replay-guard)"
+[ "$(ct systemctl is-enabled replay-guard 2>/dev/null || true)" = disabled ] ||
+    fail "a first install enabled the unit"
+ct systemctl is-active --quiet replay-guard && fail "a first install started the unit"
+say "ok: not enabled, not started before the config is edited"
+ct man -w replay-guard-run >/dev/null || fail "man replay-guard-run finds no page"
+say "ok: man replay-guard-run"
+
+# The example config already names the container's broker (mqtt://127.0.0.1:1883, incidents/#).
+ct systemctl enable --now replay-guard >/dev/null 2>&1
+for _ in $(seq 100); do
+    ct systemctl is-active --quiet replay-guard && break
+    sleep 0.1
+done
+ct systemctl is-active --quiet replay-guard || {
+    ct journalctl -u replay-guard --no-pager | tail -n 20
+    fail "the unit did not become active"
+}
+status=$(ct systemctl show replay-guard -p StatusText --value)
+say "ok: active (Type=notify); STATUS: $status"
+pid=$(ct systemctl show -p MainPID --value replay-guard)
+ct sh -c "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/$pid/status" | tr '\n' ' ' | sed 's/\t/ /g'
+echo
+ct sh -c "grep -q '^CapEff:.0000000000000000' /proc/$pid/status" || fail "the service holds capabilities"
+ct sh -c "grep -q '^NoNewPrivs:.1' /proc/$pid/status" || fail "NoNewPrivs is off"
+
+for s in 1 2 3 2; do
+    ct mosquitto_pub -h 127.0.0.1 -V mqttv5 -q 1 -t incidents/CALFIRE \
+        -m "{\"agency\":\"CALFIRE\",\"source_id\":\"IC-1\",\"epoch\":1,\"sequence\":$s}"
+done
+db=/var/lib/replay-guard/replay-guard.redb
+for _ in $(seq 100); do
+    n=$(ct replay-guard dump-audit --db "$db" 2>/dev/null | wc -l)
+    [ "$n" -ge 4 ] && break
+    sleep 0.1
+done
+applied=$(ct replay-guard dump-effects --db "$db" | wc -l)
+dups=$(ct replay-guard dump-audit --db "$db" --outcome duplicate | wc -l)
+[ "$applied" -eq 3 ] && [ "$dups" -eq 1 ] || fail "applied $applied (want 3), duplicates $dups (want 1)"
+say "ok: 4 deliveries, 3 applied, the redelivery suppressed (read live from $db)"
+ct journalctl -u replay-guard -p warning --no-pager -q | head -n 5
+
+# A config error: exit 1 stops the unit (RestartPreventExitStatus=1), no restart loop.
+ct sh -c 'cp /etc/replay-guard/replay-guard.toml /tmp/good.toml; sed -i "s/^topics = .*/topics = []/" /etc/replay-guard/replay-guard.toml'
+ct systemctl restart replay-guard 2>/dev/null || true
+sleep 3
+result=$(ct systemctl show replay-guard -p ActiveState -p NRestarts -p Result | tr '\n' ' ')
+case "$result" in
+    *ActiveState=failed*) ;;
+    *) fail "a config error left the unit running or restarting: $result" ;;
+esac
+case "$result" in
+    *NRestarts=0*) say "ok: a config error stops the unit: $result" ;;
+    *) fail "a config error restarted the unit: $result" ;;
+esac
+ct sh -c 'cp /tmp/good.toml /etc/replay-guard/replay-guard.toml'
+ct systemctl reset-failed replay-guard
+ct systemctl start replay-guard
+ct systemctl is-active --quiet replay-guard || fail "the unit did not come back with a good config"
+
+# An upgrade (the same package again) restarts the running service.
+before=$(ct systemctl show -p MainPID --value replay-guard)
+ct dpkg -i /tmp/replay-guard.deb >/dev/null 2>&1
+after=$(ct systemctl show -p MainPID --value replay-guard)
+ct systemctl is-active --quiet replay-guard && [ "$after" != "$before" ] ||
+    fail "an upgrade did not restart the service (pid $before, then $after)"
+say "ok: an upgrade restarted the service (pid $before -> $after)"
+
+# Removal stops the service and keeps the database; verify it.
+ct env DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq replay-guard >/dev/null 2>&1
+ct systemctl is-active --quiet replay-guard && fail "removal left the unit running"
+say "ok: apt remove stopped the unit"
+ct test -s /var/lib/private/replay-guard/replay-guard.redb || fail "removal lost the database"
+ct dpkg -i /tmp/replay-guard.deb >/dev/null 2>&1
+ct replay-guard verify --db "$db" | cut -c1-120
+say "ok: the database stayed and verifies"
+say "all checks passed"
