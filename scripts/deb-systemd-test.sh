@@ -108,7 +108,22 @@ applied=$(ct replay-guard dump-effects --db "$db" | wc -l)
 dups=$(ct replay-guard dump-audit --db "$db" --outcome duplicate | wc -l)
 [ "$applied" -eq 3 ] && [ "$dups" -eq 1 ] || fail "applied $applied (want 3), duplicates $dups (want 1)"
 say "ok: 4 deliveries, 3 applied, the redelivery suppressed (read live from $db)"
-ct journalctl -u replay-guard -p warning --no-pager -q | head -n 5
+
+# journald natively: a quarantined message is a warning with its outcome, key and topic as
+# fields (JOURNAL_STREAM is set by systemd).
+ct mosquitto_pub -h 127.0.0.1 -V mqttv5 -q 1 -t incidents/CALFIRE -m 'not json'
+for _ in $(seq 100); do
+    ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed | grep -q quarantined && break
+    sleep 0.1
+done
+ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed | grep -q "message quarantined" ||
+    fail "journalctl -p warning OUTCOME=malformed shows no quarantine warning"
+entry=$(ct journalctl -u replay-guard -p warning --no-pager -q -o json OUTCOME=malformed | tail -n 1)
+case "$entry" in
+    *'"PRIORITY":"4"'*'"TOPIC":"incidents/CALFIRE"'* | *'"TOPIC":"incidents/CALFIRE"'*'"PRIORITY":"4"'*)
+        say "ok: journalctl -p warning OUTCOME=malformed shows it (priority 4, TOPIC field)" ;;
+    *) fail "the journal entry lacks its priority or fields: $entry" ;;
+esac
 
 # A config error: exit 1 stops the unit (RestartPreventExitStatus=1), no restart loop.
 ct sh -c 'cp /etc/replay-guard/replay-guard.toml /tmp/good.toml; sed -i "s/^topics = .*/topics = []/" /etc/replay-guard/replay-guard.toml'

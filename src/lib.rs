@@ -13,6 +13,7 @@ pub mod filter;
 pub mod fuzzing;
 pub mod json;
 pub mod key;
+pub mod logging;
 pub mod model;
 pub mod notify;
 pub mod rangeset;

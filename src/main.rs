@@ -1,10 +1,10 @@
 //! The `replay-guard` binary: parse flags, set up logging, dispatch, map errors to exit codes.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use replay_guard::cli::{Cli, Command, LogFormat};
+use replay_guard::cli::{Cli, Command};
 use replay_guard::commands::{self, EXIT_USAGE, dump};
 
 fn main() -> ExitCode {
@@ -28,17 +28,7 @@ fn main() -> ExitCode {
     } else {
         "info"
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    // `init` also bridges the `log` crate, so rumqttc's own messages appear.
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    replay_guard::logging::init(cli.log_format, default_level);
     let result = match &cli.command {
         Command::Run(a) => commands::run::run(a),
         Command::CheckConfig { file } => commands::check_config::run(file),

@@ -137,8 +137,28 @@ fn commit_with_retry(
                 if other.is_ok() && unreachable_since.swap(0, Ordering::Relaxed) != 0 {
                     tracing::info!(attempts, "PostgreSQL reachable again: batch committed");
                 }
+                if let Ok(report) = &other {
+                    warn_quarantined(batch, report);
+                }
                 return other;
             }
+        }
+    }
+}
+
+/// One warning per message the batch quarantined (conflict, stale, malformed): each waits
+/// for a person (`dump-quarantine`, `quarantine release|discard`), so each is worth a line
+/// in `journalctl -p warning`, with its outcome, key and topic as fields.
+fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
+    for (m, d) in batch.iter().zip(&report.decided) {
+        if let Some(id) = d.quarantine_id {
+            tracing::warn!(
+                outcome = d.outcome.as_str(),
+                key = d.key.map(|k| k.to_hex()).unwrap_or_default(),
+                topic = %m.topic,
+                quarantine_id = id,
+                "message quarantined for review"
+            );
         }
     }
 }
