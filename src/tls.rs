@@ -1,19 +1,42 @@
-//! The rustls set-up shared by the TLS clients rumqttc does not make (the `http` sink, the
-//! PostgreSQL connections): the crypto provider, trust anchors and a client identity read
-//! from PEM files. One TLS stack: the rustls rumqttc already links, on aws-lc-rs, named
-//! explicitly (no process-wide default provider is assumed or installed).
+//! The rustls set-up of every TLS client replay-guard makes (the MQTT connections, the `http`
+//! sink, the PostgreSQL connections): the crypto provider, trust anchors and a client identity
+//! read from PEM files. One TLS stack: rustls on ring, named explicitly in every config (no
+//! process-wide default provider is assumed or installed, so nothing can panic for lack of one).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio_rustls::rustls::crypto::{CryptoProvider, aws_lc_rs};
+use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{self, RootCertStore};
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
-/// The crypto provider of every rustls client replay-guard makes itself.
+/// The crypto provider of every rustls client replay-guard makes: ring (the build links no
+/// other; see README "TLS").
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(aws_lc_rs::default_provider())
+    Arc::new(ring::default_provider())
+}
+
+/// A client that verifies the server's chain and name against exactly the certificates in the
+/// CA file, authenticating with a certificate chain and key if `identity` names them. Each
+/// file comes with the setting that names it, for the errors.
+pub fn verifying_client(
+    (ca_file, ca_key): (&Path, &str),
+    identity: Option<[(&Path, &str); 2]>,
+) -> Result<ClientConfig, String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots(ca_file, ca_key)?);
+    match identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some([(cert, cert_key), (key, key_key)]) => {
+            let (chain, private) = self::identity(cert, key, cert_key, key_key)?;
+            builder
+                .with_client_auth_cert(chain, private)
+                .map_err(|e| format!("{cert_key}/{key_key}: {e}"))
+        }
+    }
 }
 
 /// Every certificate in the PEM file `path` as a trust anchor; `key` names the setting in

@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{ClientConfig, pki_types};
+use tokio_rustls::rustls::pki_types;
 
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::{HttpSink as HttpConfig, HttpUrl};
@@ -644,14 +644,9 @@ where
 }
 
 /// A verifying TLS client trusting exactly the certificates in `ca_file`, on the provider
-/// of `crate::tls` (the aws-lc-rs rumqttc already links).
+/// of `crate::tls` (ring).
 fn tls_connector(ca_file: &Path) -> Result<TlsConnector, String> {
-    let roots = crate::tls::roots(ca_file, "ca_file")?;
-    let mut cfg = ClientConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut cfg = crate::tls::verifying_client((ca_file, "ca_file"), None)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(cfg)))
 }

@@ -212,18 +212,18 @@ impl Endpoint<'_> {
         let tls = self
             .tls
             .ok_or_else(|| format!("an mqtts:// broker needs {} ca_file", self.section))?;
-        let read =
-            |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
-            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+        // Our own rustls config, not rumqttc's `TlsConfiguration::Simple`: that one is built
+        // with `ClientConfig::builder()`, which needs a process-default crypto provider.
+        let identity = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(c), Some(k)) => Some([
+                (c.as_path(), "client_cert_file"),
+                (k.as_path(), "client_key_file"),
+            ]),
             _ => None,
         };
+        let client = crate::tls::verifying_client((&tls.ca_file, "ca_file"), identity)?;
         Ok(Some(rumqttc::Transport::tls_with_config(
-            rumqttc::TlsConfiguration::Simple {
-                ca: read(&tls.ca_file)?,
-                alpn: None,
-                client_auth,
-            },
+            rumqttc::TlsConfiguration::Rustls(Arc::new(client)),
         )))
     }
 

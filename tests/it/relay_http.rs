@@ -674,7 +674,7 @@ fn tls_server(pki: &Path) -> Tls {
         .map(Result::unwrap)
         .collect();
     let key = PrivateKeyDer::from_pem_file(pki.join("server.key")).unwrap();
-    let provider = Arc::new(tokio_rustls::rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     Arc::new(
         tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -166,3 +166,40 @@ fn consumer_verifies_the_broker_and_authenticates_with_a_client_certificate() {
     );
     assert_eq!(decided(&dir2.join("rg.redb")), 0);
 }
+
+/// Every client config is built on ring, named explicitly: building one neither needs nor
+/// installs a process-default provider (rumqttc's own `ClientConfig::builder()` would need one,
+/// which is why the transport hands rumqttc a ready config).
+#[test]
+fn tls_clients_are_built_on_ring_without_a_process_default_provider() {
+    use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
+    let dir = tempfile::tempdir().unwrap();
+    make_pki(dir.path(), "rg-provider-ca");
+    let p = |name: &str| dir.path().join(name);
+    let client_cert = p("client.pem");
+    let client_key = p("client.key");
+    for identity in [
+        None,
+        Some([
+            (client_cert.as_path(), "client_cert_file"),
+            (client_key.as_path(), "client_key_file"),
+        ]),
+    ] {
+        let cfg = replay_guard::tls::verifying_client((&p("ca.pem"), "ca_file"), identity)
+            .expect("a client config from the test PKI");
+        let groups = |p: &CryptoProvider| p.kx_groups.iter().map(|g| g.name()).collect::<Vec<_>>();
+        assert_eq!(
+            groups(cfg.crypto_provider()),
+            groups(&ring::default_provider())
+        );
+        assert_eq!(
+            cfg.crypto_provider().cipher_suites,
+            ring::default_provider().cipher_suites
+        );
+        assert!(cfg.client_auth_cert_resolver.has_certs() == identity.is_some());
+    }
+    assert!(
+        CryptoProvider::get_default().is_none(),
+        "a process-default crypto provider was installed"
+    );
+}
