@@ -277,7 +277,7 @@ pub struct HealthArgs {
     /// More deliveries than this quarantined in the last hour: CRITICAL.
     #[arg(long, value_name = "N", default_value = "50")]
     pub crit_quarantine: String,
-    /// Window fuller than this percentage of [window] max_entries: WARNING.
+    /// Window fuller than this percentage of `[window] max_entries`: WARNING.
     #[arg(long, value_name = "PERCENT", default_value = "80")]
     pub warn_window_fill: String,
     /// Window fuller than this percentage: CRITICAL.
