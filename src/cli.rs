@@ -67,6 +67,13 @@ pub enum Command {
     /// Health at a glance: decisions per outcome (total and last hour), window, per-source
     /// high-water marks, failover replay bursts, quarantine and file size.
     Stats(StatsArgs),
+    /// Monitoring check (Nagios/Icinga plugin, systemd timer): one status line; exit 0 OK,
+    /// 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read).
+    #[command(long_about = HEALTH_ABOUT)]
+    Health(HealthArgs),
+    /// Copy a live database into a new file from one read transaction (consistent while `run`
+    /// writes), then verify the copy. redb only: for PostgreSQL use `pg_dump -n SCHEMA`.
+    Backup(BackupArgs),
     /// Rewrite the database file to give back the space retention freed. Stop `run` first.
     Compact(DbArgs),
     /// See the problem and the fix: a real broker failover replay, in-process, with a naive
@@ -271,6 +278,68 @@ pub enum StatsFormat {
     Text,
     /// One JSON object, for scripts and monitoring.
     Json,
+}
+
+const HEALTH_ABOUT: &str = "Check the store against thresholds and print one line in the \
+monitoring-plugin format, `REPLAY-GUARD STATE - text | perfdata`, for Nagios, Icinga or a \
+systemd timer. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read, or a \
+flag is wrong).\n\n\
+Checks: the age of the last decision (the newest audit entry), deliveries quarantined in the \
+last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
+uses), each relay sink's lag (effects behind the head, and the age of the oldest undelivered \
+one), and free space on the file system of the database file (not for PostgreSQL). A value \
+above a --warn-* threshold is WARNING, above --crit-* CRITICAL (disk free: below). `off` \
+turns a threshold off. Read-only, from one snapshot: works while `run` writes.";
+
+#[derive(clap::Args, Debug)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Last decision older than this: WARNING (90s, 5m, 1h, 2d; or off).
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub warn_commit_age: String,
+    /// Last decision older than this: CRITICAL.
+    #[arg(long, value_name = "DURATION", default_value = "15m")]
+    pub crit_commit_age: String,
+    /// More deliveries than this quarantined in the last hour: WARNING.
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub warn_quarantine: String,
+    /// More deliveries than this quarantined in the last hour: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "50")]
+    pub crit_quarantine: String,
+    /// Window fuller than this percentage of `[window] max_entries`: WARNING.
+    #[arg(long, value_name = "PERCENT", default_value = "80")]
+    pub warn_window_fill: String,
+    /// Window fuller than this percentage: CRITICAL.
+    #[arg(long, value_name = "PERCENT", default_value = "95")]
+    pub crit_window_fill: String,
+    /// A sink more than this many effects behind the head: WARNING.
+    #[arg(long, value_name = "N", default_value = "1000")]
+    pub warn_relay_lag: String,
+    /// A sink more than this many effects behind: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "10000")]
+    pub crit_relay_lag: String,
+    /// A sink's oldest undelivered effect older than this: WARNING.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub warn_relay_age: String,
+    /// A sink's oldest undelivered effect older than this: CRITICAL.
+    #[arg(long, value_name = "DURATION", default_value = "15m")]
+    pub crit_relay_age: String,
+    /// Less free space than this percentage beside the database: WARNING.
+    #[arg(long, value_name = "PERCENT", default_value = "10")]
+    pub warn_disk_free: String,
+    /// Less free space than this percentage: CRITICAL.
+    #[arg(long, value_name = "PERCENT", default_value = "5")]
+    pub crit_disk_free: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The new backup file (refused if it exists; built as FILE.partial, then renamed).
+    #[arg(long, value_name = "FILE")]
+    pub to: PathBuf,
 }
 
 const EXPLAIN_ABOUT: &str = "Tell the whole story of one event, named by its idempotency key or \

@@ -13,6 +13,10 @@ fn main() -> ExitCode {
     replay_guard::store::install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        // A monitoring system reads a usage error of the check as UNKNOWN, on stdout.
+        Err(e) if e.use_stderr() && commands::health::requested() => {
+            return commands::health::unknown(&one_line(&e));
+        }
         Err(e) if e.use_stderr() => {
             let _ = writeln!(std::io::stderr(), "replay-guard: {}", one_line(&e));
             return ExitCode::from(EXIT_USAGE);
@@ -39,6 +43,9 @@ fn main() -> ExitCode {
         Command::DumpQuarantine(a) => dump::run(dump::Table::Quarantine, a),
         Command::Quarantine(a) => commands::quarantine::run(a),
         Command::Stats(a) => commands::stats::run(a),
+        // Its own exit codes (the plugin convention) and its own one line, errors included.
+        Command::Health(a) => return commands::health::run(a),
+        Command::Backup(a) => commands::backup::run(a),
         Command::Compact(a) => commands::compact::run(a),
         Command::Demo(a) => commands::demo::run(a),
         Command::Explain(a) => commands::explain::run(a),

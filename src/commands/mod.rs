@@ -1,11 +1,13 @@
 //! One module per subcommand, and the exit-code contract they share.
 
+pub mod backup;
 pub mod check_config;
 pub mod compact;
 pub mod demo;
 pub mod dump;
 pub mod explain;
 pub mod gaps;
+pub mod health;
 pub mod ingest;
 pub mod manual;
 pub mod migrate;

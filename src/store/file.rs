@@ -404,3 +404,24 @@ mod tests {
         outcome.unwrap();
     }
 }
+
+/// Free space for unprivileged writers, and total size, of the file system holding the
+/// database at `path` (its directory is asked, so a missing file still has an answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSpace {
+    pub available_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// `statvfs` of the directory holding `path`.
+pub fn disk_space(path: &Path) -> std::io::Result<DiskSpace> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let s = rustix::fs::statvfs(dir)?;
+    Ok(DiskSpace {
+        available_bytes: s.f_bavail.saturating_mul(s.f_frsize),
+        total_bytes: s.f_blocks.saturating_mul(s.f_frsize),
+    })
+}

@@ -3,9 +3,10 @@
 //! in one durable write transaction. `read` holds the read-only views used by inspectors.
 
 mod audit;
+pub mod backup;
 mod engine;
 mod file;
-pub use file::SinkLocks;
+pub use file::{DiskSpace, SinkLocks, disk_space};
 mod guard;
 pub mod lookup;
 mod operator;

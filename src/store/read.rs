@@ -250,6 +250,25 @@ impl Snapshot {
         })
     }
 
+    /// When the newest audit entry was recorded (`None`: the log is empty).
+    pub fn newest_audit_ms(&self) -> Result<Option<u64>, StoreError> {
+        let mut newest = None;
+        if let Some(pg) = self.pg() {
+            pg.audit_heads_newest_first(|_, head| {
+                newest = Some(head.recorded_at_ms);
+                ControlFlow::Break(())
+            })?;
+            return Ok(newest);
+        }
+        self.guard(|txn| {
+            let t = AUDIT.open(txn)?;
+            if let Some(entry) = t.heads::<AuditHead>(..)?.next_back() {
+                newest = Some(entry?.1.recorded_at_ms);
+            }
+            Ok(newest)
+        })
+    }
+
     /// Every source with its marks, in source-number order.
     pub fn sources(&self) -> Result<Vec<SourceRecord>, StoreError> {
         if let Some(pg) = self.pg() {

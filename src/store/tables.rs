@@ -61,6 +61,169 @@ pub const RETENTION: MetaEntry<RetentionMarks> = MetaEntry::new("retention");
 /// (retention does not lower them).
 pub const COUNTS: MetaEntry<Counters> = MetaEntry::new("counts");
 
+/// One column value of a stored key or value, as a whole-store copy hands it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cell<'a> {
+    Int(u64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+}
+
+/// A key or value type of a stored table, split into the columns PostgreSQL keeps it in
+/// (`migrate --from`); a redb-to-redb copy (`backup`) copies it whole.
+pub trait Cells: redb::Value + 'static {
+    /// Each column's PostgreSQL array type, in column order.
+    const PG_TYPES: &'static [&'static str];
+    /// Hands each column of `v` to `out`, in column order.
+    fn cells<'a>(v: Self::SelfType<'a>, out: &mut dyn FnMut(Cell<'a>));
+}
+
+impl Cells for u64 {
+    const PG_TYPES: &'static [&'static str] = &["bigint[]"];
+    fn cells<'a>(v: u64, out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Int(v));
+    }
+}
+
+impl Cells for &'static str {
+    const PG_TYPES: &'static [&'static str] = &["text[]"];
+    fn cells<'a>(v: &'a str, out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Text(v));
+    }
+}
+
+impl Cells for &'static [u8] {
+    const PG_TYPES: &'static [&'static str] = &["bytea[]"];
+    fn cells<'a>(v: &'a [u8], out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Bytes(v));
+    }
+}
+
+impl Cells for &'static [u8; 32] {
+    const PG_TYPES: &'static [&'static str] = &["bytea[]"];
+    fn cells<'a>(v: &'a [u8; 32], out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Bytes(v));
+    }
+}
+
+impl Cells for (&'static str, &'static str) {
+    const PG_TYPES: &'static [&'static str] = &["text[]", "text[]"];
+    fn cells<'a>(v: (&'a str, &'a str), out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Text(v.0));
+        out(Cell::Text(v.1));
+    }
+}
+
+impl Cells for (&'static str, u64) {
+    const PG_TYPES: &'static [&'static str] = &["text[]", "bigint[]"];
+    fn cells<'a>(v: (&'a str, u64), out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Text(v.0));
+        out(Cell::Int(v.1));
+    }
+}
+
+impl Cells for (u64, u64, u64) {
+    const PG_TYPES: &'static [&'static str] = &["bigint[]", "bigint[]", "bigint[]"];
+    fn cells<'a>(v: (u64, u64, u64), out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Int(v.0));
+        out(Cell::Int(v.1));
+        out(Cell::Int(v.2));
+    }
+}
+
+/// One table of the store as a whole-store copy sees it: the redb definition (stored bytes)
+/// and the PostgreSQL table and columns (key columns, then value columns) holding the same.
+pub struct WholeTable<K: Cells + Key, V: Cells> {
+    pub def: TableDefinition<'static, K, V>,
+    pub pg_table: &'static str,
+    pub pg_columns: [&'static str; 2],
+}
+
+/// A whole-store copy (`backup`, `migrate --from`): `table` is called once per table.
+pub trait CopyTable {
+    fn table<K: Cells + Key, V: Cells>(&mut self, t: WholeTable<K, V>) -> Result<(), StoreError>;
+}
+
+/// Calls `copy.table` for every table of the store. **The one list** of tables: `backup`
+/// and `migrate --from` both walk it, `unlisted_tables` refuses a file holding one it lacks,
+/// and a test checks that a new store holds exactly these.
+pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
+    fn records<K: Cells + KeyText, R>(r: Records<K, R>) -> WholeTable<K, &'static [u8]> {
+        WholeTable {
+            def: r.raw(),
+            pg_table: r.pg_table,
+            pg_columns: [r.pg_key, "record"],
+        }
+    }
+    copy.table(WholeTable {
+        def: META_TABLE,
+        pg_table: "meta",
+        pg_columns: ["name", "record"],
+    })?;
+    copy.table(WholeTable {
+        def: SOURCE_IDS,
+        pg_table: "source_ids",
+        pg_columns: ["agency, source_id", "no"],
+    })?;
+    copy.table(records(SOURCES))?;
+    copy.table(records(WINDOW))?;
+    copy.table(records(EFFECTS))?;
+    copy.table(records(AUDIT))?;
+    copy.table(records(QUARANTINE))?;
+    copy.table(WholeTable {
+        def: QUARANTINE_FP,
+        pg_table: "quarantine_fp",
+        pg_columns: ["fp", "id"],
+    })?;
+    copy.table(WholeTable {
+        def: QUARANTINE_FP_BY_ID,
+        pg_table: "quarantine_fp_by_id",
+        pg_columns: ["id", "fp"],
+    })?;
+    copy.table(records(REPLAY_BURSTS))?;
+    copy.table(records(SINK_CURSORS))?;
+    copy.table(records(SINK_PARKED))?;
+    Ok(())
+}
+
+/// The names of `for_each_table`'s tables.
+pub fn table_names() -> Vec<String> {
+    struct Names(Vec<String>);
+    impl CopyTable for Names {
+        fn table<K: Cells + Key, V: Cells>(
+            &mut self,
+            t: WholeTable<K, V>,
+        ) -> Result<(), StoreError> {
+            use redb::TableHandle as _;
+            self.0.push(t.def.name().to_string());
+            Ok(())
+        }
+    }
+    let mut names = Names(Vec::new());
+    // `Names::table` never fails.
+    let _ = for_each_table(&mut names);
+    names.0
+}
+
+/// Tables in `txn`'s file that `for_each_table` does not list (written by a newer build): a
+/// whole-store copy refuses such a file rather than leave them behind.
+pub fn unlisted_tables(txn: &ReadTransaction) -> Result<Vec<String>, StoreError> {
+    use redb::{MultimapTableHandle as _, TableHandle as _};
+    let known = table_names();
+    let mut extra: Vec<String> = txn
+        .list_tables()
+        .map_err(StoreError::redb)?
+        .map(|t| t.name().to_string())
+        .filter(|n| !known.contains(n))
+        .collect();
+    extra.extend(
+        txn.list_multimap_tables()
+            .map_err(StoreError::redb)?
+            .map(|t| t.name().to_string()),
+    );
+    Ok(extra)
+}
+
 /// A redb table whose values are versioned records of one type: its key type `K`, its record
 /// type `R`, its name, and the PostgreSQL table (and key columns) holding the same records,
 /// all named here once. Callers open it and get and put `R`s; none passes a table name or
@@ -817,6 +980,27 @@ mod tests {
         };
         let h: AuditHead = AUDIT.head(0, &AUDIT.encode(&r)).unwrap();
         assert_eq!((h.recorded_at_ms, h.outcome), (1_700_000_000_123, 2));
+    }
+
+    #[test]
+    fn a_new_store_holds_exactly_the_listed_tables() {
+        use redb::TableHandle as _;
+        let store = crate::store::Store::open_in_memory(Default::default()).unwrap();
+        let snap = store.reader().unwrap();
+        let mut held: Vec<String> = snap
+            .guard(|txn| -> Result<Vec<String>, StoreError> {
+                Ok(txn
+                    .list_tables()
+                    .map_err(StoreError::redb)?
+                    .map(|t| t.name().to_string())
+                    .collect())
+            })
+            .unwrap();
+        let mut listed = table_names();
+        held.sort();
+        listed.sort();
+        assert_eq!(held, listed, "Store::init and for_each_table disagree");
+        assert!(snap.guard(unlisted_tables).unwrap().is_empty());
     }
 
     #[test]

@@ -44,10 +44,15 @@
 //!   deliverer per sink with the others standing by, relays and `run` members through kill -9s.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
+//! - `health`: the monitoring check on real stores (redb and PostgreSQL): OK, WARNING and
+//!   CRITICAL from real conditions, UNKNOWN for an unreadable store, the line parsed.
+//! - `backup`: online backups taken while `run` consumes a surge: each verifies, is a prefix
+//!   of the live record, restores; `run` undisturbed. Refusals (existing file, PostgreSQL).
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod backup;
 mod bad_input;
 mod broker;
 mod cli;
@@ -62,6 +67,7 @@ mod demo;
 mod fake_peer;
 mod faults;
 mod fuzz_regressions;
+mod health;
 mod inspect;
 mod live_read;
 mod model;

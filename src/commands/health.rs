@@ -1,0 +1,657 @@
+//! `health`: a monitoring-plugin check. Readings are taken from one read-only snapshot (and
+//! `statvfs` beside a redb file), judged against thresholds by a pure function, and printed
+//! as one line `REPLAY-GUARD STATE - text | perfdata`; the exit code is the state (0 OK,
+//! 1 WARNING, 2 CRITICAL, 3 UNKNOWN), as Nagios, Icinga and their kin expect.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::cli::HealthArgs;
+use crate::config::Config;
+use crate::model::Outcome;
+use crate::store::{DiskSpace, Snapshot};
+use crate::timefmt::now_ms;
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// A check's verdict, ordered from best to worst (UNKNOWN ranks last: nothing was judged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum State {
+    Ok,
+    Warning,
+    Critical,
+    Unknown,
+}
+
+impl State {
+    pub fn code(self) -> u8 {
+        match self {
+            State::Ok => 0,
+            State::Warning => 1,
+            State::Critical => 2,
+            State::Unknown => 3,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Ok => "OK",
+            State::Warning => "WARNING",
+            State::Critical => "CRITICAL",
+            State::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// A warning and a critical bound (`None`: that one is off), as given and as a number in
+/// the reading's unit (seconds, a count, or hundredths of a percent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounds {
+    warn: Option<(String, u64)>,
+    crit: Option<(String, u64)>,
+}
+
+impl Bounds {
+    /// Judges `value`: past a bound is above it, or below it when `low_is_bad`.
+    fn judge(&self, value: u64, low_is_bad: bool) -> (State, Option<&str>) {
+        fn past(b: &Option<(String, u64)>, value: u64, low_is_bad: bool) -> Option<&str> {
+            b.as_ref()
+                .filter(|(_, n)| if low_is_bad { value < *n } else { value > *n })
+                .map(|(text, _)| text.as_str())
+        }
+        if let Some(t) = past(&self.crit, value, low_is_bad) {
+            (State::Critical, Some(t))
+        } else if let Some(t) = past(&self.warn, value, low_is_bad) {
+            (State::Warning, Some(t))
+        } else {
+            (State::Ok, None)
+        }
+    }
+
+    /// The perfdata `warn;crit` fields, scaled by `unit` (a range `N:` when low is bad).
+    fn perf(&self, unit: impl Fn(u64) -> String, low_is_bad: bool) -> String {
+        let one = |b: &Option<(String, u64)>| {
+            b.as_ref().map_or(String::new(), |(_, n)| {
+                if low_is_bad {
+                    format!("{}:", unit(*n))
+                } else {
+                    unit(*n)
+                }
+            })
+        };
+        format!("{};{}", one(&self.warn), one(&self.crit))
+    }
+}
+
+/// Every threshold of the check, parsed from the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thresholds {
+    pub commit_age_s: Bounds,
+    pub quarantined_1h: Bounds,
+    /// Hundredths of a percent.
+    pub window_fill: Bounds,
+    pub relay_lag: Bounds,
+    pub relay_age_s: Bounds,
+    /// Hundredths of a percent.
+    pub disk_free: Bounds,
+}
+
+impl Thresholds {
+    pub fn parse(a: &HealthArgs) -> Result<Thresholds, String> {
+        let b = |wf: &str, w: &str, cf: &str, c: &str, p: fn(&str) -> Option<u64>| {
+            let one = |flag: &str, v: &str| -> Result<Option<(String, u64)>, String> {
+                if v == "off" {
+                    return Ok(None);
+                }
+                p(v).map(|n| Some((v.to_string(), n)))
+                    .ok_or_else(|| format!("--{flag} {v:?}: not a valid value (see --help)"))
+            };
+            Ok::<_, String>(Bounds {
+                warn: one(wf, w)?,
+                crit: one(cf, c)?,
+            })
+        };
+        Ok(Thresholds {
+            commit_age_s: b(
+                "warn-commit-age",
+                &a.warn_commit_age,
+                "crit-commit-age",
+                &a.crit_commit_age,
+                duration_s,
+            )?,
+            quarantined_1h: b(
+                "warn-quarantine",
+                &a.warn_quarantine,
+                "crit-quarantine",
+                &a.crit_quarantine,
+                count,
+            )?,
+            window_fill: b(
+                "warn-window-fill",
+                &a.warn_window_fill,
+                "crit-window-fill",
+                &a.crit_window_fill,
+                percent,
+            )?,
+            relay_lag: b(
+                "warn-relay-lag",
+                &a.warn_relay_lag,
+                "crit-relay-lag",
+                &a.crit_relay_lag,
+                count,
+            )?,
+            relay_age_s: b(
+                "warn-relay-age",
+                &a.warn_relay_age,
+                "crit-relay-age",
+                &a.crit_relay_age,
+                duration_s,
+            )?,
+            disk_free: b(
+                "warn-disk-free",
+                &a.warn_disk_free,
+                "crit-disk-free",
+                &a.crit_disk_free,
+                percent,
+            )?,
+        })
+    }
+}
+
+/// `90s`, `5m`, `1h`, `2d` in seconds.
+fn duration_s(v: &str) -> Option<u64> {
+    let unit = match v.chars().last()? {
+        's' => 1,
+        'm' => 60,
+        'h' => 3_600,
+        'd' => 86_400,
+        _ => return None,
+    };
+    count(&v[..v.len() - 1])?.checked_mul(unit)
+}
+
+fn count(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+/// `80`, `80%`, `2.5` in hundredths of a percent, at most 100 %.
+fn percent(v: &str) -> Option<u64> {
+    let v = v.strip_suffix('%').unwrap_or(v);
+    let (whole, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 2 || (!frac.is_empty() && count(frac).is_none()) {
+        return None;
+    }
+    let frac = format!("{frac:0<2}").parse::<u64>().ok()?;
+    let n = count(whole)?.checked_mul(100)?.checked_add(frac)?;
+    (n <= 10_000).then_some(n)
+}
+
+/// A sink's distance from the head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkLag {
+    pub name: String,
+    pub events: u64,
+    /// Age of the oldest undelivered effect (0 when caught up).
+    pub age_s: u64,
+}
+
+/// What the check measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readings {
+    /// Seconds since the newest audit entry (or, before the first, since creation).
+    pub commit_age_s: u64,
+    /// Whether any decision was recorded yet.
+    pub decided: bool,
+    pub quarantined_1h: u64,
+    pub quarantine_held: u64,
+    pub window_entries: u64,
+    pub window_max: u64,
+    pub sinks: Vec<SinkLag>,
+    /// `None`: a PostgreSQL store, whose disk is the server's.
+    pub disk: Option<DiskSpace>,
+}
+
+impl Readings {
+    pub fn read(
+        snap: &Snapshot,
+        db: &Path,
+        config: &Config,
+        now: u64,
+    ) -> Result<Readings, crate::store::StoreError> {
+        let meta = snap.meta()?;
+        let summary = snap.summary()?;
+        let newest = snap.newest_audit_ms()?;
+        let last = newest.unwrap_or_else(|| {
+            // Retention may have pruned every entry: its last run is then the last write.
+            let pruned = snap.retention_marks().map_or(0, |m| m.last_pruned_at_ms);
+            meta.created_at_ms.max(pruned)
+        });
+        let hour = snap.counts_since(now.saturating_sub(HOUR_MS))?;
+        let mut sinks = Vec::new();
+        for (name, rec) in snap.sink_cursors()? {
+            let events = meta.next_effect.saturating_sub(rec.next);
+            let age_s = if events == 0 {
+                0
+            } else {
+                snap.effect(rec.next)?
+                    .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
+            };
+            sinks.push(SinkLag {
+                name,
+                events,
+                age_s,
+            });
+        }
+        let disk = if snap.is_postgres() {
+            None
+        } else {
+            Some(crate::store::disk_space(db).map_err(|e| {
+                crate::store::StoreError::Refused(format!(
+                    "cannot read the free space beside {}: {e}",
+                    db.display()
+                ))
+            })?)
+        };
+        Ok(Readings {
+            commit_age_s: now.saturating_sub(last) / 1000,
+            decided: newest.is_some(),
+            quarantined_1h: [Outcome::Conflict, Outcome::Stale, Outcome::Malformed]
+                .iter()
+                .map(|o| hour.get(*o))
+                .sum(),
+            quarantine_held: summary.quarantined,
+            window_entries: summary.window_entries,
+            window_max: config.store.window.max_entries,
+            sinks,
+            disk,
+        })
+    }
+}
+
+/// One judged reading.
+struct Check {
+    state: State,
+    text: String,
+}
+
+/// The verdict and the status line (without a newline).
+pub fn evaluate(r: &Readings, t: &Thresholds) -> (State, String) {
+    let mut checks = Vec::new();
+    let mut perf = Vec::new();
+    let secs = |n: u64| n.to_string();
+    let pct = |bp: u64| format!("{}.{:02}", bp / 100, bp % 100);
+    let mut judged = |state: State, bound: Option<&str>, text: String| {
+        let text = match bound {
+            Some(b) if state != State::Ok => format!("{text} ({} {b})", state.name()),
+            _ => text,
+        };
+        checks.push(Check { state, text });
+    };
+
+    let (s, b) = t.commit_age_s.judge(r.commit_age_s, false);
+    let what = if r.decided {
+        "last decision"
+    } else {
+        "no decision yet, created"
+    };
+    judged(s, b, format!("{what} {} ago", age(r.commit_age_s)));
+    perf.push(format!(
+        "commit_age={}s;{};0",
+        r.commit_age_s,
+        t.commit_age_s.perf(secs, false)
+    ));
+
+    let (s, b) = t.quarantined_1h.judge(r.quarantined_1h, false);
+    judged(
+        s,
+        b,
+        format!(
+            "{} quarantined in the last hour ({} held)",
+            r.quarantined_1h, r.quarantine_held
+        ),
+    );
+    perf.push(format!(
+        "quarantined_1h={};{};0",
+        r.quarantined_1h,
+        t.quarantined_1h.perf(secs, false)
+    ));
+    perf.push(format!("quarantine_held={};;;0", r.quarantine_held));
+
+    let fill = (u128::from(r.window_entries) * 10_000 / u128::from(r.window_max.max(1))) as u64;
+    let (s, b) = t.window_fill.judge(fill, false);
+    judged(
+        s,
+        b,
+        format!(
+            "window {}% full ({} of {})",
+            fill / 100,
+            r.window_entries,
+            r.window_max
+        ),
+    );
+    perf.push(format!(
+        "window_fill={}%;{};0;100",
+        pct(fill),
+        t.window_fill.perf(pct, false)
+    ));
+    perf.push(format!(
+        "window_entries={};;;0;{}",
+        r.window_entries, r.window_max
+    ));
+
+    for sink in &r.sinks {
+        let (s1, b1) = t.relay_lag.judge(sink.events, false);
+        let (s2, b2) = t.relay_age_s.judge(sink.age_s, false);
+        let (s, b) = if s2 > s1 { (s2, b2) } else { (s1, b1) };
+        judged(
+            s,
+            b,
+            format!(
+                "sink {} {} behind ({} old)",
+                sink.name,
+                sink.events,
+                age(sink.age_s)
+            ),
+        );
+        let label = label(&sink.name);
+        perf.push(format!(
+            "'relay_lag_{label}'={};{};0",
+            sink.events,
+            t.relay_lag.perf(secs, false)
+        ));
+        perf.push(format!(
+            "'relay_age_{label}'={}s;{};0",
+            sink.age_s,
+            t.relay_age_s.perf(secs, false)
+        ));
+    }
+
+    match r.disk {
+        Some(d) => {
+            let free =
+                (u128::from(d.available_bytes) * 10_000 / u128::from(d.total_bytes.max(1))) as u64;
+            let (s, b) = t.disk_free.judge(free, true);
+            judged(
+                s,
+                b,
+                format!("disk {}% free ({})", free / 100, size(d.available_bytes)),
+            );
+            perf.push(format!(
+                "disk_free={}%;{};0;100",
+                pct(free),
+                t.disk_free.perf(pct, true)
+            ));
+            perf.push(format!(
+                "disk_free_bytes={}B;;;0;{}",
+                d.available_bytes, d.total_bytes
+            ));
+        }
+        None => judged(
+            State::Ok,
+            None,
+            "disk not checked (PostgreSQL: watch the server)".into(),
+        ),
+    }
+
+    let state = checks.iter().map(|c| c.state).max().unwrap_or(State::Ok);
+    // The worst first: a monitoring system shows the start of the line.
+    checks.sort_by_key(|c| std::cmp::Reverse(c.state));
+    let text: Vec<String> = checks.into_iter().map(|c| c.text).collect();
+    let line = format!(
+        "REPLAY-GUARD {} - {} | {}",
+        state.name(),
+        clean(&text.join(", ")),
+        perf.join(" ")
+    );
+    (state, line)
+}
+
+/// A perfdata label from a sink name: letters, digits, `_`, `-` and `.` kept, else `_`.
+fn label(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Text fit for the one line: no line breaks, and no `|` (it starts the perfdata).
+fn clean(text: &str) -> String {
+    text.replace(['\n', '\r'], " ").replace('|', "/")
+}
+
+fn age(s: u64) -> String {
+    match s {
+        0..120 => format!("{s} s"),
+        120..7_200 => format!("{} min", s / 60),
+        7_200..172_800 => format!("{} h", s / 3_600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+fn size(bytes: u64) -> String {
+    let gib = bytes as f64 / (1024.0 * 1024.0 * 1024.0);
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+/// Whether the command line asks for `health` (so that a usage error is reported the
+/// plugin's way: one line on stdout, exit 3).
+pub fn requested() -> bool {
+    std::env::args_os().skip(1).any(|a| a == "health")
+}
+
+/// Prints an UNKNOWN line for `why`; exit code 3.
+pub fn unknown(why: &str) -> ExitCode {
+    print_line(&format!("REPLAY-GUARD UNKNOWN - {}", clean(why)));
+    ExitCode::from(State::Unknown.code())
+}
+
+fn print_line(line: &str) {
+    // A closed stdout cannot be told about; the exit code still says it.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+pub fn run(args: &HealthArgs) -> ExitCode {
+    let thresholds = match Thresholds::parse(args) {
+        Ok(t) => t,
+        Err(why) => return unknown(&why),
+    };
+    let config = match Config::resolve(args.db.config.as_deref(), args.db.db.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return unknown(&format!("{e:#}")),
+    };
+    let now = now_ms();
+    let judged = super::open_existing(&args.db).and_then(|(db, snap)| {
+        let readings = Readings::read(&snap, &db, &config, now).map_err(|e| {
+            super::Failure::Runtime(anyhow::Error::new(e).context(db.display().to_string()))
+        })?;
+        Ok(evaluate(&readings, &thresholds))
+    });
+    match judged {
+        Ok((state, line)) => {
+            print_line(&line);
+            ExitCode::from(state.code())
+        }
+        Err(f) => unknown(&format!("{:#}", f.error())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Thresholds {
+        use clap::Parser as _;
+        let cli = crate::cli::Cli::parse_from(["replay-guard", "health", "--db", "x"]);
+        let crate::cli::Command::Health(a) = cli.command else {
+            panic!("not health")
+        };
+        Thresholds::parse(&a).unwrap()
+    }
+
+    fn healthy() -> Readings {
+        Readings {
+            commit_age_s: 3,
+            decided: true,
+            quarantined_1h: 0,
+            quarantine_held: 2,
+            window_entries: 120,
+            window_max: 1_000,
+            sinks: vec![SinkLag {
+                name: "cop db".into(),
+                events: 0,
+                age_s: 0,
+            }],
+            disk: Some(DiskSpace {
+                available_bytes: 40 << 30,
+                total_bytes: 100 << 30,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_healthy_store_is_ok_with_every_reading_in_the_perfdata() {
+        let (state, line) = evaluate(&healthy(), &defaults());
+        assert_eq!(state, State::Ok);
+        assert_eq!(
+            line,
+            "REPLAY-GUARD OK - last decision 3 s ago, 0 quarantined in the last hour (2 held), \
+             window 12% full (120 of 1000), sink cop db 0 behind (0 s old), disk 40% free \
+             (40.0 GiB) | commit_age=3s;300;900;0 quarantined_1h=0;0;50;0 quarantine_held=2;;;0 \
+             window_fill=12.00%;80.00;95.00;0;100 window_entries=120;;;0;1000 \
+             'relay_lag_cop_db'=0;1000;10000;0 'relay_age_cop_db'=0s;300;900;0 \
+             disk_free=40.00%;10.00:;5.00:;0;100 disk_free_bytes=42949672960B;;;0;107374182400"
+        );
+    }
+
+    #[test]
+    fn each_reading_past_its_bounds_sets_the_state_and_leads_the_text() {
+        let t = defaults();
+        type Case = (fn(&mut Readings), State, &'static str);
+        let cases: [Case; 8] = [
+            (
+                |r| r.commit_age_s = 301,
+                State::Warning,
+                "last decision 5 min ago (WARNING 5m)",
+            ),
+            (
+                |r| r.commit_age_s = 901,
+                State::Critical,
+                "last decision 15 min ago (CRITICAL 15m)",
+            ),
+            (
+                |r| r.quarantined_1h = 1,
+                State::Warning,
+                "1 quarantined in the last hour (2 held) (WARNING 0)",
+            ),
+            (
+                |r| r.window_entries = 801,
+                State::Warning,
+                "window 80% full (801 of 1000) (WARNING 80)",
+            ),
+            (
+                |r| r.window_entries = 1_000,
+                State::Critical,
+                "window 100% full (1000 of 1000) (CRITICAL 95)",
+            ),
+            (
+                |r| r.sinks[0].events = 10_001,
+                State::Critical,
+                "sink cop db 10001 behind (0 s old) (CRITICAL 10000)",
+            ),
+            (
+                |r| {
+                    r.sinks[0].events = 1;
+                    r.sinks[0].age_s = 301
+                },
+                State::Warning,
+                "sink cop db 1 behind (5 min old) (WARNING 5m)",
+            ),
+            (
+                |r| {
+                    r.disk = Some(DiskSpace {
+                        available_bytes: 4,
+                        total_bytes: 100,
+                    })
+                },
+                State::Critical,
+                "disk 4% free (0.0 MiB) (CRITICAL 5)",
+            ),
+        ];
+        for (change, want, text) in cases {
+            let mut r = healthy();
+            change(&mut r);
+            let (state, line) = evaluate(&r, &t);
+            assert_eq!(state, want, "{line}");
+            let lead = format!("REPLAY-GUARD {} - {text}", want.name());
+            assert!(
+                line.starts_with(&lead),
+                "{line}\n  should start with\n{lead}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_worst_state_wins_and_off_turns_a_bound_off() {
+        let mut r = healthy();
+        r.commit_age_s = 400;
+        r.window_entries = 1_000;
+        assert_eq!(evaluate(&r, &defaults()).0, State::Critical);
+        let mut t = defaults();
+        t.window_fill = Bounds {
+            warn: None,
+            crit: None,
+        };
+        assert_eq!(evaluate(&r, &t).0, State::Warning);
+        t.commit_age_s.warn = None;
+        assert_eq!(evaluate(&r, &t).0, State::Ok);
+    }
+
+    #[test]
+    fn a_postgres_store_skips_the_disk_with_a_note() {
+        let mut r = healthy();
+        r.disk = None;
+        let (state, line) = evaluate(&r, &defaults());
+        assert_eq!(state, State::Ok);
+        assert!(line.contains("disk not checked (PostgreSQL: watch the server)"));
+        assert!(!line.contains("disk_free"));
+    }
+
+    #[test]
+    fn threshold_values_parse_strictly() {
+        assert_eq!(duration_s("90s"), Some(90));
+        assert_eq!(duration_s("5m"), Some(300));
+        assert_eq!(duration_s("1h"), Some(3_600));
+        assert_eq!(duration_s("2d"), Some(172_800));
+        for bad in ["", "5", "m", "-5m", "5 m", "1.5h", "5M"] {
+            assert_eq!(duration_s(bad), None, "{bad:?}");
+        }
+        assert_eq!(percent("80"), Some(8_000));
+        assert_eq!(percent("80%"), Some(8_000));
+        assert_eq!(percent("2.5"), Some(250));
+        assert_eq!(percent("100"), Some(10_000));
+        for bad in ["101", "", "%", "1.234", "-1", "x"] {
+            assert_eq!(percent(bad), None, "{bad:?}");
+        }
+        assert_eq!(count("0"), Some(0));
+        assert_eq!(count("-1"), None);
+    }
+
+    #[test]
+    fn text_cannot_break_the_line_or_start_the_perfdata() {
+        assert_eq!(clean("a\nb | c"), "a b / c");
+        assert_eq!(label("cop db/'x'=1"), "cop_db__x__1");
+    }
+}
