@@ -537,65 +537,111 @@ fn queue(client: &Client, m: Message<'_>) -> Result<(), String> {
 /// Polls an MQTT 5 event loop until its first error (the event loop never reconnects: it is
 /// dropped with this task) or until nobody listens.
 async fn poll_v5(mut l: v5::EventLoop, tx: mpsc::UnboundedSender<Report>) {
-    use v5::mqttbytes::v5::Packet;
     loop {
-        let report = match l.poll().await {
-            Ok(v5::Event::Incoming(Packet::ConnAck(a))) => {
-                let p = a.properties.as_ref();
-                Report::Connected {
-                    receive_max: p.and_then(|p| p.receive_max),
-                    max_packet: p.and_then(|p| p.max_packet_size),
+        match l.poll().await {
+            Ok(event) => {
+                if !forward(report_v5(event), &tx) {
+                    return;
                 }
             }
-            Ok(v5::Event::Incoming(Packet::PubAck(a))) => Report::Acked {
-                pkid: a.pkid,
-                refused: puback_failure(&a.reason).map(|(code, name)| PublishError::Refused {
-                    code,
-                    name,
-                    reason_string: a.properties.and_then(|p| p.reason_string),
-                }),
-            },
-            Ok(v5::Event::Incoming(Packet::Disconnect(d))) => {
-                Report::Lost(format!("the broker sent DISCONNECT ({:?})", d.reason_code))
-            }
-            Ok(v5::Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) => Report::Sent(pkid),
-            Ok(_) => continue,
             Err(e) => {
-                let _ = tx.send(Report::Lost(e.to_string()));
+                let left = l.state.events.drain(..).map(report_v5);
+                lost(left, e.to_string(), &tx);
                 return;
             }
-        };
-        let lost = matches!(report, Report::Lost(_));
-        if tx.send(report).is_err() || lost {
-            return;
         }
     }
 }
 
 /// Polls an MQTT 3.1.1 event loop, as `poll_v5`.
 async fn poll_v311(mut l: rumqttc::EventLoop, tx: mpsc::UnboundedSender<Report>) {
-    use rumqttc::Packet;
     loop {
-        let report = match l.poll().await {
-            Ok(rumqttc::Event::Incoming(Packet::ConnAck(_))) => Report::Connected {
-                receive_max: None,
-                max_packet: None,
-            },
-            Ok(rumqttc::Event::Incoming(Packet::PubAck(a))) => Report::Acked {
-                pkid: a.pkid,
-                refused: None,
-            },
-            Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) => Report::Sent(pkid),
-            Ok(_) => continue,
+        match l.poll().await {
+            Ok(event) => {
+                if !forward(report_v311(event), &tx) {
+                    return;
+                }
+            }
             Err(e) => {
-                let _ = tx.send(Report::Lost(e.to_string()));
+                let left = l.state.events.drain(..).map(report_v311);
+                lost(left, e.to_string(), &tx);
                 return;
             }
-        };
-        if tx.send(report).is_err() {
+        }
+    }
+}
+
+/// Sends `report` on; false once the connection is over (a `Lost`) or nobody listens.
+fn forward(report: Option<Report>, tx: &mpsc::UnboundedSender<Report>) -> bool {
+    let Some(report) = report else {
+        return true;
+    };
+    let lost = matches!(report, Report::Lost(_));
+    tx.send(report).is_ok() && !lost
+}
+
+/// Ends the connection's reports after rumqttc's `poll` failed. rumqttc reads packets in
+/// bunches and queues an event for each before handling it; when the bunch ends in an error
+/// (the end of the connection read with the PUBACKs before it, or a DISCONNECT, which rumqttc
+/// turns into an error) `poll` returns only the error, and the PUBACKs stay in the event loop's
+/// queue. They are genuine acknowledgements of this connection's publishes, so they are
+/// reported first, in the order read: a refusal must not be lost with the connection (the
+/// broker answers the same publish the same way and closes again), nor an acknowledgement
+/// (its message would be published twice). A CONNACK among them is one rumqttc refused.
+fn lost(
+    left: impl Iterator<Item = Option<Report>>,
+    error: String,
+    tx: &mpsc::UnboundedSender<Report>,
+) {
+    for report in left {
+        let report = report.filter(|r| !matches!(r, Report::Connected { .. }));
+        if !forward(report, tx) {
             return;
         }
     }
+    let _ = tx.send(Report::Lost(error));
+}
+
+fn report_v5(event: v5::Event) -> Option<Report> {
+    use v5::mqttbytes::v5::Packet;
+    Some(match event {
+        v5::Event::Incoming(Packet::ConnAck(a)) => {
+            let p = a.properties.as_ref();
+            Report::Connected {
+                receive_max: p.and_then(|p| p.receive_max),
+                max_packet: p.and_then(|p| p.max_packet_size),
+            }
+        }
+        v5::Event::Incoming(Packet::PubAck(a)) => Report::Acked {
+            pkid: a.pkid,
+            refused: puback_failure(&a.reason).map(|(code, name)| PublishError::Refused {
+                code,
+                name,
+                reason_string: a.properties.and_then(|p| p.reason_string),
+            }),
+        },
+        v5::Event::Incoming(Packet::Disconnect(d)) => {
+            Report::Lost(format!("the broker sent DISCONNECT ({:?})", d.reason_code))
+        }
+        v5::Event::Outgoing(rumqttc::Outgoing::Publish(pkid)) => Report::Sent(pkid),
+        _ => return None,
+    })
+}
+
+fn report_v311(event: rumqttc::Event) -> Option<Report> {
+    use rumqttc::Packet;
+    Some(match event {
+        rumqttc::Event::Incoming(Packet::ConnAck(_)) => Report::Connected {
+            receive_max: None,
+            max_packet: None,
+        },
+        rumqttc::Event::Incoming(Packet::PubAck(a)) => Report::Acked {
+            pkid: a.pkid,
+            refused: None,
+        },
+        rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(pkid)) => Report::Sent(pkid),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
 //! - `relay_mqtt`: the `mqtt` sink against a second Mosquitto: order, v5 properties, PUBACK
-//!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056).
+//!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056); a scripted
+//!   broker whose PUBACKs arrive with the end of the connection.
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
 //! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.

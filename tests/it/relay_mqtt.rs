@@ -1,6 +1,8 @@
 //! The `mqtt` sink against a second, private Mosquitto, with a `mosquitto_sub` recording every
 //! downstream message: order, topics, MQTT 5 properties, a v5 PUBACK refusal (ACL) as poison,
-//! and the downstream broker killed and restarted mid-batch (rumqttc #1056: no livelock).
+//! and the downstream broker killed and restarted mid-batch (rumqttc #1056: no livelock); a
+//! scripted broker on the sink's own runtime for PUBACKs read together with the end of the
+//! connection.
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -452,6 +454,124 @@ fn mqtt5_refusal_from_a_broker_that_then_disconnects_parks_only_the_refused_even
     });
     assert_eq!(parked, [25]);
     wait_allowed(&sub, &batch);
+}
+
+/// One packet from a fake broker's side: (packet type, body).
+async fn read_packet(s: &mut tokio::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let kind = s.read_u8().await.ok()?;
+    let (mut len, mut mult) = (0usize, 1usize);
+    loop {
+        let b = s.read_u8().await.ok()?;
+        len += usize::from(b & 127) * mult;
+        mult *= 128;
+        if b & 128 == 0 {
+            break;
+        }
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.ok()?;
+    Some((kind >> 4, body))
+}
+
+/// Delivers `batch` once through a scripted broker that reads every PUBLISH, then writes
+/// `answer(packet ids)` and closes the connection, with no await in between: it runs on the
+/// sink's own single-threaded runtime, and then keeps that thread a moment, so the sink's
+/// connection task first runs when the answer and the end of the connection are both in its
+/// socket. That is what a loaded machine does to the sink when Mosquitto answers a refused
+/// PUBLISH and closes at once: rumqttc reads the PUBACKs and the end of the connection in
+/// one bunch and returns only the error, leaving the PUBACKs in its event queue.
+fn answer_then_hang_up(
+    protocol: &str,
+    batch: &[Event],
+    answer: impl Fn(&[u16]) -> Vec<u8> + Send + 'static,
+) -> Attempt {
+    let rt = runtime();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let v5 = protocol == "v5";
+        let publishes = batch.len();
+        let broker = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let (mut s, _) = listener.accept().await.unwrap();
+            let (kind, _) = read_packet(&mut s).await.expect("CONNECT");
+            assert_eq!(kind, 1);
+            let connack: &[u8] = if v5 { &[0x20, 3, 0, 0, 0] } else { &[0x20, 2, 0, 0] };
+            s.write_all(connack).await.unwrap();
+            let mut pkids = Vec::new();
+            while pkids.len() < publishes {
+                let (kind, body) = read_packet(&mut s).await.expect("PUBLISH");
+                assert_eq!(kind, 3);
+                let at = 2 + usize::from(u16::from_be_bytes([body[0], body[1]]));
+                pkids.push(u16::from_be_bytes([body[at], body[at + 1]]));
+            }
+            let bytes = answer(&pkids);
+            assert_eq!(s.try_write(&bytes).unwrap(), bytes.len());
+            drop(s);
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        let mut sink = sink_from(&format!(
+            "[[sink]]\nname = \"cop\"\nkind = \"mqtt\"\nbroker = \"mqtt://127.0.0.1:{port}\"\n\
+             protocol = {protocol:?}\nclient_id = \"rg-sink\"\ntopic = \"{{agency}}/{{source_id}}\"\n\
+             timeout_ms = 2000\n"
+        ));
+        let a = sink.deliver(batch, CURSOR).await;
+        broker.await.unwrap();
+        a
+    })
+}
+
+fn puback(pkid: u16) -> Vec<u8> {
+    let [hi, lo] = pkid.to_be_bytes();
+    vec![0x40, 2, hi, lo]
+}
+
+/// An MQTT 5 PUBACK with reason code 0x87 (not authorized).
+fn puback_refused(pkid: u16) -> Vec<u8> {
+    let [hi, lo] = pkid.to_be_bytes();
+    vec![0x40, 3, hi, lo, 0x87]
+}
+
+#[test]
+fn mqtt5_refusal_read_together_with_the_end_of_the_connection_is_poison() {
+    let batch = [
+        event(0, "ok", "u1"),
+        event(1, "denied", "u1"),
+        event(2, "ok", "u1"),
+    ];
+    let a = answer_then_hang_up("v5", &batch, |p| {
+        [puback(p[0]), puback_refused(p[1])].concat()
+    });
+    assert_eq!(a.delivered, 1, "{a:?}");
+    assert_refused_0x87(a.failure);
+}
+
+#[test]
+fn mqtt5_refusal_read_together_with_a_disconnect_is_poison() {
+    // rumqttc turns an incoming DISCONNECT into an error at once, whatever it read before.
+    let batch = [
+        event(0, "ok", "u1"),
+        event(1, "denied", "u1"),
+        event(2, "ok", "u1"),
+    ];
+    let a = answer_then_hang_up("v5", &batch, |p| {
+        [puback(p[0]), puback_refused(p[1]), vec![0xE0, 2, 0x87, 0]].concat()
+    });
+    assert_eq!(a.delivered, 1, "{a:?}");
+    assert_refused_0x87(a.failure);
+}
+
+#[test]
+fn pubacks_read_together_with_the_end_of_the_connection_count_as_delivered() {
+    // Counted as lost, these events would be published a second time.
+    for protocol in ["v5", "v3.1.1"] {
+        let batch = events(3);
+        let a = answer_then_hang_up(protocol, &batch, |p| {
+            p.iter().flat_map(|&k| puback(k)).collect()
+        });
+        assert_eq!(a, Attempt::all(3), "{protocol}");
+    }
 }
 
 #[test]
