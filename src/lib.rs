@@ -16,6 +16,7 @@ pub mod key;
 pub mod logging;
 pub mod model;
 pub mod notify;
+pub mod progress;
 pub mod rangeset;
 pub mod relay;
 pub mod service;

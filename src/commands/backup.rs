@@ -10,7 +10,7 @@ use super::Failure;
 use crate::cli::BackupArgs;
 use crate::config::{Config, StoreLocation};
 use crate::model::hex;
-use crate::store::{self, Reader, StoreError, verify};
+use crate::store::{self, Reader, StoreError};
 
 pub fn run(args: &BackupArgs) -> Result<(), Failure> {
     let config = Config::resolve(args.db.config.as_deref(), args.db.db.as_deref())?;
@@ -33,7 +33,10 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
     }
     let to = &args.to;
     let started = Instant::now();
-    let report = store::backup::backup(&db, to, config.store.cache_bytes).map_err(|e| match e {
+    let spinner = crate::progress::Progress::step("copying");
+    let report = store::backup::backup(&db, to, config.store.cache_bytes);
+    drop(spinner);
+    let report = report.map_err(|e| match e {
         StoreError::Refused(why) => Failure::Usage(anyhow!(why)),
         other => Failure::from(other),
     })?;
@@ -41,7 +44,7 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
     // The copy must prove what the database proves: the same checks `verify` runs, and the
     // meta record (chain head, counters) of the snapshot it was taken from.
     let copy = Reader::open(to)?.begin()?;
-    let checked = verify::verify(&copy, &config.feed)?;
+    let checked = super::verify::checked(&copy, &config.feed, "verifying the backup")?;
     if let Some(v) = &checked.violation {
         return Err(Failure::Violation(anyhow!(
             "the backup {} does not verify: {v} (it holds the database's records unchanged, \

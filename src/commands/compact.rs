@@ -18,7 +18,10 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
             db.display()
         )));
     }
-    let report = store::compact(&db, config.store.cache_bytes).map_err(|e| match e {
+    let spinner = crate::progress::Progress::step("compacting");
+    let report = store::compact(&db, config.store.cache_bytes);
+    drop(spinner);
+    let report = report.map_err(|e| match e {
         StoreError::Busy { path, holder } => Failure::Runtime(anyhow!(
             "{} is in use by `run` or `ingest`{holder}: stop the service first \
              (systemctl stop replay-guard), then compact",

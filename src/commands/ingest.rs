@@ -100,6 +100,7 @@ fn commit_loop(
     let read_err =
         |e: io::Error| Failure::Runtime(anyhow::Error::new(e).context("cannot read input"));
     let mut summary = IngestSummary::default();
+    let bar = crate::progress::Progress::counter("ingesting", "messages");
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first.map_err(read_err)?];
         let deadline = Instant::now() + config.linger;
@@ -118,6 +119,7 @@ fn commit_loop(
         summary.counts.merge(&report.counts);
         summary.evicted += report.evicted;
         summary.batches += 1;
+        bar.inc(batch.len() as u64);
         if ended {
             break;
         }

@@ -10,7 +10,7 @@ use super::Failure;
 use crate::cli::{MigrateArgs, MigrateSchemaArgs};
 use crate::config::{Config, StoreLocation};
 use crate::store::postgres::{PgConfig, PgStore};
-use crate::store::{Reader, Snapshot, StoreError, verify};
+use crate::store::{Reader, Snapshot, StoreError};
 use crate::timefmt::now_ms;
 
 /// The PostgreSQL settings of `--config`, or a usage error.
@@ -62,7 +62,7 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
         )));
     }
     let source = Reader::open(from)?.begin()?;
-    let before = verify::verify(&source, &config.feed)?;
+    let before = super::verify::checked(&source, &config.feed, "verifying the source")?;
     if let Some(v) = &before.violation {
         return Err(Failure::Violation(anyhow!(
             "{} does not verify, so it is not copied: {v}",
@@ -71,13 +71,16 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
     }
     let target = cfg.target();
     let mut store = PgStore::open(cfg.clone(), config.store.clone(), now_ms())?;
-    let copied = store.copy_from_redb(&source).map_err(|e| match e {
+    let spinner = crate::progress::Progress::step("copying into PostgreSQL");
+    let copied = store.copy_from_redb(&source);
+    drop(spinner);
+    let copied = copied.map_err(|e| match e {
         StoreError::Refused(why) => Failure::Usage(anyhow!(why)),
         other => Failure::from(other),
     })?;
     // The copy proves what the original proves, over the same chain.
     let (_, copy) = Reader::postgres(cfg)?;
-    let after = verify::verify(&copy, &config.feed)?;
+    let after = super::verify::checked(&copy, &config.feed, "verifying the copy")?;
     let same = |a: &Snapshot, b: &Snapshot| -> Result<bool, StoreError> {
         Ok(a.meta()? == b.meta()? && a.retention_marks()? == b.retention_marks()?)
     };

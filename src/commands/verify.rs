@@ -15,7 +15,7 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
     // Digests depend on the feed contract: `run`'s --config, or the defaults.
     let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     let (db, snapshot) = super::open_existing(args)?;
-    let report = verify::verify(&snapshot, &config.feed)?;
+    let report = checked(&snapshot, &config.feed, "verifying")?;
     let counts: Vec<String> = Outcome::ALL
         .iter()
         .map(|o| format!("{o}={}", report.counts.get(*o)))
@@ -52,4 +52,15 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
             db.display()
         ))),
     }
+}
+
+/// `verify` with a progress bar of audit entries on a terminal (`what`: its label).
+pub fn checked(
+    snapshot: &crate::store::Snapshot,
+    contract: &crate::wire::FeedContract,
+    what: &str,
+) -> Result<verify::VerifyReport, crate::store::StoreError> {
+    let total = verify::entries_to_verify(snapshot)?;
+    let bar = crate::progress::Progress::bar(what, total, "audit entries");
+    verify::verify_reporting(snapshot, contract, &mut |n| bar.inc(n))
 }

@@ -64,6 +64,22 @@ struct Scan {
 ///
 /// Memory: one 32-byte key per applied entry (to prove no key is applied twice).
 pub fn verify(snap: &Snapshot, contract: &FeedContract) -> Result<VerifyReport, StoreError> {
+    verify_reporting(snap, contract, &mut |_| {})
+}
+
+/// The number of audit entries `verify` reads: its progress total.
+pub fn entries_to_verify(snap: &Snapshot) -> Result<u64, StoreError> {
+    let meta = snap.meta()?;
+    let from = meta.audit_anchor.map_or(0, |(index, _)| index + 1);
+    Ok(meta.next_audit.saturating_sub(from))
+}
+
+/// `verify`, calling `progress(n)` as each `n` more audit entries are checked.
+pub fn verify_reporting(
+    snap: &Snapshot,
+    contract: &FeedContract,
+    progress: &mut dyn FnMut(u64),
+) -> Result<VerifyReport, StoreError> {
     // Admission limits may have been lowered since a record was admitted: not damage.
     let contract = &contract.for_stored();
     let meta = snap.meta()?;
@@ -110,6 +126,9 @@ pub fn verify(snap: &Snapshot, contract: &FeedContract) -> Result<VerifyReport, 
             report.counts.add(o);
         }
         report.audit_entries += 1;
+        if report.audit_entries.is_multiple_of(1024) {
+            progress(1024);
+        }
         prev = e.record.hash;
         expected += 1;
         Ok(ControlFlow::Continue(()))

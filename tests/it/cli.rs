@@ -1,11 +1,11 @@
 //! The command line as an operator meets it: exit codes, config errors, and `ingest` /
 //! `dump-*` output on the shipped sample feed, asserted field by field.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use replay_guard::json::{Json, parse};
 
-use super::common::run;
+use super::common::{self, run};
 
 fn sample_feed() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl")
@@ -306,4 +306,52 @@ fn a_directory_as_input_is_a_usage_error_and_creates_nothing() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
     assert!(!db.exists());
+}
+
+/// Long work shows progress on a terminal and nothing otherwise: `ingest` counts messages and
+/// `verify` draws a bar of audit entries under a pseudo-terminal (`script`), while the same
+/// commands with stderr on a pipe print exactly their result lines.
+#[test]
+fn progress_shows_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let feed = dir.path().join("feed.jsonl");
+    std::fs::write(&feed, common::generate_feed(7, 60_000).bytes).unwrap();
+    let bin = common::bin();
+    let on_tty = |db: &Path, args: &str| {
+        let out = std::process::Command::new("script")
+            .args(["-qfec"])
+            .arg(format!("{} {args} --db {}", bin.display(), db.display()))
+            .arg("/dev/null")
+            .output()
+            .expect("script (util-linux) must be installed");
+        assert!(out.status.success(), "{args}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).replace('\r', "\n")
+    };
+    let a = dir.path().join("a.redb");
+    let text = on_tty(&a, &format!("ingest {}", feed.display()));
+    assert!(text.contains("ingesting: "), "{text}");
+    assert!(text.contains("messages decided"), "{text}");
+    let text = on_tty(&a, "verify");
+    assert!(text.contains("verifying ["), "{text}");
+    assert!(text.contains("audit entries ("), "{text}");
+    assert!(text.contains("verified "), "{text}");
+
+    let b = dir.path().join("b.redb");
+    let out = common::run(&[
+        "ingest",
+        "--db",
+        b.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("ingesting"), "{err}");
+    assert!(err.starts_with("replay-guard ingest: "), "{err}");
+    let out = common::run(&["verify", "--db", b.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
