@@ -427,14 +427,20 @@ pub struct DumpArgs {
     /// quarantine id.
     #[arg(long, value_name = "OFFSET")]
     pub after: Option<u64>,
+    /// Show `--format table` times in ZONE: local (the host's; TZ first), UTC, or an IANA name
+    /// like Europe/Berlin. Also the zone of --since/--until times written without an offset.
+    /// jsonl and CSV stay UTC. Default: UTC.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 /// Which entries to print. Every given flag must hold (AND); repeated --outcome flags match any
 /// of their outcomes (OR). Values are checked before the database is opened.
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct FilterArgs {
-    /// Only entries at or after T: RFC 3339 (2026-11-30T02:00:00Z, 2026-11-30T04:00:00.250+02:00)
-    /// or a duration before now (90s, 15m, 2h, 3d). The time is recorded_at for audit entries,
+    /// Only entries at or after T: RFC 3339 (2026-11-30T02:00:00Z, 2026-11-30T04:00:00.250+02:00),
+    /// a date or date-time in the --tz zone (2026-11-30T08:00, with --tz only), or a duration
+    /// before now (90s, 15m, 1h30m, 2 days, PT1H; days are 24 h). The time is recorded_at for audit entries,
     /// received_at for effects and quarantine records.
     #[arg(long, value_name = "T", allow_hyphen_values = true)]
     pub since: Option<String>,

@@ -4,19 +4,20 @@
 
 use crate::cli::FilterArgs;
 use crate::model::{MAX_NAME_BYTES, Outcome, parse_hex32};
-use crate::timefmt::{days_from_civil, days_in_month};
+use crate::timefmt::{Zone, parse_instant};
 
 /// A malformed filter argument; the message is one line naming the flag and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FilterError {
     #[error(
         "{flag} {value:?}: {why} (expected RFC 3339 like 2026-11-30T02:00:00Z or \
-         2026-11-30T04:00:00.250+02:00, or a duration ago like 90s, 15m, 2h, 3d)"
+         2026-11-30T04:00:00.250+02:00, a date-time like 2026-11-30T08:00 with --tz, or a \
+         duration ago like 90s, 15m, 1h30m, 2 days, PT1H)"
     )]
     Time {
         flag: &'static str,
         value: String,
-        why: &'static str,
+        why: String,
     },
     #[error(
         "{flag} {value:?}: expected AGENCY/SOURCE (split at the first '/'), both parts \
@@ -58,11 +59,16 @@ pub struct Candidate<'a> {
 }
 
 impl Filter {
-    /// Validates the raw flags; relative times count back from `now_ms`.
-    pub fn parse(args: &FilterArgs, now_ms: u64) -> Result<Filter, FilterError> {
+    /// Validates the raw flags; relative times count back from `now_ms`, zoneless ones are
+    /// read in `zone` (the `--tz` given, if any).
+    pub fn parse(
+        args: &FilterArgs,
+        now_ms: u64,
+        zone: Option<&Zone>,
+    ) -> Result<Filter, FilterError> {
         let time = |flag, v: &Option<String>| {
             v.as_deref()
-                .map(|v| parse_time(flag, v, now_ms))
+                .map(|v| parse_time(flag, v, now_ms, zone))
                 .transpose()
         };
         Ok(Filter {
@@ -167,109 +173,19 @@ pub fn parse_u64(flag: &'static str, value: &str) -> Result<u64, FilterError> {
     value.parse().map_err(|_| err())
 }
 
-/// RFC 3339 (`T`, `t` or a space between date and time; `Z`, `z` or `±HH:MM`; any number of
-/// fraction digits, rounded *up* to the millisecond so that `>= since` and `< until` on stored
-/// millisecond times mean the same as on the exact instant), or `N` followed by `s`, `m`, `h`
-/// or `d`: that long before `now_ms`. Returns Unix milliseconds.
-pub fn parse_time(flag: &'static str, value: &str, now_ms: u64) -> Result<u64, FilterError> {
-    let err = |why| FilterError::Time {
+/// An operator-typed time as Unix milliseconds (forms: `timefmt::parse_instant`); relative
+/// times count back from `now_ms`, zoneless ones are read in `zone` and refused without one.
+pub fn parse_time(
+    flag: &'static str,
+    value: &str,
+    now_ms: u64,
+    zone: Option<&Zone>,
+) -> Result<u64, FilterError> {
+    parse_instant(value, now_ms, zone).map_err(|why| FilterError::Time {
         flag,
         value: value.to_string(),
         why,
-    };
-    let last = value.char_indices().last().map_or(0, |(i, _)| i);
-    let (number, unit) = value.split_at(last);
-    if matches!(unit, "s" | "m" | "h" | "d")
-        && !number.is_empty()
-        && number.bytes().all(|b| b.is_ascii_digit())
-    {
-        let n: u64 = number.parse().map_err(|_| err("duration too large"))?;
-        let unit_ms = match unit {
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            _ => 86_400_000,
-        };
-        let back = n
-            .checked_mul(unit_ms)
-            .ok_or_else(|| err("duration too large"))?;
-        return Ok(now_ms.saturating_sub(back));
-    }
-    parse_rfc3339(value).map_err(err)
-}
-
-fn parse_rfc3339(s: &str) -> Result<u64, &'static str> {
-    let b = s.as_bytes();
-    let digits = |from: usize, len: usize| -> Result<u64, &'static str> {
-        let part = b.get(from..from + len).ok_or("not a complete time")?;
-        if !part.iter().all(u8::is_ascii_digit) {
-            return Err("not a time");
-        }
-        Ok(part.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
-    };
-    let sep = |at: usize, allowed: &[u8]| {
-        if b.get(at).is_some_and(|c| allowed.contains(c)) {
-            Ok(())
-        } else {
-            Err("not a time")
-        }
-    };
-    let year = digits(0, 4)?;
-    sep(4, b"-")?;
-    let month = digits(5, 2)?;
-    sep(7, b"-")?;
-    let day = digits(8, 2)?;
-    sep(10, b"Tt ")?;
-    let hour = digits(11, 2)?;
-    sep(13, b":")?;
-    let minute = digits(14, 2)?;
-    sep(16, b":")?;
-    let second = digits(17, 2)?;
-    let mut i = 19;
-    // Fraction rounded up to the millisecond.
-    let mut frac_ms = 0;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        if i == start {
-            return Err("a '.' needs fraction digits");
-        }
-        let frac = &b[start..i];
-        for (k, d) in frac.iter().take(3).enumerate() {
-            frac_ms += u64::from(d - b'0') * [100, 10, 1][k];
-        }
-        if frac.iter().skip(3).any(|d| *d != b'0') {
-            frac_ms += 1;
-        }
-    }
-    let offset_min: i64 = match b.get(i) {
-        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
-        Some(sign @ (b'+' | b'-')) if i + 6 == b.len() => {
-            let (h, m) = (digits(i + 1, 2)?, digits(i + 4, 2)?);
-            sep(i + 3, b":")?;
-            if h > 23 || m > 59 {
-                return Err("offset out of range");
-            }
-            let total = i64::try_from(h * 60 + m).map_err(|_| "offset out of range")?;
-            if *sign == b'-' { -total } else { total }
-        }
-        None => return Err("missing time zone: add Z or an offset like +02:00"),
-        _ => return Err("not a time"),
-    };
-    if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
-        return Err("no such date");
-    }
-    if hour > 23 || minute > 59 || second > 60 {
-        return Err("no such time of day");
-    }
-    let days = days_from_civil(year, month, day).ok_or("before 1970")?;
-    let local_ms = ((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + frac_ms;
-    let offset_ms = offset_min * 60_000;
-    let utc = i128::from(local_ms) - i128::from(offset_ms);
-    u64::try_from(utc).map_err(|_| "before 1970")
+    })
 }
 
 #[cfg(test)]
@@ -279,7 +195,7 @@ mod tests {
     const NOW: u64 = 1_796_007_134_123; // 2026-11-30T02:52:14.123Z
 
     fn t(s: &str) -> Result<u64, FilterError> {
-        parse_time("--since", s, NOW)
+        parse_time("--since", s, NOW, None)
     }
 
     #[test]
@@ -310,21 +226,58 @@ mod tests {
     }
 
     #[test]
+    fn friendly_and_iso_durations_count_back_from_now() {
+        assert_eq!(t("1h30m"), Ok(NOW - 5_400_000));
+        assert_eq!(t("1h 30m"), Ok(NOW - 5_400_000));
+        assert_eq!(t("2 days"), Ok(NOW - 172_800_000));
+        assert_eq!(t("2 days 3 hours"), Ok(NOW - 183_600_000));
+        assert_eq!(t("5 m"), Ok(NOW - 300_000));
+        assert_eq!(t("1.5h"), Ok(NOW - 5_400_000));
+        assert_eq!(t("PT1H"), Ok(NOW - 3_600_000));
+        assert_eq!(t("P1DT2H"), Ok(NOW - 93_600_000));
+        assert_eq!(t("250ms"), Ok(NOW - 250));
+    }
+
+    #[test]
+    fn zoneless_times_are_read_in_the_named_zone_only() {
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        let at = |s: &str, z: &Zone| parse_time("--until", s, NOW, Some(z));
+        // 03:52:14.123 in Berlin (CET, +01:00) is NOW.
+        assert_eq!(at("2026-11-30T03:52:14.123", &berlin), Ok(NOW));
+        assert_eq!(at("2026-11-30 03:52:14.123", &berlin), Ok(NOW));
+        assert_eq!(
+            at("2026-11-30T03:52:14.123", &Zone::utc()),
+            Ok(NOW + 3_600_000)
+        );
+        // Summer time: +02:00.
+        assert_eq!(at("2026-07-01T02:00", &berlin), t("2026-07-01T00:00:00Z"));
+        // A date alone is its midnight.
+        assert_eq!(at("2026-11-30", &berlin), t("2026-11-29T23:00:00Z"));
+        // An offset or Z wins over the zone; durations ignore it.
+        assert_eq!(at("2026-11-30T02:52:14.123Z", &berlin), Ok(NOW));
+        assert_eq!(at("2h", &berlin), Ok(NOW - 7_200_000));
+        let e = t("2026-11-30T03:52:14").unwrap_err().to_string();
+        assert!(e.contains("missing time zone") && e.contains("--tz"), "{e}");
+        assert!(at("2026-11-31T00:00", &berlin).is_err());
+    }
+
+    #[test]
     fn malformed_times_are_one_line_errors() {
         for bad in [
             "",
             "s",
             "15",
             "-5m",
-            "5 m",
-            "1.5h",
             "5w",
+            "1 month",
+            "P1Y",
+            "2h ago",
+            "PT",
             "yesterday",
             "5é",
             "é",
             "2026-11-30",
             "2026-11-30T02:52:14",
-            "2026-11-30T02:52Z",
             "2026-13-01T00:00:00Z",
             "2026-02-29T00:00:00Z",
             "2026-11-31T00:00:00Z",
@@ -332,7 +285,6 @@ mod tests {
             "2026-11-30T02:60:00Z",
             "2026-11-30T02:52:14.Z",
             "2026-11-30T02:52:14+2:00",
-            "2026-11-30T02:52:14+24:00",
             "2026-11-30T02:52:14Zjunk",
             "1969-12-31T23:59:59Z",
             "1970-01-01T00:00:00+00:01",
@@ -403,7 +355,7 @@ mod tests {
             key: None,
             topic: "incidents/e7",
         };
-        let f = |a: FilterArgs| Filter::parse(&a, NOW).unwrap();
+        let f = |a: FilterArgs| Filter::parse(&a, NOW, None).unwrap();
         assert!(f(args()).matches(&entry) && f(args()).matches(&malformed));
 
         let since = |s: &str| FilterArgs {

@@ -1,6 +1,12 @@
-//! RFC 3339 timestamps from Unix milliseconds, and the wall clock read in one place.
+//! RFC 3339 timestamps from Unix milliseconds, the wall clock read in one place, and the
+//! operator-facing side of time: typed times and durations, and `--tz` zones for tables.
+//! The only module naming jiff; the hashed `recorded_at` text comes from `rfc3339_ms`, not jiff.
 
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use jiff::civil::DateTime;
+use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Span, SpanRelativeTo, Timestamp};
 
 /// Milliseconds since the Unix epoch, now. The only place the engine's callers read the clock.
 pub fn now_ms() -> u64 {
@@ -67,6 +73,122 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// A zone `--tz` named: `local` (the host's, `TZ` first), `UTC`, or an IANA name looked up in
+/// the host's tz database (/usr/share/zoneinfo).
+#[derive(Debug, Clone)]
+pub struct Zone {
+    tz: TimeZone,
+    utc: bool,
+}
+
+/// An unknown `--tz` value; one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--tz {name:?}: {why} (expected local, UTC or an IANA zone name like Europe/Berlin from \
+     /usr/share/zoneinfo)"
+)]
+pub struct ZoneError {
+    name: String,
+    why: String,
+}
+
+impl Zone {
+    pub fn utc() -> Zone {
+        Zone {
+            tz: TimeZone::UTC,
+            utc: true,
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Zone, ZoneError> {
+        let err = |e: jiff::Error| ZoneError {
+            name: name.to_string(),
+            why: one_line(&e),
+        };
+        if name.eq_ignore_ascii_case("utc") {
+            return Ok(Zone::utc());
+        }
+        let tz = if name == "local" {
+            TimeZone::try_system().map_err(err)?
+        } else {
+            TimeZone::get(name).map_err(err)?
+        };
+        Ok(Zone { tz, utc: false })
+    }
+
+    /// Whether times show as `rfc3339_ms` does, with a `Z`.
+    pub fn is_utc(&self) -> bool {
+        self.utc
+    }
+
+    /// A canonical UTC time (`rfc3339_ms`'s form) shown in this zone, same precision, with its
+    /// offset: `2026-11-30T03:52:14.123+01:00`. Text that is not such a time is returned as is.
+    pub fn show(&self, utc_text: &str) -> String {
+        if self.utc {
+            return utc_text.to_string();
+        }
+        match utc_text.parse::<Timestamp>() {
+            Ok(ts) => ts
+                .to_zoned(self.tz.clone())
+                .strftime("%Y-%m-%dT%H:%M:%S%.3f%:z")
+                .to_string(),
+            Err(_) => utc_text.to_string(),
+        }
+    }
+}
+
+fn one_line(e: &jiff::Error) -> String {
+    e.to_string().replace(['\n', '\r'], " ")
+}
+
+/// An operator-typed instant, as Unix milliseconds: RFC 3339 with `Z` or an offset (any
+/// fraction, rounded *up* to the millisecond so `>= since` and `< until` on stored millisecond
+/// times mean what they do on the exact instant); a civil date or date-time (`2026-11-30`,
+/// `2026-11-30T08:00`) in `zone`, only when one was named; or a duration before `now_ms` in
+/// jiff's friendly (`90s`, `1h30m`, `2 days`) or ISO 8601 (`PT1H`) form, in days (24 h) and
+/// smaller units. The error is one line saying why.
+pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+    let b = value.as_bytes();
+    let looks_like_date = b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-';
+    if looks_like_date {
+        let ts_err = match value.parse::<Timestamp>() {
+            Ok(ts) => return ceil_ms(ts),
+            Err(e) => e,
+        };
+        let Ok(civil) = value.parse::<DateTime>() else {
+            return Err(one_line(&ts_err));
+        };
+        let Some(zone) = zone else {
+            return Err(
+                "missing time zone: add Z or an offset like +02:00, or name the zone \
+                        with --tz"
+                    .into(),
+            );
+        };
+        let zoned = civil.to_zoned(zone.tz.clone()).map_err(|e| one_line(&e))?;
+        return ceil_ms(zoned.timestamp());
+    }
+    let span: Span = value
+        .parse()
+        .map_err(|_| "neither a time nor a duration".to_string())?;
+    if span.is_negative() {
+        return Err("a duration before now cannot be negative".into());
+    }
+    if span.get_years() != 0 || span.get_months() != 0 || span.get_weeks() != 0 {
+        return Err("give the duration in days, hours, minutes or seconds".into());
+    }
+    let back: SignedDuration = span
+        .to_duration(SpanRelativeTo::days_are_24_hours())
+        .map_err(|e| one_line(&e))?;
+    let back_ms = u64::try_from(back.as_millis()).map_err(|_| "duration too large".to_string())?;
+    Ok(now_ms.saturating_sub(back_ms))
+}
+
+fn ceil_ms(ts: Timestamp) -> Result<u64, String> {
+    let ns = ts.as_nanosecond();
+    u64::try_from((ns + 999_999).div_euclid(1_000_000)).map_err(|_| "before 1970".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +199,33 @@ mod tests {
         assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339_ms(1_796_007_134_123), "2026-11-30T02:52:14.123Z");
         assert_eq!(rfc3339_ms(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+    }
+
+    #[test]
+    fn zones_show_canonical_utc_times_with_their_offset() {
+        let utc_text = rfc3339_ms(1_796_007_134_123);
+        assert_eq!(Zone::utc().show(&utc_text), "2026-11-30T02:52:14.123Z");
+        assert_eq!(Zone::parse("utc").unwrap().show(&utc_text), utc_text);
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        assert!(!berlin.is_utc());
+        assert_eq!(berlin.show(&utc_text), "2026-11-30T03:52:14.123+01:00");
+        assert_eq!(
+            berlin.show("2026-07-01T00:00:00.000Z"),
+            "2026-07-01T02:00:00.000+02:00"
+        );
+        assert_eq!(
+            Zone::parse("America/St_Johns").unwrap().show(&utc_text),
+            "2026-11-29T23:22:14.123-03:30"
+        );
+        assert_eq!(berlin.show("not a time"), "not a time");
+    }
+
+    #[test]
+    fn unknown_zones_are_one_line_errors() {
+        for bad in ["Europe/Nowhere", "", "Local", "../../etc/passwd", "+02:00"] {
+            let e = Zone::parse(bad).expect_err(bad).to_string();
+            assert!(e.starts_with("--tz ") && !e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

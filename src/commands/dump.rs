@@ -13,7 +13,7 @@ use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
 use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
-use crate::timefmt::{now_ms, rfc3339_ms};
+use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 /// How long `--follow` waits between two read snapshots.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -29,8 +29,23 @@ pub enum Table {
 
 pub type Row = Vec<(String, Json)>;
 
+/// How rows are printed: the format, and the zone `--format table` shows times in.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub format: Format,
+    pub zone: &'a Zone,
+}
+
 pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
-    let filter = Filter::parse(&args.filter, now_ms()).map_err(|e| Failure::Usage(e.into()))?;
+    let zone = args
+        .tz
+        .as_deref()
+        .map(Zone::parse)
+        .transpose()
+        .map_err(|e| Failure::Usage(e.into()))?;
+    let filter = Filter::parse(&args.filter, now_ms(), zone.as_ref())
+        .map_err(|e| Failure::Usage(e.into()))?;
+    let zone = zone.unwrap_or_else(Zone::utc);
     let stop = if args.follow {
         Some(crate::signals::stop_flag().map_err(|e| {
             Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
@@ -44,7 +59,10 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
     let result = follow(
         &reader,
         table,
-        args.format,
+        View {
+            format: args.format,
+            zone: &zone,
+        },
         &filter,
         from,
         stop.as_deref(),
@@ -75,19 +93,20 @@ pub fn quiet_on_closed_pipe(result: Result<(), Failure>) -> Result<(), Failure> 
 pub fn follow(
     reader: &Reader,
     table: Table,
-    format: Format,
+    view: View<'_>,
     filter: &Filter,
     from: u64,
     stop: Option<&AtomicBool>,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
-    write_header(out, table, format)?;
+    let View { format, zone } = view;
+    write_header(out, table, format, zone)?;
     let mut next = from;
     loop {
         // Taken before the snapshot: whatever commits after it is stamped at or after it.
         let round_started = crate::timefmt::now_ms();
         let snapshot = reader.begin()?;
-        next = dump_from(&snapshot, table, format, filter, next, stop, out)?;
+        next = dump_from(&snapshot, table, view, filter, next, stop, out)?;
         drop(snapshot);
         out.flush()?;
         let Some(stop) = stop else {
@@ -123,14 +142,19 @@ pub fn dump(
     format: Format,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
-    write_header(out, table, format)?;
-    dump_from(txn, table, format, &Filter::default(), 0, None, out).map(|_| ())
+    let zone = Zone::utc();
+    write_header(out, table, format, &zone)?;
+    let view = View {
+        format,
+        zone: &zone,
+    };
+    dump_from(txn, table, view, &Filter::default(), 0, None, out).map(|_| ())
 }
 
-fn write_header(out: &mut impl Write, table: Table, format: Format) -> io::Result<()> {
+fn write_header(out: &mut impl Write, table: Table, format: Format, zone: &Zone) -> io::Result<()> {
     match format {
         Format::Jsonl => Ok(()),
-        Format::Table => write_table_row(out, columns(table), None),
+        Format::Table => write_table_row(out, &table_columns(table, zone), None),
         Format::Csv => write_csv_row(out, csv_columns(table), None),
     }
 }
@@ -140,17 +164,18 @@ fn write_header(out: &mut impl Write, table: Table, format: Format) -> io::Resul
 pub fn dump_from(
     txn: &Snapshot,
     table: Table,
-    format: Format,
+    view: View<'_>,
     filter: &Filter,
     from: u64,
     stop: Option<&AtomicBool>,
     out: &mut impl Write,
 ) -> Result<u64, Failure> {
+    let View { format, zone } = view;
     let mut next = from;
     let mut emit = |key: u64, row: Option<Row>| -> Result<ControlFlow<()>, Failure> {
         next = key + 1;
         if let Some(row) = row {
-            write_row(out, format, table, row)?;
+            write_row(out, format, zone, table, row)?;
         }
         Ok(if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             ControlFlow::Break(())
@@ -204,13 +229,29 @@ pub fn dump_from(
     Ok(next)
 }
 
-fn write_row(out: &mut impl Write, format: Format, table: Table, mut row: Row) -> io::Result<()> {
+fn write_row(
+    out: &mut impl Write,
+    format: Format,
+    zone: &Zone,
+    table: Table,
+    mut row: Row,
+) -> io::Result<()> {
     if format != Format::Jsonl {
         mark_damaged(table, &mut row);
     }
     match format {
         Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact()),
-        Format::Table => write_table_row(out, columns(table), Some(&row)),
+        Format::Table => {
+            // A view only: the row (and the audit hash input it came from) keeps UTC text.
+            if !zone.is_utc() {
+                for (name, v) in &mut row {
+                    if let (true, Json::String(t)) = (TIME_COLUMNS.contains(&name.as_str()), &*v) {
+                        *v = Json::String(zone.show(t));
+                    }
+                }
+            }
+            write_table_row(out, &table_columns(table, zone), Some(&row))
+        }
         Format::Csv => write_csv_row(out, csv_columns(table), Some(&row)),
     }
 }
@@ -339,6 +380,20 @@ pub fn escape_bytes(bytes: &[u8]) -> (String, &'static str) {
         }
     }
     (out, "escaped")
+}
+
+/// The table's time columns, shown in the `--tz` zone.
+const TIME_COLUMNS: [&str; 2] = ["recorded_at", "received_at"];
+
+/// The table columns; a time with an offset (`+01:00`, not `Z`) needs five more characters.
+fn table_columns(table: Table, zone: &Zone) -> Vec<(&'static str, usize)> {
+    columns(table)
+        .iter()
+        .map(|&(name, width)| {
+            let wide = !zone.is_utc() && TIME_COLUMNS.contains(&name);
+            (name, if wide { width + 5 } else { width })
+        })
+        .collect()
 }
 
 fn columns(table: Table) -> &'static [(&'static str, usize)] {

@@ -966,3 +966,170 @@ fn follow_with_a_past_until_ends_by_itself() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+/// Runs the binary with the host zone set to `tz` (so `local` does not depend on the machine);
+/// it must exit 0. Returns stdout.
+fn ok_in_zone(tz: &str, args: &[&str]) -> String {
+    let out = Command::new(common::bin())
+        .env("TZ", tz)
+        .args(args)
+        .output()
+        .expect("spawn replay-guard");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The `recorded_at` cells of a `dump-audit --format table` output.
+fn table_times(table: &str) -> Vec<String> {
+    let mut lines = table.lines();
+    assert!(lines.next().unwrap().starts_with("INDEX"), "{table}");
+    lines
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+        .collect()
+}
+
+/// Whether `shown` is the UTC time `utc` (`…T02:52:14.123Z`) at a whole-or-half-hour `offset`
+/// like `+05:30`: same minutes' remainder and seconds, hours and minutes shifted by it.
+fn same_instant_at(utc: &str, shown: &str, offset: &str) -> bool {
+    let minutes = |t: &str| -> i64 {
+        let h: i64 = t[11..13].parse().unwrap();
+        let m: i64 = t[14..16].parse().unwrap();
+        h * 60 + m
+    };
+    let sign = if offset.starts_with('-') { -1 } else { 1 };
+    let off =
+        sign * (offset[1..3].parse::<i64>().unwrap() * 60 + offset[4..6].parse::<i64>().unwrap());
+    shown.ends_with(offset)
+        && shown[16..23] == utc[16..23]
+        && (minutes(shown) - minutes(utc) - off).rem_euclid(24 * 60) == 0
+}
+
+#[test]
+fn table_times_show_in_the_tz_zone_and_zoneless_filters_are_read_in_it() {
+    let (_dir, db) = story_db();
+    let db = db.to_str().unwrap();
+    let utc: Vec<String> = rows(&ok(&["dump-audit", "--db", db]))
+        .iter()
+        .map(|r| text(r, "recorded_at").to_string())
+        .collect();
+    assert_eq!(utc.len(), 7);
+
+    // Default and --tz UTC: the stored UTC text, whatever the host's zone.
+    for extra in [&[][..], &["--tz", "UTC"][..]] {
+        let mut args = vec![
+            "dump-audit",
+            "--db",
+            db,
+            "--since",
+            "2h",
+            "--format",
+            "table",
+        ];
+        args.extend(extra);
+        assert_eq!(table_times(&ok_in_zone("Asia/Kolkata", &args)), utc);
+    }
+
+    // A named zone (Berlin is +01:00 in winter, +02:00 in summer) and `local` from TZ.
+    let berlin = ok_in_zone(
+        "Asia/Kolkata",
+        &[
+            "dump-audit",
+            "--db",
+            db,
+            "--since",
+            "2h",
+            "--format",
+            "table",
+            "--tz",
+            "Europe/Berlin",
+        ],
+    );
+    let shown = table_times(&berlin);
+    assert_eq!(shown.len(), utc.len());
+    for (u, s) in utc.iter().zip(&shown) {
+        assert!(
+            same_instant_at(u, s, "+01:00") || same_instant_at(u, s, "+02:00"),
+            "{u} shown as {s}"
+        );
+    }
+    let local = ok_in_zone(
+        "Asia/Kolkata",
+        &[
+            "dump-audit",
+            "--db",
+            db,
+            "--format",
+            "table",
+            "--tz",
+            "local",
+        ],
+    );
+    for (u, s) in utc.iter().zip(table_times(&local)) {
+        assert!(same_instant_at(u, &s, "+05:30"), "{u} shown as {s}");
+    }
+
+    // jsonl and CSV keep UTC with --tz.
+    let jsonl = ok_in_zone("Asia/Kolkata", &["dump-audit", "--db", db, "--tz", "local"]);
+    assert_eq!(
+        rows(jsonl.as_bytes())
+            .iter()
+            .map(|r| text(r, "recorded_at").to_string())
+            .collect::<Vec<_>>(),
+        utc
+    );
+    let csv = ok_in_zone(
+        "Asia/Kolkata",
+        &[
+            "dump-audit",
+            "--db",
+            db,
+            "--format",
+            "csv",
+            "--tz",
+            "Europe/Berlin",
+        ],
+    );
+    assert!(!csv.contains("+01:00") && !csv.contains("+02:00"), "{csv}");
+
+    // A zoneless --since is read in --tz: Berlin's civil time of entry #6 selects from it on,
+    // like the UTC time does. Friendly and ISO durations select everything recent.
+    let civil = &shown[6][..shown[6].len() - 6];
+    let from_civil = ok_in_zone(
+        "Asia/Kolkata",
+        &[
+            "dump-audit",
+            "--db",
+            db,
+            "--since",
+            civil,
+            "--tz",
+            "Europe/Berlin",
+        ],
+    );
+    let from_utc = ok(&["dump-audit", "--db", db, "--since", &utc[6]]);
+    assert_eq!(from_civil.as_bytes(), &from_utc[..]);
+    assert_eq!(rows(&from_utc).len(), 1);
+    for ago in ["1h30m", "2 days", "PT1H"] {
+        assert_eq!(
+            rows(&ok(&["dump-audit", "--db", db, "--since", ago])).len(),
+            7,
+            "{ago}"
+        );
+        assert!(
+            rows(&ok(&["dump-audit", "--db", db, "--until", ago])).is_empty(),
+            "{ago}"
+        );
+    }
+
+    // An unknown zone is a one-line usage error.
+    let out = common::run(&["dump-audit", "--db", db, "--tz", "Mars/Olympus_Mons"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--tz \"Mars/Olympus_Mons\""), "{stderr}");
+}
