@@ -68,6 +68,14 @@ fn parse_perf(item: &str) -> Perf {
     }
 }
 
+/// Runs `health ARGS` and checks its state and how its text starts (the worst check leads).
+fn expect(args: &[&str], state: &str, text: &str) -> Status {
+    let s = health(args);
+    assert_eq!(s.state, state, "{s:?}");
+    assert!(s.text.starts_with(text), "{}", s.text);
+    s
+}
+
 /// Runs `health ARGS`: exactly one line on stdout, `REPLAY-GUARD STATE - text | perfdata`,
 /// whose state agrees with the exit code.
 fn health(args: &[&str]) -> Status {
@@ -155,12 +163,10 @@ fn a_fresh_healthy_store_is_ok_and_the_line_parses() {
     // A new store that has decided nothing yet is healthy too.
     let empty = dir.path().join("empty.redb");
     ingest(&empty, None, &[]);
-    let s = health(&["--db", empty.to_str().unwrap()]);
-    assert_eq!(s.state, "OK", "{s:?}");
-    assert!(
-        s.text.starts_with("no decision yet, created "),
-        "{}",
-        s.text
+    expect(
+        &["--db", empty.to_str().unwrap()],
+        "OK",
+        "no decision yet, created ",
     );
 }
 
@@ -178,21 +184,16 @@ fn an_old_last_decision_is_a_warning_and_older_critical() {
     let (warn, crit) = (dir.path().join("warn.redb"), dir.path().join("crit.redb"));
     decided_long_ago(&warn, 10 * 60_000);
     decided_long_ago(&crit, 20 * 60_000);
-    let s = health(&["--db", warn.to_str().unwrap()]);
-    assert_eq!(s.state, "WARNING", "{s:?}");
-    assert!(
-        s.text.starts_with("last decision 10 min ago (WARNING 5m)"),
-        "{}",
-        s.text
+    let s = expect(
+        &["--db", warn.to_str().unwrap()],
+        "WARNING",
+        "last decision 10 min ago (WARNING 5m)",
     );
     assert!((600.0..660.0).contains(&s.perf("commit_age").value));
-    let s = health(&["--db", crit.to_str().unwrap()]);
-    assert_eq!(s.state, "CRITICAL", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("last decision 20 min ago (CRITICAL 15m)"),
-        "{}",
-        s.text
+    expect(
+        &["--db", crit.to_str().unwrap()],
+        "CRITICAL",
+        "last decision 20 min ago (CRITICAL 15m)",
     );
     // Thresholds from the flags, `off` included.
     let s = health(&["--db", crit.to_str().unwrap(), "--crit-commit-age", "1h"]);
@@ -222,21 +223,12 @@ fn a_window_near_its_bound_is_a_warning_and_a_full_one_critical() {
         "--config",
         config.to_str().unwrap(),
     ];
-    let s = health(&args);
-    assert_eq!(s.state, "WARNING", "{s:?}");
-    assert!(
-        s.text.starts_with("window 90% full (9 of 10) (WARNING 80)"),
-        "{}",
-        s.text
-    );
+    expect(&args, "WARNING", "window 90% full (9 of 10) (WARNING 80)");
     ingest(&db, Some(&config), &clean(10, 30));
-    let s = health(&args);
-    assert_eq!(s.state, "CRITICAL", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("window 100% full (10 of 10) (CRITICAL 95)"),
-        "{}",
-        s.text
+    let s = expect(
+        &args,
+        "CRITICAL",
+        "window 100% full (10 of 10) (CRITICAL 95)",
     );
     assert_eq!(s.perf("window_fill").value, 100.0);
     // Without the config the default bound (1,000,000) applies: the same store is OK.
@@ -251,26 +243,20 @@ fn quarantined_deliveries_are_a_warning_and_many_critical() {
     // Same position, other content: a conflict, quarantined.
     feed.push(common::msg("CALFIRE", "E7-AVL", 1, 2, "corrected"));
     ingest(&db, None, &feed);
-    let s = health(&["--db", db.to_str().unwrap()]);
-    assert_eq!(s.state, "WARNING", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("1 quarantined in the last hour (1 held) (WARNING 0)"),
-        "{}",
-        s.text
+    expect(
+        &["--db", db.to_str().unwrap()],
+        "WARNING",
+        "1 quarantined in the last hour (1 held) (WARNING 0)",
     );
     let conflicts: Vec<String> = (0..50)
         .map(|i| common::msg("CALFIRE", "E7-AVL", 1, 3, &format!("edit {i}")))
         .chain(["not json".to_string()])
         .collect();
     ingest(&db, None, &conflicts);
-    let s = health(&["--db", db.to_str().unwrap()]);
-    assert_eq!(s.state, "CRITICAL", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("52 quarantined in the last hour (52 held) (CRITICAL 50)"),
-        "{}",
-        s.text
+    let s = expect(
+        &["--db", db.to_str().unwrap()],
+        "CRITICAL",
+        "52 quarantined in the last hour (52 held) (CRITICAL 50)",
     );
     assert_eq!(s.perf("quarantine_held").value, 52.0);
 }
@@ -311,13 +297,10 @@ fn a_lagging_sink_is_a_warning_and_a_far_behind_one_critical() {
     store.close().unwrap();
     let old = old.to_str().unwrap();
     let quiet = ["--warn-commit-age", "off", "--crit-commit-age", "off"];
-    let s = health(&[&["--db", old][..], &quiet].concat());
-    assert_eq!(s.state, "WARNING", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("sink cop 3 behind (10 min old) (WARNING 5m)"),
-        "{}",
-        s.text
+    let s = expect(
+        &[&["--db", old][..], &quiet].concat(),
+        "WARNING",
+        "sink cop 3 behind (10 min old) (WARNING 5m)",
     );
     assert!((600.0..660.0).contains(&s.perf("relay_age_cop").value));
 }
@@ -391,14 +374,7 @@ fn on_postgres_a_fresh_store_is_ok_an_old_one_critical_and_the_disk_is_left_to_t
     store
         .register_sink("cop", "exec", StartAt::Beginning, now_ms())
         .unwrap();
-    let s = health(&args);
-    assert_eq!(s.state, "CRITICAL", "{s:?}");
-    assert!(
-        s.text
-            .starts_with("last decision 20 min ago (CRITICAL 15m)"),
-        "{}",
-        s.text
-    );
+    let s = expect(&args, "CRITICAL", "last decision 20 min ago (CRITICAL 15m)");
     assert_eq!(s.perf("relay_lag_cop").value, 8.0);
     store.close().unwrap();
     // An unreachable server is UNKNOWN.
