@@ -592,19 +592,20 @@ impl Store {
                     META.put(&mut meta, &Meta::new(created_at_ms), &mut Vec::new())?;
                 }
             }
-            // Create every table so read-only inspectors never meet a missing one.
-            txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?;
-            SOURCES.open_mut(&txn)?;
-            WINDOW.open_mut(&txn)?;
-            EFFECTS.open_mut(&txn)?;
-            AUDIT.open_mut(&txn)?;
-            QUARANTINE.open_mut(&txn)?;
-            txn.open_table(QUARANTINE_FP).map_err(StoreError::redb)?;
-            txn.open_table(QUARANTINE_FP_BY_ID)
-                .map_err(StoreError::redb)?;
-            REPLAY_BURSTS.open_mut(&txn)?;
-            SINK_CURSORS.open_mut(&txn)?;
-            SINK_PARKED.open_mut(&txn)?;
+            // Create every table (the one list) so read-only inspectors never meet a
+            // missing one.
+            drop(meta); // the list holds the meta table too
+            struct Create<'a>(&'a WriteTransaction);
+            impl CopyTable for Create<'_> {
+                fn table<K: Cells + redb::Key, V: Cells>(
+                    &mut self,
+                    t: WholeTable<K, V>,
+                ) -> Result<(), StoreError> {
+                    self.0.open_table(t.def).map_err(StoreError::redb)?;
+                    Ok(())
+                }
+            }
+            for_each_table(&mut Create(&txn))?;
         }
         txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok(Store {
