@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
 # Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client;
-# cargo-deb from crates.io),
+# cargo-deb from crates.io; Prometheus and node_exporter unpacked under target/tools),
 # makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
 # runs the whole suite.
 # Extra arguments go to `cargo test` (e.g. a test name filter).
@@ -76,5 +76,18 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || install postgresql
 
 # The package test (tests/it/deb.rs) builds the .deb with cargo-deb, from crates.io.
 command -v cargo-deb >/dev/null || cargo install --locked --quiet cargo-deb
+
+# The metrics tests (tests/it/metrics.rs) check the output with its real readers: a Prometheus
+# server, promtool and node_exporter's textfile collector, from Debian's packages. They are
+# unpacked under target/tools, not installed: no service is started or left running.
+tools=target/tools
+if ! [ -x $tools/usr/bin/prometheus ] || ! [ -x $tools/usr/bin/promtool ] ||
+    ! [ -x $tools/usr/bin/prometheus-node-exporter ]; then
+    echo "unpacking Prometheus and node_exporter under $tools for the metrics tests" >&2
+    rm -rf "$tools" && mkdir -p "$tools/debs"
+    fetch() { (cd "$tools/debs" && apt-get download -qq prometheus prometheus-node-exporter 2>/dev/null); }
+    fetch || { $sudo apt-get update -qq && fetch; }
+    for deb in "$tools"/debs/*.deb; do dpkg-deb -x "$deb" "$tools"; done
+fi
 
 exec cargo test --locked --release "$@"

@@ -164,8 +164,8 @@ pub enum RelayAction {
     Status {
         #[command(flatten)]
         db: DbArgs,
-        #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
-        format: StatsFormat,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
     },
     /// The events a sink parked, with the reason and the receiver's last response.
     Parked {
@@ -274,6 +274,17 @@ pub struct StatsArgs {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatsFormat {
+    /// Labelled lines for people.
+    Text,
+    /// One JSON object, for scripts and monitoring.
+    Json,
+    /// Prometheus's text format (0.0.4): the metrics endpoint's store gauges, for
+    /// node_exporter's textfile collector.
+    Prometheus,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusFormat {
     /// Labelled lines for people.
     Text,
     /// One JSON object, for scripts and monitoring.

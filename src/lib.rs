@@ -11,13 +11,16 @@ pub mod demo;
 pub mod filter;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod hyper_io;
 pub mod json;
 pub mod key;
 pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod progress;
 pub mod rangeset;
+pub mod readings;
 pub mod relay;
 pub mod service;
 pub mod signals;

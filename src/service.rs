@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::metrics::endpoint::Endpoint;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::notify::Notifier;
 use crate::relay::{self, Relay, RelayError, Wake};
@@ -113,16 +115,19 @@ fn commit_with_retry(
     unreachable_since: &AtomicU64,
     last_failed_attempt: &AtomicU64,
     stopping: &AtomicBool,
+    metrics: &Metrics,
 ) -> Result<BatchReport, StoreError> {
     let mut delay = UNREACHABLE_BACKOFF.0;
     let mut attempts = 0u64;
     loop {
+        let started = Instant::now();
         match store.commit_batch(batch, now_ms()) {
             Err(StoreError::Unreachable(why)) if !stopping.load(Ordering::Relaxed) => {
                 attempts += 1;
                 last_failed_attempt.store(now_ms(), Ordering::Relaxed);
                 if unreachable_since.load(Ordering::Relaxed) == 0 {
                     unreachable_since.store(now_ms().max(1), Ordering::Relaxed);
+                    metrics.store_unreachable(true);
                     tracing::error!(
                         error = %why,
                         "PostgreSQL unreachable: acknowledgements withheld, retrying the batch"
@@ -135,9 +140,11 @@ fn commit_with_retry(
             }
             other => {
                 if other.is_ok() && unreachable_since.swap(0, Ordering::Relaxed) != 0 {
+                    metrics.store_unreachable(false);
                     tracing::info!(attempts, "PostgreSQL reachable again: batch committed");
                 }
                 if let Ok(report) = &other {
+                    metrics.commit_took(started.elapsed());
                     warn_quarantined(batch, report);
                 }
                 return other;
@@ -164,7 +171,7 @@ fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
 }
 
 impl StoreWorker {
-    fn spawn(mut store: Backend, wake: Wake) -> std::io::Result<StoreWorker> {
+    fn spawn(mut store: Backend, wake: Wake, metrics: Metrics) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
         let unreachable_since = Arc::new(AtomicU64::new(0));
         let last_failed_attempt = Arc::new(AtomicU64::new(0));
@@ -180,8 +187,9 @@ impl StoreWorker {
                 for job in rx {
                     match job {
                         Job::Batch(batch, reply) => {
-                            let result =
-                                commit_with_retry(&mut store, &batch, &since, &last, &stop);
+                            let result = commit_with_retry(
+                                &mut store, &batch, &since, &last, &stop, &metrics,
+                            );
                             if let Ok(r) = &result
                                 && r.pruned.total() > 0
                             {
@@ -290,6 +298,7 @@ fn open_store_waiting(
     config: &Config,
     shutdown: &mut Shutdown,
     notifier: &Notifier,
+    metrics: &Metrics,
 ) -> Result<Option<(PathBuf, Backend)>, ServiceError> {
     let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
     let pg = match config.location().map_err(config_err)? {
@@ -344,6 +353,7 @@ fn open_store_waiting(
             attempts += 1;
             let why = match opened {
                 Ok(store) => {
+                    metrics.store_unreachable(false);
                     if waiting.is_some() {
                         tracing::info!(
                             store = %target,
@@ -374,6 +384,7 @@ fn open_store_waiting(
                         error = %why,
                         "PostgreSQL unreachable at start; retrying"
                     );
+                    metrics.store_unreachable(true);
                     // Started, as far as systemd is concerned: the outage is ridden out as one
                     // that comes later is. The feed waits at the broker meanwhile.
                     let status = waiting.insert(waiting_status(&target, now_ms()));
@@ -416,7 +427,18 @@ pub fn run(
         .mqtt
         .clone()
         .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
-    let Some((db, store)) = open_store_waiting(&config, &mut shutdown, notifier)? else {
+    let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
+    let metrics = Metrics::new(brokers.iter().map(String::as_str));
+    // Served from the start: a scrape while PostgreSQL is waited for says so.
+    let _endpoint = match config.metrics {
+        Some(listen) => Some(
+            Endpoint::start(listen, Some(metrics.clone()), config.clone()).map_err(|e| {
+                ServiceError::Runtime(format!("cannot start the metrics thread: {e}"))
+            })?,
+        ),
+        None => None,
+    };
+    let Some((db, store)) = open_store_waiting(&config, &mut shutdown, notifier, &metrics)? else {
         tracing::info!(
             "shutdown requested while waiting for PostgreSQL: stopped, nothing consumed"
         );
@@ -427,7 +449,7 @@ pub fn run(
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
     let relay = relay::spawn(&config, Some(&wake))?;
-    let worker = StoreWorker::spawn(store, wake)
+    let worker = StoreWorker::spawn(store, wake, metrics.clone())
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
     notifier.notify("READY=1\nSTATUS=database open, connecting");
@@ -437,7 +459,15 @@ pub fn run(
         .map_err(|e| ServiceError::Runtime(format!("cannot start the runtime: {e}")))?;
     let started_stop = std::cell::Cell::new(None);
     let result = rt.block_on(
-        Consumer::new(&config, worker, notifier, relay.as_ref(), &started_stop).run(mqtt, shutdown),
+        Consumer::new(
+            &config,
+            worker,
+            notifier,
+            relay.as_ref(),
+            &started_stop,
+            metrics,
+        )
+        .run(mqtt, shutdown),
     );
     notifier.notify("STOPPING=1");
     if let Some(relay) = relay {
@@ -470,6 +500,7 @@ struct Consumer<'a> {
     relay: Option<&'a Relay>,
     /// When the shutdown began (the relay gets what is left of the timeout).
     stop_started: &'a std::cell::Cell<Option<Instant>>,
+    metrics: Metrics,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -489,6 +520,7 @@ impl<'a> Consumer<'a> {
         notifier: &'a Notifier,
         relay: Option<&'a Relay>,
         stop_started: &'a std::cell::Cell<Option<Instant>>,
+        metrics: Metrics,
     ) -> Consumer<'a> {
         let window = config
             .mqtt
@@ -507,6 +539,7 @@ impl<'a> Consumer<'a> {
             fatal: None,
             relay,
             stop_started,
+            metrics,
         }
     }
 
@@ -617,6 +650,7 @@ impl<'a> Consumer<'a> {
                 session_present,
             } => {
                 tracing::info!(%broker, session_present, "connected");
+                self.metrics.connected(&broker, true);
                 self.end_burst();
                 // Replays come after a reconnect: count what is absorbed until a batch has none.
                 if self.summary.reconnects > 0 {
@@ -625,10 +659,12 @@ impl<'a> Consumer<'a> {
             }
             TransportEvent::Disconnected { broker, error } => {
                 self.summary.reconnects += 1;
+                self.metrics.connection_lost(&broker);
                 tracing::warn!(%broker, %error, "connection lost; unacknowledged deliveries will be redelivered");
             }
             TransportEvent::Failover { from, to } => {
                 self.summary.failovers += 1;
+                self.metrics.switched();
                 tracing::warn!(%from, %to, "switching broker");
             }
             TransportEvent::Closed => {}
@@ -673,6 +709,9 @@ impl<'a> Consumer<'a> {
         handle.release(delivered);
         self.summary.acks_sent += stats.sent as u64;
         self.summary.acks_stale += stats.stale as u64;
+        self.metrics.acks(stats.sent as u64, stats.stale as u64);
+        self.metrics
+            .committed(&report.counts, report.decided.len(), now_ms());
         if stats.deferred > 0 {
             tracing::debug!(
                 deferred = stats.deferred,
@@ -700,6 +739,7 @@ impl<'a> Consumer<'a> {
         if let Some((broker, connected_at_ms, n)) = self.burst.take()
             && n > 0
         {
+            self.metrics.burst(n);
             tracing::info!(%broker, duplicates = n, "replay burst absorbed: {n} duplicates after connecting to {broker}");
             self.worker.record_burst(BurstRecord {
                 broker,

@@ -21,12 +21,15 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
         std::io::stdout(),
-        "{}: ok (database {}, brokers {}, topics {}, protocol {:?})",
+        "{}: ok (database {}, brokers {}, topics {}, protocol {:?}{})",
         path.display(),
         db.display(),
         brokers.join(" "),
         mqtt.topics.join(" "),
-        mqtt.protocol
+        mqtt.protocol,
+        config
+            .metrics
+            .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"))
     );
     Ok(())
 }

@@ -4,16 +4,16 @@
 //! 1 WARNING, 2 CRITICAL, 3 UNKNOWN), as Nagios, Icinga and their kin expect.
 
 use std::io::Write as _;
-use std::path::Path;
 use std::process::ExitCode;
 
 use crate::cli::HealthArgs;
 use crate::config::Config;
-use crate::model::Outcome;
-use crate::store::{DiskSpace, Snapshot};
+use crate::readings::Readings;
+#[cfg(test)]
+use crate::readings::SinkLag;
+#[cfg(test)]
+use crate::store::DiskSpace;
 use crate::timefmt::now_ms;
-
-const HOUR_MS: u64 = 3_600_000;
 
 /// A check's verdict, ordered from best to worst (UNKNOWN ranks last: nothing was judged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -189,88 +189,6 @@ fn percent(v: &str) -> Option<u64> {
     (n <= 10_000).then_some(n)
 }
 
-/// A sink's distance from the head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkLag {
-    pub name: String,
-    pub events: u64,
-    /// Age of the oldest undelivered effect (0 when caught up).
-    pub age_s: u64,
-}
-
-/// What the check measured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Readings {
-    /// Seconds since the newest audit entry (or, before the first, since creation).
-    pub commit_age_s: u64,
-    /// Whether any decision was recorded yet.
-    pub decided: bool,
-    pub quarantined_1h: u64,
-    pub quarantine_held: u64,
-    pub window_entries: u64,
-    pub window_max: u64,
-    pub sinks: Vec<SinkLag>,
-    /// `None`: a PostgreSQL store, whose disk is the server's.
-    pub disk: Option<DiskSpace>,
-}
-
-impl Readings {
-    pub fn read(
-        snap: &Snapshot,
-        db: &Path,
-        config: &Config,
-        now: u64,
-    ) -> Result<Readings, crate::store::StoreError> {
-        let meta = snap.meta()?;
-        let summary = snap.summary()?;
-        let newest = snap.newest_audit_ms()?;
-        let last = newest.unwrap_or_else(|| {
-            // Retention may have pruned every entry: its last run is then the last write.
-            let pruned = snap.retention_marks().map_or(0, |m| m.last_pruned_at_ms);
-            meta.created_at_ms.max(pruned)
-        });
-        let hour = snap.counts_since(now.saturating_sub(HOUR_MS))?;
-        let mut sinks = Vec::new();
-        for (name, rec) in snap.sink_cursors()? {
-            let events = meta.next_effect.saturating_sub(rec.next);
-            let age_s = if events == 0 {
-                0
-            } else {
-                snap.effect(rec.next)?
-                    .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
-            };
-            sinks.push(SinkLag {
-                name,
-                events,
-                age_s,
-            });
-        }
-        let disk = if snap.is_postgres() {
-            None
-        } else {
-            Some(crate::store::disk_space(db).map_err(|e| {
-                crate::store::StoreError::Refused(format!(
-                    "cannot read the free space beside {}: {e}",
-                    db.display()
-                ))
-            })?)
-        };
-        Ok(Readings {
-            commit_age_s: now.saturating_sub(last) / 1000,
-            decided: newest.is_some(),
-            quarantined_1h: [Outcome::Conflict, Outcome::Stale, Outcome::Malformed]
-                .iter()
-                .map(|o| hour.get(*o))
-                .sum(),
-            quarantine_held: summary.quarantined,
-            window_entries: summary.window_entries,
-            window_max: config.store.window.max_entries,
-            sinks,
-            disk,
-        })
-    }
-}
-
 /// One judged reading.
 struct Check {
     state: State,
@@ -304,18 +222,19 @@ pub fn evaluate(r: &Readings, t: &Thresholds) -> (State, String) {
         t.commit_age_s.perf(secs, false)
     ));
 
-    let (s, b) = t.quarantined_1h.judge(r.quarantined_1h, false);
+    let quarantined_1h = r.quarantined_1h.unwrap_or(0);
+    let (s, b) = t.quarantined_1h.judge(quarantined_1h, false);
     judged(
         s,
         b,
         format!(
             "{} quarantined in the last hour ({} held)",
-            r.quarantined_1h, r.quarantine_held
+            quarantined_1h, r.quarantine_held
         ),
     );
     perf.push(format!(
         "quarantined_1h={};{};0",
-        r.quarantined_1h,
+        quarantined_1h,
         t.quarantined_1h.perf(secs, false)
     ));
     perf.push(format!("quarantine_held={};;;0", r.quarantine_held));
@@ -474,7 +393,7 @@ pub fn run(args: &HealthArgs) -> ExitCode {
     };
     let now = now_ms();
     let judged = super::open_existing(&args.db).and_then(|(db, snap)| {
-        let readings = Readings::read(&snap, &db, &config, now).map_err(|e| {
+        let readings = Readings::read_with_last_hour(&snap, &db, &config, now).map_err(|e| {
             super::Failure::Runtime(anyhow::Error::new(e).context(db.display().to_string()))
         })?;
         Ok(evaluate(&readings, &thresholds))
@@ -505,14 +424,20 @@ mod tests {
         Readings {
             commit_age_s: 3,
             decided: true,
-            quarantined_1h: 0,
+            quarantined_1h: Some(0),
             quarantine_held: 2,
             window_entries: 120,
             window_max: 1_000,
+            window_oldest_age_s: Some(60),
+            decisions: None,
+            bursts: 0,
+            burst_duplicates: 0,
+            database_bytes: 1 << 20,
             sinks: vec![SinkLag {
                 name: "cop db".into(),
                 events: 0,
                 age_s: 0,
+                parked: 0,
             }],
             disk: Some(DiskSpace {
                 available_bytes: 40 << 30,
@@ -552,7 +477,7 @@ mod tests {
                 "last decision 15 min ago (CRITICAL 15m)",
             ),
             (
-                |r| r.quarantined_1h = 1,
+                |r| r.quarantined_1h = Some(1),
                 State::Warning,
                 "1 quarantined in the last hour (2 held) (WARNING 0)",
             ),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 
 use super::Failure;
-use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatsFormat};
+use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatusFormat};
 use crate::config::Config;
 use crate::config::StoreLocation;
 use crate::json::Json;
@@ -84,6 +84,19 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
         })?
         .ok_or_else(|| Failure::Usage(anyhow!("no [[sink]] in the config")))?;
     tracing::info!(%db, sinks = config.relay.sinks.len(), "relay started");
+    // The store's gauges (the sinks' lag and parked events among them); no feed counters.
+    let _endpoint = match config.metrics {
+        Some(listen) => Some(
+            crate::metrics::endpoint::Endpoint::start(listen, None, config.clone()).map_err(
+                |e| {
+                    Failure::Runtime(
+                        anyhow::Error::new(e).context("cannot start the metrics thread"),
+                    )
+                },
+            )?,
+        ),
+        None => None,
+    };
     let notifier = Notifier::from_env();
     notifier.notify("READY=1\nSTATUS=relay started");
     let watchdog = Notifier::watchdog_interval();
@@ -136,20 +149,20 @@ fn text(s: &str) -> Json {
     Json::String(s.to_string())
 }
 
-fn status(db: &DbArgs, format: StatsFormat) -> Result<(), Failure> {
+fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
     let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
     let (_, snap) = super::open_existing(db)?;
     let rows = status_rows(&snap, &config, now_ms())?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     match format {
-        StatsFormat::Json => {
+        StatusFormat::Json => {
             let doc = Json::Object(vec![(
                 "sinks".into(),
                 Json::Array(rows.into_iter().map(Json::Object).collect()),
             )]);
             writeln!(out, "{}", doc.to_compact())?;
         }
-        StatsFormat::Text => {
+        StatusFormat::Text => {
             if rows.is_empty() {
                 writeln!(out, "no sinks: none configured, none with a cursor")?;
             }

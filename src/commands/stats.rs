@@ -16,16 +16,26 @@ const TEXT_SOURCES: usize = 20;
 
 pub fn run(args: &StatsArgs) -> Result<(), Failure> {
     let (db, snap) = super::open_existing(&args.db)?;
-    let stats = Stats::read(&snap, &db, now_ms())?;
-    let mut out = io::stdout().lock();
     let text = match args.format {
-        StatsFormat::Json => stats.to_json().to_compact() + "\n",
-        StatsFormat::Text => stats.to_text(),
+        StatsFormat::Json => Stats::read(&snap, &db, now_ms())?.to_json().to_compact() + "\n",
+        StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(),
+        StatsFormat::Prometheus => prometheus(args, &snap, &db)?,
     };
+    let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// The store's gauges in the text format, as the metrics endpoint serves them (for
+/// node_exporter's textfile collector on hosts without the listener).
+fn prometheus(args: &StatsArgs, snap: &Snapshot, db: &std::path::Path) -> Result<String, Failure> {
+    let config = crate::config::Config::resolve(args.db.config.as_deref(), args.db.db.as_deref())?;
+    let readings = crate::readings::Readings::read(snap, db, &config, now_ms())?;
+    Ok(crate::metrics::encode(&crate::metrics::store_families(
+        &readings,
+    )))
 }
 
 struct Stats {

@@ -1,6 +1,7 @@
 //! The validated configuration: a TOML file (unknown keys are errors) plus command-line
 //! overrides. Everything else receives these typed values, never raw TOML.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -190,6 +191,7 @@ struct RawConfig {
     retention: RawRetention,
     mqtt: Option<RawMqtt>,
     service: RawService,
+    metrics: Option<RawMetrics>,
     relay: sinks::RawRelay,
     sink: Vec<sinks::RawSink>,
 }
@@ -257,6 +259,38 @@ impl Default for RawService {
             shutdown_timeout_seconds: 10,
         }
     }
+}
+
+/// `[metrics]`: present turns the endpoint on (unless `enabled = false`).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields, default)]
+struct RawMetrics {
+    enabled: bool,
+    listen: String,
+}
+impl Default for RawMetrics {
+    fn default() -> Self {
+        RawMetrics {
+            enabled: true,
+            listen: DEFAULT_METRICS_LISTEN.into(),
+        }
+    }
+}
+
+/// Where `[metrics]` listens unless told: loopback only (the endpoint has no authentication).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+
+/// `[metrics] listen`: an IP address and a port (no host names: nothing to resolve at start).
+fn metrics_from_raw(raw: Option<RawMetrics>) -> Result<Option<SocketAddr>, ConfigError> {
+    let Some(raw) = raw.filter(|m| m.enabled) else {
+        return Ok(None);
+    };
+    raw.listen.parse().map(Some).map_err(|_| {
+        ConfigError::Invalid(format!(
+            "[metrics] listen = {:?}: not an IP address and port (e.g. \"{DEFAULT_METRICS_LISTEN}\", \"[::1]:9464\")",
+            raw.listen
+        ))
+    })
 }
 
 /// MQTT protocol version spoken to the brokers.
@@ -620,6 +654,8 @@ pub struct Config {
     /// `None` when the file has no `[mqtt]` section (enough for `ingest` and the dumps).
     pub mqtt: Option<MqttConfig>,
     pub shutdown_timeout: std::time::Duration,
+    /// `[metrics]`: where the Prometheus endpoint listens (`None`: off, the default).
+    pub metrics: Option<SocketAddr>,
     /// `[relay]` and `[[sink]]`: where applied effects are delivered.
     pub relay: RelayConfig,
 }
@@ -849,6 +885,7 @@ impl Config {
             ));
         }
         Ok(Config {
+            metrics: metrics_from_raw(raw.metrics)?,
             relay,
             backend,
             db_path: raw.store.path,
@@ -1170,6 +1207,29 @@ mod tests {
         assert_eq!(r.audit.max_entries, Some(20_000_000));
         assert_eq!(r.effects.max_age_seconds, Some(30 * 86_400));
         assert_eq!(r.quarantine.max_entries, Some(1_000_000));
+    }
+
+    #[test]
+    fn metrics_are_off_unless_asked_for_and_loopback_when_on() {
+        assert_eq!(Config::parse("").unwrap().metrics, None);
+        let on = |text: &str| Config::parse(text).map(|c| c.metrics);
+        assert_eq!(
+            on("[metrics]\n").unwrap(),
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(on("[metrics]\nenabled = false\n").unwrap(), None);
+        assert_eq!(
+            on("[metrics]\nlisten = \"[::1]:9100\"\n").unwrap(),
+            Some("[::1]:9100".parse().unwrap())
+        );
+        for bad in ["localhost:9464", "127.0.0.1", "127.0.0.1:99999", ""] {
+            let e = on(&format!("[metrics]\nlisten = {bad:?}\n")).unwrap_err();
+            assert!(e.to_string().contains("[metrics] listen"), "{bad}: {e}");
+        }
+        assert!(
+            on("[metrics]\nport = 9464\n").is_err(),
+            "unknown keys are errors"
+        );
     }
 
     #[test]

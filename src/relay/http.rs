@@ -4,7 +4,7 @@
 //! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
 //! two for the same source, so each source's events still arrive in log order.
 //!
-//! hyper is named only here (ARCHITECTURE.md). The status classes, `Retry-After` and the
+//! hyper's client is named only here, its I/O adapter in `hyper_io` (ARCHITECTURE.md). The status classes, `Retry-After` and the
 //! Structured-Field string are pure functions below, unit-tested.
 //!
 //! - 2xx: delivered.
@@ -14,11 +14,8 @@
 //! - any other 3xx or 4xx (redirects are not followed): the event is poisoned (parked), with
 //!   the status line and the first `RESPONSE_KEPT` bytes of the body.
 
-use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full};
@@ -26,7 +23,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1;
 use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
 use hyper::{Method, Request, Response, StatusCode, Uri};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
@@ -34,6 +31,7 @@ use tokio_rustls::rustls::pki_types;
 
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::{HttpSink as HttpConfig, HttpUrl};
+use crate::hyper_io::Io;
 use crate::timefmt::{days_from_civil, days_in_month};
 
 /// The request's media type: a CloudEvents structured-mode event.
@@ -661,59 +659,6 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
-}
-
-/// hyper's I/O traits over a tokio stream: what hyper-util's `TokioIo` does, without its
-/// `unsafe` zero-copy read (this crate forbids `unsafe`); one copy per read is nothing beside
-/// a network round trip.
-struct Io<S>(S);
-
-/// Bytes read per `poll_read` (hyper asks for at most its buffer's free space).
-const READ_CHUNK: usize = 8192;
-
-impl<S: AsyncRead + Unpin> hyper::rt::Read for Io<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        mut buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        let mut tmp = [0u8; READ_CHUNK];
-        let n = buf.remaining().min(READ_CHUNK);
-        let mut rb = ReadBuf::new(&mut tmp[..n]);
-        ready!(Pin::new(&mut self.0).poll_read(cx, &mut rb))?;
-        buf.put_slice(rb.filled());
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncWrite + Unpin> hyper::rt::Write for Io<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
 }
 
 #[cfg(test)]

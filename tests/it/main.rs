@@ -47,6 +47,9 @@
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `health`: the monitoring check on real stores (redb and PostgreSQL): OK, WARNING and
 //!   CRITICAL from real conditions, UNKNOWN for an unreadable store, the line parsed.
+//! - `metrics`: the Prometheus endpoint scraped while `run` consumes a real feed through a
+//!   failover, and by a real Prometheus; `stats --format prometheus` through node_exporter's
+//!   textfile collector; promtool's lint; a taken port.
 //! - `backup`: online backups taken while `run` consumes a surge: each verifies, is a prefix
 //!   of the live record, restores; `run` undisturbed. Refusals (existing file, PostgreSQL).
 //! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
@@ -71,6 +74,7 @@ mod fuzz_regressions;
 mod health;
 mod inspect;
 mod live_read;
+mod metrics;
 mod model;
 mod operator;
 mod pg;

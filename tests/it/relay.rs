@@ -332,6 +332,52 @@ fn exec_sink_failing_every_third_batch_delivers_every_effect_once_in_order() {
 }
 
 #[test]
+fn a_standalone_relay_serves_its_sinks_lag_as_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let allow = dir.path().join("allow");
+    let port = super::broker::free_port();
+    let s = setup(
+        dir.path(),
+        &format!(
+            "[ -f {:?} ] || {{ cat > /dev/null; exit 1; }}\ncat >> \"$OUT\"",
+            allow
+        ),
+        "",
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    s.ingest(0, 20);
+    let mut relay = s.relay();
+    let lag = "replay_guard_relay_lag_events{sink=\"script\"}";
+    // The sink's cursor is written when it starts; the receiver refuses every batch so
+    // far, so the sink stays 20 behind.
+    let start = Instant::now();
+    let (text, m) = loop {
+        let (text, m) = super::metrics::scrape(port);
+        if m.contains_key(lag) || start.elapsed() > Duration::from_secs(10) {
+            break (text, m);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(super::metrics::value(&m, lag), 20.0, "{text}");
+    assert_eq!(
+        super::metrics::value(&m, "replay_guard_store_readable"),
+        1.0
+    );
+    assert!(
+        !text.contains("replay_guard_decisions_total"),
+        "a relay decides nothing: {text}"
+    );
+    std::fs::write(&allow, "").unwrap();
+    s.wait_received(20, Duration::from_secs(30));
+    let start = Instant::now();
+    while super::metrics::value(&super::metrics::scrape(port).1, lag) != 0.0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "lag not 0");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+}
+
+#[test]
 fn exec_relay_killed_mid_delivery_delivers_every_effect_with_the_same_id() {
     let dir = tempfile::tempdir().unwrap();
     let s = setup(

@@ -1,0 +1,249 @@
+//! The metrics endpoint: `GET /metrics` on `[metrics] listen`, in the text format, served by
+//! hyper on a thread and runtime of its own, so that a scrape (which reads the store through a
+//! read-only handle, as `stats` does) never delays a commit or an acknowledgement. A few
+//! connections at a time, each closed after its answer and bounded in time. An address that
+//! cannot be bound is logged and tried again: metrics never stop the feed.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use super::Metrics;
+use crate::config::{Config, StoreLocation};
+use crate::hyper_io::Io;
+use crate::readings::Readings;
+use crate::store::{Reader, StoreError};
+use crate::timefmt::now_ms;
+
+/// Connections served at once; more are closed at once (a scraper needs one).
+const MAX_CONNECTIONS: usize = 4;
+/// A connection's whole life: request, store read, answer.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+/// The store read of one scrape; past it the scrape answers without the store's gauges.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between attempts to bind an address that was refused.
+const BIND_RETRY: Duration = Duration::from_secs(30);
+
+/// The running endpoint; dropping it stops it.
+pub struct Endpoint {
+    stop: Option<watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a scrape reads.
+struct Scrape {
+    live: Option<Metrics>,
+    config: Config,
+    /// Opened at the first scrape and kept (it follows the writer's commits); dropped after
+    /// an error, so the next scrape opens it afresh.
+    reader: Mutex<Option<Reader>>,
+    /// Whether the last read failed (the failure is logged once, not every scrape).
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl Endpoint {
+    /// Starts serving on `listen`: `live`, the service's metrics (none for a standalone
+    /// relay), and the gauges of the store `config` names.
+    pub fn start(
+        listen: SocketAddr,
+        live: Option<Metrics>,
+        config: Config,
+    ) -> std::io::Result<Endpoint> {
+        let (stop, stopped) = watch::channel(false);
+        let scrape = Arc::new(Scrape {
+            live,
+            config,
+            reader: Mutex::new(None),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        });
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "metrics endpoint: cannot start its runtime");
+                        return;
+                    }
+                };
+                rt.block_on(serve(listen, scrape, stopped));
+                // A store read still under way (an unreachable server) is not waited for.
+                rt.shutdown_timeout(Duration::from_millis(200));
+            })?;
+        Ok(Endpoint {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Receiver<bool>) {
+    let mut refused = false;
+    let listener = loop {
+        match TcpListener::bind(listen).await {
+            Ok(l) => break l,
+            Err(e) => {
+                if refused {
+                    tracing::warn!(%listen, error = %e, "metrics endpoint: still cannot listen");
+                } else {
+                    tracing::error!(%listen, error = %e, "metrics endpoint: cannot listen; the feed goes on, retrying every 30 s");
+                    refused = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = stopped.changed() => return,
+            () = tokio::time::sleep(BIND_RETRY) => {}
+        }
+    };
+    let addr = listener.local_addr().map_or(listen, |a| a);
+    tracing::info!(%addr, "metrics endpoint listening on http://{addr}/metrics");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: wait rather than spin.
+                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue; // dropped: closed at once
+        };
+        let scrape = scrape.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let scrape = scrape.clone();
+                async move { Ok::<_, Infallible>(respond(&scrape, &req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(Io(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn respond(scrape: &Arc<Scrape>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String, media: &'static str| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(media));
+        r
+    };
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET /metrics\n".into(),
+            PLAIN,
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let s = scrape.clone();
+            let read = tokio::task::spawn_blocking(move || s.read_store());
+            let readings = match tokio::time::timeout(READ_TIMEOUT, read).await {
+                Ok(Ok(r)) => scrape.note(r),
+                Ok(Err(_)) => scrape.note(Err("the store read panicked".into())),
+                Err(_) => scrape.note(Err(format!(
+                    "no answer from the store within {} s",
+                    READ_TIMEOUT.as_secs()
+                ))),
+            };
+            let body = super::scrape(scrape.live.as_ref(), readings.as_ref());
+            text(StatusCode::OK, body, super::CONTENT_TYPE)
+        }
+        "/" => text(
+            StatusCode::OK,
+            "replay-guard: metrics at /metrics\n".into(),
+            PLAIN,
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: GET /metrics\n".into(),
+            PLAIN,
+        ),
+    }
+}
+
+impl Scrape {
+    fn read_store(&self) -> Result<Readings, String> {
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let read = |reader: &Reader| -> Result<Readings, StoreError> {
+            let snap = reader.begin()?;
+            let db = self.config.db_path.clone().unwrap_or_default();
+            Readings::read(&snap, &db, &self.config, now_ms())
+        };
+        let result = match reader.as_ref() {
+            Some(r) => read(r),
+            None => self.open().and_then(|r| read(reader.insert(r))),
+        };
+        if result.is_err() {
+            *reader = None;
+        }
+        result.map_err(|e| e.to_string())
+    }
+
+    fn open(&self) -> Result<Reader, StoreError> {
+        match self.config.location() {
+            Ok(StoreLocation::File(db)) => Reader::open(db),
+            Ok(StoreLocation::Postgres(pg)) => {
+                let cfg = pg
+                    .pg_config()
+                    .map_err(|e| StoreError::Refused(e.to_string()))?;
+                Reader::postgres(cfg).map(|(r, _)| r)
+            }
+            Err(e) => Err(StoreError::Refused(e.to_string())),
+        }
+    }
+
+    /// Logs a failing read once (and its recovery), and passes the readings on.
+    fn note(&self, r: Result<Readings, String>) -> Option<Readings> {
+        use std::sync::atomic::Ordering;
+        let was = self.failing.swap(r.is_err(), Ordering::Relaxed);
+        match r {
+            Ok(r) => {
+                if was {
+                    tracing::info!("metrics endpoint: the store is readable again");
+                }
+                Some(r)
+            }
+            Err(why) => {
+                if !was {
+                    tracing::warn!(error = %why, "metrics endpoint: cannot read the store; scrapes carry replay_guard_store_readable 0");
+                }
+                None
+            }
+        }
+    }
+}

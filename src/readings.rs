@@ -1,0 +1,136 @@
+//! What one snapshot of the store says about its state: the readings `health` judges against
+//! its thresholds, and the gauges that the metrics endpoint and `stats --format prometheus`
+//! export. Read-only; the time is a parameter.
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::model::{Outcome, OutcomeCounts};
+use crate::store::{DiskSpace, Snapshot, StoreError};
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// A sink's distance from the head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkLag {
+    pub name: String,
+    pub events: u64,
+    /// Age of the oldest undelivered effect (0 when caught up).
+    pub age_s: u64,
+    /// Events parked for an operator (`relay parked`).
+    pub parked: u64,
+}
+
+/// What the store holds, read from one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readings {
+    /// Seconds since the newest audit entry (or, before the first, since creation).
+    pub commit_age_s: u64,
+    /// Whether any decision was recorded yet.
+    pub decided: bool,
+    /// Deliveries quarantined in the last hour: counted only by `read_with_last_hour` (a scan
+    /// back through an hour of audit entries, too costly for every scrape).
+    pub quarantined_1h: Option<u64>,
+    pub quarantine_held: u64,
+    pub window_entries: u64,
+    pub window_max: u64,
+    /// Age of the oldest effect in the window (`None`: the window is empty).
+    pub window_oldest_age_s: Option<u64>,
+    /// Decisions recorded since the store was created, by outcome (`None`: a store written
+    /// before the counters were kept).
+    pub decisions: Option<OutcomeCounts>,
+    /// Replay bursts recorded (after reconnects) and the duplicates they absorbed in all.
+    pub bursts: u64,
+    pub burst_duplicates: u64,
+    /// The file's size, or a PostgreSQL store's tables' (data, indexes, TOAST).
+    pub database_bytes: u64,
+    pub sinks: Vec<SinkLag>,
+    /// `None`: a PostgreSQL store, whose disk is the server's.
+    pub disk: Option<DiskSpace>,
+}
+
+impl Readings {
+    /// `read`, plus the deliveries quarantined in the last hour (`health`).
+    pub fn read_with_last_hour(
+        snap: &Snapshot,
+        db: &Path,
+        config: &Config,
+        now: u64,
+    ) -> Result<Readings, StoreError> {
+        let mut r = Readings::read(snap, db, config, now)?;
+        let hour = snap.counts_since(now.saturating_sub(HOUR_MS))?;
+        r.quarantined_1h = Some(
+            [Outcome::Conflict, Outcome::Stale, Outcome::Malformed]
+                .iter()
+                .map(|o| hour.get(*o))
+                .sum(),
+        );
+        Ok(r)
+    }
+
+    /// Everything but the last hour's count: point reads and table metadata, cheap at any
+    /// size (the metrics endpoint reads this at every scrape).
+    pub fn read(
+        snap: &Snapshot,
+        db: &Path,
+        config: &Config,
+        now: u64,
+    ) -> Result<Readings, StoreError> {
+        let meta = snap.meta()?;
+        let summary = snap.summary()?;
+        let newest = snap.newest_audit_ms()?;
+        let last = newest.unwrap_or_else(|| {
+            // Retention may have pruned every entry: its last run is then the last write.
+            let pruned = snap.retention_marks().map_or(0, |m| m.last_pruned_at_ms);
+            meta.created_at_ms.max(pruned)
+        });
+        let parked = snap.sink_parked(None)?;
+        let mut sinks = Vec::new();
+        for (name, rec) in snap.sink_cursors()? {
+            let events = meta.next_effect.saturating_sub(rec.next);
+            let age_s = if events == 0 {
+                0
+            } else {
+                snap.effect(rec.next)?
+                    .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
+            };
+            let parked = parked.iter().filter(|p| p.sink == name).count() as u64;
+            sinks.push(SinkLag {
+                name,
+                events,
+                age_s,
+                parked,
+            });
+        }
+        let (disk, database_bytes) = if snap.is_postgres() {
+            let tables = snap.table_sizes()?.iter().map(|(_, a, b)| a + b).sum();
+            (None, tables)
+        } else {
+            let disk = crate::store::disk_space(db).map_err(|e| {
+                StoreError::Refused(format!(
+                    "cannot read the free space beside {}: {e}",
+                    db.display()
+                ))
+            })?;
+            (Some(disk), std::fs::metadata(db).map_or(0, |m| m.len()))
+        };
+        let bursts = snap.replay_bursts()?;
+        Ok(Readings {
+            commit_age_s: now.saturating_sub(last) / 1000,
+            decided: newest.is_some(),
+            quarantined_1h: None,
+            quarantine_held: summary.quarantined,
+            window_entries: summary.window_entries,
+            window_max: config.store.window.max_entries,
+            window_oldest_age_s: snap
+                .oldest_in_window_ms()?
+                .map(|t| now.saturating_sub(t) / 1000),
+            decisions: snap.counters()?,
+            bursts: bursts.len() as u64,
+            burst_duplicates: bursts.iter().map(|b| b.duplicates).sum(),
+            database_bytes,
+            sinks,
+            disk,
+        })
+    }
+}

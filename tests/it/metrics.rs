@@ -1,0 +1,376 @@
+//! The Prometheus metrics, read by the real consumers: `run` consumes a real Mosquitto feed
+//! through a broker failover while the endpoint is scraped, and the counters move as the
+//! decisions do; a real Prometheus server scrapes the endpoint and answers queries on it;
+//! node_exporter's textfile collector reads `stats --format prometheus`; promtool lints both.
+//! A metrics port already taken leaves the feed flowing. Prometheus, promtool and
+//! node_exporter are Debian's, unpacked under target/tools by scripts/test.sh.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replay_guard::model::Outcome;
+
+use super::broker::{Broker, free_port};
+use super::common;
+use super::service::{Consumer, events};
+
+/// A tool from Debian's prometheus and prometheus-node-exporter packages.
+fn tool(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/tools/usr/bin")
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: scripts/test.sh unpacks Debian's prometheus and \
+         prometheus-node-exporter packages there (run it once)",
+        path.display()
+    );
+    path
+}
+
+/// The body of `GET path` on 127.0.0.1:`port`, once it answers 200 (`None` if it does not
+/// answer at all).
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    // HTTP/1.0: the body comes whole (no chunks) and the connection closes after it.
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    Some(body.to_string())
+}
+
+/// Every sample of a text-format page: `name{labels}` to value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("{l:?}"));
+            let value = value.parse().unwrap_or_else(|_| panic!("{l:?}"));
+            (series.to_string(), value)
+        })
+        .collect()
+}
+
+/// The endpoint's samples, waiting for it to listen.
+pub fn scrape(port: u16) -> (String, BTreeMap<String, f64>) {
+    let start = Instant::now();
+    loop {
+        if let Some(text) = get(port, "/metrics") {
+            let s = samples(&text);
+            return (text, s);
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no endpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn value(s: &BTreeMap<String, f64>, series: &str) -> f64 {
+    *s.get(series)
+        .unwrap_or_else(|| panic!("no {series} in the scrape: {s:#?}"))
+}
+
+fn decisions(s: &BTreeMap<String, f64>, o: Outcome) -> f64 {
+    value(
+        s,
+        &format!("replay_guard_decisions_total{{outcome=\"{o}\"}}"),
+    )
+}
+
+fn connected(s: &BTreeMap<String, f64>, broker: &str) -> f64 {
+    value(
+        s,
+        &format!("replay_guard_broker_connected{{broker=\"{broker}\"}}"),
+    )
+}
+
+/// `promtool check metrics`: the page parses and follows the naming conventions.
+fn lint(text: &str) {
+    let mut p = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(program: &Path, args: &[String], log: &Path) -> Process {
+    let log = std::fs::File::create(log).unwrap();
+    Process(
+        Command::new(program)
+            .args(args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Polls `check` until it holds, or fails after `limit` with `what` and the last reading.
+fn eventually<T: std::fmt::Debug>(
+    limit: Duration,
+    what: &str,
+    mut check: impl FnMut() -> (bool, T),
+) {
+    let start = Instant::now();
+    loop {
+        let (ok, seen) = check();
+        if ok {
+            return;
+        }
+        assert!(start.elapsed() < limit, "{what}: {seen:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Broker::start(&dir.path().join("a"), true);
+    let b_port = free_port();
+    let b_url = format!("mqtt://127.0.0.1:{b_port}");
+    let mut c = Consumer::new(dir.path(), &[a.url(), b_url.clone()], "v5", "rg-metrics");
+    let port = free_port();
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    std::fs::write(&c.config, config).unwrap();
+
+    // Create the session on A and leave 300 events pending for it in A's snapshot.
+    c.start();
+    let (_, s) = scrape(port);
+    assert_eq!(decisions(&s, Outcome::Applied), 0.0);
+    let info = format!(
+        "replay_guard_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(value(&s, &info), 1.0);
+    assert_eq!(connected(&s, &b_url), 0.0, "B is configured, not connected");
+    eventually(Duration::from_secs(10), "connected to A", || {
+        let s = scrape(port).1;
+        (connected(&s, &a.url()) == 1.0, s)
+    });
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    let mut lines = events(0, 300);
+    lines.push("not json".into());
+    a.publish_lines("incidents/ca", &lines, "pub-a");
+    a.snapshot();
+
+    // A new process: its counters start at 0, the store's carry on.
+    c.start();
+    c.wait_decided(301, Duration::from_secs(30));
+    eventually(Duration::from_secs(10), "the first 301 decisions", || {
+        let s = scrape(port).1;
+        (decisions(&s, Outcome::Applied) == 300.0, s)
+    });
+    let (text, s) = scrape(port);
+    lint(&text);
+    assert_eq!(decisions(&s, Outcome::Malformed), 1.0);
+    assert_eq!(decisions(&s, Outcome::Duplicate), 0.0);
+    let batches = value(&s, "replay_guard_batch_size_count");
+    assert!(batches >= 1.0, "{batches}");
+    assert_eq!(value(&s, "replay_guard_batch_size_sum"), 301.0);
+    assert_eq!(
+        value(&s, "replay_guard_commit_duration_seconds_count"),
+        batches,
+        "one commit per batch"
+    );
+    assert!(value(&s, "replay_guard_commit_duration_seconds_sum") > 0.0);
+    assert_eq!(value(&s, "replay_guard_acks_total{result=\"sent\"}"), 301.0);
+    assert_eq!(value(&s, "replay_guard_store_readable"), 1.0);
+    assert_eq!(value(&s, "replay_guard_window_entries"), 300.0);
+    assert_eq!(value(&s, "replay_guard_quarantine_held"), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            "replay_guard_store_decisions_total{outcome=\"applied\"}"
+        ),
+        300.0
+    );
+    assert!(value(&s, "replay_guard_last_commit_timestamp_seconds") > 1.7e9);
+    assert!(value(&s, "replay_guard_database_size_bytes") > 0.0);
+    assert_eq!(value(&s, "replay_guard_broker_switches_total"), 0.0);
+
+    // A real Prometheus server scrapes the endpoint every second and serves what it read.
+    let prom_port = free_port();
+    let prom_config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &prom_config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: rg\n    \
+             static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    let _prometheus = spawn(
+        &tool("prometheus"),
+        &[
+            format!("--config.file={}", prom_config.display()),
+            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
+            format!("--web.listen-address=127.0.0.1:{prom_port}"),
+        ],
+        &dir.path().join("prometheus.log"),
+    );
+    let query = |q: &str| get(prom_port, &format!("/api/v1/query?query={q}"));
+    eventually(
+        Duration::from_secs(30),
+        "Prometheus to scrape the applied count",
+        || {
+            // replay_guard_decisions_total{outcome="applied"}, URL-encoded.
+            let body = query("replay_guard_decisions_total%7Boutcome%3D%22applied%22%7D");
+            let ok = body.as_deref().is_some_and(|b| b.contains(",\"300\"]"));
+            (ok, body)
+        },
+    );
+    let up = query("up%7Bjob%3D%22rg%22%7D");
+    assert!(
+        up.as_deref().is_some_and(|b| b.contains(",\"1\"]")),
+        "{up:?}; log: {}",
+        std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+    );
+
+    // Failover: A dies, B starts from A's snapshot and replays the 301: each event a
+    // duplicate, the malformed line quarantined again (it has no key to be a duplicate of).
+    std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
+    a.kill();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    std::fs::copy(
+        dir.path().join("a/mosquitto.db"),
+        dir.path().join("b/mosquitto.db"),
+    )
+    .unwrap();
+    let b = Broker::start_on(&dir.path().join("b"), b_port, true);
+    c.wait_decided(602, Duration::from_secs(30));
+    b.publish_lines("incidents/ca", &events(300, 310), "pub-b");
+    c.wait_decided(612, Duration::from_secs(30));
+    eventually(Duration::from_secs(10), "the replay counted", || {
+        let s = scrape(port).1;
+        let done = decisions(&s, Outcome::Applied) == 310.0
+            && value(&s, "replay_guard_replay_burst_duplicates_count") == 1.0;
+        (done, s)
+    });
+    let (text, s) = scrape(port);
+    lint(&text);
+    assert_eq!(decisions(&s, Outcome::Duplicate), 300.0, "{text}");
+    assert_eq!(decisions(&s, Outcome::Malformed), 2.0, "{text}");
+    assert_eq!(value(&s, "replay_guard_replay_burst_duplicates_sum"), 300.0);
+    assert!(value(&s, "replay_guard_broker_switches_total") >= 1.0);
+    assert!(value(&s, "replay_guard_connections_lost_total") >= 1.0);
+    assert_eq!(connected(&s, &b_url), 1.0);
+    assert_eq!(connected(&s, &a.url()), 0.0);
+    assert_eq!(value(&s, "replay_guard_acks_total{result=\"sent\"}"), 612.0);
+    assert_eq!(value(&s, "replay_guard_replay_bursts_recorded"), 1.0);
+    assert_eq!(value(&s, "replay_guard_window_entries"), 310.0);
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    // The store agrees with what the endpoint counted.
+    let o = c.outcomes();
+    assert_eq!(o.get(&Outcome::Applied), Some(&310));
+    assert_eq!(o.get(&Outcome::Duplicate), Some(&300));
+}
+
+#[test]
+fn a_metrics_port_already_taken_is_logged_and_the_feed_still_flows() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-metrics-taken");
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    std::fs::write(&c.config, config).unwrap();
+    let check = common::run(&["check-config", c.config.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        said.contains(&format!(", metrics http://127.0.0.1:{port}/metrics)")),
+        "{said}"
+    );
+    c.start();
+    std::thread::sleep(Duration::from_millis(300));
+    broker.publish_lines("incidents/ca", &events(0, 50), "pub-taken");
+    c.wait_decided(50, Duration::from_secs(30));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
+    let log = c.log_text();
+    assert!(log.contains("metrics endpoint: cannot listen"), "{log}");
+    assert_eq!(c.outcomes().get(&Outcome::Applied), Some(&50));
+}
+
+#[test]
+fn stats_in_prometheus_format_is_read_by_node_exporters_textfile_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.redb");
+    let feed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl");
+    let out = common::run(&[
+        "ingest",
+        "--db",
+        db.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = common::run(&[
+        "stats",
+        "--db",
+        db.to_str().unwrap(),
+        "--format",
+        "prometheus",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    lint(&text);
+    let textfiles = dir.path().join("textfile");
+    std::fs::create_dir(&textfiles).unwrap();
+    std::fs::write(textfiles.join("replay-guard.prom"), &text).unwrap();
+
+    let port = free_port();
+    let _exporter = spawn(
+        &tool("prometheus-node-exporter"),
+        &[
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--collector.disable-defaults".into(),
+            "--collector.textfile".into(),
+            format!("--collector.textfile.directory={}", textfiles.display()),
+        ],
+        &dir.path().join("node_exporter.log"),
+    );
+    let (page, s) = scrape(port);
+    assert_eq!(value(&s, "node_textfile_scrape_error"), 0.0, "{page}");
+    // The sample feed: 7 applied, 1 late, 3 duplicates, 1 conflict, 2 malformed.
+    for (outcome, n) in [("applied", 7.0), ("duplicate", 3.0), ("malformed", 2.0)] {
+        assert_eq!(
+            value(
+                &s,
+                &format!("replay_guard_store_decisions_total{{outcome=\"{outcome}\"}}")
+            ),
+            n
+        );
+    }
+    assert_eq!(value(&s, "replay_guard_window_entries"), 8.0);
+    assert_eq!(value(&s, "replay_guard_quarantine_held"), 3.0);
+    assert!(value(&s, "replay_guard_disk_free_bytes") > 0.0);
+}
