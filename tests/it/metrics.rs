@@ -32,8 +32,7 @@ fn tool(name: &str) -> PathBuf {
     path
 }
 
-/// The body of `GET path` on 127.0.0.1:`port`, once it answers 200 (`None` if it does not
-/// answer at all).
+/// The body of `GET path` on 127.0.0.1:`port` if it answers 200.
 fn get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -41,12 +40,20 @@ fn get(port: u16, path: &str) -> Option<String> {
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;
     let (head, body) = raw.split_once("\r\n\r\n")?;
-    // HTTP/1.0: the body comes whole (no chunks) and the connection closes after it.
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    Some(body.to_string())
+    // HTTP/1.0: the body comes whole (no chunks) and the connection closes after it. Another
+    // status (Prometheus answers 503 while it starts) is no answer yet.
+    let ok = head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200");
+    ok.then(|| body.to_string())
+}
+
+/// The status line of the answer to `request` (a whole HTTP/1.0 request) on 127.0.0.1:`port`.
+fn status_line(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.lines().next().unwrap_or_default().to_string()
 }
 
 /// Every sample of a text-format page: `name{labels}` to value.
@@ -173,6 +180,18 @@ fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_
     );
     assert_eq!(value(&s, &info), 1.0);
     assert_eq!(connected(&s, &b_url), 0.0, "B is configured, not connected");
+    for (request, status) in [
+        ("GET /nothing HTTP/1.0\r\n\r\n", "404"),
+        ("POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n", "405"),
+        ("GET / HTTP/1.0\r\n\r\n", "200"),
+        ("not http at all\r\n\r\n", "400"),
+    ] {
+        let line = status_line(port, request);
+        assert!(
+            line.contains(&format!(" {status} ")),
+            "{request:?}: {line:?}"
+        );
+    }
     eventually(Duration::from_secs(10), "connected to A", || {
         let s = scrape(port).1;
         (connected(&s, &a.url()) == 1.0, s)
