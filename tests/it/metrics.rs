@@ -393,3 +393,41 @@ fn stats_in_prometheus_format_is_read_by_node_exporters_textfile_collector() {
     assert_eq!(value(&s, "replay_guard_quarantine_held"), 3.0);
     assert!(value(&s, "replay_guard_disk_free_bytes") > 0.0);
 }
+
+#[test]
+fn stats_in_prometheus_format_reads_a_postgres_store_without_disk_gauges() {
+    let db = super::pg::PgDb::new("metrics");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"postgres\"\ndsn = \"{}\"\nschema = \"rg\"\n[window]\nmax_entries = 5000\n",
+            db.dsn()
+        ),
+    )
+    .unwrap();
+    let feed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl");
+    let config = config.to_str().unwrap();
+    let out = common::run(&["ingest", "--config", config, feed.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = common::run(&["stats", "--config", config, "--format", "prometheus"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    lint(&text);
+    let s = samples(&text);
+    assert_eq!(
+        value(
+            &s,
+            "replay_guard_store_decisions_total{outcome=\"applied\"}"
+        ),
+        7.0
+    );
+    assert_eq!(value(&s, "replay_guard_window_entries"), 8.0);
+    assert_eq!(value(&s, "replay_guard_window_max_entries"), 5000.0);
+    assert!(value(&s, "replay_guard_database_size_bytes") > 0.0);
+    assert!(
+        !text.contains("replay_guard_disk_free_bytes"),
+        "the disk is the server's: {text}"
+    );
+}
