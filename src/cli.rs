@@ -270,6 +270,10 @@ pub struct StatsArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
     pub format: StatsFormat,
+    /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
+    /// IANA name like Europe/Berlin. --format json stays UTC. Default: UTC.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -494,6 +498,11 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
     pub format: ExplainFormat,
+    /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
+    /// IANA name like Europe/Berlin. --format json (its story sentences too) stays UTC.
+    /// Default: UTC.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

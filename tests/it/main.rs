@@ -11,7 +11,8 @@
 //! - `db_file`: what may stand at `--db` (FIFO, device, empty file), the feed lock through
 //!   symlinks and hard links, file modes, no stray files after a failed open.
 //! - `live_read`: `dump-audit` while another process writes the database.
-//! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
+//! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; `--tz` on `dump-*`,
+//!   `explain` and `stats` text; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
 //! - `relay_mqtt`: the `mqtt` sink against a second Mosquitto: order, v5 properties, PUBACK
 //!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056); a scripted
