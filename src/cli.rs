@@ -36,7 +36,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the MQTT consumer service (until SIGTERM/SIGINT).
     Run(RunArgs),
-    /// Validate a config file for `run` and exit (non-zero naming the problem).
+    /// Validate a config file for `run` (or, without [mqtt] and with [[sink]] tables, for a
+    /// standalone `relay`) and exit (non-zero naming the problem).
     CheckConfig {
         /// TOML config file.
         #[arg(value_name = "FILE")]

@@ -50,7 +50,9 @@
 //!   CRITICAL from real conditions, UNKNOWN for an unreadable store, the line parsed.
 //! - `backup`: online backups taken while `run` consumes a surge: each verifies, is a prefix
 //!   of the live record, restores; `run` undisturbed. Refusals (existing file, PostgreSQL).
-//! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
+//! - `systemd`: both units (the service, the standalone relay) verify with an exposure of at
+//!   most 2.0 and share one dynamic user and database; check-config of both example configs;
+//!   secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
