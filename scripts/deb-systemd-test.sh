@@ -4,8 +4,9 @@
 # `systemctl enable --now`, and checks what the README promises: nothing starts before the
 # config is edited, the unit comes up `Type=notify` with its STATUS and watchdog under its
 # hardening, a redelivered message is suppressed, a config error stops the unit instead of
-# restarting it, an upgrade restarts it, removal stops it, and the store verifies. Prints one line per check; exits
-# non-zero at the first failed one.
+# restarting it, an upgrade restarts it, the standalone relay unit runs beside it (the same
+# database and dynamic user) and delivers through an exec sink, removal stops both, and the
+# store verifies. Prints one line per check; exits non-zero at the first failed one.
 #
 # Usage: scripts/deb-systemd-test.sh PATH/TO/replay-guard_*.deb
 # Env: ROOTFS (the cached root, default ${TMPDIR:-/tmp}/replay-guard-bookworm-root, made on the
@@ -69,10 +70,12 @@ ct sh -c 'cat > /tmp/replay-guard.deb' <"$deb"
 ct env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq /tmp/replay-guard.deb >/dev/null 2>&1 ||
     ct dpkg -i /tmp/replay-guard.deb >/dev/null
 say "installed $(ct dpkg-query -W -f '${Package} ${Version}' replay-guard)"
-[ "$(ct systemctl is-enabled replay-guard 2>/dev/null || true)" = disabled ] ||
-    fail "a first install enabled the unit"
-ct systemctl is-active --quiet replay-guard && fail "a first install started the unit"
-say "ok: not enabled, not started before the config is edited"
+for unit in replay-guard replay-guard-relay; do
+    [ "$(ct systemctl is-enabled $unit 2>/dev/null || true)" = disabled ] ||
+        fail "a first install enabled $unit"
+    ct systemctl is-active --quiet $unit && fail "a first install started $unit"
+done
+say "ok: neither unit enabled nor started before the config is edited"
 ct man -w replay-guard-run >/dev/null || fail "man replay-guard-run finds no page"
 say "ok: man replay-guard-run"
 
@@ -151,10 +154,46 @@ ct systemctl is-active --quiet replay-guard && [ "$after" != "$before" ] ||
     fail "an upgrade did not restart the service (pid $before, then $after)"
 say "ok: an upgrade restarted the service (pid $before -> $after)"
 
-# Removal stops the service and keeps the database; verify it.
+# The standalone relay as its own unit beside the service: the same database, the same
+# dynamic user, and an exec sink appending the events to a file in the state directory.
+ct sh -c 'cat > /etc/replay-guard/relay.toml' <<'EOF'
+[store]
+path = "/var/lib/replay-guard/replay-guard.redb"
+[relay]
+source = "urn:replay-guard:replay-guard-eoc-1"
+[[sink]]
+name = "spool"
+kind = "exec"
+command = ["/bin/sh", "-c", "cat >> /var/lib/replay-guard/spool.jsonl"]
+EOF
+ct replay-guard check-config /etc/replay-guard/relay.toml >/dev/null || fail "check-config refuses relay.toml"
+ct systemctl start replay-guard-relay || true
+ct systemctl is-active --quiet replay-guard-relay || {
+    ct journalctl -u replay-guard-relay --no-pager | tail -n 20
+    fail "the relay unit did not become active"
+}
+uid() { ct awk '/^Uid:/ { print $2 }' "/proc/$(ct systemctl show -p MainPID --value "$1")/status"; }
+[ "$(uid replay-guard)" = "$(uid replay-guard-relay)" ] ||
+    fail "the units run as different users: $(uid replay-guard) and $(uid replay-guard-relay)"
+say "ok: the relay unit active (Type=notify) beside the service, both as uid $(uid replay-guard-relay)"
+spool=/var/lib/private/replay-guard/spool.jsonl
+lines() { ct sh -c "cat $spool 2>/dev/null | wc -l"; }
+for _ in $(seq 300); do [ "$(lines)" -ge 3 ] && break; sleep 0.1; done
+[ "$(lines)" -eq 3 ] || fail "the relay delivered $(lines) events of the 3 applied"
+ct mosquitto_pub -h 127.0.0.1 -V mqttv5 -q 1 -t incidents/CALFIRE \
+    -m '{"agency":"CALFIRE","source_id":"IC-1","epoch":1,"sequence":4}'
+for _ in $(seq 300); do [ "$(lines)" -ge 4 ] && break; sleep 0.1; done
+ct tail -n 1 "$spool" | grep -q '"rgsequence":"4"' || fail "the new effect did not reach the sink"
+ids=$(ct grep -o '"id":"[^"]*"' "$spool" | sort -u | wc -l)
+[ "$(lines)" -eq 4 ] && [ "$ids" -eq 4 ] || fail "the sink got $(lines) lines with $ids ids, not 4 events once"
+say "ok: the relay unit delivered the 3 applied effects and a new one, each once"
+
+# Removal stops both units and keeps the database; verify it.
 ct env DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq replay-guard >/dev/null 2>&1
-ct systemctl is-active --quiet replay-guard && fail "removal left the unit running"
-say "ok: apt remove stopped the unit"
+for unit in replay-guard replay-guard-relay; do
+    ct systemctl is-active --quiet $unit && fail "removal left $unit running"
+done
+say "ok: apt remove stopped both units"
 ct test -s /var/lib/private/replay-guard/replay-guard.redb || fail "removal lost the database"
 ct dpkg -i /tmp/replay-guard.deb >/dev/null 2>&1
 ct replay-guard verify --db "$db" | cut -c1-120

@@ -36,7 +36,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the MQTT consumer service (until SIGTERM/SIGINT).
     Run(RunArgs),
-    /// Validate a config file for `run` and exit (non-zero naming the problem).
+    /// Validate a config file for `run` (or, without [mqtt] and with [[sink]] tables, for a
+    /// standalone `relay`) and exit (non-zero naming the problem).
     CheckConfig {
         /// TOML config file.
         #[arg(value_name = "FILE")]
@@ -270,6 +271,10 @@ pub struct StatsArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
     pub format: StatsFormat,
+    /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
+    /// IANA name like Europe/Berlin. --format json stays UTC. Default: UTC.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,6 +510,11 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
     pub format: ExplainFormat,
+    /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
+    /// IANA name like Europe/Berlin. --format json (its story sentences too) stays UTC.
+    /// Default: UTC.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

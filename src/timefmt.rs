@@ -121,6 +121,11 @@ impl Zone {
         self.utc
     }
 
+    /// Unix milliseconds shown in this zone: `rfc3339_ms` in UTC, else as `show` does.
+    pub fn show_ms(&self, ms: u64) -> String {
+        self.show(&rfc3339_ms(ms))
+    }
+
     /// A canonical UTC time (`rfc3339_ms`'s form) shown in this zone, same precision, with its
     /// offset: `2026-11-30T03:52:14.123+01:00`. Text that is not such a time is returned as is.
     pub fn show(&self, utc_text: &str) -> String {
@@ -218,6 +223,11 @@ mod tests {
             "2026-11-29T23:22:14.123-03:30"
         );
         assert_eq!(berlin.show("not a time"), "not a time");
+        assert_eq!(
+            berlin.show_ms(1_796_007_134_123),
+            "2026-11-30T03:52:14.123+01:00"
+        );
+        assert_eq!(Zone::utc().show_ms(1_796_007_134_123), utc_text);
     }
 
     #[test]

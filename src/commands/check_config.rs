@@ -1,4 +1,5 @@
-//! `check-config`: validate a configuration for `run` without starting anything.
+//! `check-config`: validate a configuration for `run`, or for a standalone `relay` (sinks and
+//! no `[mqtt]`), without starting anything.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -11,12 +12,35 @@ use crate::config::Config;
 pub fn run(path: &Path) -> Result<(), Failure> {
     let config = Config::load(path)?;
     let db = config.require_db()?;
-    let mqtt = config.mqtt.as_ref().ok_or_else(|| {
-        Failure::Usage(anyhow!(
-            "config file {}: no [mqtt] section (needed by `run`)",
-            path.display()
-        ))
-    })?;
+    let metrics = config
+        .metrics
+        .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"));
+    let Some(mqtt) = config.mqtt.as_ref() else {
+        // A standalone relay's config names the database and the sinks, and no feed.
+        if config.relay.sinks.is_empty() {
+            return Err(Failure::Usage(anyhow!(
+                "config file {}: no [mqtt] section (needed by `run`) and no [[sink]] (needed \
+                 by a standalone `relay`)",
+                path.display()
+            )));
+        }
+        let sinks: Vec<String> = config
+            .relay
+            .sinks
+            .iter()
+            .map(|s| format!("{} ({})", s.name, s.kind.name()))
+            .collect();
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}: ok for `relay` (database {}, sinks {}, source {}{metrics}; no [mqtt], so not \
+             for `run`)",
+            path.display(),
+            db.display(),
+            sinks.join(" "),
+            config.relay.source
+        );
+        return Ok(());
+    };
     // The database directory may not exist yet: systemd creates StateDirectory at start.
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
@@ -27,9 +51,7 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         brokers.join(" "),
         mqtt.topics.join(" "),
         mqtt.protocol,
-        config
-            .metrics
-            .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"))
+        metrics
     );
     Ok(())
 }

@@ -37,12 +37,7 @@ pub struct View<'a> {
 }
 
 pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
-    let zone = args
-        .tz
-        .as_deref()
-        .map(Zone::parse)
-        .transpose()
-        .map_err(|e| Failure::Usage(e.into()))?;
+    let zone = super::zone_arg(args.tz.as_deref())?;
     let filter = Filter::parse(&args.filter, now_ms(), zone.as_ref())
         .map_err(|e| Failure::Usage(e.into()))?;
     let zone = zone.unwrap_or_else(Zone::utc);

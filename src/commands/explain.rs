@@ -16,7 +16,7 @@ use crate::key::derive_key;
 use crate::model::{Outcome, Position, Source, hex};
 use crate::store::lookup::PositionState;
 use crate::store::{AuditEntry, Effect, QuarantineEntry, Snapshot, StoreError};
-use crate::timefmt::rfc3339_ms;
+use crate::timefmt::Zone;
 
 pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
     let usage = |e: FilterError| Failure::Usage(e.into());
@@ -54,6 +54,7 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
             )));
         }
     };
+    let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
     let (_, snapshot) = super::open_existing(&args.db)?;
     let story = Story::collect(&snapshot, key)?;
     if story.audit.is_empty() {
@@ -71,7 +72,7 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
         )));
     }
     let text = match args.format {
-        ExplainFormat::Text => story.text(),
+        ExplainFormat::Text => story.text(&zone),
         ExplainFormat::Json => format!("{}\n", story.json().to_compact()),
     };
     let mut out = io::stdout().lock();
@@ -152,20 +153,20 @@ impl Story {
     }
 
     /// "applied at T as effect #N" for the effect an entry names, with T its reception time.
-    fn effect_ref(&self, offset: u64, reference_ms: u64) -> String {
+    fn effect_ref(&self, offset: u64, reference_ms: u64, zone: &Zone) -> String {
         match self.effects.get(&offset) {
             Some(e) => format!(
                 "the message applied at {} as effect #{offset}",
-                time_near(e.record.received_at_ms, reference_ms)
+                time_near(e.record.received_at_ms, reference_ms, zone)
             ),
             None => format!("effect #{offset} (its record is gone)"),
         }
     }
 
-    /// One audit entry in plain words.
-    fn sentence(&self, e: &AuditEntry) -> String {
+    /// One audit entry in plain words, its times in `zone`.
+    fn sentence(&self, e: &AuditEntry, zone: &Zone) -> String {
         let r = &e.record;
-        let t = time_near(r.recorded_at_ms, r.recorded_at_ms);
+        let t = time_near(r.recorded_at_ms, r.recorded_at_ms, zone);
         let outcome = Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str);
         let quarantined = |what: &str| match r.quarantine_id {
             Some(q) => format!("quarantined as {what} at {t} (quarantine #{q})"),
@@ -178,12 +179,12 @@ impl Story {
             ),
             (Some(Outcome::Duplicate), Some(off)) => format!(
                 "suppressed at {t}: same content as {}",
-                self.effect_ref(off, r.recorded_at_ms)
+                self.effect_ref(off, r.recorded_at_ms, zone)
             ),
             (Some(Outcome::Conflict), Some(off)) => format!(
                 "{}: same key as {}, but different content; not applied",
                 quarantined("a conflict"),
-                self.effect_ref(off, r.recorded_at_ms)
+                self.effect_ref(off, r.recorded_at_ms, zone)
             ),
             (Some(Outcome::Stale), _) => format!(
                 "{}: not in the window and not provably new; not applied",
@@ -256,7 +257,8 @@ impl Story {
         ]
     }
 
-    fn text(&self) -> String {
+    /// The story for people, its times in `zone`.
+    fn text(&self, zone: &Zone) -> String {
         let mut s = String::new();
         let mut line = |l: String| {
             s.push_str(&l);
@@ -284,11 +286,11 @@ impl Story {
             line(format!(
                 "  #{} {} {} on topic {}",
                 e.index,
-                rfc3339_ms(r.recorded_at_ms),
+                zone.show_ms(r.recorded_at_ms),
                 Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
                 printable(&r.topic)
             ));
-            line(format!("      {}", self.sentence(e)));
+            line(format!("      {}", self.sentence(e, zone)));
             line(format!("      reason: {}", printable(&r.reason)));
         }
         line(String::new());
@@ -301,7 +303,7 @@ impl Story {
             let r = &e.record;
             line(format!(
                 "  #{offset} received {} on topic {}, {}, {}, audit entry #{}",
-                rfc3339_ms(r.received_at_ms),
+                zone.show_ms(r.received_at_ms),
                 printable(&r.topic),
                 if r.late {
                     "late (late: true)"
@@ -327,8 +329,8 @@ impl Story {
             line(format!(
                 "  #{id} {}, first received {}, last seen {}, {} {}, audit entry #{}",
                 Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
-                rfc3339_ms(r.received_at_ms),
-                rfc3339_ms(r.last_seen_ms),
+                zone.show_ms(r.received_at_ms),
+                zone.show_ms(r.last_seen_ms),
                 r.deliveries,
                 if r.deliveries == 1 {
                     "delivery"
@@ -369,7 +371,8 @@ impl Story {
             .iter()
             .map(|e| {
                 let mut row = dump::audit_row(e);
-                row.push(("story".into(), Json::String(self.sentence(e))));
+                // The JSON form is UTC throughout, its sentences too.
+                row.push(("story".into(), Json::String(self.sentence(e, &Zone::utc()))));
                 Json::Object(row)
             })
             .collect();
@@ -425,14 +428,16 @@ impl Story {
     }
 }
 
-/// `02:14:07.120Z` when `ms` falls on the same UTC day as `reference_ms`, else the full
-/// RFC 3339 time.
-fn time_near(ms: u64, reference_ms: u64) -> String {
-    let full = rfc3339_ms(ms);
-    if ms / 86_400_000 == reference_ms / 86_400_000 {
-        full[11..].to_string()
-    } else {
-        full
+/// `02:14:07.120Z` (`03:14:07.120+01:00` in a zone) when `ms` falls on the same day as
+/// `reference_ms` in `zone`, else the full time.
+fn time_near(ms: u64, reference_ms: u64, zone: &Zone) -> String {
+    let full = zone.show_ms(ms);
+    let day = |t: &str| t.split_once('T').map(|(d, _)| d.to_string());
+    match day(&full) {
+        Some(d) if Some(&d) == day(&zone.show_ms(reference_ms)).as_ref() => {
+            full[d.len() + 1..].to_string()
+        }
+        _ => full,
     }
 }
 
@@ -443,7 +448,25 @@ mod tests {
     #[test]
     fn times_on_the_same_day_are_shortened() {
         let t = 1_796_007_134_123; // 2026-11-30T02:52:14.123Z
-        assert_eq!(time_near(t, t), "02:52:14.123Z");
-        assert_eq!(time_near(t - 86_400_000, t), "2026-11-29T02:52:14.123Z");
+        let utc = Zone::utc();
+        assert_eq!(time_near(t, t, &utc), "02:52:14.123Z");
+        assert_eq!(
+            time_near(t - 86_400_000, t, &utc),
+            "2026-11-29T02:52:14.123Z"
+        );
+    }
+
+    #[test]
+    fn the_same_day_is_the_zones_day() {
+        let t = 1_796_007_134_123; // 2026-11-30T02:52:14.123Z, 03:52 in Berlin
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        assert_eq!(time_near(t, t, &berlin), "03:52:14.123+01:00");
+        // 2026-11-29T23:30Z is 00:30 on the 30th in Berlin: the same day there, not in UTC.
+        let before_midnight = t - (3 * 60 + 22) * 60_000 - 14_123;
+        assert_eq!(time_near(before_midnight, t, &berlin), "00:30:00.000+01:00");
+        assert_eq!(
+            time_near(before_midnight, t, &Zone::utc()),
+            "2026-11-29T23:30:00.000Z"
+        );
     }
 }

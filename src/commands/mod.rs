@@ -30,6 +30,14 @@ pub const EXIT_FORCED: u8 = 3;
 /// Exit code of `verify` finding a broken chain or invariant.
 pub const EXIT_VIOLATION: u8 = 4;
 
+/// The zone a `--tz ZONE` flag names, `None` without the flag (commands default to UTC). An
+/// unknown zone is a one-line usage error, found before any database is opened.
+pub fn zone_arg(tz: Option<&str>) -> Result<Option<crate::timefmt::Zone>, Failure> {
+    tz.map(crate::timefmt::Zone::parse)
+        .transpose()
+        .map_err(|e| Failure::Usage(e.into()))
+}
+
 /// The read-only snapshot of an existing database named by `--db` or `--config`.
 pub fn open_existing(
     args: &crate::cli::DbArgs,

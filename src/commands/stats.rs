@@ -8,17 +8,18 @@ use crate::cli::{StatsArgs, StatsFormat};
 use crate::json::Json;
 use crate::model::{Outcome, OutcomeCounts, hex};
 use crate::store::Snapshot;
-use crate::timefmt::{now_ms, rfc3339_ms};
+use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 const HOUR_MS: u64 = 3_600_000;
 /// Sources listed by the text form (JSON lists all).
 const TEXT_SOURCES: usize = 20;
 
 pub fn run(args: &StatsArgs) -> Result<(), Failure> {
+    let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
     let (db, snap) = super::open_existing(&args.db)?;
     let text = match args.format {
         StatsFormat::Json => Stats::read(&snap, &db, now_ms())?.to_json().to_compact() + "\n",
-        StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(),
+        StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(&zone),
         StatsFormat::Prometheus => prometheus(args, &snap, &db)?,
     };
     let mut out = io::stdout().lock();
@@ -257,7 +258,8 @@ impl Stats {
         ])
     }
 
-    fn to_text(&self) -> String {
+    /// Labelled lines for people, their times in `zone`.
+    fn to_text(&self, zone: &Zone) -> String {
         let mib = |b: u64| {
             if b < 1024 * 1024 {
                 format!("{:.1} KiB", b as f64 / 1024.0)
@@ -287,7 +289,7 @@ impl Stats {
                 "{} ({}, created {})",
                 self.path,
                 mib(self.file_bytes),
-                rfc3339_ms(self.created_at_ms)
+                zone.show_ms(self.created_at_ms)
             ),
         );
         line(
@@ -304,7 +306,7 @@ impl Stats {
                 Some(t) => format!(
                     "{} entries, oldest received {} ({} s ago)",
                     self.window_entries,
-                    rfc3339_ms(t),
+                    zone.show_ms(t),
                     self.now_ms.saturating_sub(t) / 1000
                 ),
                 None => format!("{} entries", self.window_entries),
@@ -334,7 +336,7 @@ impl Stats {
                     self.marks.audit_pruned,
                     self.marks.effects_pruned,
                     self.marks.quarantine_pruned,
-                    rfc3339_ms(self.marks.last_pruned_at_ms)
+                    zone.show_ms(self.marks.last_pruned_at_ms)
                 ),
             );
         }
@@ -389,7 +391,7 @@ impl Stats {
         for b in &self.bursts {
             s.push_str(&format!(
                 "  {}  {}  {} duplicates absorbed\n",
-                rfc3339_ms(b.connected_at_ms),
+                zone.show_ms(b.connected_at_ms),
                 b.broker,
                 b.duplicates
             ));

@@ -74,11 +74,14 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
             .unwrap_or_else(|| panic!("{path} is not in the package:\n{listing}"))
     };
     assert_eq!(mode_of("/usr/bin/replay-guard"), "-rwxr-xr-x");
-    assert_eq!(
-        mode_of("/usr/lib/systemd/system/replay-guard.service"),
-        "-rw-r--r--"
-    );
-    assert_eq!(mode_of("/etc/replay-guard/replay-guard.toml"), "-rw-r--r--");
+    for path in [
+        "/usr/lib/systemd/system/replay-guard.service",
+        "/usr/lib/systemd/system/replay-guard-relay.service",
+        "/etc/replay-guard/replay-guard.toml",
+        "/etc/replay-guard/relay.toml",
+    ] {
+        assert_eq!(mode_of(path), "-rw-r--r--", "{path}");
+    }
     assert_eq!(mode_of("/etc/replay-guard/mqtt-password"), "-rw-------");
     for path in [
         "/usr/share/bash-completion/completions/replay-guard",
@@ -112,23 +115,27 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
         conffiles.lines().collect::<BTreeSet<_>>(),
         BTreeSet::from([
             "/etc/replay-guard/mqtt-password",
+            "/etc/replay-guard/relay.toml",
             "/etc/replay-guard/replay-guard.toml"
         ])
     );
-    // The unit is stopped on removal and restarted after an upgrade, never enabled or
-    // started by a first install (the config must be edited first).
+    // Each unit (the service, the standalone relay) is stopped on removal and restarted after
+    // an upgrade, never enabled or started by a first install (its config must be edited
+    // first).
     let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
     assert_eq!(
         postinst.matches("Automatically added by cargo-deb").count(),
-        2
+        4
     );
-    assert!(
-        postinst.contains("try-restart replay-guard.service"),
-        "{postinst}"
-    );
-    assert!(!postinst.contains("deb-systemd-invoke start"), "{postinst}");
     let prerm = std::fs::read_to_string(control.join("prerm")).unwrap();
-    assert!(prerm.contains("stop replay-guard.service"), "{prerm}");
+    for unit in ["replay-guard.service", "replay-guard-relay.service"] {
+        assert!(
+            postinst.contains(&format!("try-restart {unit}")),
+            "{postinst}"
+        );
+        assert!(prerm.contains(&format!("stop {unit}")), "{prerm}");
+    }
+    assert!(!postinst.contains("deb-systemd-invoke start"), "{postinst}");
 
     // Unpacked into a throwaway root.
     let root = dir.path().join("root");
@@ -151,44 +158,64 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
             .len(),
         0
     );
-    // The example config as shipped passes check-config with the packaged binary.
-    let checked = output(
-        Command::new(&bin)
-            .arg("check-config")
-            .arg(root.join("etc/replay-guard/replay-guard.toml")),
-    );
-    assert!(checked.contains(": ok"), "{checked}");
-
-    let unit =
-        std::fs::read_to_string(root.join("usr/lib/systemd/system/replay-guard.service")).unwrap();
-    for line in [
-        "ExecStart=/usr/bin/replay-guard run --config /etc/replay-guard/replay-guard.toml",
-        "RestartPreventExitStatus=1",
-        "LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password",
+    // The example configs as shipped pass check-config with the packaged binary.
+    for (config, want) in [
+        ("replay-guard.toml", ": ok (database"),
+        ("relay.toml", ": ok for `relay`"),
     ] {
-        assert!(
-            unit.lines().any(|l| l == line),
-            "unit lacks {line}:\n{unit}"
+        let checked = output(
+            Command::new(&bin)
+                .arg("check-config")
+                .arg(root.join("etc/replay-guard").join(config)),
         );
+        assert!(checked.contains(want), "{config}: {checked}");
     }
-    // Every page the unit's Documentation= names is in the package.
-    let docs = unit
-        .lines()
-        .find_map(|l| l.strip_prefix("Documentation="))
-        .expect("Documentation=");
-    for doc in docs.split_whitespace() {
-        let path = match doc.strip_prefix("man:") {
-            Some(page) => {
-                let (name, section) = page.trim_end_matches(')').split_once('(').unwrap();
-                root.join(format!("usr/share/man/man{section}/{name}.{section}.gz"))
-            }
-            None => root.join(doc.strip_prefix("file:/").expect("man: or file: URI")),
-        };
-        assert!(
-            path.exists(),
-            "Documentation={doc}: {} missing",
-            path.display()
-        );
+
+    for (name, lines) in [
+        (
+            "replay-guard.service",
+            &[
+                "ExecStart=/usr/bin/replay-guard run --config /etc/replay-guard/replay-guard.toml",
+                "RestartPreventExitStatus=1",
+                "LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password",
+                "User=replay-guard",
+            ][..],
+        ),
+        (
+            "replay-guard-relay.service",
+            &[
+                "ExecStart=/usr/bin/replay-guard relay --config /etc/replay-guard/relay.toml",
+                "RestartPreventExitStatus=1",
+                "User=replay-guard",
+            ],
+        ),
+    ] {
+        let unit = std::fs::read_to_string(root.join("usr/lib/systemd/system").join(name)).unwrap();
+        for line in lines {
+            assert!(
+                unit.lines().any(|l| l == *line),
+                "{name} lacks {line}:\n{unit}"
+            );
+        }
+        // Every page the unit's Documentation= names is in the package.
+        let docs = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("Documentation="))
+            .expect("Documentation=");
+        for doc in docs.split_whitespace() {
+            let path = match doc.strip_prefix("man:") {
+                Some(page) => {
+                    let (name, section) = page.trim_end_matches(')').split_once('(').unwrap();
+                    root.join(format!("usr/share/man/man{section}/{name}.{section}.gz"))
+                }
+                None => root.join(doc.strip_prefix("file:/").expect("man: or file: URI")),
+            };
+            assert!(
+                path.exists(),
+                "{name}: Documentation={doc}: {} missing",
+                path.display()
+            );
+        }
     }
 
     // The pages are roff, the completions the shells' own formats.

@@ -1,5 +1,6 @@
 //! The read-side operator tools through the real binary: `dump-*` filters and CSV, `--follow`
-//! against another process's commits, `explain` and `gaps`, and one-line usage errors.
+//! against another process's commits, `explain`, `gaps`, `--tz` on the text of `dump-*`,
+//! `explain` and `stats`, and one-line usage errors.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
@@ -1132,4 +1133,214 @@ fn table_times_show_in_the_tz_zone_and_zoneless_filters_are_read_in_it() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("--tz \"Mars/Olympus_Mons\""), "{stderr}");
+}
+
+/// `text` with every time of the form `2026-11-30T02:52:14.123` or `02:52:14.123` followed by
+/// `suffix` (`Z`, or `+dd:dd` where `d` is any digit) replaced by `<T>`, and the seconds of
+/// stats' `(N s ago)` by `N` (they tick between two runs).
+fn mask_times(text: &str, suffix: &str) -> String {
+    let at = |b: &[u8], i: usize, shape: &str| {
+        i + shape.len() <= b.len()
+            && shape.bytes().zip(&b[i..]).all(|(p, c)| {
+                if p == b'd' {
+                    c.is_ascii_digit()
+                } else {
+                    p == *c
+                }
+            })
+    };
+    let (full, short) = (
+        format!("dddd-dd-ddTdd:dd:dd.ddd{suffix}"),
+        format!("dd:dd:dd.ddd{suffix}"),
+    );
+    let b = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        if let Some(shape) = [&full, &short].into_iter().find(|s| at(b, i, s)) {
+            out.push_str("<T>");
+            i += shape.len();
+        } else if text[i..].starts_with('(')
+            && text[i..]
+                .find(" s ago)")
+                .is_some_and(|n| n > 1 && text[i + 1..i + n].bytes().all(|c| c.is_ascii_digit()))
+        {
+            out.push_str("(N");
+            i += 1 + text[i + 1..].find(' ').unwrap();
+        } else {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+#[test]
+fn explain_and_stats_show_text_times_in_the_tz_zone_and_json_in_utc() {
+    let (_dir, db) = story_db();
+    let db = db.to_str().unwrap();
+    let audit = rows(&ok(&["dump-audit", "--db", db]));
+    let effects = rows(&ok(&["dump-effects", "--db", db]));
+    let key = text(&audit[0], "key");
+    let explain_with = |extra: &[&str]| {
+        ok_in_zone(
+            "Asia/Kolkata",
+            &[&["explain", "--db", db, key][..], extra].concat(),
+        )
+    };
+
+    // Default and --tz UTC: the UTC text explain always printed, whatever the host's zone.
+    let utc = explain_with(&[]);
+    assert_eq!(explain_with(&["--tz", "UTC"]), utc);
+    let header = format!(
+        "  #0 {} applied on topic incidents/e7",
+        text(&audit[0], "recorded_at")
+    );
+    assert!(utc.lines().any(|l| l == header), "{utc}");
+
+    // Europe/Berlin (+01:00 in winter, +02:00 in summer): every time converted, with its
+    // offset, nothing else changed; a sentence's time of day is Berlin's.
+    let berlin = explain_with(&["--tz", "Europe/Berlin"]);
+    assert_eq!(mask_times(&berlin, "+dd:dd"), mask_times(&utc, "Z"));
+    assert!(
+        !mask_times(&berlin, "Z").contains("<T>"),
+        "a UTC time left: {berlin}"
+    );
+    let shown = |prefix: &str| -> String {
+        let line = berlin
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line: {berlin}"));
+        line[prefix.len()..]
+            .split([' ', ','])
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let in_berlin = |utc: &str, shown: &str| {
+        same_instant_at(utc, shown, "+01:00") || same_instant_at(utc, shown, "+02:00")
+    };
+    let recorded = shown("  #0 ");
+    assert!(
+        in_berlin(text(&audit[0], "recorded_at"), &recorded),
+        "{berlin}"
+    );
+    assert!(
+        berlin.contains(&format!(
+            "      applied at {} as effect #0\n",
+            tod(&recorded)
+        )),
+        "{berlin}"
+    );
+    let received = shown("  #0 received ");
+    assert!(
+        in_berlin(text(&effects[0], "received_at"), &received),
+        "{berlin}"
+    );
+    let quarantined = shown("  #0 conflict, first received ");
+    let quarantine = rows(&ok(&["dump-quarantine", "--db", db]));
+    assert!(
+        in_berlin(text(&quarantine[0], "received_at"), &quarantined),
+        "{berlin}"
+    );
+    let local = explain_with(&["--tz", "local"]);
+    assert_eq!(mask_times(&local, "+05:30"), mask_times(&utc, "Z"));
+
+    // --format json stays UTC, its story sentences too.
+    assert_eq!(
+        explain_with(&["--format", "json", "--tz", "Europe/Berlin"]),
+        explain_with(&["--format", "json"])
+    );
+
+    // stats: the same for its created and oldest-received times.
+    let stats_with = |extra: &[&str]| {
+        ok_in_zone(
+            "Asia/Kolkata",
+            &[&["stats", "--db", db][..], extra].concat(),
+        )
+    };
+    let utc = stats_with(&[]);
+    assert_eq!(
+        mask_times(&stats_with(&["--tz", "UTC"]), "Z"),
+        mask_times(&utc, "Z")
+    );
+    let berlin = stats_with(&["--tz", "Europe/Berlin"]);
+    assert_eq!(mask_times(&berlin, "+dd:dd"), mask_times(&utc, "Z"));
+    assert!(
+        !mask_times(&berlin, "Z").contains("<T>"),
+        "a UTC time left: {berlin}"
+    );
+    let json = stats_with(&["--format", "json", "--tz", "Europe/Berlin"]);
+    let Json::Object(s) = parse(json.as_bytes(), 64).unwrap() else {
+        panic!("{json}")
+    };
+    let created = text(&s, "created_at");
+    assert!(created.ends_with('Z'), "{json}");
+    let Json::Object(window) = get(&s, "window") else {
+        panic!("{json}")
+    };
+    let oldest = text(window, "oldest_at");
+    assert!(oldest.ends_with('Z'), "{json}");
+    let field = |label: &str, before: &str| -> String {
+        let line = berlin.lines().find(|l| l.starts_with(label)).unwrap();
+        let at = line.find(before).unwrap() + before.len();
+        line[at..].split([' ', ')']).next().unwrap().to_string()
+    };
+    assert!(
+        in_berlin(created, &field("database", "created ")),
+        "{berlin}"
+    );
+    assert!(
+        in_berlin(oldest, &field("window", "oldest received ")),
+        "{berlin}"
+    );
+    assert!(
+        utc.contains(&format!("created {created})")),
+        "{utc}\nwithout --tz the stored UTC time"
+    );
+
+    // An unknown zone is a one-line usage error, before the database is opened.
+    for args in [
+        &[
+            "explain",
+            "--db",
+            "/nonexistent/x.redb",
+            key,
+            "--tz",
+            "Mars/Olympus_Mons",
+        ][..],
+        &[
+            "stats",
+            "--db",
+            "/nonexistent/x.redb",
+            "--tz",
+            "Mars/Olympus_Mons",
+        ],
+    ] {
+        let out = common::run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("--tz \"Mars/Olympus_Mons\""), "{stderr}");
+    }
+}
+
+#[test]
+fn the_time_mask_can_fail() {
+    assert_eq!(
+        mask_times(
+            "at 2026-11-30T02:52:14.123Z and 02:52:14.123Z (12 s ago)",
+            "Z"
+        ),
+        "at <T> and <T> (N s ago)"
+    );
+    assert_eq!(
+        mask_times("at 2026-11-30T03:52:14.123+01:00", "+dd:dd"),
+        "at <T>"
+    );
+    assert_ne!(
+        mask_times("at 2026-11-30T03:52:14.123+01:00", "Z"),
+        "at <T>"
+    );
 }

@@ -11,7 +11,8 @@
 //! - `db_file`: what may stand at `--db` (FIFO, device, empty file), the feed lock through
 //!   symlinks and hard links, file modes, no stray files after a failed open.
 //! - `live_read`: `dump-audit` while another process writes the database.
-//! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; one-line usage errors.
+//! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; `--tz` on `dump-*`,
+//!   `explain` and `stats` text; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
 //! - `relay_mqtt`: the `mqtt` sink against a second Mosquitto: order, v5 properties, PUBACK
 //!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056); a scripted
@@ -52,7 +53,9 @@
 //!   textfile collector; promtool's lint; a taken port.
 //! - `backup`: online backups taken while `run` consumes a surge: each verifies, is a prefix
 //!   of the live record, restores; `run` undisturbed. Refusals (existing file, PostgreSQL).
-//! - `systemd`: the unit verifies with an exposure of at most 2.0; check-config; secrets.
+//! - `systemd`: both units (the service, the standalone relay) verify with an exposure of at
+//!   most 2.0 and share one dynamic user and database; check-config of both example configs;
+//!   secrets.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,19 +1,18 @@
-//! The shipped systemd unit and example config: `systemd-analyze verify` accepts the unit,
-//! `systemd-analyze security --offline=true` rates it 2.0 or lower, and `check-config`
-//! accepts the example config.
+//! The shipped systemd units (the service and the standalone relay) and example configs:
+//! `systemd-analyze verify` accepts each unit, `systemd-analyze security --offline=true` rates
+//! each 2.0 or lower, both share one dynamic user and database, and `check-config` accepts
+//! both example configs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::common;
 
-fn unit_for_this_build(dir: &std::path::Path) -> PathBuf {
-    // verify checks that ExecStart exists: point it at the binary under test.
-    let text = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("systemd/replay-guard.service"),
-    )
-    .unwrap();
-    let unit = dir.join("replay-guard.service");
+/// A copy of the shipped unit `name` in `dir`, its ExecStart pointing at the binary under test
+/// (verify checks that ExecStart exists).
+fn unit_for_this_build(dir: &Path, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(shipped(&format!("systemd/{name}"))).unwrap();
+    let unit = dir.join(name);
     std::fs::write(
         &unit,
         text.replace("/usr/bin/replay-guard", common::bin().to_str().unwrap()),
@@ -22,10 +21,15 @@ fn unit_for_this_build(dir: &std::path::Path) -> PathBuf {
     unit
 }
 
-#[test]
-fn systemd_unit_verifies_and_its_exposure_is_at_most_2() {
+fn shipped(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// `systemd-analyze verify` accepts the shipped unit `name` without a warning, and
+/// `systemd-analyze security --offline=true` rates its exposure 2.0 or lower.
+fn assert_verifies_with_exposure_at_most_2(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let unit = unit_for_this_build(dir.path());
+    let unit = unit_for_this_build(dir.path(), name);
     // The man pages Documentation= names come with the package (tests/it/deb.rs checks they
     // are in it), not with this checkout.
     let verify = Command::new("systemd-analyze")
@@ -35,12 +39,12 @@ fn systemd_unit_verifies_and_its_exposure_is_at_most_2() {
         .expect("systemd-analyze must be installed");
     assert!(
         verify.status.success(),
-        "verify: {}",
+        "{name}: verify: {}",
         String::from_utf8_lossy(&verify.stderr)
     );
     assert!(
         verify.stderr.is_empty(),
-        "verify warnings: {}",
+        "{name}: verify warnings: {}",
         String::from_utf8_lossy(&verify.stderr)
     );
 
@@ -53,34 +57,126 @@ fn systemd_unit_verifies_and_its_exposure_is_at_most_2() {
     let line = text
         .lines()
         .find(|l| l.contains("Overall exposure level"))
-        .unwrap_or_else(|| panic!("no exposure line:\n{text}"));
+        .unwrap_or_else(|| panic!("{name}: no exposure line:\n{text}"));
     let level: f64 = line
         .split(':')
         .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("cannot read {line:?}"));
-    assert!(level <= 2.0, "exposure {level} > 2.0:\n{text}");
+        .unwrap_or_else(|| panic!("{name}: cannot read {line:?}"));
+    assert!(level <= 2.0, "{name}: exposure {level} > 2.0:\n{text}");
+}
+
+/// `check-config FILE` exits 0 with a line containing `want`.
+fn assert_check_config_accepts(path: &Path, want: &str) {
+    let out = common::run(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(want), "{}: {stdout}", path.display());
+}
+
+#[test]
+fn systemd_unit_verifies_and_its_exposure_is_at_most_2() {
+    assert_verifies_with_exposure_at_most_2("replay-guard.service");
+}
+
+#[test]
+fn relay_unit_verifies_and_its_exposure_is_at_most_2() {
+    assert_verifies_with_exposure_at_most_2("replay-guard-relay.service");
+}
+
+/// Both units run as the one named dynamic user, in the one state directory, so they share
+/// the database file.
+#[test]
+fn the_service_and_relay_units_share_the_dynamic_user_and_the_database() {
+    let settings = |name: &str| -> Vec<String> {
+        std::fs::read_to_string(shipped(&format!("systemd/{name}")))
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                [
+                    "User=",
+                    "DynamicUser=",
+                    "StateDirectory=",
+                    "StateDirectoryMode=",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let service = settings("replay-guard.service");
+    assert_eq!(
+        service,
+        [
+            "User=replay-guard",
+            "DynamicUser=yes",
+            "StateDirectory=replay-guard",
+            "StateDirectoryMode=0700"
+        ]
+    );
+    assert_eq!(settings("replay-guard-relay.service"), service);
+    let db = |file: &str| {
+        let text = std::fs::read_to_string(shipped(file)).unwrap();
+        text.lines()
+            .find(|l| l.starts_with("path = "))
+            .unwrap()
+            .split('"')
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(db("systemd/relay.toml"), db("systemd/replay-guard.toml"));
+    assert_eq!(
+        db("systemd/replay-guard.toml"),
+        "/var/lib/replay-guard/replay-guard.redb"
+    );
 }
 
 #[test]
 fn example_config_passes_check_config() {
-    let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("systemd/replay-guard.toml");
-    let out = common::run(&["check-config", cfg.to_str().unwrap()]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_check_config_accepts(&shipped("systemd/replay-guard.toml"), ": ok (database");
+}
+
+/// The relay's example: the database and the sinks, no [mqtt].
+#[test]
+fn example_relay_config_passes_check_config() {
+    let relay_toml = shipped("systemd/relay.toml");
+    assert_check_config_accepts(
+        &relay_toml,
+        ": ok for `relay` (database /var/lib/replay-guard/replay-guard.redb, sinks cop (exec), \
+         source urn:replay-guard:replay-guard-eoc-1;",
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains(": ok"));
+    // Its CloudEvents source is what `run` would use with the example replay-guard.toml.
+    let client_id = std::fs::read_to_string(shipped("systemd/replay-guard.toml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("client_id = \""))
+        .and_then(|l| l.split('"').next())
+        .unwrap()
+        .to_string();
+    let relay_text = std::fs::read_to_string(&relay_toml).unwrap();
+    assert!(
+        relay_text.contains(&format!("source = \"urn:replay-guard:{client_id}\"")),
+        "{relay_text}"
+    );
 }
 
 #[test]
 fn check_config_names_the_problem_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     for (text, want) in [
-        ("[store]\npath = \"/tmp/x.redb\"\n", "no [mqtt] section"),
+        (
+            "[store]\npath = \"/tmp/x.redb\"\n",
+            "no [mqtt] section (needed by `run`) and no [[sink]] (needed by a standalone `relay`)",
+        ),
         (
             "[store]\npath = \"/tmp/x.redb\"\n[mqtt]\nbrokers = [\"http://h\"]\nclient_id = \"c\"\ntopics = [\"t\"]\n",
             "mqtt:// or mqtts://",
