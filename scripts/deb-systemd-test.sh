@@ -79,7 +79,12 @@ say "ok: neither unit enabled nor started before the config is edited"
 ct man -w replay-guard-run >/dev/null || fail "man replay-guard-run finds no page"
 say "ok: man replay-guard-run"
 
-# The example config already names the container's broker (mqtt://127.0.0.1:1883, incidents/#).
+# The example config already names the container's broker (mqtt://127.0.0.1:1883, incidents/#);
+# the one edit: turn the metrics on by uncommenting its two lines, as the README says.
+ct sed -i -e 's/^# \[metrics\]$/[metrics]/' -e 's/^# listen = "127.0.0.1:9464"$/listen = "127.0.0.1:9464"/' \
+    /etc/replay-guard/replay-guard.toml
+ct replay-guard check-config /etc/replay-guard/replay-guard.toml | grep -q 'metrics http://127.0.0.1:9464/metrics' ||
+    fail "the example config's [metrics] lines do not turn the endpoint on"
 ct systemctl enable --now replay-guard >/dev/null 2>&1
 for _ in $(seq 100); do
     ct systemctl is-active --quiet replay-guard && break
@@ -111,6 +116,17 @@ applied=$(ct replay-guard dump-effects --db "$db" | wc -l)
 dups=$(ct replay-guard dump-audit --db "$db" --outcome duplicate | wc -l)
 [ "$applied" -eq 3 ] && [ "$dups" -eq 1 ] || fail "applied $applied (want 3), duplicates $dups (want 1)"
 say "ok: 4 deliveries, 3 applied, the redelivery suppressed (read live from $db)"
+
+# The metrics endpoint under the unit's hardening (bash's /dev/tcp: no curl in the container).
+scrape() { ct bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3'; }
+page=$(scrape) || fail "no answer on 127.0.0.1:9464"
+for want in 'replay_guard_decisions_total{outcome="applied"} 3' \
+    'replay_guard_decisions_total{outcome="duplicate"} 1' \
+    'replay_guard_broker_connected{broker="mqtt://127.0.0.1:1883"} 1' \
+    'replay_guard_store_readable 1' 'replay_guard_window_entries 3'; do
+    printf '%s\n' "$page" | grep -qxF "$want" || fail "the metrics lack '$want': $page"
+done
+say "ok: the hardened unit serves /metrics: 3 applied, 1 duplicate, connected, store readable"
 
 # journald natively: a quarantined message is a warning with its outcome, key and topic as
 # fields (JOURNAL_STREAM is set by systemd).
