@@ -14,8 +14,10 @@
    ratio of that run's msg/s to the run without a sink.
 
 5. With RG_METRICS=1: what the metrics endpoint costs the feed. Each round also drains the
-   same feed with `[metrics]` on while a scraper GETs /metrics every 0.2 s (75 times as often
-   as Prometheus's default 15 s), and reports the ratio to the run without. RG_METRICS_ONLY=1
+   same feed with `[metrics]` on (first or second, alternately, against the order effect)
+   while a scraper GETs /metrics every 0.2 s (75 times as often
+   as Prometheus's default 15 s; RG_METRICS_SCRAPE=SECONDS, 0 for none), and reports the ratio
+   to the run without. RG_METRICS_ONLY=1
    skips the restart measurement (also with another RG_BIN, for a baseline in the same run).
 
 Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3)
@@ -153,43 +155,20 @@ def main():
             publish(port, lines)
             t = drain_mosquitto_sub(port, N)
             sub_rates.append(N / t)
-            db = os.path.join(tmp, f"rg{r}.redb")
-            cfg = write_config(tmp, port, db)
-            # create the session, then queue the feed for it while it is offline
-            p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
-            time.sleep(0.5)
-            p.send_signal(signal.SIGTERM)
-            p.wait()
-            publish(port, lines)
-            t, _ = run_until(cfg, N, rss)
-            rg_rates.append(N / t)
-            print(f"round {r + 1}: mosquitto_sub {sub_rates[-1]:,.0f} msg/s, "
-                  f"replay-guard {rg_rates[-1]:,.0f} msg/s, ratio {rg_rates[-1] / sub_rates[-1]:.2f}", flush=True)
-            if sink_port:
-                db = os.path.join(tmp, f"rg{r}-sink.redb")
-                cfg = write_config(tmp, port, db, sink_port=sink_port)
-                p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
-                time.sleep(0.5)
-                p.send_signal(signal.SIGTERM)
-                p.wait()
-                publish(port, lines)
-                t, _ = run_until(cfg, N, rss)
-                sink_rates.append(N / t)
-                print(f"round {r + 1}: replay-guard with one mqtt sink {sink_rates[-1]:,.0f} msg/s, "
-                      f"ratio to no sink {sink_rates[-1] / rg_rates[-1]:.2f}", flush=True)
-            if os.environ.get("RG_METRICS"):
-                db = os.path.join(tmp, f"rg{r}-metrics.redb")
-                mport = free_port()
-                cfg = write_config(tmp, port, db, metrics_port=mport)
+            def drain_run(name, **kw):
+                """`run` drains the queued feed into a new database; returns msg/s."""
+                cfg = write_config(tmp, port, os.path.join(tmp, f"rg{r}{name}.redb"), **kw)
+                # create the session, then queue the feed for it while it is offline
                 p = subprocess.Popen([BIN, "run", "--config", cfg], stderr=subprocess.DEVNULL)
                 time.sleep(0.5)
                 p.send_signal(signal.SIGTERM)
                 p.wait()
                 publish(port, lines)
                 stop = threading.Event()
+                mport, every = kw.get("metrics_port"), float(os.environ.get("RG_METRICS_SCRAPE", "0.2"))
 
                 def scraper():
-                    while not stop.wait(0.2):
+                    while mport and every > 0 and not stop.wait(every):
                         try:
                             urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read()
                             scrapes.append(1)
@@ -200,10 +179,26 @@ def main():
                 t, _ = run_until(cfg, N, rss)
                 stop.set()
                 th.join()
-                metrics_rates.append(N / t)
-                print(f"round {r + 1}: replay-guard with metrics scraped every 0.2 s "
-                      f"{metrics_rates[-1]:,.0f} msg/s, ratio to without {metrics_rates[-1] / rg_rates[-1]:.2f}",
-                      flush=True)
+                return N / t
+
+            # With metrics, the two drains swap places every round: the second drain of a
+            # round is often slower on this VM whatever it runs.
+            with_metrics = bool(os.environ.get("RG_METRICS"))
+            if with_metrics and r % 2 == 1:
+                metrics_rates.append(drain_run("-metrics", metrics_port=free_port()))
+            rg_rates.append(drain_run(""))
+            print(f"round {r + 1}: mosquitto_sub {sub_rates[-1]:,.0f} msg/s, "
+                  f"replay-guard {rg_rates[-1]:,.0f} msg/s, ratio {rg_rates[-1] / sub_rates[-1]:.2f}", flush=True)
+            if with_metrics and r % 2 == 0:
+                metrics_rates.append(drain_run("-metrics", metrics_port=free_port()))
+            if with_metrics:
+                print(f"round {r + 1}: replay-guard with metrics on "
+                      f"{metrics_rates[-1]:,.0f} msg/s, ratio to without {metrics_rates[-1] / rg_rates[-1]:.2f}"
+                      f" ({'first' if r % 2 else 'second'})", flush=True)
+            if sink_port:
+                sink_rates.append(drain_run("-sink", sink_port=sink_port))
+                print(f"round {r + 1}: replay-guard with one mqtt sink {sink_rates[-1]:,.0f} msg/s, "
+                      f"ratio to no sink {sink_rates[-1] / rg_rates[-1]:.2f}", flush=True)
         med = lambda xs: sorted(xs)[len(xs) // 2]
         print(f"median: mosquitto_sub {med(sub_rates):,.0f} msg/s, replay-guard {med(rg_rates):,.0f} msg/s, "
               f"ratio {med(rg_rates) / med(sub_rates):.2f}")
@@ -216,8 +211,9 @@ def main():
             if os.environ.get("RG_SINK_ONLY"):
                 return
         if metrics_rates:
-            print(f"median with metrics scraped: {med(metrics_rates):,.0f} msg/s, ratio to without "
-                  f"{med(metrics_rates) / med(rg_rates):.2f} ({len(scrapes)} scrapes answered)")
+            every = os.environ.get("RG_METRICS_SCRAPE", "0.2")
+            print(f"median with metrics on (scraped every {every} s): {med(metrics_rates):,.0f} msg/s, "
+                  f"ratio to without {med(metrics_rates) / med(rg_rates):.2f} ({len(scrapes)} scrapes answered)")
         if os.environ.get("RG_METRICS_ONLY"):
             return
 

@@ -127,6 +127,15 @@ impl Broker {
         }
     }
 
+    /// A failover: this broker dies (SIGKILL) and a standby starts in `dir` on `port` from
+    /// the persistence file it last wrote (`snapshot`), so it replays what was in flight then.
+    pub fn kill_and_restore_into(&mut self, dir: &Path, port: u16) -> Broker {
+        self.kill();
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(self.dir.join("mosquitto.db"), dir.join("mosquitto.db")).unwrap();
+        Broker::start_on(dir, port, true)
+    }
+
     /// SIGTERM: the broker saves its persistence file (if it has one) and exits; waits for it.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

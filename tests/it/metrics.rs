@@ -278,14 +278,7 @@ fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_
     // Failover: A dies, B starts from A's snapshot and replays the 301: each event a
     // duplicate, the malformed line quarantined again (it has no key to be a duplicate of).
     std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
-    a.kill();
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    std::fs::copy(
-        dir.path().join("a/mosquitto.db"),
-        dir.path().join("b/mosquitto.db"),
-    )
-    .unwrap();
-    let b = Broker::start_on(&dir.path().join("b"), b_port, true);
+    let b = a.kill_and_restore_into(&dir.path().join("b"), b_port);
     c.wait_decided(602, Duration::from_secs(30));
     b.publish_lines("incidents/ca", &events(300, 310), "pub-b");
     c.wait_decided(612, Duration::from_secs(30));

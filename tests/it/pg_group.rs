@@ -353,14 +353,7 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
             // acknowledging to A; A dies; standby B starts from A's file and replays.
             a.snapshot();
             std::thread::sleep(Duration::from_millis(400));
-            a.kill();
-            std::fs::create_dir_all(dir.path().join("b")).unwrap();
-            std::fs::copy(
-                dir.path().join("a/mosquitto.db"),
-                dir.path().join("b/mosquitto.db"),
-            )
-            .unwrap();
-            b = Some(Broker::start_on(&dir.path().join("b"), b_port, true));
+            b = Some(a.kill_and_restore_into(&dir.path().join("b"), b_port));
             failover_at = Some(counts(&dsn));
             continue;
         }

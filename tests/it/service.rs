@@ -244,14 +244,7 @@ fn failover_replay(protocol: &str) {
     c.start();
     c.wait_decided(300, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
-    a.kill();
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    std::fs::copy(
-        dir.path().join("a/mosquitto.db"),
-        dir.path().join("b/mosquitto.db"),
-    )
-    .unwrap();
-    let b = Broker::start_on(&dir.path().join("b"), b_port, true);
+    let b = a.kill_and_restore_into(&dir.path().join("b"), b_port);
     // B replays the 300 from its restored session: each is suppressed.
     c.wait_decided(600, Duration::from_secs(30));
     b.publish_lines("incidents/ca", &events(300, 400), "pub-b");
