@@ -36,7 +36,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the MQTT consumer service (until SIGTERM/SIGINT).
     Run(RunArgs),
-    /// Validate a config file for `run` (or, without [mqtt] and with [[sink]] tables, for a
+    /// Validate a config file for `run` (or, without `[mqtt]` and with `[[sink]]` tables, for a
     /// standalone `relay`) and exit (non-zero naming the problem).
     CheckConfig {
         /// TOML config file.

@@ -430,14 +430,8 @@ pub fn run(
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let metrics = Metrics::new(brokers.iter().map(String::as_str));
     // Served from the start: a scrape while PostgreSQL is waited for says so.
-    let _endpoint = match config.metrics {
-        Some(listen) => Some(
-            Endpoint::start(listen, Some(metrics.clone()), config.clone()).map_err(|e| {
-                ServiceError::Runtime(format!("cannot start the metrics thread: {e}"))
-            })?,
-        ),
-        None => None,
-    };
+    let _endpoint = Endpoint::for_config(&config, Some(metrics.clone()))
+        .map_err(|e| ServiceError::Runtime(format!("cannot start the metrics thread: {e}")))?;
     let Some((db, store)) = open_store_waiting(&config, &mut shutdown, notifier, &metrics)? else {
         tracing::info!(
             "shutdown requested while waiting for PostgreSQL: stopped, nothing consumed"

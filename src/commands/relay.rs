@@ -85,18 +85,9 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
         .ok_or_else(|| Failure::Usage(anyhow!("no [[sink]] in the config")))?;
     tracing::info!(%db, sinks = config.relay.sinks.len(), "relay started");
     // The store's gauges (the sinks' lag and parked events among them); no feed counters.
-    let _endpoint = match config.metrics {
-        Some(listen) => Some(
-            crate::metrics::endpoint::Endpoint::start(listen, None, config.clone()).map_err(
-                |e| {
-                    Failure::Runtime(
-                        anyhow::Error::new(e).context("cannot start the metrics thread"),
-                    )
-                },
-            )?,
-        ),
-        None => None,
-    };
+    let _endpoint = crate::metrics::endpoint::Endpoint::for_config(&config, None).map_err(|e| {
+        Failure::Runtime(anyhow::Error::new(e).context("cannot start the metrics thread"))
+    })?;
     let notifier = Notifier::from_env();
     notifier.notify("READY=1\nSTATUS=relay started");
     let watchdog = Notifier::watchdog_interval();

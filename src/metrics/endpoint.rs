@@ -50,6 +50,14 @@ struct Scrape {
 }
 
 impl Endpoint {
+    /// `start` on `config`'s `[metrics] listen`, if it has one.
+    pub fn for_config(config: &Config, live: Option<Metrics>) -> std::io::Result<Option<Endpoint>> {
+        config
+            .metrics
+            .map(|listen| Endpoint::start(listen, live, config.clone()))
+            .transpose()
+    }
+
     /// Starts serving on `listen`: `live`, the service's metrics (none for a standalone
     /// relay), and the gauges of the store `config` names.
     pub fn start(
