@@ -19,6 +19,10 @@ pub struct SinkLag {
     pub age_s: u64,
     /// Events parked for an operator (`relay parked`).
     pub parked: u64,
+    /// Events the receiver acknowledged since the cursor was made.
+    pub delivered: u64,
+    /// When the last attempt failed (`None`: none has).
+    pub last_error_ms: Option<u64>,
 }
 
 /// What the store holds, read from one snapshot.
@@ -100,6 +104,8 @@ impl Readings {
                 events,
                 age_s,
                 parked,
+                delivered: rec.delivered,
+                last_error_ms: rec.last_error.map(|(at, _)| at),
             });
         }
         let (disk, database_bytes) = if snap.is_postgres() {

@@ -438,6 +438,8 @@ mod tests {
                 events: 0,
                 age_s: 0,
                 parked: 0,
+                delivered: 0,
+                last_error_ms: None,
             }],
             disk: Some(DiskSpace {
                 available_bytes: 40 << 30,

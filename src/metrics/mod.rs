@@ -328,11 +328,33 @@ pub fn store_families(r: &Readings) -> Vec<MetricFamily> {
             "Events the sink parked for an operator (`relay parked`).",
             "sink",
         );
+        let delivered = counter_vec(
+            &reg,
+            "replay_guard_relay_delivered_total",
+            "Events the sink's receiver acknowledged since its cursor was made (rate() is the \
+             last hop's throughput).",
+            "sink",
+        );
+        let failed = register(
+            &reg,
+            prometheus::GaugeVec::new(
+                opts(
+                    "replay_guard_relay_last_error_timestamp_seconds",
+                    "Unix time of the sink's last failed attempt (absent if none failed).",
+                ),
+                &["sink"],
+            )
+            .expect(STATIC),
+        );
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for s in &r.sinks {
             lag.with_label_values(&[&s.name]).set(n(s.events));
             age.with_label_values(&[&s.name]).set(n(s.age_s));
             parked.with_label_values(&[&s.name]).set(n(s.parked));
+            delivered.with_label_values(&[&s.name]).inc_by(s.delivered);
+            if let Some(at) = s.last_error_ms {
+                failed.with_label_values(&[&s.name]).set(at as f64 / 1000.0);
+            }
         }
     }
     reg.gather()
@@ -389,6 +411,8 @@ mod tests {
                 events: 3,
                 age_s: 9,
                 parked: 1,
+                delivered: 40,
+                last_error_ms: Some(1_700_000_000_250),
             }],
             disk: None,
         }
@@ -443,6 +467,14 @@ mod tests {
                 3.0,
             ),
             ("replay_guard_relay_parked{sink=\"cop \\\"db\\\"\"}", 1.0),
+            (
+                "replay_guard_relay_delivered_total{sink=\"cop \\\"db\\\"\"}",
+                40.0,
+            ),
+            (
+                "replay_guard_relay_last_error_timestamp_seconds{sink=\"cop \\\"db\\\"\"}",
+                1_700_000_000.25,
+            ),
             (
                 "replay_guard_store_decisions_total{outcome=\"applied\"}",
                 0.0,

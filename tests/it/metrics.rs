@@ -142,7 +142,7 @@ fn spawn(program: &Path, args: &[String], log: &Path) -> Process {
 }
 
 /// Polls `check` until it holds, or fails after `limit` with `what` and the last reading.
-fn eventually<T: std::fmt::Debug>(
+pub fn eventually<T: std::fmt::Debug>(
     limit: Duration,
     what: &str,
     mut check: impl FnMut() -> (bool, T),

@@ -347,33 +347,31 @@ fn a_standalone_relay_serves_its_sinks_lag_as_metrics() {
     );
     s.ingest(0, 20);
     let mut relay = s.relay();
+    use super::metrics::{eventually, scrape, value};
     let lag = "replay_guard_relay_lag_events{sink=\"script\"}";
-    // The sink's cursor is written when it starts; the receiver refuses every batch so
-    // far, so the sink stays 20 behind.
-    let start = Instant::now();
-    let (text, m) = loop {
-        let (text, m) = super::metrics::scrape(port);
-        if m.contains_key(lag) || start.elapsed() > Duration::from_secs(10) {
-            break (text, m);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(super::metrics::value(&m, lag), 20.0, "{text}");
-    assert_eq!(
-        super::metrics::value(&m, "replay_guard_store_readable"),
-        1.0
-    );
+    let delivered = "replay_guard_relay_delivered_total{sink=\"script\"}";
+    let failed = "replay_guard_relay_last_error_timestamp_seconds{sink=\"script\"}";
+    // The sink's cursor is written when it starts; the receiver refuses every batch so far,
+    // so the sink stays 20 behind, and its failures are on record.
+    eventually(Duration::from_secs(10), "a failing sink on record", || {
+        let (text, m) = scrape(port);
+        (m.contains_key(lag) && m.contains_key(failed), text)
+    });
+    let (text, m) = scrape(port);
+    assert_eq!(value(&m, lag), 20.0, "{text}");
+    assert_eq!(value(&m, delivered), 0.0, "{text}");
+    assert!(value(&m, failed) > 1.7e9, "{text}");
+    assert_eq!(value(&m, "replay_guard_store_readable"), 1.0);
     assert!(
         !text.contains("replay_guard_decisions_total"),
         "a relay decides nothing: {text}"
     );
     std::fs::write(&allow, "").unwrap();
     s.wait_received(20, Duration::from_secs(30));
-    let start = Instant::now();
-    while super::metrics::value(&super::metrics::scrape(port).1, lag) != 0.0 {
-        assert!(start.elapsed() < Duration::from_secs(10), "lag not 0");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(Duration::from_secs(10), "lag 0, 20 delivered", || {
+        let m = scrape(port).1;
+        (value(&m, lag) == 0.0 && value(&m, delivered) == 20.0, m)
+    });
     assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
 }
 
