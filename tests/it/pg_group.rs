@@ -792,6 +792,19 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     const N: u64 = 3_000;
     let (db, proxy, dir, broker, mut c) = member_behind_proxy("cutoff", "rg-cut");
     let dsn = db.dsn();
+    // The metrics say so too (their store reads go through the proxy as well).
+    let port = super::broker::free_port();
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    std::fs::write(&c.config, config).unwrap();
+    let gauges = || {
+        let m = super::metrics::scrape(port).1;
+        let v = |name: &str| super::metrics::value(&m, name);
+        (
+            v("replay_guard_store_unreachable"),
+            v("replay_guard_store_readable"),
+        )
+    };
     let (sock_path, notes) = notify_socket(dir.path());
     // A 1 s watchdog: a ping is due every 500 ms.
     c.start_env(&[
@@ -817,6 +830,7 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
         2_000,
         "committed without the server?"
     );
+    assert_eq!(gauges(), (1.0, 0.0), "unreachable, and the store unread");
     let during: Vec<String> = notes
         .lock()
         .unwrap()
@@ -827,6 +841,10 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     proxy.restore();
     wait_counts(&dsn, Duration::from_secs(30), "all applied", |_, e| e >= N);
     std::thread::sleep(Duration::from_millis(500));
+    super::metrics::eventually(Duration::from_secs(10), "reachable again", || {
+        let g = gauges();
+        (g == (0.0, 1.0), g)
+    });
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     let log = c.log_text();
     assert!(log.contains("PostgreSQL unreachable"), "{log}");
