@@ -37,8 +37,9 @@
 //!   chain as redb for the same feed, members committing concurrently.
 //! - `pg_group`: several `run` members on one PostgreSQL schema: a shared subscription
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
-//!   terminating connections mid-surge, the server cut off (watchdog, STATUS and metrics meanwhile),
-//!   `run` started while the server is cut off (waits, SIGTERM), fail-fast refusals at start.
+//!   terminating connections mid-surge, the server cut off (watchdog, STATUS and metrics
+//!   meanwhile), `run` started while the server is cut off (waits, SIGTERM), fail-fast
+//!   refusals at start.
 //! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
 //!   `sslmode`, wrong CA and host name refused in words, channel binding, a client
 //!   certificate, the postgres sink over verify-full.
