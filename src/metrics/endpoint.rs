@@ -108,16 +108,17 @@ impl Drop for Endpoint {
 }
 
 async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Receiver<bool>) {
-    let mut refused = false;
+    let mut refused = 0u64;
     let listener = loop {
         match TcpListener::bind(listen).await {
             Ok(l) => break l,
             Err(e) => {
-                if refused {
-                    tracing::warn!(%listen, error = %e, "metrics endpoint: still cannot listen");
-                } else {
+                refused += 1;
+                if refused == 1 {
                     tracing::error!(%listen, error = %e, "metrics endpoint: cannot listen; the feed goes on, retrying every 30 s");
-                    refused = true;
+                } else if refused.is_power_of_two() {
+                    // Fewer and fewer lines: an address that never binds must not flood the log.
+                    tracing::warn!(%listen, error = %e, attempts = refused, "metrics endpoint: still cannot listen");
                 }
             }
         }
