@@ -47,6 +47,10 @@ struct Scrape {
     reader: Mutex<Option<Reader>>,
     /// Whether the last read failed (the failure is logged once, not every scrape).
     failing: std::sync::atomic::AtomicBool,
+    /// When (ms) the read under way began, 0 when none is: a read that hangs (a server that
+    /// stopped answering) makes later scrapes fail at once instead of each parking a thread
+    /// on the lock.
+    reading_since: std::sync::atomic::AtomicU64,
 }
 
 impl Endpoint {
@@ -71,6 +75,7 @@ impl Endpoint {
             config,
             reader: Mutex::new(None),
             failing: std::sync::atomic::AtomicBool::new(false),
+            reading_since: std::sync::atomic::AtomicU64::new(0),
         });
         let thread = std::thread::Builder::new()
             .name("metrics".into())
@@ -207,7 +212,23 @@ async fn respond(scrape: &Arc<Scrape>, req: &Request<Incoming>) -> Response<Full
 
 impl Scrape {
     fn read_store(&self) -> Result<Readings, String> {
+        use std::sync::atomic::Ordering;
+        let since = self.reading_since.load(Ordering::Relaxed);
+        let limit = u64::try_from(READ_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        if since > 0 && now_ms().saturating_sub(since) > limit {
+            return Err(format!(
+                "an earlier store read has not returned for {} s",
+                now_ms().saturating_sub(since) / 1000
+            ));
+        }
         let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        self.reading_since.store(now_ms().max(1), Ordering::Relaxed);
+        let result = self.read_locked(&mut reader);
+        self.reading_since.store(0, Ordering::Relaxed);
+        result
+    }
+
+    fn read_locked(&self, reader: &mut Option<Reader>) -> Result<Readings, String> {
         let read = |reader: &Reader| -> Result<Readings, StoreError> {
             let snap = reader.begin()?;
             let db = self.config.db_path.clone().unwrap_or_default();
