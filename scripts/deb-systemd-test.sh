@@ -83,7 +83,9 @@ say "ok: man replay-guard-run"
 # the one edit: turn the metrics on by uncommenting its two lines, as the README says.
 ct sed -i -e 's/^# \[metrics\]$/[metrics]/' -e 's/^# listen = "127.0.0.1:9464"$/listen = "127.0.0.1:9464"/' \
     /etc/replay-guard/replay-guard.toml
-ct replay-guard check-config /etc/replay-guard/replay-guard.toml | grep -q 'metrics http://127.0.0.1:9464/metrics' ||
+# (grep reads here-strings, not pipes: with pipefail, `grep -q` leaving a pipe early can fail
+# the writer with SIGPIPE, and so the check, though the line was there.)
+grep -q 'metrics http://127.0.0.1:9464/metrics' <<<"$(ct replay-guard check-config /etc/replay-guard/replay-guard.toml)" ||
     fail "the example config's [metrics] lines do not turn the endpoint on"
 ct systemctl enable --now replay-guard >/dev/null 2>&1
 for _ in $(seq 100); do
@@ -124,7 +126,7 @@ for want in 'replay_guard_decisions_total{outcome="applied"} 3' \
     'replay_guard_decisions_total{outcome="duplicate"} 1' \
     'replay_guard_broker_connected{broker="mqtt://127.0.0.1:1883"} 1' \
     'replay_guard_store_readable 1' 'replay_guard_window_entries 3'; do
-    printf '%s\n' "$page" | grep -qxF "$want" || fail "the metrics lack '$want': $page"
+    grep -qxF "$want" <<<"$page" || fail "the metrics lack '$want': $page"
 done
 say "ok: the hardened unit serves /metrics: 3 applied, 1 duplicate, connected, store readable"
 
@@ -132,10 +134,10 @@ say "ok: the hardened unit serves /metrics: 3 applied, 1 duplicate, connected, s
 # fields (JOURNAL_STREAM is set by systemd).
 ct mosquitto_pub -h 127.0.0.1 -V mqttv5 -q 1 -t incidents/CALFIRE -m 'not json'
 for _ in $(seq 100); do
-    ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed | grep -q quarantined && break
+    grep -q quarantined <<<"$(ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed)" && break
     sleep 0.1
 done
-ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed | grep -q "message quarantined" ||
+grep -q "message quarantined" <<<"$(ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed)" ||
     fail "journalctl -p warning OUTCOME=malformed shows no quarantine warning"
 entry=$(ct journalctl -u replay-guard -p warning --no-pager -q -o json OUTCOME=malformed | tail -n 1)
 case "$entry" in
@@ -199,7 +201,7 @@ for _ in $(seq 300); do [ "$(lines)" -ge 3 ] && break; sleep 0.1; done
 ct mosquitto_pub -h 127.0.0.1 -V mqttv5 -q 1 -t incidents/CALFIRE \
     -m '{"agency":"CALFIRE","source_id":"IC-1","epoch":1,"sequence":4}'
 for _ in $(seq 300); do [ "$(lines)" -ge 4 ] && break; sleep 0.1; done
-ct tail -n 1 "$spool" | grep -q '"rgsequence":"4"' || fail "the new effect did not reach the sink"
+grep -q '"rgsequence":"4"' <<<"$(ct tail -n 1 "$spool")" || fail "the new effect did not reach the sink"
 ids=$(ct grep -o '"id":"[^"]*"' "$spool" | sort -u | wc -l)
 [ "$(lines)" -eq 4 ] && [ "$ids" -eq 4 ] || fail "the sink got $(lines) lines with $ids ids, not 4 events once"
 say "ok: the relay unit delivered the 3 applied effects and a new one, each once"
