@@ -6,6 +6,8 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::model::{Outcome, OutcomeCounts};
+use crate::store::relay::Parked;
+use crate::store::tables::SinkRecord;
 use crate::store::{DiskSpace, Snapshot, StoreError};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -23,6 +25,43 @@ pub struct SinkLag {
     pub delivered: u64,
     /// When the last attempt failed (`None`: none has).
     pub last_error_ms: Option<u64>,
+}
+
+impl SinkLag {
+    /// Sink `name` with cursor `rec` against the log's `head`; `parked` holds every sink's
+    /// parked events (`Snapshot::sink_parked(None)`). Also `relay status`'s figures.
+    pub fn of(
+        snap: &Snapshot,
+        head: u64,
+        (name, rec): (&str, &SinkRecord),
+        parked: &[Parked],
+        now: u64,
+    ) -> Result<SinkLag, StoreError> {
+        let events = head.saturating_sub(rec.next);
+        let age_s = if events == 0 {
+            0
+        } else {
+            snap.effect(rec.next)?
+                .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
+        };
+        Ok(SinkLag {
+            name: name.to_string(),
+            events,
+            age_s,
+            parked: parked.iter().filter(|p| p.sink == name).count() as u64,
+            delivered: rec.delivered,
+            last_error_ms: rec.last_error.as_ref().map(|(at, _)| *at),
+        })
+    }
+}
+
+/// The database's size: the file's, or a PostgreSQL store's tables' (data, indexes, TOAST).
+pub fn database_bytes(snap: &Snapshot, db: &Path) -> Result<u64, StoreError> {
+    Ok(if snap.is_postgres() {
+        snap.table_sizes()?.iter().map(|(_, a, b)| a + b).sum()
+    } else {
+        std::fs::metadata(db).map_or(0, |m| m.len())
+    })
 }
 
 /// What the store holds, read from one snapshot.
@@ -89,36 +128,20 @@ impl Readings {
             meta.created_at_ms.max(pruned)
         });
         let parked = snap.sink_parked(None)?;
-        let mut sinks = Vec::new();
-        for (name, rec) in snap.sink_cursors()? {
-            let events = meta.next_effect.saturating_sub(rec.next);
-            let age_s = if events == 0 {
-                0
-            } else {
-                snap.effect(rec.next)?
-                    .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
-            };
-            let parked = parked.iter().filter(|p| p.sink == name).count() as u64;
-            sinks.push(SinkLag {
-                name,
-                events,
-                age_s,
-                parked,
-                delivered: rec.delivered,
-                last_error_ms: rec.last_error.map(|(at, _)| at),
-            });
-        }
-        let (disk, database_bytes) = if snap.is_postgres() {
-            let tables = snap.table_sizes()?.iter().map(|(_, a, b)| a + b).sum();
-            (None, tables)
+        let sinks = snap
+            .sink_cursors()?
+            .iter()
+            .map(|(name, rec)| SinkLag::of(snap, meta.next_effect, (name, rec), &parked, now))
+            .collect::<Result<_, _>>()?;
+        let disk = if snap.is_postgres() {
+            None
         } else {
-            let disk = crate::store::disk_space(db).map_err(|e| {
+            Some(crate::store::disk_space(db).map_err(|e| {
                 StoreError::Refused(format!(
                     "cannot read the free space beside {}: {e}",
                     db.display()
                 ))
-            })?;
-            (Some(disk), std::fs::metadata(db).map_or(0, |m| m.len()))
+            })?)
         };
         let bursts = snap.replay_bursts()?;
         Ok(Readings {
@@ -134,7 +157,7 @@ impl Readings {
             decisions: snap.counters()?,
             bursts: bursts.len() as u64,
             burst_duplicates: bursts.iter().map(|b| b.duplicates).sum(),
-            database_bytes,
+            database_bytes: database_bytes(snap, db)?,
             sinks,
             disk,
         })

@@ -211,14 +211,7 @@ pub fn status_rows(
         let blocked = mine
             .iter()
             .any(|p| p.offset == rec.next && p.record.blocking);
-        let lag = head.saturating_sub(rec.next);
-        // How old the oldest undelivered effect is.
-        let lag_seconds = if lag == 0 {
-            0
-        } else {
-            snap.effect(rec.next)?
-                .map_or(0, |e| now_ms.saturating_sub(e.record.received_at_ms) / 1000)
-        };
+        let lag = crate::readings::SinkLag::of(snap, head, (name, rec), &parked, now_ms)?;
         rows.push(vec![
             ("sink".into(), text(name)),
             ("kind".into(), text(&rec.kind)),
@@ -226,9 +219,9 @@ pub fn status_rows(
             ("state".into(), text(state(rec, head, blocked, configured))),
             ("cursor".into(), num(rec.next)),
             ("head".into(), num(head)),
-            ("lag_events".into(), num(lag)),
-            ("lag_seconds".into(), num(lag_seconds)),
-            ("parked".into(), num(mine.len() as u64)),
+            ("lag_events".into(), num(lag.events)),
+            ("lag_seconds".into(), num(lag.age_s)),
+            ("parked".into(), num(lag.parked)),
             (
                 "retry_requested".into(),
                 num(mine

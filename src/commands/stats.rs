@@ -67,12 +67,7 @@ impl Stats {
         let summary = snap.summary()?;
         Ok(Stats {
             path: path.display().to_string(),
-            // A PostgreSQL store's size is its tables' (data, indexes, TOAST).
-            file_bytes: if snap.is_postgres() {
-                snap.table_sizes()?.iter().map(|(_, a, b)| a + b).sum()
-            } else {
-                std::fs::metadata(path).map_or(0, |m| m.len())
-            },
+            file_bytes: crate::readings::database_bytes(snap, path)?,
             created_at_ms: meta.created_at_ms,
             now_ms: now,
             total: snap.counters()?,

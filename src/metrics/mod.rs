@@ -84,7 +84,8 @@ struct Live {
     decisions: Vec<(Outcome, IntCounter)>,
     batch_size: Histogram,
     commit_seconds: Histogram,
-    acks: IntCounterVec,
+    acks_sent: IntCounter,
+    acks_stale: IntCounter,
     connected: IntGaugeVec,
     switches: IntCounter,
     lost: IntCounter,
@@ -127,9 +128,7 @@ impl Metrics {
              the broker redelivers it).",
             "result",
         );
-        for result in ["sent", "stale"] {
-            acks.with_label_values(&[result]);
-        }
+
         let connected = gauge_vec(
             &r,
             "replay_guard_broker_connected",
@@ -153,7 +152,8 @@ impl Metrics {
                 "Time to commit one batch durably (the store's write transaction and fsync).",
                 &COMMIT_BUCKETS,
             ),
-            acks,
+            acks_sent: acks.with_label_values(&["sent"]),
+            acks_stale: acks.with_label_values(&["stale"]),
             connected,
             switches: counter(
                 &r,
@@ -203,8 +203,8 @@ impl Metrics {
     }
 
     pub fn acks(&self, sent: u64, stale: u64) {
-        self.0.acks.with_label_values(&["sent"]).inc_by(sent);
-        self.0.acks.with_label_values(&["stale"]).inc_by(stale);
+        self.0.acks_sent.inc_by(sent);
+        self.0.acks_stale.inc_by(stale);
     }
 
     pub fn connected(&self, broker: &str, up: bool) {
