@@ -58,7 +58,9 @@ fn main() {
         "drain" => {
             let n = head(&config);
             let started = Instant::now();
-            let relay = relay::spawn(&config, None).unwrap().expect("a [[sink]]");
+            let relay = relay::spawn(&config, None, None)
+                .unwrap()
+                .expect("a [[sink]]");
             wait_delivered(&relay, n, Duration::from_secs(3600));
             let secs = started.elapsed().as_secs_f64();
             relay.stop(Duration::from_secs(10)).unwrap();
@@ -74,7 +76,7 @@ fn main() {
             let mut store =
                 Store::open(db, config.store.clone(), replay_guard::timefmt::now_ms()).unwrap();
             let wake = Wake::new();
-            let relay = relay::spawn(&config, Some(&wake))
+            let relay = relay::spawn(&config, Some(&wake), None)
                 .unwrap()
                 .expect("a [[sink]]");
             // One message first, so that the measurement starts with the sink connected.

@@ -193,7 +193,8 @@ pub enum RelayAction {
         #[arg(long, value_name = "NAME")]
         operator: Option<String>,
     },
-    /// Deliver again from effect OFFSET on (a running sink follows within a second).
+    /// Deliver again from effect OFFSET on (a running sink follows within a second). Only
+    /// back: OFFSET above the cursor is refused (see `skip`).
     Rewind {
         #[command(flatten)]
         db: DbArgs,
@@ -205,6 +206,23 @@ pub enum RelayAction {
         reason: String,
         #[arg(long, value_name = "NAME")]
         operator: Option<String>,
+    },
+    /// Move the cursor forward to OFFSET without delivering the effects between: prints how
+    /// many undelivered effects it passes over and does it only with --yes. Audited.
+    Skip {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(long, value_name = "OFFSET")]
+        to: u64,
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+        /// Pass the effects over (without it, only say how many would be).
+        #[arg(long)]
+        yes: bool,
     },
     /// Drop the cursor and parked events of a sink that is no longer configured.
     Forget {

@@ -8,6 +8,7 @@ pub mod commands;
 pub mod config;
 pub mod decide;
 pub mod demo;
+pub mod entropy;
 pub mod filter;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -27,6 +28,7 @@ pub mod signals;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;
+pub mod textsafe;
 pub mod timefmt;
 pub mod tls;
 pub mod transport;

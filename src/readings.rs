@@ -25,6 +25,9 @@ pub struct SinkLag {
     pub delivered: u64,
     /// When the last attempt failed (`None`: none has).
     pub last_error_ms: Option<u64>,
+    /// The sink is failing (its task ended and is being restarted) or blocked (its receiver
+    /// refuses every event): what its last error says.
+    pub failing: Option<String>,
 }
 
 impl SinkLag {
@@ -51,6 +54,11 @@ impl SinkLag {
             parked: parked.iter().filter(|p| p.sink == name).count() as u64,
             delivered: rec.delivered,
             last_error_ms: rec.last_error.as_ref().map(|(at, _)| *at),
+            failing: rec
+                .last_error
+                .as_ref()
+                .filter(|(_, e)| crate::relay::condition(e).is_some())
+                .map(|(_, e)| e.clone()),
         })
     }
 }

@@ -439,10 +439,14 @@ pub fn run(
         notifier.notify("STOPPING=1");
         return Ok(RunSummary::default());
     };
+    let mut store = store;
+    // Before the first commit: retention never prunes what a configured sink has yet to
+    // deliver, whenever its relay starts.
+    relay::declare_sinks(&mut store, &config)?;
     let wake = Wake::new();
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
-    let relay = relay::spawn(&config, Some(&wake))?;
+    let relay = relay::spawn(&config, Some(&wake), Some(&metrics))?;
     let worker = StoreWorker::spawn(store, wake, metrics.clone())
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");

@@ -5,7 +5,7 @@
 use std::ops::RangeInclusive;
 
 use crate::store::tables::ParkedRecord;
-use crate::store::{Backend, BatchReport, Store, StoreError};
+use crate::store::{Backend, BatchReport, Snapshot, Store, StoreError};
 use crate::wire::{FeedContract, Incoming};
 
 /// The fixtures' clock: 2027-01-15T08:00:00Z in milliseconds.
@@ -44,24 +44,31 @@ pub fn feed(s: &mut impl CommitBatch, seqs: RangeInclusive<u64>, at: u64) {
     }
 }
 
-/// An event parked at `offset` (its key and id made from the offset), as a sink parks one
-/// the receiver refused with HTTP 422; `blocking` as given.
-pub fn parked(offset: u64, blocking: bool) -> (u64, ParkedRecord) {
+/// The event a sink would park at `offset` of the store `snap` views: made from the effect
+/// there (as `verify` checks a parked event), refused with HTTP 422; `blocking` as given.
+/// Panics if there is no effect at `offset`.
+pub fn parked(snap: &Snapshot, offset: u64, blocking: bool) -> (u64, ParkedRecord) {
+    use crate::relay::envelope::{EffectView, envelope, event_id};
+    let e = match snap.effect(offset) {
+        Ok(Some(e)) => e,
+        other => panic!("no effect at offset {offset}: {other:?}"),
+    };
+    let r = &e.record;
     (
         offset,
         ParkedRecord {
             parked_at_ms: T0,
-            id: format!("id-{offset}"),
-            key: [offset as u8; 32],
-            agency: "A".into(),
-            source_id: "S".into(),
-            topic: "t".into(),
+            id: event_id(&r.key, r.released, &r.payload),
+            key: r.key,
+            agency: r.agency.clone(),
+            source_id: r.source_id.clone(),
+            topic: r.topic.clone(),
             reason: "HTTP 422".into(),
             response: "HTTP/1.1 422 Unprocessable Entity".into(),
             attempts: 1,
             blocking,
             retry_requested_at_ms: None,
-            event: "{}".into(),
+            event: envelope("urn:test", &EffectView::of(offset, r)),
         },
     )
 }

@@ -34,7 +34,7 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
     let to = &args.to;
     let started = Instant::now();
     let spinner = crate::progress::Progress::step("copying");
-    let report = store::backup::backup(&db, to, config.store.cache_bytes);
+    let report = store::backup::backup(&db, to, config.store.cache_bytes, crate::timefmt::now_ms());
     drop(spinner);
     let report = report.map_err(|e| match e {
         StoreError::Refused(why) => Failure::Usage(anyhow!(why)),

@@ -262,6 +262,13 @@ pub fn evaluate(r: &Readings, t: &Thresholds) -> (State, String) {
     ));
 
     for sink in &r.sinks {
+        if let Some(why) = &sink.failing {
+            let why: String = crate::textsafe::escape_controls(why)
+                .chars()
+                .take(200)
+                .collect();
+            judged(State::Critical, None, format!("sink {} {why}", sink.name));
+        }
         let (s1, b1) = t.relay_lag.judge(sink.events, false);
         let (s2, b2) = t.relay_age_s.judge(sink.age_s, false);
         let (s, b) = if s2 > s1 { (s2, b2) } else { (s1, b1) };
@@ -440,6 +447,7 @@ mod tests {
                 parked: 0,
                 delivered: 0,
                 last_error_ms: None,
+                failing: None,
             }],
             disk: Some(DiskSpace {
                 available_bytes: 40 << 30,

@@ -44,6 +44,8 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     };
     let (db, summary) = {
         let (db, mut store) = crate::service::open_store(&config)?;
+        // Before the first commit (see `relay::declare_sinks`).
+        crate::relay::declare_sinks(&mut store, &config)?;
         let summary = ingest(&mut store, &config, &args.topic, BufReader::new(input))?;
         // The store closes here, before anything is printed: a failing stderr cannot leave
         // the file needing recovery, and a file too damaged to close says so.

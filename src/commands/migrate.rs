@@ -72,7 +72,7 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
     let target = cfg.target();
     let mut store = PgStore::open(cfg.clone(), config.store.clone(), now_ms())?;
     let spinner = crate::progress::Progress::step("copying into PostgreSQL");
-    let copied = store.copy_from_redb(&source);
+    let copied = store.copy_from_redb(&source, now_ms());
     drop(spinner);
     let copied = copied.map_err(|e| match e {
         StoreError::Refused(why) => Failure::Usage(anyhow!(why)),

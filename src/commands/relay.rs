@@ -46,6 +46,14 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
             reason,
             operator,
         }) => rewind(db, sink, *to, reason, operator.as_deref()),
+        Some(RelayAction::Skip {
+            db,
+            sink,
+            to,
+            reason,
+            operator,
+            yes,
+        }) => skip(db, sink, *to, reason, operator.as_deref(), *yes),
         Some(RelayAction::Forget {
             db,
             sink,
@@ -77,7 +85,7 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     let stop = crate::signals::stop_flag().map_err(|e| {
         Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
     })?;
-    let relay = crate::relay::spawn(&config, None)
+    let relay = crate::relay::spawn(&config, None, None)
         .map_err(|e| match e {
             crate::relay::RelayError::Config(m) => Failure::Usage(anyhow!(m)),
             other => Failure::Runtime(other.into()),
@@ -120,8 +128,14 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
 
 /// The state a sink is in, as far as the database tells.
 fn state(rec: &SinkRecord, head: u64, blocked: bool, configured: bool) -> &'static str {
+    let condition = rec
+        .last_error
+        .as_ref()
+        .and_then(|(_, e)| crate::relay::condition(e));
     if !configured {
         "removed"
+    } else if let Some(c) = condition {
+        c
     } else if blocked {
         "blocked"
     } else if rec.next >= head {
@@ -180,6 +194,13 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                     get("parked"),
                     get("delivered"),
                 )?;
+                if let Some(line) = row
+                    .iter()
+                    .find(|(n, _)| n == "accounting")
+                    .and_then(|(_, a)| accounting_text(a))
+                {
+                    writeln!(out, "  {line}")?;
+                }
                 if get("last_error") != "-" {
                     writeln!(
                         out,
@@ -242,6 +263,7 @@ pub fn status_rows(
                     .as_ref()
                     .map_or(Json::Null, |(t, _)| text(&rfc3339_ms(*t))),
             ),
+            ("accounting".into(), accounting_json(snap, name, rec)?),
         ]);
     }
     for s in &config.relay.sinks {
@@ -262,10 +284,73 @@ pub fn status_rows(
                 ("advanced_at".into(), Json::Null),
                 ("last_error".into(), Json::Null),
                 ("last_error_at".into(), Json::Null),
+                ("accounting".into(), Json::Null),
             ]);
         }
     }
     Ok(rows)
+}
+
+/// What the sink's ledger accounts for below its cursor (as `verify` checks it), or the
+/// problem with it.
+fn accounting_json(snap: &Snapshot, name: &str, rec: &SinkRecord) -> Result<Json, StoreError> {
+    Ok(match snap.sink_accounting(name, rec)? {
+        Ok(a) => Json::Object(vec![
+            ("from".into(), num(a.from)),
+            ("to".into(), num(rec.next)),
+            ("delivered".into(), num(a.delivered)),
+            ("parked".into(), num(a.parked)),
+            ("retried".into(), num(a.retried)),
+            ("skipped".into(), num(a.skipped)),
+            ("adopted".into(), num(a.adopted)),
+            (
+                "recorded_since".into(),
+                text(if a.unrecorded {
+                    "not yet (a cursor from before ledgers)"
+                } else if a.legacy {
+                    "upgrade"
+                } else {
+                    "start"
+                }),
+            ),
+            ("problem".into(), Json::Null),
+        ]),
+        Err(p) => Json::Object(vec![("problem".into(), text(&p))]),
+    })
+}
+
+/// The accounting object of a status row in words.
+fn accounting_text(a: &Json) -> Option<String> {
+    let Json::Object(m) = a else { return None };
+    let get = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+    if let Some(Json::String(p)) = get("problem") {
+        return Some(format!("ACCOUNTING DOES NOT HOLD: {p} (`verify` fails)"));
+    }
+    let n = |k: &str| match get(k) {
+        Some(Json::Number(v)) => v.clone(),
+        _ => "0".into(),
+    };
+    let since = match get("recorded_since") {
+        Some(Json::String(s)) if s == "upgrade" => " (recorded since the upgrade to ledgers)",
+        Some(Json::String(s)) if s.starts_with("not yet") => {
+            return Some(
+                "accounted: not yet (a cursor from before ledgers; recorded from its next move)"
+                    .into(),
+            );
+        }
+        _ => "",
+    };
+    Some(format!(
+        "accounted: offsets {} to {}{since}: {} delivered, {} parked, {} delivered after retry, \
+         {} skipped by an operator, {} found in the sink's own store",
+        n("from"),
+        n("to"),
+        n("delivered"),
+        n("parked"),
+        n("retried"),
+        n("skipped"),
+        n("adopted")
+    ))
 }
 
 /// A parked event as `relay parked` prints it.
@@ -443,6 +528,56 @@ fn rewind(
         before.next,
         after.next,
         after.generation
+    );
+    store.close()?;
+    Ok(())
+}
+
+fn skip(
+    db: &DbArgs,
+    sink: &str,
+    to: u64,
+    reason: &str,
+    operator: Option<&str>,
+    yes: bool,
+) -> Result<(), Failure> {
+    let (operator, reason) = who_and_why(reason, operator)?;
+    let (_, snap) = super::open_existing(db)?;
+    let (rec, plan) = crate::store::relay::plan_skip(&snap, sink, to).map_err(refused)?;
+    drop(snap);
+    let what = format!(
+        "sink {sink}: skipping from offset {} to {to} passes over {} undelivered effect{} \
+         ({}), which the sink will never deliver{}",
+        rec.next,
+        plan.passed,
+        if plan.passed == 1 { "" } else { "s" },
+        crate::store::ledger::range_text(rec.next, to),
+        if plan.blocking_parked {
+            format!(
+                "; the blocking event at offset {} stays parked for `relay retry`",
+                rec.next
+            )
+        } else {
+            String::new()
+        }
+    );
+    if !yes {
+        return Err(Failure::Usage(anyhow!(
+            "{what}: nothing was changed; pass --yes to do it"
+        )));
+    }
+    let (_, mut store) = operator_store(db)?;
+    let (before, after, done) = store
+        .relay_skip(sink, to, &operator, &reason, now_ms())
+        .map_err(refused)?;
+    let _ = writeln!(
+        std::io::stdout(),
+        "sink {sink}: cursor moved from {} to {} (generation {}); {} undelivered effects passed \
+         over, recorded in the audit log",
+        before.next,
+        after.next,
+        after.generation,
+        done.passed
     );
     store.close()?;
     Ok(())

@@ -45,6 +45,9 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
                 report.quarantined,
                 counts.join(" ")
             );
+            for sink in &report.sinks {
+                let _ = writeln!(std::io::stdout(), "{}", sink_line(sink));
+            }
             Ok(())
         }
         Some(v) => Err(Failure::Violation(anyhow!(
@@ -52,6 +55,49 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
             db.display()
         ))),
     }
+}
+
+/// What `verify` proved of one relay sink, in one line.
+fn sink_line(s: &verify::SinkReport) -> String {
+    let a = &s.accounting;
+    let mut line = if a.unrecorded {
+        format!(
+            "sink {}: cursor at {} written before ledgers: its offsets are accounted for from \
+             its next move on",
+            s.name, s.next
+        )
+    } else {
+        format!(
+            "sink {}: every offset from {} to its cursor {} accounted for{}: {} delivered, {} \
+             parked, {} delivered after retry, {} skipped by an audited operator action, {} \
+             found in the sink's own store (audited)",
+            s.name,
+            a.from,
+            s.next,
+            if a.legacy {
+                " (recorded since the upgrade to ledgers)"
+            } else {
+                ""
+            },
+            a.delivered,
+            a.parked,
+            a.retried,
+            a.skipped,
+            a.adopted
+        )
+    };
+    line.push_str(&format!(
+        "; {} parked events match the events their effects make",
+        s.parked_checked
+    ));
+    if s.parked_unprovable > 0 {
+        line.push_str(&format!(
+            "; {} parked events cannot be checked (their effects were removed by retention \
+             before this version kept them; `relay retry` refuses them)",
+            s.parked_unprovable
+        ));
+    }
+    line
 }
 
 /// `verify` with a progress bar of audit entries on a terminal (`what`: its label).

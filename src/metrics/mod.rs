@@ -92,6 +92,7 @@ struct Live {
     burst_duplicates: Histogram,
     last_commit: Gauge,
     unreachable: IntGauge,
+    sink_restarts: IntCounterVec,
 }
 
 impl Metrics {
@@ -185,6 +186,13 @@ impl Metrics {
                 "replay_guard_store_unreachable",
                 "1 while the PostgreSQL store is unreachable (acknowledgements withheld).",
             ),
+            sink_restarts: counter_vec(
+                &r,
+                "replay_guard_relay_sink_restarts_total",
+                "Times a relay sink's task ended other than by a stop (a panic) and was \
+                 restarted.",
+                "sink",
+            ),
             registry: r,
         }))
     }
@@ -225,6 +233,11 @@ impl Metrics {
 
     pub fn burst(&self, duplicates: u64) {
         self.0.burst_duplicates.observe(duplicates as f64);
+    }
+
+    /// A relay sink's task was restarted `n` times more (0: only make its series exist).
+    pub fn sink_restarted(&self, sink: &str, n: u64) {
+        self.0.sink_restarts.with_label_values(&[sink]).inc_by(n);
     }
 
     pub fn store_unreachable(&self, yes: bool) {
@@ -346,8 +359,18 @@ pub fn store_families(r: &Readings) -> Vec<MetricFamily> {
             )
             .expect(STATIC),
         );
+        let failing = gauge_vec(
+            &reg,
+            "replay_guard_relay_sink_failing",
+            "1 while the sink is failing (its task ended and is being restarted) or blocked \
+             (its receiver refuses every event); its last error says which.",
+            "sink",
+        );
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for s in &r.sinks {
+            failing
+                .with_label_values(&[&s.name])
+                .set(i64::from(s.failing.is_some()));
             lag.with_label_values(&[&s.name]).set(n(s.events));
             age.with_label_values(&[&s.name]).set(n(s.age_s));
             parked.with_label_values(&[&s.name]).set(n(s.parked));
@@ -413,6 +436,7 @@ mod tests {
                 parked: 1,
                 delivered: 40,
                 last_error_ms: Some(1_700_000_000_250),
+                failing: None,
             }],
             disk: None,
         }

@@ -34,6 +34,35 @@ pub struct EffectView<'a> {
     pub payload: &'a [u8],
 }
 
+impl<'a> EffectView<'a> {
+    /// The view of the effect stored at `offset`.
+    pub fn of(offset: u64, r: &'a crate::store::tables::EffectRecord) -> EffectView<'a> {
+        EffectView {
+            offset,
+            key: &r.key,
+            agency: &r.agency,
+            source_id: &r.source_id,
+            epoch: r.epoch,
+            sequence: r.sequence,
+            received_at_ms: r.received_at_ms,
+            late: r.late,
+            released: r.released,
+            payload: &r.payload,
+        }
+    }
+}
+
+/// The `source` attribute of an event as `envelope` wrote it (`None` if it is not one).
+pub fn source_of(event: &str) -> Option<String> {
+    match json::parse(event.as_bytes(), crate::wire::STORED_MAX_DEPTH + 1).ok()? {
+        json::Json::Object(members) => members.into_iter().find_map(|(k, v)| match v {
+            json::Json::String(s) if k == "source" => Some(s),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
 /// The event id of an effect (see the module doc).
 pub fn event_id(key: &[u8; 32], released: bool, payload: &[u8]) -> String {
     let mut id = hex(key);

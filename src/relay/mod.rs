@@ -20,9 +20,54 @@ mod runner;
 
 use std::time::Duration;
 
-use crate::config::{SinkConfig, SinkKind};
+use crate::config::{Config, SinkConfig, SinkKind, Start};
+use crate::store::StoreError;
+use crate::store::relay::{RelayStore, StartAt};
 
-pub use runner::{Relay, RelayError, SinkStatus, Wake, spawn};
+pub use runner::{BLOCKED, FAILING, Relay, RelayError, SinkStatus, Wake, spawn};
+
+/// What a sink's last error says of its condition: `Some("failing")` (its task ended and is
+/// being restarted), `Some("blocked")` (its receiver refuses every event), else `None` (an
+/// ordinary failed attempt, retried).
+pub fn condition(last_error: &str) -> Option<&'static str> {
+    if last_error.starts_with(FAILING) {
+        Some("failing")
+    } else if last_error.starts_with(BLOCKED) {
+        Some("blocked")
+    } else {
+        None
+    }
+}
+
+/// Receiver text (a program's stderr, an HTTP body, a server's message) as it may be logged or
+/// printed: control characters escaped, so it can neither forge lines nor drive a terminal.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::textsafe::escape_controls(text)
+}
+
+/// Where a sink configured with `start` begins.
+pub fn start_at(start: Start) -> StartAt {
+    match start {
+        Start::Beginning => StartAt::Beginning,
+        Start::Head => StartAt::Head,
+    }
+}
+
+/// Makes the cursor of every `[[sink]]` of `config` that has none (`declare_sinks`): the
+/// writers (`run`, `ingest`) and the relay call it as they load the config, before anything
+/// commits, so retention keeps from then on every effect a configured sink has yet to
+/// deliver, however late its relay starts or however long it keeps failing.
+pub fn declare_sinks(store: &mut impl RelayStore, config: &Config) -> Result<(), StoreError> {
+    let sinks: Vec<(&str, &str, StartAt)> = config
+        .relay
+        .sinks
+        .iter()
+        .map(|s| (s.name.as_str(), s.kind.name(), start_at(s.start)))
+        .collect();
+    store
+        .declare_sinks(&sinks, crate::timefmt::now_ms())
+        .map(drop)
+}
 
 /// One event offered to a sink.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +97,15 @@ pub enum Failure {
     /// The receiver refuses this event for good (HTTP 4xx other than 408/409/425/429, an
     /// MQTT 5 PUBACK saying "not authorized", ...): park it (or block, per `on_poison`).
     Poison { reason: String, response: String },
+    /// As `Poison`, for a refusal of a kind (`class`, e.g. a SQLSTATE) that may hold for
+    /// every event rather than for this one (a table whose shape refuses the feed): parked
+    /// like a poisoned event, unless the same class refuses the next event of another source
+    /// too, which blocks the sink instead (`runner`).
+    Refused {
+        class: String,
+        reason: String,
+        response: String,
+    },
 }
 
 /// What one delivery attempt of a batch achieved.
@@ -86,6 +140,8 @@ impl Attempt {
 /// cursor beside the data (postgres) write `next_after` with the data, in one transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CursorAfter {
+    /// The store's id (`store::identity`): a sink's own cursor is kept for one store only.
+    pub store: [u8; 16],
     pub generation: u64,
     /// The first offset after the batch.
     pub next_after: u64,
@@ -125,14 +181,31 @@ impl Sink {
         }
     }
 
-    /// The cursor this sink keeps beside its data, which the runner trusts over the database's
-    /// on start (`None`: the sink keeps none). Connects if needed.
-    pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
+    /// The cursor this sink keeps beside its data for `store`, which the runner adopts on
+    /// start (`None`: the sink keeps none, or none for this store). Connects if needed.
+    pub async fn stored_cursor(&mut self, store: [u8; 16]) -> Result<Option<CursorAfter>, String> {
         match self {
             Sink::Exec(_) => Ok(None),
             Sink::Http(_) => Ok(None),
-            Sink::Postgres(s) => s.stored_cursor().await,
+            Sink::Postgres(s) => s.stored_cursor(store).await,
             Sink::Mqtt(_) => Ok(None),
+        }
+    }
+
+    /// How many of `ids`, from the front, the sink's own store holds (a sink with a cursor
+    /// of its own: before the runner passes over events on the strength of that cursor).
+    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, String> {
+        match self {
+            Sink::Postgres(s) => s.holds_prefix(ids).await,
+            _ => Ok(0),
+        }
+    }
+
+    /// Where the cursor of `stored_cursor` lives, for the audit entry that adopts it.
+    pub fn cursor_home(&self) -> String {
+        match self {
+            Sink::Postgres(s) => s.cursor_home(),
+            _ => String::new(),
         }
     }
 

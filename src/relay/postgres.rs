@@ -1,11 +1,19 @@
 //! The `postgres` sink: each batch is inserted into `table` with the event id as primary key
 //! (`ON CONFLICT (id) DO NOTHING`) and the sink's cursor row is upserted in the **same**
-//! PostgreSQL transaction, so rows and cursor are committed together or not at all. The runner
-//! trusts that stored cursor on start (`stored_cursor`); a redelivered event is a no-op. This
-//! sink is therefore exactly-once by construction, across crashes of either side.
+//! PostgreSQL transaction, so rows and cursor are committed together or not at all. A
+//! redelivered event is a no-op, so this sink is exactly-once by construction, across crashes
+//! of either side.
+//!
+//! The cursor row is keyed by the replay-guard store's id, the events table (as PostgreSQL
+//! resolves it) and the sink's name: a row written for another store or table is never read.
+//! The runner adopts the row on start (`stored_cursor`), and passes over offsets on its
+//! strength only as far as the rows are actually in the table (`holds_prefix`).
 //!
 //! tokio-postgres is named only here (and under `store/postgres/`). TLS as the store connects:
 //! the dsn's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` through `store::postgres::tls`.
+//! Rows are read with `try_get`: a table of another shape is an error shown as the sink's last
+//! error and retried, never a panic. Errors name tables, columns and constraints but never
+//! quote a row (PostgreSQL's `DETAIL` of a refused row holds the event).
 
 use std::time::Duration;
 
@@ -18,8 +26,10 @@ use crate::config::PostgresSink as PostgresConfig;
 use crate::store::postgres::describe;
 use crate::store::postgres::tls::{PgTls, parse_dsn};
 
-/// The table holding every postgres sink's cursor, in the schema of the sink's table.
-const CURSOR_TABLE: &str = "replay_guard_sink_cursors";
+/// The table holding every postgres sink's cursor, in the schema of the sink's table, keyed
+/// by (store id, events table, sink name). (Before issue 20 the cursors were kept in
+/// `replay_guard_sink_cursors`, keyed by the sink's name alone; that table is not read.)
+const CURSOR_TABLE: &str = "replay_guard_relay_cursors";
 
 pub struct PostgresSink {
     /// The sink's name: its cursor row's key.
@@ -39,13 +49,20 @@ struct Conn {
     insert: Statement,
     upsert_cursor: Statement,
     read_cursor: Statement,
+    present: Statement,
+    /// The events table as PostgreSQL resolves it (`schema.table`): the cursor row's key.
+    events_table: String,
 }
 
 /// Why a transaction failed.
 enum PgError {
     /// The server refused the data itself (SQLSTATE classes 22 data exception and 54 program
     /// limit exceeded): no retry of the same rows can succeed. The connection stays usable.
-    Data { reason: String, response: String },
+    Data {
+        code: String,
+        reason: String,
+        response: String,
+    },
     /// Anything else (connection lost, timeout, a dropped table, missing privileges): retry on
     /// a new connection.
     Other(String),
@@ -91,8 +108,12 @@ impl PostgresSink {
         match self.commit(batch, cursor, deadline).await {
             Ok(()) => return Attempt::all(batch.len()),
             Err(PgError::Other(e)) => return Attempt::retry(0, e),
-            Err(PgError::Data { reason, response }) if batch.len() == 1 => {
-                return poison(0, reason, response);
+            Err(PgError::Data {
+                code,
+                reason,
+                response,
+            }) if batch.len() == 1 => {
+                return refused(0, code, reason, response);
             }
             Err(PgError::Data { reason, .. }) => {
                 tracing::info!(sink = %self.name, events = batch.len(), %reason, "batch refused; delivering it one event at a time to find the event to park");
@@ -105,31 +126,52 @@ impl PostgresSink {
                 ev.offset + 1
             };
             let one = CursorAfter {
-                generation: cursor.generation,
                 next_after,
+                ..cursor
             };
             match self.commit(std::slice::from_ref(ev), one, deadline).await {
                 Ok(()) => {}
                 Err(PgError::Other(e)) => return Attempt::retry(i, e),
-                Err(PgError::Data { reason, response }) => return poison(i, reason, response),
+                Err(PgError::Data {
+                    code,
+                    reason,
+                    response,
+                }) => return refused(i, code, reason, response),
             }
         }
         Attempt::all(batch.len())
     }
 
-    /// The cursor row of this sink, making the tables if they are missing.
-    pub async fn stored_cursor(&mut self) -> Result<Option<CursorAfter>, String> {
+    /// The cursor row of this sink for `store` and its table, making the tables if they are
+    /// missing.
+    pub async fn stored_cursor(&mut self, store: [u8; 16]) -> Result<Option<CursorAfter>, String> {
         let deadline = Instant::now() + self.timeout;
         let (name, cursor_table) = (self.name.clone(), self.cursor_table.clone());
+        let store_id = crate::model::hex(&store);
         let r = async {
             let conn = self.connected(deadline).await?;
-            let row = timed(deadline, conn.client.query_opt(&conn.read_cursor, &[&name])).await?;
+            let row = timed(
+                deadline,
+                conn.client
+                    .query_opt(&conn.read_cursor, &[&store_id, &conn.events_table, &name]),
+            )
+            .await?;
             let Some(row) = row else {
                 return Ok(None);
             };
-            let (next, generation): (i64, i64) = (row.get(0), row.get(1));
+            let shape = |e: tokio_postgres::Error| {
+                format!(
+                    "the cursor row of sink {name:?} in {cursor_table} cannot be read ({}): \
+                     the table is not the one replay-guard makes (next_offset and generation \
+                     bigint); drop or fix it",
+                    describe_safely(&e)
+                )
+            };
+            let next = row.try_get::<_, i64>(0).map_err(shape)?;
+            let generation = row.try_get::<_, i64>(1).map_err(shape)?;
             match (u64::try_from(next), u64::try_from(generation)) {
                 (Ok(next_after), Ok(generation)) => Ok(Some(CursorAfter {
+                    store,
                     generation,
                     next_after,
                 })),
@@ -146,6 +188,49 @@ impl PostgresSink {
             self.conn = None;
         }
         r
+    }
+
+    /// How many of `ids`, from the front, are in the events table.
+    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, String> {
+        let deadline = Instant::now() + self.timeout;
+        let r = async {
+            let conn = self.connected(deadline).await?;
+            let mut held = 0;
+            for chunk in ids.chunks(1000) {
+                let rows = timed(deadline, conn.client.query(&conn.present, &[&chunk])).await?;
+                let mut found = std::collections::HashSet::with_capacity(rows.len());
+                for row in rows {
+                    let id = row
+                        .try_get::<_, String>(0)
+                        .map_err(|e| describe_safely(&e))?;
+                    found.insert(id);
+                }
+                for id in chunk {
+                    if !found.contains(id) {
+                        return Ok(held);
+                    }
+                    held += 1;
+                }
+            }
+            Ok(held)
+        }
+        .await;
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+
+    /// The cursor row's place, as the audit entry adopting it names it.
+    pub fn cursor_home(&self) -> String {
+        format!(
+            "{} for table {} on {}",
+            self.cursor_table,
+            self.conn
+                .as_ref()
+                .map_or(self.table.as_str(), |c| c.events_table.as_str()),
+            self.server()
+        )
     }
 
     pub async fn close(&mut self) {
@@ -189,6 +274,7 @@ impl PostgresSink {
             events.push(e.json.as_str());
         }
         let (next, generation) = (pg_int(cursor.next_after), pg_int(cursor.generation));
+        let store_id = crate::model::hex(&cursor.store);
         let timeout_ms = self.timeout.as_millis();
         let name = self.name.clone();
         let conn = self.connected(deadline).await.map_err(PgError::Other)?;
@@ -199,13 +285,16 @@ impl PostgresSink {
                 &[&ids, &offsets, &agencies, &source_ids, &topics, &events],
             )
             .await?;
-            tx.execute(&conn.upsert_cursor, &[&name, &next, &generation])
-                .await?;
+            tx.execute(
+                &conn.upsert_cursor,
+                &[&store_id, &conn.events_table, &name, &next, &generation],
+            )
+            .await?;
             tx.commit().await
         };
         match timeout_at(deadline, work).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(classify(&e)),
+            Ok(Err(e)) => Err(classify(&e, &conn.events_table)),
             Err(_) => Err(PgError::Other(format!(
                 "PostgreSQL did not commit the batch within {timeout_ms} ms (timeout_ms); \
                  the connection is dropped and the batch retried"
@@ -271,17 +360,35 @@ impl PostgresSink {
             ),
         )
         .await?;
+        let resolved = timed(
+            deadline,
+            client.query_one(
+                "SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+                &[&self.table],
+            ),
+        )
+        .await?;
+        let events_table = resolved.try_get::<_, String>(0).map_err(|e| {
+            format!(
+                "cannot resolve table {}: {}",
+                self.table,
+                describe_safely(&e)
+            )
+        })?;
         let upsert_cursor = timed(
             deadline,
             client.prepare_typed(
                 &format!(
-                    "INSERT INTO {} (sink, next_offset, generation, updated_at) \
-                     VALUES ($1, $2, $3, now()) \
-                     ON CONFLICT (sink) DO UPDATE SET next_offset = EXCLUDED.next_offset, \
-                       generation = EXCLUDED.generation, updated_at = EXCLUDED.updated_at",
+                    "INSERT INTO {} (store_id, events_table, sink, next_offset, generation, \
+                       updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, now()) \
+                     ON CONFLICT (store_id, events_table, sink) DO UPDATE SET \
+                       next_offset = EXCLUDED.next_offset, generation = EXCLUDED.generation, \
+                       updated_at = EXCLUDED.updated_at",
                     self.cursor_table
                 ),
-                &[Type::TEXT, Type::INT8, Type::INT8],
+                &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::INT8],
             ),
         )
         .await?;
@@ -289,10 +396,22 @@ impl PostgresSink {
             deadline,
             client.prepare_typed(
                 &format!(
-                    "SELECT next_offset, generation FROM {} WHERE sink = $1",
+                    "SELECT next_offset, generation FROM {} \
+                     WHERE store_id = $1 AND events_table = $2 AND sink = $3",
                     self.cursor_table
                 ),
-                &[Type::TEXT],
+                &[Type::TEXT, Type::TEXT, Type::TEXT],
+            ),
+        )
+        .await?;
+        let present = timed(
+            deadline,
+            client.prepare_typed(
+                &format!(
+                    "SELECT id::text FROM {} WHERE id = ANY($1::text[])",
+                    self.table
+                ),
+                &[Type::TEXT_ARRAY],
             ),
         )
         .await?;
@@ -301,6 +420,8 @@ impl PostgresSink {
             insert,
             upsert_cursor,
             read_cursor,
+            present,
+            events_table,
         })
     }
 
@@ -330,10 +451,13 @@ impl PostgresSink {
                 self.cursor_table.as_str(),
                 format!(
                     "CREATE TABLE IF NOT EXISTS {} (\
-                       sink text PRIMARY KEY, \
+                       store_id text NOT NULL, \
+                       events_table text NOT NULL, \
+                       sink text NOT NULL, \
                        next_offset bigint NOT NULL, \
                        generation bigint NOT NULL, \
-                       updated_at timestamptz NOT NULL)",
+                       updated_at timestamptz NOT NULL, \
+                       PRIMARY KEY (store_id, events_table, sink))",
                     self.cursor_table
                 ),
             ),
@@ -344,7 +468,7 @@ impl PostgresSink {
                 client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table]),
             )
             .await?;
-            if exists.get::<_, bool>(0) {
+            if exists.try_get::<_, bool>(0).unwrap_or(false) {
                 continue;
             }
             let mut tries = 0;
@@ -355,7 +479,9 @@ impl PostgresSink {
                     Ok(Err(e)) if tries < 3 && is_creation_race(&e) => {
                         tracing::debug!(sink = %self.name, %table, "concurrent CREATE TABLE; trying again");
                     }
-                    Ok(Err(e)) => return Err(format!("creating {table}: {}", describe(&e))),
+                    Ok(Err(e)) => {
+                        return Err(format!("creating {table}: {}", describe_safely(&e)));
+                    }
                     Err(_) => return Err(format!("creating {table}: timed out")),
                 }
             }
@@ -385,10 +511,14 @@ impl PostgresSink {
     }
 }
 
-fn poison(delivered: usize, reason: String, response: String) -> Attempt {
+fn refused(delivered: usize, class: String, reason: String, response: String) -> Attempt {
     Attempt {
         delivered,
-        failure: Some(Failure::Poison { reason, response }),
+        failure: Some(Failure::Refused {
+            class,
+            reason,
+            response,
+        }),
     }
 }
 
@@ -403,22 +533,49 @@ async fn timed<T>(
     f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, String> {
     match timeout_at(deadline, f).await {
-        Ok(r) => r.map_err(|e| describe(&e)),
+        Ok(r) => r.map_err(|e| describe_safely(&e)),
         Err(_) => Err("PostgreSQL did not answer in time (timeout_ms)".into()),
     }
 }
 
-fn classify(e: &tokio_postgres::Error) -> PgError {
+/// An error in words without quoting data: the server's message, SQLSTATE, and the table,
+/// column, constraint and type it names, but never its `DETAIL` (for a refused row,
+/// "Failing row contains (...)": the event itself).
+fn describe_safely(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return describe(e);
+    };
+    let mut s = format!(
+        "{}: {} (SQLSTATE {})",
+        db.severity(),
+        db.message(),
+        db.code().code()
+    );
+    for (what, v) in [
+        ("table", db.table()),
+        ("column", db.column()),
+        ("constraint", db.constraint()),
+        ("type", db.datatype()),
+    ] {
+        if let Some(v) = v {
+            s.push_str(&format!(", {what} {v}"));
+        }
+    }
+    s
+}
+
+fn classify(e: &tokio_postgres::Error, table: &str) -> PgError {
     match e.as_db_error() {
         Some(db) if ["22", "54"].contains(&&db.code().code()[..2]) => PgError::Data {
+            code: format!("SQLSTATE {}", db.code().code()),
             reason: format!(
-                "PostgreSQL refused the event: {} ({})",
+                "table {table} refused the event: {} (SQLSTATE {})",
                 db.message(),
                 db.code().code()
             ),
-            response: describe(e),
+            response: describe_safely(e),
         },
-        _ => PgError::Other(describe(e)),
+        _ => PgError::Other(describe_safely(e)),
     }
 }
 

@@ -16,12 +16,20 @@ use tokio::sync::watch;
 use super::envelope::{self, EffectView};
 use super::{Attempt, CursorAfter, Event, Failure, Sink};
 use crate::config::StoreLocation;
-use crate::config::{Config, OnPoison, SinkConfig, Start};
+use crate::config::{Config, OnPoison, SinkConfig};
+use crate::metrics::Metrics;
 use crate::store::postgres::PgStore;
-use crate::store::relay::{CursorWrite, RelayStore, StartAt};
+use crate::store::relay::{CursorWrite, RelayStore};
 use crate::store::tables::{ParkedRecord, SinkRecord};
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
+
+/// How a sink's last error starts when the sink is failing: its task ended and is being
+/// restarted (`relay status`, `health` and the metrics read it from the cursor record).
+pub const FAILING: &str = "failing: ";
+/// How a sink's last error starts when every event is refused the same way and the sink is
+/// held at the first of them instead of parking the feed.
+pub const BLOCKED: &str = "blocked: ";
 
 /// Longest a delivered cursor position waits in memory before it is written.
 const CURSOR_FLUSH: Duration = Duration::from_millis(200);
@@ -32,6 +40,9 @@ const RELOAD_EVERY: Duration = Duration::from_secs(1);
 const POLL_EVERY: Duration = Duration::from_millis(20);
 /// Least time between two `last_error` writes of one sink.
 const ERROR_NOTE_EVERY: Duration = Duration::from_secs(5);
+/// Most events a sink's own cursor may pass over at start; beyond, they are delivered again
+/// (and not stored twice).
+const ADOPT_CHECK_MAX: u64 = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -178,13 +189,23 @@ impl Drop for Relay {
 /// is refused (`SinkBusy`). On PostgreSQL several members run the same sinks: each sink
 /// task claims its sink's session lock and, while another member holds it, waits as its
 /// standby.
-pub fn spawn(config: &Config, wake: Option<&Wake>) -> Result<Option<Relay>, RelayError> {
+pub fn spawn(
+    config: &Config,
+    wake: Option<&Wake>,
+    metrics: Option<&Metrics>,
+) -> Result<Option<Relay>, RelayError> {
     if config.relay.sinks.is_empty() {
         return Ok(None);
     }
-    let mut sinks = Vec::new();
+    // Each sink is built here once to refuse a bad one at start; its task builds its own.
     for cfg in &config.relay.sinks {
-        sinks.push((cfg.clone(), Sink::new(cfg).map_err(RelayError::Config)?));
+        Sink::new(cfg).map_err(RelayError::Config)?;
+    }
+    let sinks = config.relay.sinks.clone();
+    if let Some(m) = metrics {
+        for cfg in &sinks {
+            m.sink_restarted(&cfg.name, 0);
+        }
     }
     let opts = StoreOptions {
         cache_bytes: 16 * 1024 * 1024,
@@ -215,6 +236,10 @@ pub fn spawn(config: &Config, wake: Option<&Wake>) -> Result<Option<Relay>, Rela
             )
         }
     };
+    // Every sink's cursor exists before any task starts: one whose task cannot start (or a
+    // standby member's) still holds retention back.
+    let mut store = store;
+    super::declare_sinks(&mut store, config)?;
     let shared_store = matches!(store, Backend::Postgres(_));
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hard_tx, hard_rx) = watch::channel(false);
@@ -225,16 +250,13 @@ pub fn spawn(config: &Config, wake: Option<&Wake>) -> Result<Option<Relay>, Rela
         source: config.relay.source.clone(),
         status: status.clone(),
         shared_store,
+        metrics: metrics.cloned(),
     };
     let wake = wake.cloned();
     let thread = std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
-            let r = rt.block_on(run_all(shared.clone(), sinks, wake, stop_rx, hard_rx));
+            let r = run_supervised(&shared, &sinks, wake.as_ref(), &stop_rx, &hard_rx);
             // Released only once every cursor is written (PostgreSQL: with the connection).
             drop(locks);
             // Every cursor is written; closing lets the next open skip the repair.
@@ -255,6 +277,56 @@ pub fn spawn(config: &Config, wake: Option<&Wake>) -> Result<Option<Relay>, Rela
     }))
 }
 
+/// Runs every sink until the relay is stopped. Should the relay's runtime itself end any
+/// other way (a panic outside every sink task), it is logged and started again after a
+/// backoff, for as long as the relay is not stopped: a relay inside `run` never dies silently.
+fn run_supervised(
+    shared: &Shared,
+    sinks: &[SinkConfig],
+    wake: Option<&Wake>,
+    stop: &watch::Receiver<bool>,
+    hard: &watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(run_all(
+                shared.clone(),
+                sinks.to_vec(),
+                wake.cloned(),
+                stop.clone(),
+                hard.clone(),
+            ))
+        }));
+        drop(rt);
+        match run {
+            Ok(r) => return r,
+            Err(panic) => {
+                let why = panic_text(&*panic);
+                tracing::error!(error = %why, "the relay's runtime panicked; starting it again after a backoff");
+                if *stop.borrow() {
+                    return Err(RelayError::Runtime(format!("the relay panicked: {why}")));
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// A panic's message, as far as it says one.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 #[derive(Clone)]
 struct Shared {
     store: Arc<Mutex<Option<Backend>>>,
@@ -263,6 +335,8 @@ struct Shared {
     status: Arc<Mutex<Vec<SinkStatus>>>,
     /// PostgreSQL: other members commit to the log and deliver the same sinks.
     shared_store: bool,
+    /// `run`'s metrics (none in a standalone relay).
+    metrics: Option<Metrics>,
 }
 
 impl Shared {
@@ -310,7 +384,7 @@ impl Shared {
 
 async fn run_all(
     shared: Shared,
-    sinks: Vec<(SinkConfig, Sink)>,
+    sinks: Vec<SinkConfig>,
     wake: Option<Wake>,
     stop: watch::Receiver<bool>,
     hard: watch::Receiver<bool>,
@@ -343,7 +417,7 @@ async fn run_all(
     if let Ok(mut st) = shared.status.lock() {
         *st = sinks
             .iter()
-            .map(|(c, _)| SinkStatus {
+            .map(|c| SinkStatus {
                 name: c.name.clone(),
                 state: "starting",
                 next: 0,
@@ -353,24 +427,16 @@ async fn run_all(
             .collect();
     }
     let mut tasks = tokio::task::JoinSet::new();
-    for (idx, (cfg, sink)) in sinks.into_iter().enumerate() {
-        let task = SinkTask {
+    for (idx, cfg) in sinks.into_iter().enumerate() {
+        let ctx = TaskContext {
             idx,
             shared: shared.clone(),
-            rng: seed(&cfg.name),
             cfg,
-            sink,
             wake: wake.clone(),
             stop: stop.clone(),
             hard: hard.clone(),
-            rec: None,
-            next: 0,
-            parked: Vec::new(),
-            flushed_at: Instant::now(),
-            error_noted_at: None,
-            standby: false,
         };
-        tasks.spawn(task.run());
+        tasks.spawn(supervise(ctx));
     }
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {
@@ -382,6 +448,86 @@ async fn run_all(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// What a sink task is made from, again after a restart.
+#[derive(Clone)]
+struct TaskContext {
+    idx: usize,
+    shared: Shared,
+    cfg: SinkConfig,
+    wake: watch::Receiver<u64>,
+    stop: watch::Receiver<bool>,
+    hard: watch::Receiver<bool>,
+}
+
+impl TaskContext {
+    fn task(&self) -> Result<SinkTask, RelayError> {
+        Ok(SinkTask {
+            idx: self.idx,
+            shared: self.shared.clone(),
+            rng: seed(&self.cfg.name),
+            sink: Sink::new(&self.cfg).map_err(RelayError::Config)?,
+            cfg: self.cfg.clone(),
+            wake: self.wake.clone(),
+            stop: self.stop.clone(),
+            hard: self.hard.clone(),
+            rec: None,
+            store_id: None,
+            next: 0,
+            parked: Vec::new(),
+            flushed_at: Instant::now(),
+            error_noted_at: None,
+            standby: false,
+            last_refusal: None,
+            blocked: None,
+        })
+    }
+}
+
+/// Runs one sink's task until the relay stops. A task that ends any other way (a panic: a
+/// bug, or a receiver's answer no code path expected) is restarted with a fresh connection
+/// after a backoff, and surfaced at once: an ERROR line, the sink `failing` in `relay status`
+/// and `health` (its last error says so), and `replay_guard_relay_sink_restarts_total`.
+async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
+    let mut backoff = ctx.cfg.backoff_initial.max(Duration::from_millis(10));
+    loop {
+        let task = ctx.task()?;
+        let ended = tokio::spawn(task.run()).await;
+        let why = match ended {
+            Ok(r) => return r,
+            Err(e) if e.is_panic() => {
+                format!("its task panicked: {}", panic_text(&*e.into_panic()))
+            }
+            Err(e) => format!("its task ended: {e}"),
+        };
+        let name = ctx.cfg.name.clone();
+        tracing::error!(sink = %name, error = %why, "relay sink failed; restarting it after a backoff");
+        if let Some(m) = &ctx.shared.metrics {
+            m.sink_restarted(&name, 1);
+        }
+        let error = format!("{FAILING}{why}; restarting it");
+        ctx.shared.set_status(ctx.idx, |s| {
+            s.state = "failing";
+            s.last_error = Some(error.clone());
+        });
+        let noted = ctx
+            .shared
+            .write(move |s| s.note_sink_error(&name, &error, now_ms()))
+            .await;
+        if let Err(e) = noted {
+            tracing::warn!(sink = %ctx.cfg.name, error = %e, "could not record the sink's failure");
+        }
+        let mut stop = ctx.stop.clone();
+        if *stop.borrow() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(ctx.cfg.backoff_max.max(backoff));
+    }
 }
 
 fn seed(name: &str) -> u64 {
@@ -411,6 +557,14 @@ struct SinkTask {
     rng: u64,
     /// Another member holds the sink (PostgreSQL): this task waits to take over.
     standby: bool,
+    /// The store's id (`store::identity`), read when the sink registers.
+    store_id: Option<[u8; 16]>,
+    /// The last event refused with a class (`Failure::Refused`) and parked, while nothing has
+    /// been delivered since: its offset, the class and its source.
+    last_refusal: Option<(u64, String, (String, String))>,
+    /// The class of refusal that refuses every event: the sink is blocked until an attempt
+    /// delivers something.
+    blocked: Option<String>,
 }
 
 /// How a wait ended.
@@ -524,14 +678,15 @@ impl SinkTask {
 
     async fn register(&mut self) -> Result<(), RelayError> {
         let (name, kind) = (self.name().to_string(), self.cfg.kind.name());
-        let start = match self.cfg.start {
-            Start::Beginning => StartAt::Beginning,
-            Start::Head => StartAt::Head,
-        };
+        let start = super::start_at(self.cfg.start);
         let rec = self
             .shared
             .write(move |s| s.register_sink(&name, kind, start, now_ms()))
             .await?;
+        if self.store_id.is_none() {
+            let identity = self.shared.read(|s| s.identity()).await?;
+            self.store_id = identity.map(|i| i.id);
+        }
         if self.standby {
             tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink taken over from another member");
             self.standby = false;
@@ -543,15 +698,20 @@ impl SinkTask {
         Ok(())
     }
 
-    /// A sink that keeps its cursor beside its data (postgres) is trusted over the database:
-    /// its rows and cursor were committed together. An operator's rewind made since (a newer
-    /// generation here) wins over it.
+    /// A sink that keeps its cursor beside its data (postgres), for this store and its table,
+    /// committed with its rows, is adopted: backwards (the sink's store was restored from a
+    /// backup: what it lacks is delivered again), and forwards as far as the rows are really
+    /// there (checked by id). An operator's rewind made since (a newer generation here) wins
+    /// over it. Either way the move is audited.
     async fn adopt_sink_cursor(&mut self) -> Result<(), RelayError> {
+        let Some(store) = self.store_id else {
+            return Ok(());
+        };
         let mut backoff = self.cfg.backoff_initial;
         let stored = loop {
             let mut stop = self.stop.clone();
             let stored = tokio::select! {
-                c = self.sink.stored_cursor() => c,
+                c = self.sink.stored_cursor(store) => c,
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             };
             match stored {
@@ -573,25 +733,64 @@ impl SinkTask {
         if c.generation != rec.generation || c.next_after == rec.next {
             return Ok(());
         }
-        let head = self.shared.read(|s| Ok(s.meta()?.next_effect)).await?;
-        if c.next_after > head {
-            // Written for another database (a replaced file under the same sink name): its
-            // offsets mean nothing here. Ours stands; ids already stored are not stored twice.
-            tracing::warn!(sink = %self.cfg.name, stored = c.next_after, head, "the sink's stored cursor is beyond this database's log: ignoring it");
-            return Ok(());
+        let mut to = c.next_after;
+        if to > rec.next {
+            // Forward: only as far as the events' rows are in the sink's table.
+            let (from, limit) = (rec.next, to.min(rec.next + ADOPT_CHECK_MAX));
+            let ids = self
+                .shared
+                .read(move |s| {
+                    let mut ids = Vec::new();
+                    s.scan_effects::<StoreError>(from, |e| {
+                        if e.offset >= limit {
+                            return Ok(std::ops::ControlFlow::Break(()));
+                        }
+                        let r = &e.record;
+                        ids.push(envelope::event_id(&r.key, r.released, &r.payload));
+                        Ok(std::ops::ControlFlow::Continue(()))
+                    })?;
+                    Ok(ids)
+                })
+                .await?;
+            let held = match self.sink.holds_prefix(&ids).await {
+                Ok(n) => n as u64,
+                Err(e) => {
+                    tracing::warn!(sink = %self.cfg.name, error = %e, "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+                    return Ok(());
+                }
+            };
+            if rec.next + held < to {
+                tracing::warn!(sink = %self.cfg.name, stored = to, held_to = rec.next + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
+            }
+            to = rec.next + held;
+            if to == rec.next {
+                return Ok(());
+            }
         }
         let name = self.name().to_string();
+        let held_by = self.sink.cursor_home();
         let w = self
             .shared
-            .write(move |s| s.set_sink_cursor(&name, rec.generation, c.next_after, now_ms()))
+            .write(move |s| s.adopt_sink_cursor(&name, rec.generation, to, &held_by, now_ms()))
             .await?;
-        tracing::info!(sink = %self.cfg.name, from = rec.next, to = c.next_after, "cursor taken from the sink's own store");
+        tracing::info!(sink = %self.cfg.name, from = rec.next, to, "cursor taken from the sink's own store (audited)");
         if let CursorWrite::Done(r) = &w {
             // Also backwards: a sink store restored from a backup gets what it lacks.
             self.next = r.next;
         }
         self.adopt(w);
         Ok(())
+    }
+
+    /// `adopt` for a write that moved the cursor back (`unpark`).
+    fn adopt_back(&mut self, w: CursorWrite) {
+        match w {
+            CursorWrite::Done(r) => {
+                self.next = r.next;
+                self.rec = Some(r);
+            }
+            other => self.adopt(other),
+        }
     }
 
     fn adopt(&mut self, w: CursorWrite) {
@@ -682,27 +881,52 @@ impl SinkTask {
         Ok(())
     }
 
-    /// Delivers every parked event an operator asked to retry (`relay retry`), once each.
+    /// Delivers every parked event an operator asked to retry (`relay retry`), once each. The
+    /// event is rebuilt from its effect in the log (which `verify` proves), never sent from
+    /// the copy kept in the parked record; an event whose effect is gone is not sent.
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
+        let source = self.shared.source.clone();
         let wanted = self
             .shared
             .read(move |s| {
-                Ok(s.sink_parked(Some(&name))?
-                    .into_iter()
-                    .filter(|p| p.record.retry_requested_at_ms.is_some())
-                    .collect::<Vec<_>>())
+                let mut out = Vec::new();
+                for p in s.sink_parked(Some(&name))? {
+                    if p.record.retry_requested_at_ms.is_none() {
+                        continue;
+                    }
+                    let event = s.effect(p.offset)?.map(|e| {
+                        let r = &e.record;
+                        Event {
+                            offset: e.offset,
+                            id: envelope::event_id(&r.key, r.released, &r.payload),
+                            key: r.key,
+                            agency: r.agency.clone(),
+                            source_id: r.source_id.clone(),
+                            topic: r.topic.clone(),
+                            json: envelope::envelope(&source, &EffectView::of(e.offset, r)),
+                        }
+                    });
+                    out.push((p, event));
+                }
+                Ok(out)
             })
             .await?;
-        for p in wanted {
-            let ev = Event {
-                offset: p.offset,
-                id: p.record.id.clone(),
-                key: p.record.key,
-                agency: p.record.agency.clone(),
-                source_id: p.record.source_id.clone(),
-                topic: p.record.topic.clone(),
-                json: p.record.event.clone(),
+        for (p, ev) in wanted {
+            let Some(ev) = ev else {
+                let why = format!(
+                    "not retried: effect {} is no longer in the log (retention removed it \
+                     before this version kept the effects of parked events), so the event \
+                     cannot be rebuilt from a record `verify` proves, and the copy kept when \
+                     it was parked is not sent",
+                    p.offset
+                );
+                tracing::error!(sink = %self.cfg.name, offset = p.offset, "{why}");
+                let name = self.name().to_string();
+                self.shared
+                    .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
+                    .await?;
+                continue;
             };
             // A blocking event's delivery moves the cursor past it (the postgres sink stores
             // that with the row).
@@ -734,7 +958,12 @@ impl SinkTask {
                 self.adopt(w);
             } else {
                 let why = match attempt.failure {
-                    Some(Failure::Poison { reason, response }) => format!("{reason}: {response}"),
+                    Some(
+                        Failure::Poison { reason, response }
+                        | Failure::Refused {
+                            reason, response, ..
+                        },
+                    ) => format!("{reason}: {response}"),
                     Some(Failure::Retry { error, .. }) => {
                         // Transient (a 503, a lost connection): the request stands and is
                         // tried again on the next round, about a second later.
@@ -770,6 +999,7 @@ impl SinkTask {
 
     fn cursor_after(&self, next_after: u64) -> CursorAfter {
         CursorAfter {
+            store: self.store_id.unwrap_or_default(),
             generation: self.rec.as_ref().map_or(0, |r| r.generation),
             next_after,
         }
@@ -792,18 +1022,7 @@ impl SinkTask {
                 let mut out = Vec::with_capacity(max.min(1024));
                 snap.scan_effects::<StoreError>(from, |e| {
                     let r = &e.record;
-                    let view = EffectView {
-                        offset: e.offset,
-                        key: &r.key,
-                        agency: &r.agency,
-                        source_id: &r.source_id,
-                        epoch: r.epoch,
-                        sequence: r.sequence,
-                        received_at_ms: r.received_at_ms,
-                        late: r.late,
-                        released: r.released,
-                        payload: &r.payload,
-                    };
+                    let view = EffectView::of(e.offset, r);
                     out.push(Event {
                         offset: e.offset,
                         id: envelope::event_id(&r.key, r.released, &r.payload),
@@ -844,13 +1063,17 @@ impl SinkTask {
                 i += delivered;
                 self.next = batch[i - 1].offset + 1;
                 failures = 0;
+                self.last_refusal = None;
+                if let Some(class) = self.blocked.take() {
+                    tracing::info!(sink = %self.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
+                }
             }
             match failure {
                 None if i < batch.len() && delivered == 0 => {
                     // A sink that delivers nothing and says nothing: treat as a retry.
                     failures += 1;
                     if self
-                        .back_off(failures, None, "the sink delivered nothing")
+                        .back_off(failures, None, "the sink delivered nothing", "retrying")
                         .await
                         || moved(self)
                     {
@@ -860,51 +1083,147 @@ impl SinkTask {
                 None => {}
                 Some(Failure::Retry { error, after }) => {
                     failures += 1;
-                    if self.back_off(failures, after, &error).await || moved(self) {
+                    if self.back_off(failures, after, &error, "retrying").await || moved(self) {
                         return Ok(());
                     }
                 }
                 Some(Failure::Poison { reason, response }) => {
+                    self.last_refusal = None;
                     let Some(ev) = batch.get(i) else {
                         return Ok(());
                     };
-                    let blocking = self.cfg.on_poison == OnPoison::Block;
-                    tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, %reason, blocking, "event refused for good: parked");
-                    let record = ParkedRecord {
-                        parked_at_ms: now_ms(),
-                        id: ev.id.clone(),
-                        key: ev.key,
-                        agency: ev.agency.clone(),
-                        source_id: ev.source_id.clone(),
-                        topic: ev.topic.clone(),
-                        reason: reason.chars().take(1024).collect(),
-                        response: response.chars().take(2048).collect(),
-                        attempts: u64::from(failures) + 1,
-                        blocking,
-                        retry_requested_at_ms: None,
-                        event: ev.json.clone(),
-                    };
-                    self.parked.push((ev.offset, record));
-                    if blocking {
-                        // The cursor stays at the event until an operator acts.
-                        self.flush(true).await?;
+                    if self.park(ev, reason, response, failures).await? || moved(self) {
                         return Ok(());
                     }
                     i += 1;
-                    self.next = ev.offset + 1;
                     failures = 0;
-                    self.flush(true).await?;
-                    if moved(self) {
+                }
+                Some(Failure::Refused {
+                    class,
+                    reason,
+                    response,
+                }) => {
+                    let Some(ev) = batch.get(i) else {
+                        return Ok(());
+                    };
+                    let source = (ev.agency.clone(), ev.source_id.clone());
+                    if self.blocked.as_ref() == Some(&class) {
+                        failures += 1;
+                        let error = format!(
+                            "{BLOCKED}{reason}; every event is refused this way, so none is \
+                             parked: fix the receiver (the sink keeps trying)"
+                        );
+                        if self.back_off(failures, None, &error, "blocked").await || moved(self) {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    let before = self.last_refusal.take();
+                    if let Some((p, c, other)) = before
+                        && c == class
+                        && other != source
+                    {
+                        self.block(ev, (p, other), &class, &reason).await?;
                         return Ok(());
                     }
+                    if self.park(ev, reason, response, failures).await? || moved(self) {
+                        return Ok(());
+                    }
+                    self.last_refusal = Some((ev.offset, class, source));
+                    i += 1;
+                    failures = 0;
                 }
             }
         }
         Ok(())
     }
 
+    /// Parks `ev`, refused for good (`on_poison = "block"`: the cursor waits at it). `true`
+    /// when the rest of the batch is not to be delivered now (the sink blocks at it).
+    async fn park(
+        &mut self,
+        ev: &Event,
+        reason: String,
+        response: String,
+        failures: u32,
+    ) -> Result<bool, RelayError> {
+        let blocking = self.cfg.on_poison == OnPoison::Block;
+        tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, reason = %crate::relay::terminal_safe(&reason), blocking, "event refused for good: parked");
+        let record = ParkedRecord {
+            parked_at_ms: now_ms(),
+            id: ev.id.clone(),
+            key: ev.key,
+            agency: ev.agency.clone(),
+            source_id: ev.source_id.clone(),
+            topic: ev.topic.clone(),
+            reason: reason.chars().take(1024).collect(),
+            response: response.chars().take(2048).collect(),
+            attempts: u64::from(failures) + 1,
+            blocking,
+            retry_requested_at_ms: None,
+            event: ev.json.clone(),
+        };
+        self.parked.push((ev.offset, record));
+        if blocking {
+            // The cursor stays at the event until an operator acts.
+            self.flush(true).await?;
+            return Ok(true);
+        }
+        self.next = ev.offset + 1;
+        self.flush(true).await?;
+        Ok(false)
+    }
+
+    /// The same refusal (`class`) met `ev` right after the event at `first` (of another
+    /// source) was parked for it: the receiver refuses every event, not these. The first is
+    /// taken back out of the parked events (the cursor returns to it) and the sink holds
+    /// there, retrying with backoff, until the receiver accepts events again.
+    async fn block(
+        &mut self,
+        ev: &Event,
+        (first, first_source): (u64, (String, String)),
+        class: &str,
+        reason: &str,
+    ) -> Result<(), RelayError> {
+        let mut at = ev.offset;
+        if first + 1 == ev.offset
+            && let Some(rec) = self.rec.clone()
+        {
+            let name = self.name().to_string();
+            let w = self
+                .shared
+                .write(move |s| s.unpark(&name, rec.generation, first, now_ms()))
+                .await?;
+            if let CursorWrite::Done(r) = &w
+                && r.next == first
+            {
+                at = first;
+                self.next = first;
+            }
+            self.adopt_back(w);
+        }
+        self.blocked = Some(class.to_string());
+        let error = format!(
+            "{BLOCKED}{reason}; the events at offsets {first} ({}/{}) and {} ({}/{}), of \
+             different sources, were refused the same way, so the receiver refuses every \
+             event: nothing is parked, the sink waits at offset {at} and keeps trying; fix the \
+             receiver",
+            first_source.0, first_source.1, ev.offset, ev.agency, ev.source_id
+        );
+        tracing::error!(sink = %self.cfg.name, offset = at, %class, error = %crate::relay::terminal_safe(&error), "relay sink blocked");
+        self.error_noted_at = None;
+        self.back_off(1, None, &error, "blocked").await;
+        Ok(())
+    }
+
     /// Waits before the next attempt; `true` when the relay is stopping.
-    async fn back_off(&mut self, failures: u32, after: Option<Duration>, error: &str) -> bool {
+    async fn back_off(
+        &mut self,
+        failures: u32,
+        after: Option<Duration>,
+        error: &str,
+        state: &'static str,
+    ) -> bool {
         let cap = self
             .cfg
             .backoff_initial
@@ -912,7 +1231,7 @@ impl SinkTask {
             .min(self.cfg.backoff_max);
         let wait = self.jitter(cap).max(after.unwrap_or_default());
         tracing::warn!(sink = %self.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, %error, "delivery failed; retrying");
-        self.status("retrying", Some(error.to_string()));
+        self.status(state, Some(error.to_string()));
         if let Err(e) = self.note_error(error).await {
             tracing::warn!(sink = %self.cfg.name, error = %e, "could not record the sink's error");
         }

@@ -43,8 +43,14 @@ pub fn partial_path(to: &Path) -> PathBuf {
 
 /// Copies the latest commit of the database at `from` into a new file `to` (refused if
 /// anything stands there), mode 0600. Works beside a running writer: the copy is the state
-/// of one commit. `cache_bytes` bounds the new file's page cache.
-pub fn backup(from: &Path, to: &Path, cache_bytes: usize) -> Result<BackupReport, StoreError> {
+/// of one commit, marked as a copy made at `made_at_ms` (`store::identity`). `cache_bytes`
+/// bounds the new file's page cache.
+pub fn backup(
+    from: &Path,
+    to: &Path,
+    cache_bytes: usize,
+    made_at_ms: u64,
+) -> Result<BackupReport, StoreError> {
     if std::fs::symlink_metadata(to).is_ok() {
         return Err(StoreError::Refused(format!(
             "{} already exists: a backup never replaces a file (pick a new name, or move the \
@@ -77,7 +83,7 @@ pub fn backup(from: &Path, to: &Path, cache_bytes: usize) -> Result<BackupReport
         f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
             .map_err(|e| file::io_error(&partial, e))?;
         let snapshot = reader.begin()?;
-        let (tables, meta) = copy_into(&snapshot, f, &partial, cache_bytes)?;
+        let (tables, meta) = copy_into(&snapshot, f, &partial, cache_bytes, made_at_ms)?;
         // redb fsynced its commit; the file's length and metadata, and then the new name in
         // the directory, are made durable here.
         let io = |e| file::io_error(to, e);
@@ -122,6 +128,7 @@ fn copy_into(
     f: std::fs::File,
     path: &Path,
     cache_bytes: usize,
+    made_at_ms: u64,
 ) -> Result<(Vec<(String, u64)>, Meta), StoreError> {
     let backend = redb::backends::FileBackend::new(f).map_err(|error| StoreError::Open {
         path: path.to_path_buf(),
@@ -158,6 +165,13 @@ fn copy_into(
         };
         for_each_table(&mut copy)?;
         let rows = copy.rows;
+        // The file is a copy: when it is restored, its first writer draws an id of its own.
+        if let Some(identity) =
+            super::identity::copied(IDENTITY.read(from)?, "backup", made_at_ms, meta.next_effect)
+        {
+            let mut t = Leak::new(txn.open_table(META_TABLE).map_err(StoreError::redb)?);
+            IDENTITY.put(&mut t, &identity, &mut Vec::new())?;
+        }
         txn.into_inner().commit().map_err(StoreError::redb)?;
         Ok((rows, meta))
     });

@@ -8,6 +8,8 @@ mod engine;
 mod file;
 pub use file::{DiskSpace, SinkLocks, disk_space};
 mod guard;
+pub mod identity;
+pub mod ledger;
 pub mod lookup;
 mod operator;
 pub mod postgres;
@@ -591,6 +593,10 @@ impl Store {
                 (None, Some(created_at_ms)) => {
                     META.put(&mut meta, &Meta::new(created_at_ms), &mut Vec::new())?;
                 }
+            }
+            // Every store opened for writing has an id; a copy's first writer draws its own.
+            if let Some(identity) = identity::settled(IDENTITY.get(&*meta)?)? {
+                IDENTITY.put(&mut meta, &identity, &mut Vec::new())?;
             }
             // Create every table (the one list) so read-only inspectors never meet a
             // missing one.

@@ -200,6 +200,15 @@ impl Snapshot {
         })
     }
 
+    /// The store's identity (`store::identity`); `None` for a store made before ids that no
+    /// writer of this version has opened yet.
+    pub fn identity(&self) -> Result<Option<StoreIdentity>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.meta_row(IDENTITY);
+        }
+        self.guard(|txn| IDENTITY.read(txn))
+    }
+
     /// What retention has removed so far (all zero if nothing).
     pub fn retention_marks(&self) -> Result<RetentionMarks, StoreError> {
         if let Some(pg) = self.pg() {
@@ -431,7 +440,7 @@ impl Snapshot {
         })
     }
 
-    fn get<R: serde::de::DeserializeOwned, T>(
+    fn get<R: Record, T>(
         &self,
         table: Records<u64, R>,
         key: u64,
@@ -445,7 +454,7 @@ impl Snapshot {
     }
 
     /// Streams the records of a `u64`-keyed log table from key `from` on.
-    fn scan<R: serde::de::DeserializeOwned, T, E: From<StoreError>>(
+    fn scan<R: Record, T, E: From<StoreError>>(
         &self,
         table: Records<u64, R>,
         from: u64,

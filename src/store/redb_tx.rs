@@ -23,6 +23,7 @@ pub struct RedbTx<'t> {
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
     sink_cursors: Writable<'t, &'static str, SinkRecord>,
     sink_parked: Writable<'t, (&'static str, u64), ParkedRecord>,
+    sink_ledger: Writable<'t, (&'static str, u64), LedgerRecord>,
     /// Reused encoding buffer (one allocation per batch, not per record).
     buf: Vec<u8>,
 }
@@ -43,6 +44,7 @@ impl<'t> RedbTx<'t> {
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
         let sink_cursors = Leak::new(SINK_CURSORS.open_mut(txn)?);
         let sink_parked = Leak::new(SINK_PARKED.open_mut(txn)?);
+        let sink_ledger = Leak::new(SINK_LEDGER.open_mut(txn)?);
         Ok(RedbTx {
             meta: meta.into_inner(),
             source_ids: source_ids.into_inner(),
@@ -55,6 +57,7 @@ impl<'t> RedbTx<'t> {
             quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
             sink_cursors: sink_cursors.into_inner(),
             sink_parked: sink_parked.into_inner(),
+            sink_ledger: sink_ledger.into_inner(),
             buf: Vec::with_capacity(1024),
         })
     }
@@ -240,7 +243,44 @@ impl Tx for RedbTx<'_> {
     }
 
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
-        super::relay::lowest_cursor(&self.sink_cursors)
+        super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked)
+    }
+
+    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
+        IDENTITY.get(&self.meta)
+    }
+
+    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
+        IDENTITY.put(&mut self.meta, identity, &mut self.buf)
+    }
+
+    fn ledger(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, LedgerRecord)>, StoreError> {
+        let (lo, hi) = range.into_inner();
+        self.sink_ledger
+            .range((name, lo)..=(name, hi))?
+            .map(|entry| entry.map(|(k, record)| (k.value().1, record)))
+            .collect()
+    }
+
+    fn put_ledger(
+        &mut self,
+        name: &str,
+        seq: u64,
+        record: &LedgerRecord,
+    ) -> Result<(), StoreError> {
+        self.sink_ledger.put((name, seq), record, &mut self.buf)?;
+        Ok(())
+    }
+
+    fn remove_ledger(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        let (lo, hi) = range.into_inner();
+        self.sink_ledger
+            .retain_in((name, lo)..=(name, hi), |_, _| false)
+            .map_err(redb)
     }
 
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {

@@ -12,6 +12,7 @@ use redb::ReadableTable;
 
 use super::engine::Writer;
 use super::guard::Leak;
+use super::ledger;
 use super::postgres::PgStore;
 use super::read::Snapshot;
 use super::redb_tx::RedbTx;
@@ -79,8 +80,9 @@ pub trait RelayStore {
         f: impl FnOnce(&mut dyn Tx, &StoreOptions) -> Result<R, StoreError>,
     ) -> Result<R, StoreError>;
 
-    /// The sink's cursor, made (at `start`) if it has none. A sink's cursor is never made
-    /// anywhere else, so `forget` followed by a restart starts afresh.
+    /// The sink's cursor, made (at `start`) if it has none, for its deliverer (which claims
+    /// the sink first). A sink's cursor is made only here and by `declare_sinks`, so
+    /// `forget` followed by a restart starts afresh.
     fn register_sink(
         &mut self,
         name: &str,
@@ -90,25 +92,27 @@ pub trait RelayStore {
     ) -> Result<SinkRecord, StoreError> {
         self.relay_txn(|tx, _| {
             tx.claim_sink(name)?;
-            if let Some(r) = tx.sink_cursor(name)? {
-                return Ok(r);
-            }
-            let next = match start {
-                StartAt::Beginning => tx.retention_marks()?.unwrap_or_default().effects_floor,
-                StartAt::Head => tx.meta()?.next_effect,
-            };
-            let rec = SinkRecord {
-                kind: kind.to_string(),
-                next,
-                generation: 0,
-                registered_at_ms: now_ms,
-                advanced_at_ms: now_ms,
-                delivered: 0,
-                parked: 0,
-                last_error: None,
-            };
-            tx.put_sink_cursor(name, &rec)?;
-            Ok(rec)
+            make_cursor(tx, name, kind, start, now_ms)
+        })
+    }
+
+    /// Makes the cursor of every configured sink that has none, in one transaction and
+    /// without claiming any: a writer (`run`, `ingest`) does this when it loads its config,
+    /// before its first commit, so that retention never prunes an effect a configured sink
+    /// has yet to deliver, however late its relay starts. Returns the cursors.
+    fn declare_sinks(
+        &mut self,
+        sinks: &[(&str, &str, StartAt)],
+        now_ms: u64,
+    ) -> Result<Vec<SinkRecord>, StoreError> {
+        if sinks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.relay_txn(|tx, _| {
+            sinks
+                .iter()
+                .map(|(name, kind, start)| make_cursor(tx, name, kind, *start, now_ms))
+                .collect()
         })
     }
 
@@ -125,7 +129,7 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, generation, Some(from), |tx, rec| {
+            cursor_write(tx, name, generation, Some(from), now_ms, |tx, rec| {
                 // What a rewind re-delivered is no longer parked (unless parked again below).
                 if from < to {
                     tx.remove_parked(name, from..=to - 1)?;
@@ -140,6 +144,12 @@ pub trait RelayStore {
                 let blocking = parked.iter().filter(|(_, r)| r.blocking).count() as u64;
                 rec.delivered += moved_past.saturating_sub(parked.len() as u64 - blocking);
                 rec.parked += newly;
+                let passed: Vec<u64> = parked
+                    .iter()
+                    .filter(|(_, r)| !r.blocking)
+                    .map(|(o, _)| *o)
+                    .collect();
+                ledger::advanced(tx, name, rec, (from, to), &passed, now_ms)?;
                 if to != rec.next {
                     rec.advanced_at_ms = now_ms;
                 }
@@ -150,21 +160,89 @@ pub trait RelayStore {
         })
     }
 
-    /// Sets the cursor to `to` if it is still in `generation`: the postgres sink trusting the
-    /// cursor stored beside its rows.
-    fn set_sink_cursor(
+    /// Adopts the cursor a sink keeps beside its data (the postgres sink's row, committed
+    /// with its rows) if the cursor here is still in `generation`: forward, the offsets up to
+    /// `to` are in the sink's own store already and are passed over; backward (the sink's
+    /// store was restored from a backup), they are delivered again. Either way one audit
+    /// entry records it, and the ledger.
+    fn adopt_sink_cursor(
         &mut self,
         name: &str,
         generation: u64,
         to: u64,
+        held_by: &str,
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.relay_txn(|tx, opts| {
+            let w = cursor_write(tx, name, generation, None, now_ms, |tx, rec| {
+                if to == rec.next {
+                    return Ok(());
+                }
+                let from = rec.next;
+                let reason = if to > from {
+                    format!(
+                        "relay sink {name}: cursor taken from the sink's own store ({held_by}) \
+                         from offset {from} to {to}: effects {} are there already, committed \
+                         with that cursor",
+                        ledger::range_text(from, to)
+                    )
+                } else {
+                    format!(
+                        "relay sink {name}: cursor taken from the sink's own store ({held_by}) \
+                         back from offset {from} to {to}: that store lacks effects {} \
+                         (restored from a backup?), which are delivered again",
+                        ledger::range_text(to, from)
+                    )
+                };
+                let mut w = Writer::open(&mut *tx, opts)?;
+                let index =
+                    w.append_audit(relay_entry(now_ms, name, reason, Some(to), None, None))?;
+                w.finish()?;
+                if to > from {
+                    ledger::passed_over(
+                        tx,
+                        name,
+                        rec,
+                        LedgerKind::Adopted,
+                        (from, to),
+                        Some(index),
+                        now_ms,
+                    )?;
+                } else {
+                    tx.remove_parked(name, to..=u64::MAX)?;
+                    ledger::cut_back(tx, name, rec, to, now_ms)?;
+                }
+                rec.advanced_at_ms = now_ms;
+                rec.next = to;
+                Ok(())
+            })?;
+            Ok(w)
+        })
+    }
+
+    /// Takes the non-blocking event parked at `offset` back out of the parked events and
+    /// returns the cursor to it, if the cursor is just past it in `generation` (the runner
+    /// found that the receiver refuses every event, not this one: it blocks there instead).
+    fn unpark(
+        &mut self,
+        name: &str,
+        generation: u64,
+        offset: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, generation, None, |_, rec| {
-                if to != rec.next {
-                    rec.advanced_at_ms = now_ms;
+            cursor_write(tx, name, generation, Some(offset + 1), now_ms, |tx, rec| {
+                let Some((_, p)) = tx.parked(name, offset..=offset)?.pop() else {
+                    return Ok(());
+                };
+                if p.blocking {
+                    return Ok(());
                 }
-                rec.next = to;
+                tx.remove_parked(name, offset..=offset)?;
+                rec.parked = rec.parked.saturating_sub(1);
+                ledger::cut_back(tx, name, rec, offset, now_ms)?;
+                rec.next = offset;
+                rec.advanced_at_ms = now_ms;
                 Ok(())
             })
         })
@@ -175,7 +253,7 @@ pub trait RelayStore {
     fn note_sink_error(&mut self, name: &str, error: &str, now_ms: u64) -> Result<(), StoreError> {
         let error: String = error.chars().take(1024).collect();
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, u64::MAX, None, |_, rec| {
+            cursor_write(tx, name, u64::MAX, None, now_ms, |_, rec| {
                 rec.last_error = Some((now_ms, error));
                 Ok(())
             })
@@ -193,12 +271,16 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, u64::MAX, None, |tx, rec| {
+            cursor_write(tx, name, u64::MAX, None, now_ms, |tx, rec| {
                 let removed = tx.parked(name, offset..=offset)?.pop();
                 if let Some((_, r)) = removed {
                     tx.remove_parked(name, offset..=offset)?;
                     rec.delivered += 1;
-                    if r.blocking && rec.next == offset && rec.generation == generation {
+                    let passes = r.blocking && rec.next == offset && rec.generation == generation;
+                    if passes || offset < rec.next {
+                        ledger::retried(tx, name, rec, offset, passes, now_ms)?;
+                    }
+                    if passes {
                         rec.next = offset + 1;
                         rec.advanced_at_ms = now_ms;
                     }
@@ -220,7 +302,7 @@ pub trait RelayStore {
     ) -> Result<(), StoreError> {
         let response: String = response.chars().take(2048).collect();
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, u64::MAX, None, |tx, rec| {
+            cursor_write(tx, name, u64::MAX, None, now_ms, |tx, rec| {
                 if let Some((_, mut r)) = tx.parked(name, offset..=offset)?.pop() {
                     r.attempts += 1;
                     r.response = response.clone();
@@ -261,6 +343,23 @@ pub trait RelayStore {
                     None => format!("sink {name:?} has no parked events"),
                 }));
             }
+            // A retry sends the event rebuilt from its effect; one whose effect retention
+            // removed (before parked events held it) cannot be rebuilt, and is not retried.
+            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
+            let lost: Vec<u64> = targets
+                .iter()
+                .map(|(o, _)| *o)
+                .filter(|o| *o < floor)
+                .collect();
+            targets.retain(|(o, _)| *o >= floor);
+            if targets.is_empty() {
+                return Err(refused(format!(
+                    "sink {name:?}: the effects of the parked events at offsets {lost:?} were \
+                     removed by retention (before this version kept the effects of parked \
+                     events), so they cannot be rebuilt from a record `verify` proves; they \
+                     are not retried (the copies kept when they were parked are never sent)"
+                )));
+            }
             for (o, r) in &mut targets {
                 r.retry_requested_at_ms = Some(now_ms);
                 tx.put_parked(name, *o, r)?;
@@ -285,7 +384,9 @@ pub trait RelayStore {
     }
 
     /// `relay rewind`: the sink delivers again from effect `to` (ids are stable, so receivers
-    /// that keep them see each effect once). `to` must still be in the log.
+    /// that keep them see each effect once). `to` must still be in the log and not above the
+    /// cursor: a rewind never passes over an undelivered effect (`relay_skip` does, audited as
+    /// such). Events parked from `to` up are offered again with the rest.
     fn relay_rewind(
         &mut self,
         name: &str,
@@ -295,17 +396,30 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<(SinkRecord, SinkRecord), StoreError> {
         self.relay_txn(|tx, opts| {
-            let meta = tx.meta()?;
             let marks = tx.retention_marks()?.unwrap_or_default();
-            if to < marks.effects_floor || to > meta.next_effect {
+            let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            if to > before.next {
                 return Err(refused(format!(
-                    "offset {to} is not in the effect log: it holds {}..{} (retention removed \
-                     what is below)",
-                    marks.effects_floor, meta.next_effect
+                    "offset {to} is above sink {name:?}'s cursor ({}): a rewind only goes back, \
+                     and going forward would pass over {} undelivered effects; if that is \
+                     what you mean, `relay skip --sink {name} --to {to}` does it, audited as \
+                     a skip",
+                    before.next,
+                    to - before.next
                 )));
             }
-            let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            if to < marks.effects_floor {
+                return Err(refused(format!(
+                    "offset {to} is no longer in the effect log: it holds {}..{} (retention \
+                     removed what is below)",
+                    marks.effects_floor,
+                    tx.meta()?.next_effect
+                )));
+            }
             let mut after = before.clone();
+            ledger::ensure(tx, name, &mut after, now_ms)?;
+            let reparked = tx.remove_parked(name, to..=u64::MAX)?;
+            ledger::cut_back(tx, name, &mut after, to, now_ms)?;
             after.next = to;
             after.generation += 1;
             after.advanced_at_ms = now_ms;
@@ -315,8 +429,14 @@ pub trait RelayStore {
                 now_ms,
                 name,
                 format!(
-                    "relay rewind of sink {name} from offset {} to {to} by {operator}: {reason}",
-                    before.next
+                    "relay rewind of sink {name} from offset {} to {to} by {operator}: \
+                     {reason}{}",
+                    before.next,
+                    if reparked > 0 {
+                        format!(" ({reparked} parked events among them are offered again)")
+                    } else {
+                        String::new()
+                    }
                 ),
                 Some(to),
                 None,
@@ -324,6 +444,86 @@ pub trait RelayStore {
             ))?;
             w.finish()?;
             Ok((before, after))
+        })
+    }
+
+    /// `relay skip`: moves the cursor forward to `to`, passing over the effects between
+    /// without delivering them; a blocking event at the cursor stays parked (not blocking),
+    /// for `relay retry`. Audited, with how many effects it passed over; returns the cursor
+    /// before and after, and what it passed over.
+    fn relay_skip(
+        &mut self,
+        name: &str,
+        to: u64,
+        operator: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<(SinkRecord, SinkRecord, SkipPlan), StoreError> {
+        self.relay_txn(|tx, opts| {
+            let head = tx.meta()?.next_effect;
+            let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let blocking = tx
+                .parked(name, before.next..=before.next)?
+                .first()
+                .is_some_and(|(_, p)| p.blocking);
+            let skip = skip_plan(name, &before, to, head, blocking)?;
+            let mut after = before.clone();
+            ledger::ensure(tx, name, &mut after, now_ms)?;
+            let mut w = Writer::open(&mut *tx, opts)?;
+            let index = w.append_audit(relay_entry(
+                now_ms,
+                name,
+                format!(
+                    "relay skip of sink {name} from offset {} to {to} by {operator}: {} \
+                     undelivered effects ({}) passed over{}: {reason}",
+                    before.next,
+                    skip.passed,
+                    ledger::range_text(before.next, to),
+                    if skip.blocking_parked {
+                        format!(
+                            ", the blocking event at offset {} left parked for `relay retry`",
+                            before.next
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+                Some(to),
+                None,
+                None,
+            ))?;
+            w.finish()?;
+            let mut from = before.next;
+            if skip.blocking_parked {
+                if let Some((_, mut p)) = tx.parked(name, from..=from)?.pop() {
+                    p.blocking = false;
+                    tx.put_parked(name, from, &p)?;
+                }
+                ledger::passed_over(
+                    tx,
+                    name,
+                    &mut after,
+                    LedgerKind::Parked,
+                    (from, from + 1),
+                    None,
+                    now_ms,
+                )?;
+                from += 1;
+            }
+            ledger::passed_over(
+                tx,
+                name,
+                &mut after,
+                LedgerKind::Skipped,
+                (from, to),
+                Some(index),
+                now_ms,
+            )?;
+            after.next = to;
+            after.generation += 1;
+            after.advanced_at_ms = now_ms;
+            tx.put_sink_cursor(name, &after)?;
+            Ok((before, after, skip))
         })
     }
 
@@ -341,6 +541,7 @@ pub trait RelayStore {
             tx.sink_idle(name)?;
             let record = tx.remove_sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
             let parked = tx.remove_parked(name, 0..=u64::MAX)?;
+            tx.remove_ledger(name, 0..=u64::MAX)?;
             let mut w = Writer::open(tx, opts)?;
             w.append_audit(relay_entry(
                 now_ms,
@@ -412,6 +613,7 @@ fn cursor_write(
     name: &str,
     generation: u64,
     at: Option<u64>,
+    now_ms: u64,
     f: impl FnOnce(&mut dyn Tx, &mut SinkRecord) -> Result<(), StoreError>,
 ) -> Result<CursorWrite, StoreError> {
     tx.claim_sink(name)?;
@@ -423,9 +625,94 @@ fn cursor_write(
     if stale {
         return Ok(CursorWrite::Moved(Some(rec)));
     }
+    ledger::ensure(tx, name, &mut rec, now_ms)?;
     f(tx, &mut rec)?;
     tx.put_sink_cursor(name, &rec)?;
     Ok(CursorWrite::Done(rec))
+}
+
+/// The cursor of sink `name`, made at `start` (with its ledger's entry 0) if it has none.
+fn make_cursor(
+    tx: &mut dyn Tx,
+    name: &str,
+    kind: &str,
+    start: StartAt,
+    now_ms: u64,
+) -> Result<SinkRecord, StoreError> {
+    if let Some(r) = tx.sink_cursor(name)? {
+        return Ok(r);
+    }
+    let next = match start {
+        StartAt::Beginning => tx.retention_marks()?.unwrap_or_default().effects_floor,
+        StartAt::Head => tx.meta()?.next_effect,
+    };
+    let mut rec = SinkRecord {
+        kind: kind.to_string(),
+        next,
+        generation: 0,
+        registered_at_ms: now_ms,
+        advanced_at_ms: now_ms,
+        delivered: 0,
+        parked: 0,
+        last_error: None,
+        ledger_len: 0,
+    };
+    ledger::begin(tx, name, &mut rec, LedgerKind::Start, now_ms)?;
+    tx.put_sink_cursor(name, &rec)?;
+    Ok(rec)
+}
+
+/// What `relay skip` to `to` would pass over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkipPlan {
+    /// Undelivered effects passed over (the blocking event left parked is not one).
+    pub passed: u64,
+    /// A blocking event waits at the cursor: it stays parked, no longer blocking.
+    pub blocking_parked: bool,
+}
+
+/// Checks a skip of sink `name` from `rec` to `to` against the log's `head`;
+/// `blocking_at_cursor`: a blocking event waits at the cursor.
+fn skip_plan(
+    name: &str,
+    rec: &SinkRecord,
+    to: u64,
+    head: u64,
+    blocking_at_cursor: bool,
+) -> Result<SkipPlan, StoreError> {
+    if to <= rec.next {
+        return Err(refused(format!(
+            "offset {to} is not above sink {name:?}'s cursor ({}): a skip only goes forward \
+             (`relay rewind` goes back)",
+            rec.next
+        )));
+    }
+    if to > head {
+        return Err(refused(format!(
+            "offset {to} is beyond the effect log's head ({head}): a sink can skip at most to \
+             the next effect to be written"
+        )));
+    }
+    Ok(SkipPlan {
+        passed: to - rec.next - u64::from(blocking_at_cursor),
+        blocking_parked: blocking_at_cursor,
+    })
+}
+
+/// What `relay skip` of sink `name` to `to` would pass over, without writing anything (the
+/// command shows it before asking for `--yes`).
+pub fn plan_skip(
+    snap: &Snapshot,
+    name: &str,
+    to: u64,
+) -> Result<(SinkRecord, SkipPlan), StoreError> {
+    let rec = snap.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+    let head = snap.meta()?.next_effect;
+    let blocking = snap
+        .sink_parked_at(name, rec.next)?
+        .is_some_and(|p| p.blocking);
+    let plan = skip_plan(name, &rec, to, head, blocking)?;
+    Ok((rec, plan))
 }
 
 fn relay_entry(
@@ -454,14 +741,27 @@ fn relay_entry(
     }
 }
 
-/// The lowest cursor of every sink in `t` (`None`: no sink), which retention may not pass.
-pub(super) fn lowest_cursor<T: ReadableTable<&'static str, &'static [u8]>>(
-    t: &Opened<T, &'static str, SinkRecord>,
-) -> Result<Option<u64>, StoreError> {
+/// The lowest offset any sink in `cursors` still needs: its cursor, or the lowest event it
+/// parked (`None`: no sink). Retention may not pass it.
+pub(super) fn lowest_needed<C, P>(
+    cursors: &Opened<C, &'static str, SinkRecord>,
+    parked: &Opened<P, (&'static str, u64), ParkedRecord>,
+) -> Result<Option<u64>, StoreError>
+where
+    C: ReadableTable<&'static str, &'static [u8]>,
+    P: ReadableTable<(&'static str, u64), &'static [u8]>,
+{
     let mut low: Option<u64> = None;
-    for entry in t.all()? {
-        let (_, rec) = entry?;
-        low = Some(low.map_or(rec.next, |l: u64| l.min(rec.next)));
+    for entry in cursors.all()? {
+        let (name, rec) = entry?;
+        let name = name.value();
+        let first_parked = parked
+            .range((name, 0)..=(name, u64::MAX))?
+            .next()
+            .transpose()?
+            .map(|(k, _)| k.value().1);
+        let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
+        low = Some(low.map_or(needed, |l: u64| l.min(needed)));
     }
     Ok(low)
 }
@@ -490,6 +790,37 @@ impl Snapshot {
             Some(t) => t.get(name),
             None => Ok(None),
         })
+    }
+
+    /// The ledger of sink `name` (`store::ledger`), by entry number.
+    pub fn sink_ledger(&self, name: &str) -> Result<Vec<(u64, LedgerRecord)>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.sink_ledger(name);
+        }
+        self.guard(|txn| {
+            let Some(t) = SINK_LEDGER.open_if_present(txn)? else {
+                return Ok(Vec::new());
+            };
+            t.range((name, 0)..=(name, u64::MAX))?
+                .map(|entry| entry.map(|(k, record)| (k.value().1, record)))
+                .collect()
+        })
+    }
+
+    /// The accounting of sink `name`'s ledger against its cursor and parked events
+    /// (`store::ledger::account`): `Ok(Err(problem))` when it does not hold.
+    pub fn sink_accounting(
+        &self,
+        name: &str,
+        rec: &SinkRecord,
+    ) -> Result<Result<ledger::Accounting, String>, StoreError> {
+        let ledger_entries = self.sink_ledger(name)?;
+        let parked: Vec<(u64, bool)> = self
+            .sink_parked(Some(name))?
+            .iter()
+            .map(|p| (p.offset, p.record.blocking))
+            .collect();
+        Ok(ledger::account(rec, &ledger_entries, &parked))
     }
 
     /// The event `sink` parked at `offset`, if any.
@@ -581,7 +912,14 @@ mod tests {
         let head = s.register_sink("late", "exec", StartAt::Head, T0).unwrap();
         assert_eq!(head.next, 10);
         match s
-            .advance_sink("cop", 0, 0, 4, &[parked(2, false)], T0)
+            .advance_sink(
+                "cop",
+                0,
+                0,
+                4,
+                &[parked(&s.reader().unwrap(), 2, false)],
+                T0,
+            )
             .unwrap()
         {
             CursorWrite::Done(r) => assert_eq!((r.next, r.delivered, r.parked), (4, 3, 1)),
@@ -613,8 +951,18 @@ mod tests {
         feed(&mut s, 1..=10, T0);
         s.register_sink("cop", "http", StartAt::Beginning, T0)
             .unwrap();
-        s.advance_sink("cop", 0, 0, 10, &[parked(3, false), parked(7, false)], T0)
-            .unwrap();
+        s.advance_sink(
+            "cop",
+            0,
+            0,
+            10,
+            &[
+                parked(&s.reader().unwrap(), 3, false),
+                parked(&s.reader().unwrap(), 7, false),
+            ],
+            T0,
+        )
+        .unwrap();
         // retry one, then all
         assert_eq!(
             s.relay_retry("cop", Some(3), "ana", "fixed the schema", T0)
@@ -639,24 +987,35 @@ mod tests {
             ),
             (7, 2, None)
         );
-        // rewind: generation bumps, range checked
-        let (before, after) = s.relay_rewind("cop", 2, "ana", "COP restored", T0).unwrap();
-        assert_eq!((before.next, after.next, after.generation), (10, 2, 1));
-        assert!(s.relay_rewind("cop", 11, "ana", "x", T0).is_err());
+        // rewind: generation bumps, range checked; never forward
+        let (before, after) = s.relay_rewind("cop", 8, "ana", "COP restored", T0).unwrap();
+        assert_eq!((before.next, after.next, after.generation), (10, 8, 1));
+        let e = s.relay_rewind("cop", 9, "ana", "x", T0).unwrap_err();
+        assert!(
+            e.to_string().contains("relay skip --sink cop --to 9"),
+            "{e}"
+        );
         // forget removes cursor and parked events
         let f = s.relay_forget("cop", "ana", "sink removed", T0).unwrap();
-        assert_eq!((f.record.next, f.parked), (2, 1));
+        assert_eq!((f.record.next, f.parked), (8, 1));
         assert!(s.reader().unwrap().sink_cursor("cop").unwrap().is_none());
         assert!(s.relay_forget("cop", "ana", "again", T0).is_err());
         let entries = relay_entries(&s);
         assert_eq!(entries.len(), 5, "{entries:#?}");
-        assert!(entries[0].starts_with("cop relay retry of event id-3 (offset 3) on sink cop requested by ana: fixed the schema"), "{}", entries[0]);
+        assert!(
+            entries[0].starts_with("cop relay retry of event ")
+                && entries[0]
+                    .contains(" (offset 3) on sink cop requested by ana: fixed the schema"),
+            "{}",
+            entries[0]
+        );
         assert!(
             entries[3]
-                .contains("relay rewind of sink cop from offset 10 to 2 by ana: COP restored")
+                .contains("relay rewind of sink cop from offset 10 to 8 by ana: COP restored"),
+            "{entries:#?}"
         );
         assert!(entries[4].contains(
-            "relay forget of sink cop (cursor at offset 2, 1 parked events removed) by ana"
+            "relay forget of sink cop (cursor at offset 8, 1 parked events removed) by ana"
         ));
         let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
@@ -668,8 +1027,18 @@ mod tests {
         feed(&mut s, 1..=6, T0);
         s.register_sink("cop", "http", StartAt::Beginning, T0)
             .unwrap();
-        s.advance_sink("cop", 0, 0, 6, &[parked(2, false), parked(4, false)], T0)
-            .unwrap();
+        s.advance_sink(
+            "cop",
+            0,
+            0,
+            6,
+            &[
+                parked(&s.reader().unwrap(), 2, false),
+                parked(&s.reader().unwrap(), 4, false),
+            ],
+            T0,
+        )
+        .unwrap();
         s.relay_rewind("cop", 3, "ana", "COP restored", T0).unwrap();
         // Re-delivered from 3: 4 went through this time; 2 (before the rewind) stays parked.
         s.advance_sink("cop", 1, 3, 6, &[], T0).unwrap();
@@ -683,7 +1052,7 @@ mod tests {
         feed(&mut s, 1..=5, T0);
         s.register_sink("cop", "http", StartAt::Beginning, T0)
             .unwrap();
-        s.advance_sink("cop", 0, 0, 2, &[parked(2, true)], T0)
+        s.advance_sink("cop", 0, 0, 2, &[parked(&s.reader().unwrap(), 2, true)], T0)
             .unwrap();
         assert_eq!(
             s.reader()
@@ -708,7 +1077,7 @@ mod tests {
         feed(&mut s, 1..=8, T0);
         s.register_sink("cop", "http", StartAt::Beginning, T0)
             .unwrap();
-        s.advance_sink("cop", 0, 0, 6, &[parked(6, true)], T0)
+        s.advance_sink("cop", 0, 0, 6, &[parked(&s.reader().unwrap(), 6, true)], T0)
             .unwrap();
         s.relay_retry("cop", Some(6), "ana", "fixed", T0).unwrap();
         // The rewind lands while the retried delivery (started in generation 0) is in flight.

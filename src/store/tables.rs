@@ -15,8 +15,22 @@ use super::StoreError;
 
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line.
 pub const SCHEMA_VERSION: u32 = 1;
-/// First byte of every stored record.
+/// First byte of every stored record of the first version (every record type but
+/// `SinkRecord`, which is at version 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
+
+/// A stored record type: the format version its bytes start with, and how the bytes of an
+/// older version of it decode. A changed record gets a new `VERSION`, keeps decoding every
+/// older one (`decode_older`), and a test on bytes of the older version.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The version byte `encode` writes.
+    const VERSION: u8 = RECORD_V1;
+    /// Decodes the postcard body of version `version` (older than `VERSION`); `None` for a
+    /// version this build never wrote.
+    fn decode_older(_version: u8, _body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        None
+    }
+}
 
 /// (agency, source_id) -> source number.
 pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");
@@ -50,6 +64,11 @@ pub const SINK_CURSORS: Records<&str, SinkRecord> =
 /// (sink name, effect offset) -> `ParkedRecord`: events a sink's receiver refused for good.
 pub const SINK_PARKED: Records<(&str, u64), ParkedRecord> =
     Records::new("sink_parked", "sink_parked", "name, effect_offset");
+/// (sink name, entry number) -> `LedgerRecord`: how every offset below a sink's cursor got
+/// there (delivered, parked, passed over by an operator), for `verify` and `relay status`.
+/// Written only by `store::relay`, in the transaction that moves the cursor.
+pub const SINK_LEDGER: Records<(&str, u64), LedgerRecord> =
+    Records::new("sink_ledger", "sink_ledger", "name, seq");
 /// The meta table: one record of its own type under each name (`META`, `RETENTION`,
 /// `COUNTS`).
 pub const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -60,6 +79,8 @@ pub const RETENTION: MetaEntry<RetentionMarks> = MetaEntry::new("retention");
 /// "counts" -> `Counters`: audit entries per outcome code since the database was created
 /// (retention does not lower them).
 pub const COUNTS: MetaEntry<Counters> = MetaEntry::new("counts");
+/// "identity" -> `StoreIdentity`: the store's random id, which a sink's own cursor names.
+pub const IDENTITY: MetaEntry<StoreIdentity> = MetaEntry::new("identity");
 
 /// One column value of a stored key or value, as a whole-store copy hands it on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +204,7 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
     copy.table(records(REPLAY_BURSTS))?;
     copy.table(records(SINK_CURSORS))?;
     copy.table(records(SINK_PARKED))?;
+    copy.table(records(SINK_LEDGER))?;
     Ok(())
 }
 
@@ -327,21 +349,21 @@ impl<K: KeyText, R> Records<K, R> {
     }
 }
 
-impl<K: KeyText, R: DeserializeOwned> Records<K, R> {
+impl<K: KeyText, R: Record> Records<K, R> {
     /// Decodes the record stored at `key`.
     pub fn decode(&self, key: &K::SelfType<'_>, bytes: &[u8]) -> Result<R, RecordError> {
         decode(self.name, Shown::<K>(key), bytes)
     }
 }
 
-impl<R: DeserializeOwned> Records<u64, R> {
+impl<R: Record> Records<u64, R> {
     /// Decodes only the leading fields `H` of the record stored at `key`.
     pub fn head<H: HeadOf<R>>(&self, key: u64, bytes: &[u8]) -> Result<H, RecordError> {
         decode_head(self.name, key, bytes)
     }
 }
 
-impl<K: KeyText, R: Serialize> Records<K, R> {
+impl<K: KeyText, R: Record> Records<K, R> {
     pub fn encode(&self, record: &R) -> Vec<u8> {
         encode(record)
     }
@@ -381,7 +403,7 @@ impl<T, K, R> Opened<T, K, R>
 where
     T: ReadableTable<K, &'static [u8]>,
     K: KeyText,
-    R: DeserializeOwned,
+    R: Record,
 {
     /// The record at `key`.
     pub fn get<'k>(&self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
@@ -415,7 +437,7 @@ where
 impl<T, R> Opened<T, u64, R>
 where
     T: ReadableTable<u64, &'static [u8]>,
-    R: DeserializeOwned,
+    R: Record,
 {
     /// The leading fields `H` of the records with keys in `range`, in key order (`.rev()`
     /// for the other way), each with its key; the rest of each record is not decoded.
@@ -436,7 +458,7 @@ where
 impl<K, R> Opened<Table<'_, K, &'static [u8]>, K, R>
 where
     K: KeyText,
-    R: Serialize + DeserializeOwned,
+    R: Record,
 {
     /// Stores `record` at `key`, encoded in `buf` (reused across puts); whether a record was
     /// there before.
@@ -477,7 +499,7 @@ impl<R> Clone for MetaEntry<R> {
 }
 impl<R> Copy for MetaEntry<R> {}
 
-impl<R: Serialize + DeserializeOwned> MetaEntry<R> {
+impl<R: Record> MetaEntry<R> {
     pub const fn new(key: &'static str) -> Self {
         MetaEntry {
             key,
@@ -631,15 +653,16 @@ pub struct RetentionMarks {
     pub last_pruned_at_ms: u64,
 }
 
-/// A relay sink's cursor and counters.
+/// A relay sink's cursor and counters. Record version 2 (version 1 had no `ledger_len`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct SinkRecord {
     /// `mqtt`, `http`, `postgres` or `exec`, as configured when the cursor was made.
     pub kind: String,
     /// The first effect offset neither delivered nor parked.
     pub next: u64,
-    /// Bumped by every operator move of the cursor (`relay rewind`); a running sink's cursor
-    /// write carrying an older generation is refused, so it reloads instead of overwriting.
+    /// Bumped by every operator move of the cursor (`relay rewind`, `relay skip`); a running
+    /// sink's cursor write carrying an older generation is refused, so it reloads instead of
+    /// overwriting.
     pub generation: u64,
     pub registered_at_ms: u64,
     /// When `next` last moved.
@@ -648,6 +671,150 @@ pub struct SinkRecord {
     pub parked: u64,
     /// The last failed attempt: when, and what the receiver or the connection said.
     pub last_error: Option<(u64, String)>,
+    /// How many entries the sink's ledger (`SINK_LEDGER`) holds, numbered from 0: `verify`
+    /// finds a ledger cut short or added to by hand. 0 only in a cursor written before the
+    /// ledger existed (record version 1), until its first write by this version.
+    pub ledger_len: u64,
+}
+
+/// `SinkRecord` as record version 1 wrote it.
+#[derive(Deserialize)]
+struct SinkRecordV1 {
+    kind: String,
+    next: u64,
+    generation: u64,
+    registered_at_ms: u64,
+    advanced_at_ms: u64,
+    delivered: u64,
+    parked: u64,
+    last_error: Option<(u64, String)>,
+}
+
+impl Record for SinkRecord {
+    const VERSION: u8 = 2;
+    fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        (version == RECORD_V1).then(|| {
+            postcard::from_bytes::<SinkRecordV1>(body).map(|v| SinkRecord {
+                kind: v.kind,
+                next: v.next,
+                generation: v.generation,
+                registered_at_ms: v.registered_at_ms,
+                advanced_at_ms: v.advanced_at_ms,
+                delivered: v.delivered,
+                parked: v.parked,
+                last_error: v.last_error,
+                ledger_len: 0,
+            })
+        })
+    }
+}
+
+/// What a ledger entry records about the offsets `from..to` of a sink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerKind {
+    /// Entry 0: the sink's cursor was made at `from` (= `to`); nothing below is its concern.
+    Start,
+    /// Entry 0 of a cursor made before ledgers existed: accounted from `from` (= `to`) on.
+    Legacy,
+    /// Delivered (acknowledged by the receiver), in `generation`.
+    Delivered,
+    /// One event the receiver refused for good: it has a parked record.
+    Parked,
+    /// One parked event delivered after `relay retry`.
+    Retried,
+    /// Passed over by `relay skip` (audit entry `audit_index`).
+    Skipped,
+    /// Passed over because the sink's own store already holds them: its cursor, committed
+    /// with its rows, was adopted (audit entry `audit_index`).
+    Adopted,
+}
+
+impl LedgerKind {
+    pub const ALL: [LedgerKind; 7] = [
+        LedgerKind::Start,
+        LedgerKind::Legacy,
+        LedgerKind::Delivered,
+        LedgerKind::Parked,
+        LedgerKind::Retried,
+        LedgerKind::Skipped,
+        LedgerKind::Adopted,
+    ];
+
+    /// Its stored code (never renumbered).
+    pub fn code(self) -> u8 {
+        match self {
+            LedgerKind::Start => 0,
+            LedgerKind::Legacy => 1,
+            LedgerKind::Delivered => 2,
+            LedgerKind::Parked => 3,
+            LedgerKind::Retried => 4,
+            LedgerKind::Skipped => 5,
+            LedgerKind::Adopted => 6,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<LedgerKind> {
+        LedgerKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerKind::Start => "start",
+            LedgerKind::Legacy => "legacy",
+            LedgerKind::Delivered => "delivered",
+            LedgerKind::Parked => "parked",
+            LedgerKind::Retried => "retried",
+            LedgerKind::Skipped => "skipped",
+            LedgerKind::Adopted => "adopted",
+        }
+    }
+}
+
+/// One entry of a sink's ledger: the offsets `from..to` and how they came below its cursor.
+/// The entries after entry 0 partition the offsets from entry 0's `from` up to the cursor,
+/// in order; consecutive deliveries in one generation extend one entry.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LedgerRecord {
+    /// `LedgerKind::code`.
+    pub kind: u8,
+    pub from: u64,
+    pub to: u64,
+    /// The cursor's generation when it was written.
+    pub generation: u64,
+    pub first_at_ms: u64,
+    pub last_at_ms: u64,
+    /// The audit entry of the action that passed over these offsets (skip, adoption).
+    pub audit_index: Option<u64>,
+}
+
+impl Record for LedgerRecord {}
+
+/// The store's identity: a random id, drawn when the store is made (or, for a store made
+/// before ids existed, at its first open by a writer), and drawn again when a copy of it
+/// (`backup`, `migrate --from`) is first opened by a writer, because from then on the copy's
+/// offsets are another history than the original's.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct StoreIdentity {
+    pub id: [u8; 16],
+    /// Set by `backup` and `migrate --from` in the copy they make; its first writer draws a
+    /// new id and moves this to `derived_from`.
+    pub copy: Option<CopyMark>,
+    /// The copy this store was made from, once it became a live store.
+    pub derived_from: Option<CopyMark>,
+}
+
+impl Record for StoreIdentity {}
+
+/// Which store a copy was made of, how and when.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CopyMark {
+    /// The id of the store copied.
+    pub of: [u8; 16],
+    /// `backup` or `migrate`.
+    pub how: String,
+    pub made_at_ms: u64,
+    /// The copied store's next effect offset: the copy holds the offsets below.
+    pub next_effect: u64,
 }
 
 /// An event a sink's receiver refused for good, kept with what it said (`relay parked`).
@@ -674,6 +841,17 @@ pub struct ParkedRecord {
     /// have pruned it since).
     pub event: String,
 }
+
+impl Record for Counters {}
+impl Record for Meta {}
+impl Record for RetentionMarks {}
+impl Record for ParkedRecord {}
+impl Record for BurstRecord {}
+impl Record for SourceRecord {}
+impl Record for WindowRecord {}
+impl Record for EffectRecord {}
+impl Record for AuditRecord {}
+impl Record for QuarantineRecord {}
 
 /// One replay burst: duplicates absorbed after `run` (re)connected to `broker`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -805,16 +983,16 @@ pub struct RecordError {
     pub why: String,
 }
 
-fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+fn encode<T: Record>(record: &T) -> Vec<u8> {
     let mut out = Vec::new();
     encode_into(record, &mut out);
     out
 }
 
 /// Encodes into `buf` (cleared first), reusing its allocation on the commit path.
-fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
+fn encode_into<'b, T: Record>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
     buf.clear();
-    buf.push(RECORD_V1);
+    buf.push(T::VERSION);
     let taken = std::mem::take(buf);
     // postcard only fails on unsupported serde features (none used) or a full fixed buffer.
     *buf = match postcard::to_extend(record, taken) {
@@ -824,7 +1002,7 @@ fn encode_into<'b, T: Serialize>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
     buf.as_slice()
 }
 
-fn decode<T: DeserializeOwned>(
+fn decode<T: Record>(
     table: &'static str,
     key: impl std::fmt::Display,
     bytes: &[u8],
@@ -835,10 +1013,13 @@ fn decode<T: DeserializeOwned>(
         why,
     };
     match bytes.split_first() {
-        Some((&RECORD_V1, rest)) => {
+        Some((&v, rest)) if v == T::VERSION => {
             postcard::from_bytes(rest).map_err(|e| err(format!("postcard: {e}")))
         }
-        Some((v, _)) => Err(err(format!("unknown record version {v}"))),
+        Some((&v, rest)) => match T::decode_older(v, rest) {
+            Some(r) => r.map_err(|e| err(format!("postcard (record version {v}): {e}"))),
+            None => Err(err(format!("unknown record version {v}"))),
+        },
         None => Err(err("empty record".into())),
     }
 }
@@ -877,7 +1058,7 @@ fn decode_head<'a, H: Deserialize<'a>>(
 /// any record it is a prefix of, with the same fields.
 #[doc(hidden)]
 pub fn check_decoders(bytes: &[u8]) {
-    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+    fn round_trip<T: Record + PartialEq + std::fmt::Debug>(
         table: &'static str,
         bytes: &[u8],
     ) -> Option<T> {
@@ -889,27 +1070,26 @@ pub fn check_decoders(bytes: &[u8]) {
         );
         Some(record)
     }
-    fn records<K: KeyText, T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+    fn records<K: KeyText, T: Record + PartialEq + std::fmt::Debug>(
         table: Records<K, T>,
         bytes: &[u8],
     ) -> Option<T> {
         round_trip(table.name(), bytes)
     }
-    fn meta<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
-        _: MetaEntry<T>,
-        bytes: &[u8],
-    ) -> Option<T> {
+    fn meta<T: Record + PartialEq + std::fmt::Debug>(_: MetaEntry<T>, bytes: &[u8]) -> Option<T> {
         round_trip("meta", bytes)
     }
     meta(META, bytes);
     meta(RETENTION, bytes);
     meta(COUNTS, bytes);
+    meta(IDENTITY, bytes);
     records(REPLAY_BURSTS, bytes);
     records(SOURCES, bytes);
     records(WINDOW, bytes);
     records(QUARANTINE, bytes);
     records(SINK_CURSORS, bytes);
     records(SINK_PARKED, bytes);
+    records(SINK_LEDGER, bytes);
     let effect_head = EFFECTS.head::<EffectHead>(0, bytes);
     if let Some(e) = records(EFFECTS, bytes) {
         let h = effect_head.as_ref().ok();

@@ -10,8 +10,8 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 
 use super::StoreError;
 use super::tables::{
-    AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, WindowRecord,
+    AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, StoreIdentity, WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -93,9 +93,13 @@ pub trait Tx {
     /// names `id` (a later record may have taken it).
     fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError>;
 
-    /// The lowest relay sink cursor, if any sink has one: retention keeps every effect from
-    /// there on.
+    /// The lowest offset a relay sink still needs, if any sink has a cursor: its cursor, or
+    /// an event it parked below it. Retention keeps every effect from there on.
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError>;
+
+    /// The store's identity (`None` in a store made before ids existed).
+    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError>;
+    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError>;
 
     /// The relay's cursor of sink `name`.
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError>;
@@ -117,6 +121,17 @@ pub trait Tx {
     ) -> Result<bool, StoreError>;
     /// Removes sink `name`'s parked events at offsets in `range`; how many there were.
     fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError>;
+
+    /// Sink `name`'s ledger entries numbered in `range`, lowest first.
+    fn ledger(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, LedgerRecord)>, StoreError>;
+    fn put_ledger(&mut self, name: &str, seq: u64, record: &LedgerRecord)
+    -> Result<(), StoreError>;
+    /// Removes sink `name`'s ledger entries numbered in `range`.
+    fn remove_ledger(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<(), StoreError>;
 
     /// Before a deliverer's write to sink `name`'s cursor: makes sure this process is the
     /// sink's one deliverer, or `SinkBusy`. Redb: the relay holds the sink's byte lock on
@@ -257,6 +272,30 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
         (**self).lowest_cursor()
+    }
+    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
+        (**self).identity()
+    }
+    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
+        (**self).put_identity(identity)
+    }
+    fn ledger(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, LedgerRecord)>, StoreError> {
+        (**self).ledger(name, range)
+    }
+    fn put_ledger(
+        &mut self,
+        name: &str,
+        seq: u64,
+        record: &LedgerRecord,
+    ) -> Result<(), StoreError> {
+        (**self).put_ledger(name, seq, record)
+    }
+    fn remove_ledger(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        (**self).remove_ledger(name, range)
     }
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
         (**self).sink_cursor(name)

@@ -24,8 +24,25 @@ pub struct VerifyReport {
     pub audit_from: u64,
     pub effects_from: u64,
     pub quarantine_from: u64,
+    /// Each relay sink: what its ledger accounts for below its cursor, and its parked events
+    /// checked against their effects.
+    pub sinks: Vec<SinkReport>,
     /// The first broken entry, in words; `None` when everything holds.
     pub violation: Option<String>,
+}
+
+/// What `verify` proved of one relay sink.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SinkReport {
+    pub name: String,
+    /// Its cursor: every offset below it is accounted for by `accounting`.
+    pub next: u64,
+    pub accounting: super::ledger::Accounting,
+    /// Parked events whose stored copy matches the event rebuilt from their effect.
+    pub parked_checked: u64,
+    /// Parked events whose effect retention removed before this version kept them: their
+    /// copy cannot be checked (and `relay retry` does not send it).
+    pub parked_unprovable: u64,
 }
 
 /// What the audit scan carries from entry to entry.
@@ -232,8 +249,119 @@ pub fn verify_reporting(
             })
         })?;
     }
+    if fail.is_none() {
+        for (name, rec) in snap.sink_cursors()? {
+            match sink_problem(snap, &name, &rec, &scan)? {
+                Ok(r) => report.sinks.push(r),
+                Err(p) => {
+                    fail = Some(format!("sink {name}: {p}"));
+                    break;
+                }
+            }
+        }
+    }
     report.violation = fail;
     Ok(report)
+}
+
+/// One relay sink: its ledger accounts for every offset below its cursor, each action that
+/// passed offsets over has its audit entry, retention kept what the sink still needs, and
+/// each parked event's stored copy is the event its effect makes.
+fn sink_problem(
+    snap: &Snapshot,
+    name: &str,
+    rec: &super::tables::SinkRecord,
+    scan: &Scan,
+) -> Result<Result<SinkReport, String>, StoreError> {
+    let acc = match snap.sink_accounting(name, rec)? {
+        Ok(a) => a,
+        Err(p) => return Ok(Err(p)),
+    };
+    let old = acc.legacy || acc.unrecorded;
+    for &(kind, from, to, audit_index) in &acc.passed_over {
+        let Some(index) = audit_index else { continue };
+        if index < scan.audit_from {
+            continue;
+        }
+        let records_it = snap.audit_entry(index)?.is_some_and(|a| {
+            a.outcome() == Some(Outcome::Relay)
+                && a.record.topic == name
+                && a.record.effect_offset == Some(to)
+        });
+        if !records_it {
+            return Ok(Err(format!(
+                "its ledger says offsets {} were {} by the action of audit entry {index}, which \
+                 does not record that",
+                super::ledger::range_text(from, to),
+                kind.as_str()
+            )));
+        }
+    }
+    if rec.next < scan.marks.effects_floor {
+        return Ok(Err(format!(
+            "retention removed effects up to {} but its cursor is at {}: effects it had not \
+             delivered are gone",
+            scan.marks.effects_floor, rec.next
+        )));
+    }
+    let mut report = SinkReport {
+        name: name.to_string(),
+        next: rec.next,
+        accounting: acc,
+        ..SinkReport::default()
+    };
+    for p in snap.sink_parked(Some(name))? {
+        let at = |what: String| Ok(Err(format!("event parked at offset {}: {what}", p.offset)));
+        if p.offset < scan.marks.effects_floor {
+            if old {
+                report.parked_unprovable += 1;
+                continue;
+            }
+            return at(
+                "retention removed its effect, which it keeps while an event is parked".into(),
+            );
+        }
+        let Some(eff) = snap.effect(p.offset)? else {
+            return at("its effect is not in the log".into());
+        };
+        if let Some(problem) = parked_content(&p.record, &eff) {
+            return at(problem);
+        }
+        report.parked_checked += 1;
+    }
+    Ok(Ok(report))
+}
+
+/// A parked record against the effect it was made of; `Some(problem)` if its copy differs.
+fn parked_content(p: &super::tables::ParkedRecord, eff: &super::Effect) -> Option<String> {
+    use crate::relay::envelope::{EffectView, envelope, event_id, source_of};
+    let r = &eff.record;
+    if p.id != event_id(&r.key, r.released, &r.payload)
+        || p.key != r.key
+        || p.agency != r.agency
+        || p.source_id != r.source_id
+        || p.topic != r.topic
+    {
+        return Some(format!(
+            "its id, key, source or topic differs from effect {}'s ({})",
+            eff.offset,
+            cause(false)
+        ));
+    }
+    let Some(source) = source_of(&p.event) else {
+        return Some(format!(
+            "its stored event is not the envelope of an event ({})",
+            cause(false)
+        ));
+    };
+    (envelope(&source, &EffectView::of(eff.offset, r)) != p.event).then(|| {
+        format!(
+            "its stored event differs from the event effect {} makes ({}); `relay retry` \
+             sends the event rebuilt from the effect, never the stored copy",
+            eff.offset,
+            cause(false)
+        )
+    })
 }
 
 /// What to suspect when a stored payload disagrees with its audit entry.

@@ -28,6 +28,9 @@
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
 //!   retention held by a lagging sink, `relay status|parked|retry|rewind|forget`.
+//! - `relay_loss`: the last hop's silent-loss paths closed: rewind only back, `relay skip`
+//!   audited, every offset below a cursor accounted for (`verify`, `relay status`), retries
+//!   rebuilt from the effect, retention holding parked effects and late-starting sinks.
 //! - `relay_http`: the http sink against a chaotic receiver written in the test (503, 429,
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
 //!   and end to end through `ingest` and the `relay` commands.
@@ -89,6 +92,7 @@ mod pg_tls;
 mod readme;
 mod relay;
 mod relay_http;
+mod relay_loss;
 mod relay_mqtt;
 mod relay_pg;
 mod service;

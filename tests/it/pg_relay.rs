@@ -60,7 +60,10 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
                 0,
                 0,
                 6,
-                &[parked(2, false), parked(4, false)],
+                &[
+                    parked(&s.reader().unwrap(), 2, false),
+                    parked(&s.reader().unwrap(), 4, false)
+                ],
                 T0 + 2
             )
         ),
@@ -104,7 +107,14 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
         "blocking",
         format!(
             "{:?}",
-            s.advance_sink("cop", 0, 6, 7, &[parked(7, true)], T0 + 9)
+            s.advance_sink(
+                "cop",
+                0,
+                6,
+                7,
+                &[parked(&s.reader().unwrap(), 7, true)],
+                T0 + 9
+            )
         ),
     );
     log(
@@ -120,7 +130,7 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
     );
     log(
         "set",
-        format!("{:?}", s.set_sink_cursor("cop", 1, 5, T0 + 11)),
+        format!("{:?}", s.adopt_sink_cursor("cop", 1, 5, "a test", T0 + 11)),
     );
     log(
         "after rewind",

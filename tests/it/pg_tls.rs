@@ -424,6 +424,7 @@ fn pg_tls_the_relay_postgres_sink_delivers_over_verify_full() {
         .unwrap();
     let batch: Vec<_> = (0..3).map(|o| super::relay_pg::event(o, "b")).collect();
     let cursor = CursorAfter {
+        store: [7; 16],
         generation: 0,
         next_after: 3,
     };

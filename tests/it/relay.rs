@@ -10,14 +10,13 @@ use std::time::{Duration, Instant};
 
 use replay_guard::json::{self, Json};
 use replay_guard::store::relay::{RelayStore, StartAt};
-use replay_guard::store::tables::ParkedRecord;
 use replay_guard::store::{Store, StoreOptions};
 
 use super::broker::{Broker, signal};
 use super::common;
 
 /// A member of a JSON object, as text (strings unquoted).
-fn field(v: &Json, name: &str) -> String {
+pub(super) fn field(v: &Json, name: &str) -> String {
     match v {
         Json::Object(m) => match m.iter().find(|(k, _)| k == name) {
             Some((_, Json::String(s))) => s.clone(),
@@ -28,7 +27,7 @@ fn field(v: &Json, name: &str) -> String {
     }
 }
 
-fn stdout(out: &std::process::Output) -> String {
+pub(super) fn stdout(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
         "exit {:?}: {}",
@@ -38,15 +37,15 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-struct Setup {
-    dir: PathBuf,
-    db: PathBuf,
-    config: PathBuf,
-    out: PathBuf,
+pub(super) struct Setup {
+    pub(super) dir: PathBuf,
+    pub(super) db: PathBuf,
+    pub(super) config: PathBuf,
+    pub(super) out: PathBuf,
 }
 
 /// A database, a receiver script and a config with one exec sink `script` (plus `extra`).
-fn setup(dir: &Path, script_body: &str, sink_extra: &str, extra: &str) -> Setup {
+pub(super) fn setup(dir: &Path, script_body: &str, sink_extra: &str, extra: &str) -> Setup {
     let db = dir.join("rg.redb");
     let out = dir.join("received.jsonl");
     let script = dir.join("receiver.sh");
@@ -80,7 +79,7 @@ fn setup(dir: &Path, script_body: &str, sink_extra: &str, extra: &str) -> Setup 
 }
 
 impl Setup {
-    fn ingest(&self, from: u64, to: u64) {
+    pub(super) fn ingest(&self, from: u64, to: u64) {
         let lines: Vec<String> = (from..to)
             .map(|i| common::msg("fire", &format!("e{}", i % 5), 1, i, "status"))
             .collect();
@@ -94,7 +93,7 @@ impl Setup {
         ]));
     }
 
-    fn relay(&self) -> Child {
+    pub(super) fn relay(&self) -> Child {
         common::logged_command(
             &["relay", "--config", self.config.to_str().unwrap()],
             &self.dir.join("relay.log"),
@@ -104,7 +103,7 @@ impl Setup {
     }
 
     /// `run` with this config (which then needs an `[mqtt]` section: `mqtt_section`).
-    fn run(&self) -> Child {
+    pub(super) fn run(&self) -> Child {
         Command::new(common::bin())
             .args(["run", "--config", self.config.to_str().unwrap()])
             .env("RUST_LOG", "info")
@@ -114,12 +113,12 @@ impl Setup {
             .unwrap()
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
     /// Every event the receiver got, in arrival order.
-    fn received(&self) -> Vec<Json> {
+    pub(super) fn received(&self) -> Vec<Json> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         // Only complete lines: the receiver may be appending the last one right now.
         let complete = text.rfind('\n').map_or("", |i| &text[..i]);
@@ -129,7 +128,7 @@ impl Setup {
             .collect()
     }
 
-    fn wait_received(&self, ids: usize, limit: Duration) {
+    pub(super) fn wait_received(&self, ids: usize, limit: Duration) {
         let start = Instant::now();
         loop {
             let got: HashSet<String> = self.received().iter().map(|e| field(e, "id")).collect();
@@ -146,7 +145,7 @@ impl Setup {
         }
     }
 
-    fn status(&self, config: &Path) -> BTreeMap<String, Json> {
+    pub(super) fn status(&self, config: &Path) -> BTreeMap<String, Json> {
         let out = stdout(&common::run(&[
             "relay",
             "status",
@@ -167,7 +166,7 @@ impl Setup {
     }
 
     /// Every effect's event id, by offset, from `dump-effects`.
-    fn effect_ids(&self) -> Vec<(u64, String, String)> {
+    pub(super) fn effect_ids(&self) -> Vec<(u64, String, String)> {
         common::effects(&self.db)
             .iter()
             .map(|e| {
@@ -182,7 +181,7 @@ impl Setup {
 }
 
 /// An `[mqtt]` section for `run` against `broker`, committing every 5 ms.
-fn mqtt_section(broker: &Broker, client_id: &str) -> String {
+pub(super) fn mqtt_section(broker: &Broker, client_id: &str) -> String {
     format!(
         "[mqtt]\nbrokers = [{:?}]\nclient_id = {client_id:?}\ntopics = [\"incidents/#\"]\n\
          [commit]\nlinger_ms = 5\n",
@@ -190,7 +189,7 @@ fn mqtt_section(broker: &Broker, client_id: &str) -> String {
     )
 }
 
-fn stop(child: &mut Child) -> Option<i32> {
+pub(super) fn stop(child: &mut Child) -> Option<i32> {
     signal(child.id() as i32, "TERM");
     let start = Instant::now();
     loop {
@@ -264,7 +263,7 @@ fn assert_cloudevent(e: &Json) {
 }
 
 /// Every effect arrived, with the id of its key, in effect-offset order within each source.
-fn assert_all_delivered(s: &Setup, exactly_once: bool) {
+pub(super) fn assert_all_delivered(s: &Setup, exactly_once: bool) {
     let effects = s.effect_ids();
     let received = s.received();
     let want: HashSet<&String> = effects.iter().map(|(_, id, _)| id).collect();
@@ -525,7 +524,17 @@ fn a_lagging_sink_holds_retention_and_a_removed_sink_is_forgotten_only_on_comman
         ),
         "{line}"
     );
-    s.ingest(45, 46);
+    // Ingested with the config that no longer names it: nothing holds the log now. (With the
+    // old config, the writer would make the sink's cursor again: a configured sink holds the
+    // log from the moment a writer loads the config.)
+    let feed = dir.path().join("last.jsonl");
+    std::fs::write(&feed, common::msg("fire", "e0", 1, 45, "status") + "\n").unwrap();
+    stdout(&common::run(&[
+        "ingest",
+        "--config",
+        removed.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]));
     assert_eq!(common::effects(&s.db).len(), 5);
     let audit = stdout(&common::run(&[
         "dump-audit",
@@ -582,7 +591,7 @@ fn rewind_redelivers_with_the_same_ids_and_is_audited() {
     let st = s.status(&s.config);
     assert_eq!(field(&st["script"], "generation"), "1");
     assert_eq!(field(&st["script"], "cursor"), "30");
-    // Out of range is refused with the log's bounds.
+    // Forward is not a rewind: refused, naming `relay skip`.
     let out = common::run(&[
         "relay",
         "rewind",
@@ -598,7 +607,12 @@ fn rewind_redelivers_with_the_same_ids_and_is_audited() {
         "ana",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("it holds 0..30"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("offset 31 is above sink \"script\"'s cursor (30)")
+            && err.contains("relay skip"),
+        "{err}"
+    );
     let audit = stdout(&common::run(&[
         "dump-audit",
         "--db",
@@ -617,30 +631,22 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
     let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
     s.ingest(0, 5);
     // A parked event as a sink writes it (the http sink's 422 test drives this end to end).
-    {
+    let parked_id = {
         let mut store = Store::open_operator(&s.db, StoreOptions::default()).unwrap();
         store
             .register_sink("script", "exec", StartAt::Beginning, 1_000)
             .unwrap();
-        let record = ParkedRecord {
-            parked_at_ms: 1_764_547_200_000,
-            id: "abc".into(),
-            key: [7; 32],
-            agency: "fire".into(),
-            source_id: "e2".into(),
-            topic: "incidents/fire".into(),
-            reason: "HTTP 422 Unprocessable Entity".into(),
-            response: "HTTP/1.1 422 Unprocessable Entity\r\n\r\nbad unit".into(),
-            attempts: 1,
-            blocking: false,
-            retry_requested_at_ms: None,
-            event: "{\"id\":\"abc\"}".into(),
-        };
+        let (_, mut record) = replay_guard::testing::parked(&store.reader().unwrap(), 2, false);
+        record.parked_at_ms = 1_764_547_200_000;
+        record.reason = "HTTP 422 Unprocessable Entity".into();
+        record.response = "HTTP/1.1 422 Unprocessable Entity\r\n\r\nbad unit".into();
+        let id = record.id.clone();
         store
             .advance_sink("script", 0, 0, 3, &[(2, record)], 2_000)
             .unwrap();
         store.close().unwrap();
-    }
+        id
+    };
     let cfg = s.config.to_str().unwrap();
     let out = stdout(&common::run(&[
         "relay", "parked", "--config", cfg, "--sink", "script",
@@ -649,7 +655,7 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
     for (k, v) in [
         ("sink", "script"),
         ("offset", "2"),
-        ("id", "abc"),
+        ("id", parked_id.as_str()),
         ("agency", "fire"),
         ("source_id", "e2"),
         ("parked_at", "2025-12-01T00:00:00.000Z"),
@@ -661,10 +667,10 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
         ("attempts", "1"),
         ("blocking", "false"),
         ("retry_requested_at", "null"),
-        ("event", "{\"id\":\"abc\"}"),
     ] {
         assert_eq!(field(&p, k), v, "{k}");
     }
+    assert!(field(&p, "event").contains(&format!("\"id\":\"{parked_id}\"")));
     let table = stdout(&common::run(&[
         "relay", "parked", "--config", cfg, "--sink", "script", "--format", "table",
     ]));
@@ -682,7 +688,7 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
             "relay", "retry", "--config", cfg, "--sink", "other", "--all", "--reason", "x",
         ],
         vec![
-            "relay", "retry", "--config", cfg, "--sink", "script", "abc", "--reason", " ",
+            "relay", "retry", "--config", cfg, "--sink", "script", "2", "--reason", " ",
         ],
     ] {
         assert_eq!(common::run(&args).status.code(), Some(1), "{args:?}");
@@ -694,7 +700,7 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
         cfg,
         "--sink",
         "script",
-        "abc",
+        &parked_id,
         "--reason",
         "unit list fixed",
         "--operator",
@@ -704,7 +710,7 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
     // The relay delivers it (the exec receiver accepts everything) and drops the record.
     let mut relay = s.relay();
     let start = Instant::now();
-    while !s.received().iter().any(|e| field(e, "id") == "abc") {
+    while !s.received().iter().any(|e| field(e, "id") == parked_id) {
         assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -724,7 +730,10 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
     let e = json::parse(audit.trim().as_bytes(), 64).unwrap();
     assert_eq!(
         field(&e, "reason"),
-        "relay retry of event abc (offset 2) on sink script requested by ana: unit list fixed"
+        format!(
+            "relay retry of event {parked_id} (offset 2) on sink script requested by ana: unit \
+             list fixed"
+        )
     );
     assert_eq!(field(&e, "effect_offset"), "2");
     assert_eq!(field(&e, "agency"), "fire");
@@ -750,12 +759,12 @@ fn dump_effects_after_starts_past_the_offset() {
 }
 
 /// A receiver that refuses the event of sequence 13 (exit 65) until `count.fixed` exists.
-const REFUSES_13: &str = "input=$(cat)\n\
+pub(super) const REFUSES_13: &str = "input=$(cat)\n\
     if [ ! -e \"$STATE.fixed\" ] && printf '%s\\n' \"$input\" | grep -q '\"rgsequence\":\"13\"'; then\n\
     echo 'unit E13 unknown to CAD' >&2; exit 65; fi\n\
     printf '%s\\n' \"$input\" >> \"$OUT\"";
 
-fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
+pub(super) fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
         assert!(
@@ -768,7 +777,7 @@ fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
 }
 
 /// The sink's parked events (none before the relay made its cursor).
-fn parked_list(s: &Setup) -> Vec<Json> {
+pub(super) fn parked_list(s: &Setup) -> Vec<Json> {
     let out = common::run(&[
         "relay",
         "parked",

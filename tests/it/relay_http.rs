@@ -404,6 +404,7 @@ async fn drive(sink: &mut Sink, events: &[Event], batch: usize) -> Driven {
     while i < events.len() {
         let b = &events[i..(i + batch).min(events.len())];
         let cursor = CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: b[b.len() - 1].offset + 1,
         };
@@ -417,6 +418,7 @@ async fn drive(sink: &mut Sink, events: &[Event], batch: usize) -> Driven {
                 out.poisoned.push((events[i].offset, reason, response));
                 i += 1;
             }
+            Some(f @ Failure::Refused { .. }) => panic!("the http sink classes no refusal: {f:?}"),
         }
         assert!(out.retries.len() < 1000, "the sink never got through");
     }
@@ -609,6 +611,7 @@ fn a_receiver_that_does_not_answer_is_retried_after_timeout_ms_on_a_new_connecti
     let a = rt.block_on(sink.deliver(
         &evs,
         CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 3,
         },
@@ -627,6 +630,7 @@ fn a_receiver_that_does_not_answer_is_retried_after_timeout_ms_on_a_new_connecti
     let a = rt.block_on(sink.deliver(
         &evs[1..],
         CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 3,
         },
@@ -652,6 +656,7 @@ fn a_refused_connection_is_a_retry_naming_the_url() {
     let a = runtime().block_on(sink.deliver(
         &events(2),
         CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 2,
         },
@@ -705,6 +710,7 @@ fn https_verifies_the_receiver_against_ca_file_and_refuses_another_ca() {
     let a = rt.block_on(wrong.deliver(
         &evs,
         CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 5,
         },
@@ -733,6 +739,7 @@ fn https_verifies_the_receiver_against_ca_file_and_refuses_another_ca() {
     let a = rt.block_on(sink.deliver(
         &evs,
         CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 5,
         },

@@ -159,6 +159,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 const CURSOR: CursorAfter = CursorAfter {
+    store: [7; 16],
     generation: 1,
     next_after: 0,
 };
@@ -200,7 +201,9 @@ async fn deliver_all(
                 failures.push(error);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Some(f @ Failure::Poison { .. }) => panic!("unexpected poison: {f:?}"),
+            Some(f @ (Failure::Poison { .. } | Failure::Refused { .. })) => {
+                panic!("unexpected poison: {f:?}")
+            }
         }
     }
     (calls, failures)
@@ -446,6 +449,9 @@ fn mqtt5_refusal_from_a_broker_that_then_disconnects_parks_only_the_refused_even
                     assert_refused_0x87(f);
                     parked.push(batch[i].offset);
                     i += 1;
+                }
+                Some(f @ Failure::Refused { .. }) => {
+                    panic!("the mqtt sink classes no refusal: {f:?}")
                 }
             }
         }

@@ -67,6 +67,7 @@ fn events(offsets: std::ops::Range<u64>) -> Vec<Event> {
 
 fn cursor(next_after: u64) -> CursorAfter {
     CursorAfter {
+        store: [7; 16],
         generation: 0,
         next_after,
     }
@@ -78,12 +79,12 @@ fn redelivered_events_are_stored_once_and_the_cursor_is_stored_with_them() {
     let rt = runtime();
     let mut s = sink(&db, "cop_events");
     rt.block_on(async {
-        assert_eq!(s.stored_cursor().await.unwrap(), None);
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), None);
         assert_eq!(s.deliver(&events(0..5), cursor(5)).await, Attempt::all(5));
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(cursor(5)));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(cursor(5)));
         // A crash before the relay wrote its own cursor: the overlap comes again.
         assert_eq!(s.deliver(&events(3..8), cursor(8)).await, Attempt::all(5));
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(cursor(8)));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(cursor(8)));
         s.close().await;
     });
     assert_eq!(
@@ -91,8 +92,11 @@ fn redelivered_events_are_stored_once_and_the_cursor_is_stored_with_them() {
         "8|8"
     );
     assert_eq!(
-        db.sql("SELECT sink, next_offset, generation FROM replay_guard_sink_cursors"),
-        "cop-db|8|0"
+        db.sql(
+            "SELECT store_id, events_table, sink, next_offset, generation \
+             FROM replay_guard_relay_cursors"
+        ),
+        "07070707070707070707070707070707|public.cop_events|cop-db|8|0"
     );
     // The row holds the whole envelope as jsonb, and the columns taken from it.
     let e = event(6, "b");
@@ -112,11 +116,12 @@ fn redelivered_events_are_stored_once_and_the_cursor_is_stored_with_them() {
     // A later generation (an operator's rewind) is stored as given.
     rt.block_on(async {
         let rewound = CursorAfter {
+            store: [7; 16],
             generation: 1,
             next_after: 4,
         };
         assert_eq!(s.deliver(&events(2..4), rewound).await, Attempt::all(2));
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(rewound));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(rewound));
     });
     assert_eq!(db.sql("SELECT count(*) FROM cop_events"), "8");
 }
@@ -148,7 +153,7 @@ fn a_terminated_connection_is_replaced_and_nothing_is_lost_or_doubled() {
     });
     assert!(retries <= 1);
     rt.block_on(async {
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(cursor(20)));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(cursor(20)));
     });
     assert_eq!(
         db.sql("SELECT count(*), count(DISTINCT id) FROM cop_events"),
@@ -168,21 +173,29 @@ fn an_event_postgres_cannot_store_is_poison_and_the_events_before_it_are_deliver
         let a = s.deliver(&batch, cursor(5)).await;
         assert_eq!(a.delivered, 2, "{a:?}");
         match a.failure {
-            Some(Failure::Poison { reason, response }) => {
-                assert!(reason.contains("22P05"), "{reason}");
+            Some(Failure::Refused {
+                class,
+                reason,
+                response,
+            }) => {
+                assert_eq!(class, "SQLSTATE 22P05");
+                assert!(
+                    reason.contains("table public.cop_events refused"),
+                    "{reason}"
+                );
                 assert!(!response.is_empty());
             }
             other => panic!("{other:?}"),
         }
         // The cursor stops before the poisoned event: a crash before the runner parked it
         // shows it to the runner again, never skips it.
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(cursor(2)));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(cursor(2)));
         // Alone, it is poison at once; the rest goes through on the same connection.
         let alone = s.deliver(&batch[2..3], cursor(3)).await;
         assert_eq!(alone.delivered, 0);
-        assert!(matches!(alone.failure, Some(Failure::Poison { .. })));
+        assert!(matches!(alone.failure, Some(Failure::Refused { .. })));
         assert_eq!(s.deliver(&batch[3..], cursor(5)).await, Attempt::all(2));
-        assert_eq!(s.stored_cursor().await.unwrap(), Some(cursor(5)));
+        assert_eq!(s.stored_cursor([7; 16]).await.unwrap(), Some(cursor(5)));
     });
     assert_eq!(
         db.sql(
@@ -199,7 +212,7 @@ fn sinks_starting_together_create_the_tables_once_in_the_configured_schema() {
     let rt = runtime();
     let mut sinks: Vec<Sink> = (0..6).map(|_| sink(&db, "cop.events")).collect();
     rt.block_on(async {
-        let all = futures_join(sinks.iter_mut().map(|s| s.stored_cursor())).await;
+        let all = futures_join(sinks.iter_mut().map(|s| s.stored_cursor([7; 16]))).await;
         for r in all {
             assert_eq!(r.unwrap(), None);
         }
@@ -213,10 +226,10 @@ fn sinks_starting_together_create_the_tables_once_in_the_configured_schema() {
             "SELECT string_agg(table_schema || '.' || table_name, ',' ORDER BY table_name) \
              FROM information_schema.tables WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
         ),
-        "cop.events,cop.replay_guard_sink_cursors"
+        "cop.events,cop.replay_guard_relay_cursors"
     );
     assert_eq!(
-        db.sql("SELECT next_offset FROM cop.replay_guard_sink_cursors WHERE sink = 'cop-db'"),
+        db.sql("SELECT next_offset FROM cop.replay_guard_relay_cursors WHERE sink = 'cop-db'"),
         "3"
     );
 }
@@ -259,7 +272,7 @@ const KILLS: usize = 3;
 fn table_state(pg: &PgDb) -> (u64, u64, u64, u64) {
     let s = pg.sql(
         "SELECT count(*), count(DISTINCT id), coalesce(max(effect_offset) + 1, 0), \
-         (SELECT next_offset FROM replay_guard_sink_cursors WHERE sink = 'cop-db') \
+         (SELECT next_offset FROM replay_guard_relay_cursors WHERE sink = 'cop-db') \
          FROM cop_events",
     );
     let v: Vec<u64> = s.split('|').map(|x| x.parse().unwrap()).collect();
@@ -268,11 +281,11 @@ fn table_state(pg: &PgDb) -> (u64, u64, u64, u64) {
 
 /// The sink's cursor row in PostgreSQL (0 before its first delivery).
 fn pg_cursor(pg: &PgDb) -> u64 {
-    if pg.sql("SELECT to_regclass('replay_guard_sink_cursors') IS NULL") == "t" {
+    if pg.sql("SELECT to_regclass('replay_guard_relay_cursors') IS NULL") == "t" {
         return 0;
     }
     let s = pg.sql(
-        "SELECT coalesce((SELECT next_offset FROM replay_guard_sink_cursors WHERE sink = 'cop-db'), 0)",
+        "SELECT coalesce((SELECT next_offset FROM replay_guard_relay_cursors WHERE sink = 'cop-db'), 0)",
     );
     s.parse().unwrap()
 }

@@ -149,8 +149,13 @@ impl CopyTable for ToPg<'_> {
 
 impl PgStore {
     /// Copies every table of the redb snapshot `from` into this (empty) schema in one
-    /// transaction; refused if the schema already holds a decision.
-    pub fn copy_from_redb(&mut self, from: &Snapshot) -> Result<CopyReport, StoreError> {
+    /// transaction, at `now_ms`; refused if the schema already holds a decision. The copy's
+    /// identity is marked as a copy (`store::identity`).
+    pub fn copy_from_redb(
+        &mut self,
+        from: &Snapshot,
+        now_ms: u64,
+    ) -> Result<CopyReport, StoreError> {
         let schema = self.cfg.schema.clone();
         self.in_txn(|conn, _| {
             let meta = conn.query(
@@ -187,6 +192,22 @@ impl PgStore {
                     report: CopyReport::default(),
                 };
                 for_each_table(&mut copy)?;
+                // The schema is a copy: its first writer draws an id of its own.
+                let meta = META
+                    .read(txn)?
+                    .ok_or_else(|| META.missing("missing: not a replay-guard database"))?;
+                let marked = super::super::identity::copied(
+                    IDENTITY.read(txn)?,
+                    "migrate",
+                    now_ms,
+                    meta.next_effect,
+                );
+                if let Some(identity) = marked {
+                    conn.execute(
+                        &format!("UPDATE {schema}.meta SET record = $2 WHERE name = $1"),
+                        &[&IDENTITY.key(), &IDENTITY.encode(&identity)],
+                    )?;
+                }
                 Ok(copy.report)
             })
         })

@@ -160,6 +160,24 @@ impl PgStore {
                     true
                 }
             };
+            // Every store opened for writing has an id; a copy's first writer draws its own.
+            let identity = conn.query(
+                &format!("SELECT record FROM {schema}.meta WHERE name = $1"),
+                &[&IDENTITY.key()],
+            )?;
+            let stored = identity
+                .first()
+                .map(|row| IDENTITY.decode(row.get::<_, &[u8]>(0)))
+                .transpose()?;
+            if let Some(identity) = super::identity::settled(stored)? {
+                conn.execute(
+                    &format!(
+                        "INSERT INTO {schema}.meta (name, record) VALUES ($1, $2) \
+                         ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record"
+                    ),
+                    &[&IDENTITY.key(), &IDENTITY.encode(&identity)],
+                )?;
+            }
             Ok(MigrateReport {
                 from: found,
                 to: PG_SCHEMA_VERSION,

@@ -6,7 +6,7 @@
 
 /// Version of the PostgreSQL schema (its tables and columns); bump with a migration step in
 /// `migrations` and a CHANGELOG line.
-pub const PG_SCHEMA_VERSION: i32 = 1;
+pub const PG_SCHEMA_VERSION: i32 = 2;
 
 /// Each migration step: the DDL that takes version `i` to `i + 1` (`{s}` is the schema).
 const MIGRATIONS: &[&str] = &[
@@ -27,6 +27,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE {s}.sink_cursors (name text PRIMARY KEY, record bytea NOT NULL);
      CREATE TABLE {s}.sink_parked (name text NOT NULL, effect_offset bigint NOT NULL,
          record bytea NOT NULL, PRIMARY KEY (name, effect_offset));",
+    // 1 -> 2: the sinks' ledgers (issue 20).
+    "CREATE TABLE {s}.sink_ledger (name text NOT NULL, seq bigint NOT NULL,
+         record bytea NOT NULL, PRIMARY KEY (name, seq));",
 ];
 
 /// The DDL of step `from` -> `from + 1` in `schema`.
@@ -93,6 +96,10 @@ pub struct Sql {
     pub parked_range: String,
     pub parked_upsert: String,
     pub parked_delete_range: String,
+    pub parked_lowest: String,
+    pub ledger_range: String,
+    pub ledger_upsert: String,
+    pub ledger_delete_range: String,
     pub sink_lock: String,
     pub sink_xact_lock: String,
 }
@@ -206,6 +213,16 @@ impl Sql {
             ),
             parked_delete_range: f(
                 "DELETE FROM {s}.sink_parked WHERE name = $1 AND effect_offset BETWEEN $2 AND $3",
+            ),
+            parked_lowest: f("SELECT min(effect_offset) FROM {s}.sink_parked WHERE name = $1"),
+            ledger_range: f("SELECT seq, record FROM {s}.sink_ledger \
+                 WHERE name = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq"),
+            ledger_upsert: f(
+                "INSERT INTO {s}.sink_ledger (name, seq, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name, seq) DO UPDATE SET record = EXCLUDED.record",
+            ),
+            ledger_delete_range: f(
+                "DELETE FROM {s}.sink_ledger WHERE name = $1 AND seq BETWEEN $2 AND $3",
             ),
             sink_lock: format!(
                 "SELECT pg_try_advisory_lock({SINK_LOCK_CLASS}, hashtext('{s}/' || $1::text))"

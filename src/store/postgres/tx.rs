@@ -99,7 +99,7 @@ pub struct PgTx<'c> {
     new_audit: BTreeMap<u64, AuditRecord>,
 }
 
-fn decode_col<K: KeyText, R: serde::de::DeserializeOwned>(
+fn decode_col<K: KeyText, R: Record>(
     records: Records<K, R>,
     key: &K::SelfType<'_>,
     bytes: &[u8],
@@ -131,21 +131,14 @@ impl<'c> PgTx<'c> {
         })
     }
 
-    fn meta_record<T: serde::Serialize + serde::de::DeserializeOwned>(
-        &self,
-        entry: MetaEntry<T>,
-    ) -> Result<Option<T>, StoreError> {
+    fn meta_record<T: Record>(&self, entry: MetaEntry<T>) -> Result<Option<T>, StoreError> {
         self.meta
             .get(entry.key())
             .map(|b| Ok(entry.decode(b)?))
             .transpose()
     }
 
-    fn set_meta<T: serde::Serialize + serde::de::DeserializeOwned>(
-        &mut self,
-        entry: MetaEntry<T>,
-        record: &T,
-    ) {
+    fn set_meta<T: Record>(&mut self, entry: MetaEntry<T>, record: &T) {
         self.meta
             .insert(entry.key().to_string(), entry.encode(record));
         self.meta_dirty.insert(entry.key());
@@ -607,9 +600,64 @@ impl Tx for PgTx<'_> {
         for row in self.conn.query(&self.sql.cursors_all, &[])? {
             let name: String = row.get(0);
             let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
-            low = Some(low.map_or(rec.next, |l| l.min(rec.next)));
+            let parked = self.conn.query(&self.sql.parked_lowest, &[&name])?;
+            let first_parked = parked
+                .first()
+                .and_then(|r| r.get::<_, Option<i64>>(0))
+                .map(un);
+            let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
+            low = Some(low.map_or(needed, |l| l.min(needed)));
         }
         Ok(low)
+    }
+
+    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
+        self.meta_record(IDENTITY)
+    }
+
+    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
+        self.set_meta(IDENTITY, identity);
+        Ok(())
+    }
+
+    fn ledger(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, LedgerRecord)>, StoreError> {
+        let (lo, hi) = (bound(*range.start()), bound(*range.end()));
+        let mut out = Vec::new();
+        for row in self
+            .conn
+            .query(&self.sql.ledger_range, &[&name, &lo, &hi])?
+        {
+            let seq = un(row.get(0));
+            out.push((
+                seq,
+                decode_col(SINK_LEDGER, &(name, seq), row.get::<_, &[u8]>(1))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn put_ledger(
+        &mut self,
+        name: &str,
+        seq: u64,
+        record: &LedgerRecord,
+    ) -> Result<(), StoreError> {
+        self.conn.execute(
+            &self.sql.ledger_upsert,
+            &[&name, &db(seq), &SINK_LEDGER.encode(record)],
+        )?;
+        Ok(())
+    }
+
+    fn remove_ledger(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        let (lo, hi) = (bound(*range.start()), bound(*range.end()));
+        self.conn
+            .execute(&self.sql.ledger_delete_range, &[&name, &lo, &hi])?;
+        Ok(())
     }
 
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {

@@ -112,7 +112,7 @@ impl PgView {
 
     /// The record of `records` at `key`. Reads the next `CHUNK` rows of the table along with
     /// it (see `ahead`).
-    pub fn get<R: serde::de::DeserializeOwned>(
+    pub fn get<R: Record>(
         &self,
         records: Records<u64, R>,
         key: u64,
@@ -151,10 +151,7 @@ impl PgView {
             .transpose()
     }
 
-    pub fn meta_row<R: serde::Serialize + serde::de::DeserializeOwned>(
-        &self,
-        entry: MetaEntry<R>,
-    ) -> Result<Option<R>, StoreError> {
+    pub fn meta_row<R: Record>(&self, entry: MetaEntry<R>) -> Result<Option<R>, StoreError> {
         let sql = format!("SELECT record FROM {}.meta WHERE name = $1", self.schema);
         self.conn()
             .query(&sql, &[&entry.key()])?
@@ -164,7 +161,7 @@ impl PgView {
     }
 
     /// Streams the records of `records` from key `from` on, lowest first, until `f` breaks.
-    pub fn scan<R: serde::de::DeserializeOwned, E: From<StoreError>>(
+    pub fn scan<R: Record, E: From<StoreError>>(
         &self,
         records: Records<u64, R>,
         from: u64,
@@ -196,10 +193,7 @@ impl PgView {
     }
 
     /// Every record of `records` in key order (small tables: sources, bursts).
-    pub fn all<R: serde::de::DeserializeOwned>(
-        &self,
-        records: Records<u64, R>,
-    ) -> Result<Vec<R>, StoreError> {
+    pub fn all<R: Record>(&self, records: Records<u64, R>) -> Result<Vec<R>, StoreError> {
         let mut out = Vec::new();
         self.scan::<R, StoreError>(records, 0, |_, r| {
             out.push(r);
@@ -336,6 +330,29 @@ impl PgView {
             let o = un(row.get::<_, i64>(1));
             let rec = SINK_PARKED.decode(&(n.as_str(), o), row.get::<_, &[u8]>(2))?;
             out.push((n, o, rec));
+        }
+        Ok(out)
+    }
+
+    /// The ledger of sink `name`, by entry number (none in a schema not yet at version 2).
+    pub fn sink_ledger(&self, name: &str) -> Result<Vec<(u64, LedgerRecord)>, StoreError> {
+        let table = format!("{}.sink_ledger", self.schema);
+        let present = self
+            .conn()
+            .query("SELECT to_regclass($1) IS NOT NULL", &[&table])?
+            .first()
+            .is_some_and(|r| r.get::<_, bool>(0));
+        if !present {
+            return Ok(Vec::new());
+        }
+        let sql = format!("SELECT seq, record FROM {table} WHERE name = $1 ORDER BY seq");
+        let mut out = Vec::new();
+        for row in self.conn().query(&sql, &[&name])? {
+            let seq = un(row.get::<_, i64>(0));
+            out.push((
+                seq,
+                SINK_LEDGER.decode(&(name, seq), row.get::<_, &[u8]>(1))?,
+            ));
         }
         Ok(out)
     }
