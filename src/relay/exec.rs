@@ -219,3 +219,58 @@ enum Outcome {
     Retry(String),
     Refused(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stderr(bytes: &[u8], total: usize) -> Stderr {
+        Stderr {
+            kept: bytes[..bytes.len().min(STDERR_KEPT)].to_vec(),
+            total,
+        }
+    }
+
+    #[test]
+    fn short_stderr_is_shown_whole_trimmed_and_escaped() {
+        assert_eq!(stderr(b"", 0).text(), "");
+        assert_eq!(stderr(b" \n\n", 3).text(), "");
+        assert_eq!(
+            stderr(b"  unit E13\nunknown\x1b[0m\n", 23).text(),
+            ": unit E13\\nunknown\\u001b[0m"
+        );
+    }
+
+    #[test]
+    fn long_stderr_shows_its_head_and_counts_every_other_byte() {
+        let big = vec![b'e'; 300_000];
+        assert_eq!(
+            stderr(&big, big.len()).text(),
+            format!(
+                " (stderr: first 800 bytes shown, 299200 more dropped): {}",
+                "e".repeat(800)
+            )
+        );
+        // All kept, but escapes make it longer than the characters shown.
+        let bells = vec![7u8; 200];
+        let text = stderr(&bells, 200).text();
+        assert_eq!(
+            text,
+            format!(
+                " (stderr: first 133 bytes shown, 67 more dropped): {}",
+                "\\u0007".repeat(133)
+            )
+        );
+        // Trailing white space past the kept head is not known to be the end: it counts.
+        let mut tail = vec![b'x'; 10];
+        tail.extend_from_slice(&[b' '; 5000]);
+        assert_eq!(
+            stderr(&tail, tail.len()).text(),
+            format!(
+                " (stderr: first 800 bytes shown, 4210 more dropped): {}{}",
+                "x".repeat(10),
+                " ".repeat(790)
+            )
+        );
+    }
+}
