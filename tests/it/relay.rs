@@ -1,6 +1,7 @@
 //! The relay's core through the real binary, with the `exec` sink (a shell script as the
 //! receiver): every effect delivered with its stable id despite failing batches and `kill -9`
-//! of the relay; `run` with a sink; retention held by a lagging sink; `relay status`,
+//! of the relay; `run` with a sink; retention held by a lagging sink; a program writing 300 KB
+//! to stderr or leaving a child that holds it, decided by its exit; `relay status`,
 //! `parked`, `retry`, `rewind`, `forget` field by field, each action audited.
 
 use std::collections::{BTreeMap, HashSet};
