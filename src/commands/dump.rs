@@ -13,6 +13,7 @@ use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
 use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
+use crate::textsafe::printable;
 use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 /// How long `--follow` waits between two read snapshots.
@@ -513,17 +514,6 @@ pub(super) fn write_csv_row(
     }
     line.push_str("\r\n");
     out.write_all(line.as_bytes())
-}
-
-/// A producer-supplied string made safe for a terminal: control characters are shown escaped
-/// (JSON style, DEL as `\u007f`) so a crafted value cannot forge lines or colour the terminal.
-pub(super) fn printable(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    let mut quoted = String::new();
-    json::write_string(&mut quoted, s);
-    quoted[1..quoted.len() - 1].replace('\u{7f}', "\\u007f")
 }
 
 /// One table cell. Strings come from producers: control characters are shown escaped so a

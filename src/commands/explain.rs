@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use anyhow::anyhow;
 
 use super::Failure;
-use super::dump::{self, printable};
+use super::dump;
 use crate::cli::{ExplainArgs, ExplainFormat};
 use crate::filter::{FilterError, parse_key, parse_source, parse_u64};
 use crate::json::Json;
@@ -16,6 +16,7 @@ use crate::key::derive_key;
 use crate::model::{Outcome, Position, Source, hex};
 use crate::store::lookup::PositionState;
 use crate::store::{AuditEntry, Effect, QuarantineEntry, Snapshot, StoreError};
+use crate::textsafe::printable;
 use crate::timefmt::Zone;
 
 pub fn run(args: &ExplainArgs) -> Result<(), Failure> {

@@ -6,12 +6,13 @@ use std::io::{self, BufWriter, Write};
 use std::ops::ControlFlow;
 
 use super::Failure;
-use super::dump::{self, Row, printable, write_csv_row, write_table_row};
+use super::dump::{self, Row, write_csv_row, write_table_row};
 use crate::cli::{Format, GapsArgs};
 use crate::filter::parse_source;
 use crate::json::Json;
 use crate::rangeset::RangeSet;
 use crate::store::Snapshot;
+use crate::textsafe::printable;
 
 /// Seen sequences per (agency, source_id, epoch).
 type Seen = HashMap<(String, String, u64), RangeSet>;

@@ -367,8 +367,8 @@ impl Stats {
                 .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
             s.push_str(&format!(
                 "  {}/{}  high-water {}/{}  evicted floor {floor}\n",
-                crate::commands::dump::printable(&src.agency),
-                crate::commands::dump::printable(&src.source_id),
+                crate::textsafe::printable(&src.agency),
+                crate::textsafe::printable(&src.source_id),
                 src.high_water.0,
                 src.high_water.1
             ));

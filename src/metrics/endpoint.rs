@@ -1,8 +1,13 @@
 //! The metrics endpoint: `GET /metrics` on `[metrics] listen`, in the text format, served by
 //! hyper on a thread and runtime of its own, so that a scrape (which reads the store through a
-//! read-only handle, as `stats` does) never delays a commit or an acknowledgement. A few
-//! connections at a time, each closed after its answer and bounded in time. An address that
-//! cannot be bound is logged and tried again: metrics never stop the feed.
+//! read-only handle, as `stats` does) never delays a commit or an acknowledgement. An address
+//! that cannot be bound is logged and tried again: metrics never stop the feed.
+//!
+//! Slow clients cannot keep a scraper out: a client has `REQUEST_TIMEOUT` to send its request,
+//! at most `MAX_CONNECTIONS` are open at once, and a connection beyond those is not closed but
+//! left in the kernel's listen queue until one ends (within `REQUEST_TIMEOUT` for one that
+//! sends nothing), so a scraper waits its turn. Open sockets, request buffers
+//! (`MAX_REQUEST_BYTES`) and store reads at once (`MAX_SCRAPES`) are all bounded.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -13,8 +18,8 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 use super::Metrics;
 use crate::config::{Config, StoreLocation};
@@ -23,9 +28,18 @@ use crate::readings::Readings;
 use crate::store::{Reader, StoreError};
 use crate::timefmt::now_ms;
 
-/// Connections served at once; more are closed at once (a scraper needs one).
-const MAX_CONNECTIONS: usize = 4;
-/// A connection's whole life: request, store read, answer.
+/// Connections open at once, reading a request or answering it; more wait, unaccepted, in the
+/// listen queue. Each holds a socket and at most `MAX_REQUEST_BYTES` of buffer.
+const MAX_CONNECTIONS: usize = 64;
+/// From accepting a connection to its whole request head (a GET has no body); past it the
+/// connection is closed, so a client that sends nothing or a byte at a time frees its place.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// hyper's read buffer, so the longest request head (hyper answers 431 past it); hyper
+/// refuses a buffer under 8 KiB.
+const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// Scrapes reading the store at once (each on a blocking thread); more wait for a turn.
+const MAX_SCRAPES: usize = 4;
+/// A connection's whole life: request, a turn, store read, answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
 /// The store read of one scrape; past it the scrape answers without the store's gauges.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -135,7 +149,17 @@ async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Rece
     let addr = listener.local_addr().map_or(listen, |a| a);
     tracing::info!(%addr, "metrics endpoint listening on http://{addr}/metrics");
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let turns = Arc::new(Semaphore::new(MAX_SCRAPES));
     loop {
+        // A place first, then the connection: while all are taken, new connections wait in
+        // the kernel's listen queue (its backlog bounds them), not in this process.
+        let slot = tokio::select! {
+            _ = stopped.changed() => return,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return, // never closed
+            },
+        };
         let stream = tokio::select! {
             _ = stopped.changed() => return,
             accepted = listener.accept() => match accepted {
@@ -148,25 +172,54 @@ async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Rece
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue; // dropped: closed at once
-        };
-        let scrape = scrape.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let scrape = scrape.clone();
-                async move { Ok::<_, Infallible>(respond(&scrape, &req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .serve_connection(Io(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
-            drop(slot);
-        });
+        tokio::spawn(connection(stream, scrape.clone(), turns.clone(), slot));
     }
 }
 
-async fn respond(scrape: &Arc<Scrape>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+/// Serves one connection, one request, within its deadlines; `slot` is its place.
+async fn connection(
+    stream: TcpStream,
+    scrape: Arc<Scrape>,
+    turns: Arc<Semaphore>,
+    slot: OwnedSemaphorePermit,
+) {
+    let accepted = tokio::time::Instant::now();
+    let requested = Arc::new(Notify::new());
+    let service = {
+        let requested = requested.clone();
+        hyper::service::service_fn(move |req| {
+            // hyper calls the service once the request head is read.
+            requested.notify_one();
+            let scrape = scrape.clone();
+            let turns = turns.clone();
+            async move { Ok::<_, Infallible>(respond(&scrape, &turns, &req).await) }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(MAX_REQUEST_BYTES)
+        .serve_connection(Io(stream), service);
+    tokio::pin!(conn);
+    // hyper's own `header_read_timeout` needs a `hyper::rt::Timer` (hyper-util's, a crate
+    // this one does without); this is the same deadline, kept here.
+    let head = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        tokio::select! {
+            _ = &mut conn => false,
+            () = requested.notified() => true,
+        }
+    })
+    .await;
+    if matches!(head, Ok(true)) {
+        let _ = tokio::time::timeout_at(accepted + CONNECTION_TIMEOUT, conn).await;
+    }
+    drop(slot);
+}
+
+async fn respond(
+    scrape: &Arc<Scrape>,
+    turns: &Semaphore,
+    req: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, media: &'static str| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
@@ -184,6 +237,8 @@ async fn respond(scrape: &Arc<Scrape>, req: &Request<Incoming>) -> Response<Full
     }
     match req.uri().path() {
         "/metrics" => {
+            // Never closed; a scrape without a turn is still bounded by the reader's lock.
+            let _turn = turns.acquire().await.ok();
             let s = scrape.clone();
             let read = tokio::task::spawn_blocking(move || s.read_store());
             let readings = match tokio::time::timeout(READ_TIMEOUT, read).await {

@@ -27,6 +27,7 @@
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
+//!   a program's huge stderr or lingering child (decided by its exit, stderr kept escaped),
 //!   retention held by a lagging sink, `relay status|parked|retry|rewind|forget`.
 //! - `relay_loss`: the last hop's silent-loss paths closed: rewind only back, `relay skip`
 //!   audited, every offset below a cursor accounted for (`verify`, `relay status`), retries
@@ -54,7 +55,7 @@
 //!   CRITICAL from real conditions, UNKNOWN for an unreadable store, the line parsed.
 //! - `metrics`: the Prometheus endpoint scraped while `run` consumes a real feed through a
 //!   failover, and by a real Prometheus; `stats --format prometheus` through node_exporter's
-//!   textfile collector; promtool's lint; a taken port.
+//!   textfile collector; promtool's lint; a taken port; slow clients never keep a scraper out.
 //! - `backup`: online backups taken while `run` consumes a surge: each verifies, is a prefix
 //!   of the live record, restores; `run` undisturbed. Refusals (existing file, PostgreSQL).
 //! - `systemd`: both units (the service, the standalone relay) verify with an exposure of at

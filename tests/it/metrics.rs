@@ -2,7 +2,8 @@
 //! through a broker failover while the endpoint is scraped, and the counters move as the
 //! decisions do; a real Prometheus server scrapes the endpoint and answers queries on it;
 //! node_exporter's textfile collector reads `stats --format prometheus`; promtool lints both.
-//! A metrics port already taken leaves the feed flowing. Prometheus, promtool and
+//! A metrics port already taken leaves the feed flowing. Slow clients (silent or a byte at a
+//! time, more than the endpoint holds open) never get a scrape refused. Prometheus, promtool and
 //! node_exporter are Debian's, unpacked under target/tools by scripts/test.sh.
 
 use std::collections::BTreeMap;
@@ -423,4 +424,143 @@ fn stats_in_prometheus_format_reads_a_postgres_store_without_disk_gauges() {
         !text.contains("replay_guard_disk_free_bytes"),
         "the disk is the server's: {text}"
     );
+}
+
+/// A client that connects to 127.0.0.1:`port` and never finishes a request: silent, or
+/// `trickle` (a header line one byte every 100 ms). Each time the endpoint closes its
+/// connection it connects again, until `stop`. Its first connection counts in `arrived`.
+fn slow_client(
+    port: u16,
+    trickle: bool,
+    arrived: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let mut first = true;
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            if std::mem::take(&mut first) {
+                arrived.fetch_add(1, Ordering::Relaxed);
+            }
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            if trickle {
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ");
+            }
+            while !stop.load(Ordering::Relaxed) {
+                let open = if trickle {
+                    std::thread::sleep(Duration::from_millis(100));
+                    s.write_all(b"a").is_ok()
+                } else {
+                    // Ok(0) is the endpoint closing; a timeout is the connection still open.
+                    let mut byte = [0u8; 1];
+                    matches!(s.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut)
+                };
+                if !open {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+}
+
+/// Sockets the process `pid` holds open.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(Result::ok)
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Scrapes every 100 ms for `during`; returns the slowest answer, failing at a refusal.
+fn scrape_under_load(port: u16, during: Duration, pid: u32, open: &mut usize) -> Duration {
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while start.elapsed() < during {
+        let asked = Instant::now();
+        let page = get(port, "/metrics");
+        let took = asked.elapsed();
+        assert!(
+            page.is_some_and(|p| p.contains("replay_guard_store_readable 1")),
+            "a scrape was refused after {took:?}, {:?} into the slow clients",
+            start.elapsed()
+        );
+        slowest = slowest.max(took);
+        *open = (*open).max(sockets(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    slowest
+}
+
+#[test]
+fn slow_clients_holding_connections_open_do_not_keep_a_scraper_out() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let port = free_port();
+    let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-metrics-slow");
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    std::fs::write(&c.config, config).unwrap();
+    c.start();
+    let pid = c.pid().unwrap();
+    scrape(port);
+    let stop = Arc::new(AtomicBool::new(false));
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let all_connected = |n: usize| {
+        eventually(
+            Duration::from_secs(10),
+            "the slow clients connected",
+            || {
+                let k = arrived.load(Ordering::Relaxed);
+                (k >= n, k)
+            },
+        )
+    };
+    let mut clients = Vec::new();
+    let mut open = 0;
+    // 16 slow clients, silent and trickling, well under the endpoint's 64 connections: each
+    // scrape is answered at once, for longer than the 2 s a request may take to arrive (so
+    // the slow ones are cut off and come back meanwhile).
+    for i in 0..16 {
+        clients.push(slow_client(port, i % 2 == 1, arrived.clone(), stop.clone()));
+    }
+    all_connected(16);
+    let slowest = scrape_under_load(port, Duration::from_secs(5), pid, &mut open);
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a scrape took {slowest:?}"
+    );
+    // 80 more: more than the endpoint holds open. The excess waits in the listen queue, so
+    // a scrape waits for a turn (at most the request deadline, plus a turn or so), is never
+    // refused, and the process's open sockets stay bounded.
+    for i in 0..80 {
+        clients.push(slow_client(port, i % 2 == 1, arrived.clone(), stop.clone()));
+    }
+    all_connected(96);
+    let slowest = scrape_under_load(port, Duration::from_secs(6), pid, &mut open);
+    assert!(
+        slowest < Duration::from_secs(6),
+        "a scrape took {slowest:?}"
+    );
+    // 64 connections, the listener, the broker's, and a few of the store's and the runtime's.
+    assert!(open <= 64 + 8, "{open} sockets open at once");
+    stop.store(true, Ordering::Relaxed);
+    for t in clients {
+        t.join().unwrap();
+    }
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
 }

@@ -1,6 +1,7 @@
 //! The relay's core through the real binary, with the `exec` sink (a shell script as the
 //! receiver): every effect delivered with its stable id despite failing batches and `kill -9`
-//! of the relay; `run` with a sink; retention held by a lagging sink; `relay status`,
+//! of the relay; `run` with a sink; retention held by a lagging sink; a program writing 300 KB
+//! to stderr or leaving a child that holds it, decided by its exit; `relay status`,
 //! `parked`, `retry`, `rewind`, `forget` field by field, each action audited.
 
 use std::collections::{BTreeMap, HashSet};
@@ -993,4 +994,161 @@ fn a_sink_is_delivered_by_one_process_at_a_time() {
     s.ingest(8, 9);
     s.wait_received(9, Duration::from_secs(20));
     assert_eq!(stop(&mut third), Some(0));
+}
+
+/// The sink's cursor, once it has one.
+fn cursor(s: &Setup) -> Option<u64> {
+    let st = s.status(&s.config);
+    let script = st.get("script")?;
+    field(script, "cursor").parse().ok()
+}
+
+/// Times the receiver ran (the script counts its runs in `$STATE`).
+fn runs(s: &Setup) -> u64 {
+    std::fs::read_to_string(s.dir.join("count")).map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Counts the run, as the first thing the receiver does.
+const COUNT_RUN: &str = "n=$(cat \"$STATE\" 2>/dev/null || echo 0); echo $((n+1)) > \"$STATE\"";
+
+#[test]
+fn an_exec_program_writing_300_kb_to_stderr_is_delivered_once_and_not_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // More than a pipe holds (64 KiB) and more than any prefix the sink keeps: a sink that
+    // stops reading stderr leaves the program blocked until the timeout kills it.
+    let s = setup(
+        dir.path(),
+        &format!("{COUNT_RUN}\ncat >> \"$OUT\"\nhead -c 300000 /dev/zero | tr '\\0' e >&2\nexit 0"),
+        "batch_max = 100\ntimeout_ms = 3000",
+        "",
+    );
+    s.ingest(0, 10);
+    let mut relay = s.relay();
+    wait_until("the batch delivered", &s, || cursor(&s) == Some(10));
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+    assert_eq!(runs(&s), 1, "the batch was retried; log:\n{}", s.log());
+    assert_all_delivered(&s, true);
+    assert!(!s.log().contains("did not finish"), "{}", s.log());
+}
+
+#[test]
+fn an_exec_program_whose_background_child_keeps_stderr_open_is_decided_by_its_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let children = dir.path().join("children");
+    // The program exits 0 at once; the child it leaves behind holds the stderr pipe for 30 s,
+    // three times the attempt's timeout.
+    let s = setup(
+        dir.path(),
+        &format!(
+            "{COUNT_RUN}\ncat >> \"$OUT\"\nsleep 30 >&2 &\necho $! >> {:?}\nexit 0",
+            children.to_str().unwrap()
+        ),
+        "batch_max = 100\ntimeout_ms = 10000",
+        "",
+    );
+    /// Kills the children left behind, however the test ends.
+    struct Reap(PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for pid in std::fs::read_to_string(&self.0).unwrap_or_default().lines() {
+                let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+            }
+        }
+    }
+    let _reap = Reap(children);
+    s.ingest(0, 10);
+    let started = Instant::now();
+    let mut relay = s.relay();
+    wait_until("the batch delivered", &s, || cursor(&s) == Some(10));
+    let took = started.elapsed();
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+    assert!(
+        took < Duration::from_secs(8),
+        "delivered after {took:?}, near the 10 s timeout; log:\n{}",
+        s.log()
+    );
+    assert_eq!(runs(&s), 1, "the batch was retried; log:\n{}", s.log());
+    assert_all_delivered(&s, true);
+}
+
+/// `(shown, dropped)` from "(stderr: first SHOWN bytes shown, DROPPED more dropped)".
+fn stderr_counts(text: &str) -> (usize, usize) {
+    let rest = text
+        .split_once("(stderr: first ")
+        .unwrap_or_else(|| panic!("no stderr counts in {text:?}"))
+        .1;
+    let (shown, rest) = rest.split_once(" bytes shown, ").unwrap();
+    let dropped = rest.split_once(" more dropped)").unwrap().0;
+    (shown.parse().unwrap(), dropped.parse().unwrap())
+}
+
+/// A failure's kept stderr: one line, controls escaped, short, and every byte counted.
+fn assert_kept_stderr(text: &str, head: &str, stderr_len: usize) {
+    assert!(
+        !text.contains(['\u{1b}', '\r', '\n', '\u{7}']),
+        "a raw control character is kept: {text:?}"
+    );
+    assert!(
+        text.chars().count() < 1024,
+        "{} characters kept",
+        text.len()
+    );
+    let (shown, dropped) = stderr_counts(text);
+    assert_eq!(shown + dropped, stderr_len, "{text:?}");
+    let body = text.split_once(" more dropped): ").unwrap().1;
+    assert!(body.starts_with(head), "{body:?}");
+    // What follows the escaped head is the 'e's, as many as the shown bytes say.
+    let es = &body[head.len()..];
+    assert!(es.bytes().all(|b| b == b'e'), "{es:?}");
+    assert_eq!(es.len(), shown - 21, "{text:?}");
+}
+
+#[test]
+fn a_failing_exec_programs_huge_stderr_is_kept_short_escaped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    // 21 bytes with terminal controls, then 300,000 bytes: exit 3 (retry) until the test
+    // asks for 65 (refused: parked with the text as its response).
+    let s = setup(
+        dir.path(),
+        "cat > /dev/null\n\
+         printf 'first line\\n\\033[31mred\\r\\a' >&2\n\
+         head -c 300000 /dev/zero | tr '\\0' e >&2\n\
+         if [ -e \"$STATE.refuse\" ]; then exit 65; fi\nexit 3",
+        "timeout_ms = 3000",
+        "",
+    );
+    let head = "first line\\n\\u001b[31mred\\r\\u0007";
+    s.ingest(0, 1);
+    let mut relay = s.relay();
+    let error = || {
+        s.status(&s.config)
+            .get("script")
+            .map(|v| field(v, "last_error"))
+            .unwrap_or_default()
+    };
+    wait_until("the failure on record", &s, || {
+        error().contains("exited with exit status: 3")
+    });
+    let last_error = error();
+    assert!(
+        last_error.starts_with("/bin/sh exited with exit status: 3 (stderr: first "),
+        "{last_error:?}"
+    );
+    assert_kept_stderr(&last_error, head, 300_021);
+    std::fs::write(dir.path().join("count.refuse"), "").unwrap();
+    wait_until("the event parked", &s, || parked_list(&s).len() == 1);
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+    let response = field(&parked_list(&s)[0], "response");
+    assert!(
+        response.starts_with("exit status: 65 (stderr: first "),
+        "{response:?}"
+    );
+    assert_kept_stderr(&response, head, 300_021);
+    // The log lines carry the same escaped text.
+    let log = s.log();
+    assert!(
+        log.contains("more dropped): first line\\n\\u001b[31mred"),
+        "{log}"
+    );
+    assert!(!log.contains('\u{1b}'), "{log}");
 }
