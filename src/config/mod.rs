@@ -916,19 +916,16 @@ impl Config {
     }
 }
 
-/// The TLS files of an MQTT connection (`[mqtt]` or an mqtt `[[sink]]`), each checked
-/// readable; `tls_wanted`: an `mqtts://` broker, which needs `ca_file`.
+/// The TLS files of an MQTT connection (`[mqtt]` or an mqtt `[[sink]]`); `tls_wanted`: an
+/// `mqtts://` broker, which needs `ca_file`. The client is built here as the connection
+/// builds it (`crate::tls::verifying_client`), so an unreadable or empty CA file, and a
+/// client key that is not the certificate's, are refused when the config loads.
 fn tls_files(
     ca: Option<&PathBuf>,
     cert: Option<&PathBuf>,
     key: Option<&PathBuf>,
     tls_wanted: bool,
 ) -> Result<Option<TlsFiles>, String> {
-    let readable = |name: &str, p: &Path| {
-        std::fs::File::open(p)
-            .map(drop)
-            .map_err(|e| format!("{name} {}: {e}", p.display()))
-    };
     let Some(ca) = ca else {
         return if tls_wanted {
             Err("an mqtts:// broker needs ca_file (certificates are always verified)".into())
@@ -936,15 +933,15 @@ fn tls_files(
             Ok(None)
         };
     };
-    readable("ca_file", ca)?;
-    match (cert, key) {
-        (Some(c), Some(k)) => {
-            readable("client_cert_file", c)?;
-            readable("client_key_file", k)?;
-        }
-        (None, None) => {}
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some([
+            (c.as_path(), "client_cert_file"),
+            (k.as_path(), "client_key_file"),
+        ]),
+        (None, None) => None,
         _ => return Err("client_cert_file and client_key_file go together".into()),
-    }
+    };
+    crate::tls::verifying_client((ca, "ca_file"), identity)?;
     Ok(Some(TlsFiles {
         ca_file: ca.clone(),
         client_cert_file: cert.cloned(),

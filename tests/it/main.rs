@@ -19,7 +19,8 @@
 //!   broker whose PUBACKs arrive with the end of the connection.
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
-//! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
+//! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused; a
+//!   mismatched client certificate and key refused when the config loads.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `deb`: the Debian package built from the binary under test, read with dpkg-deb and

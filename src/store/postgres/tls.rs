@@ -299,10 +299,7 @@ impl PgTls {
         let mut client = match (&keys.cert, &keys.key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(c), Some(k)) => {
-                let (chain, key) = crate::tls::identity(c, k, "sslcert", "sslkey")?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| format!("sslcert/sslkey: {e}"))?
+                crate::tls::with_identity(builder, (c, "sslcert"), (k, "sslkey"))?
             }
             _ => return Err("sslcert and sslkey go together: give both or neither".into()),
         };
