@@ -6,7 +6,8 @@
 //! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
 //! - `bad_input`: malformed payloads through the real binary: quarantined, never a panic.
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
-//! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets.
+//! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets;
+//!   `check-config` on both backends with each sink kind.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
 //! - `db_file`: what may stand at `--db` (FIFO, device, empty file), the feed lock through
 //!   symlinks and hard links, file modes, no stray files after a failed open.
