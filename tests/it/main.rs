@@ -43,8 +43,8 @@
 //!   meanwhile), `run` started while the server is cut off (waits, SIGTERM), fail-fast
 //!   refusals at start.
 //! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
-//!   `sslmode`, wrong CA and host name refused in words, channel binding, a client
-//!   certificate, the postgres sink over verify-full.
+//!   `sslmode`, wrong CA and host name refused in words (`run`, `ingest` exit 1 at once),
+//!   channel binding, a client certificate, the postgres sink over verify-full and refused.
 //! - `pg_relay`: the relay on a PostgreSQL store: the same relay writes as on redb, one
 //!   deliverer per sink with the others standing by, relays and `run` members through kill -9s.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with

@@ -1,7 +1,7 @@
 //! A blocking PostgreSQL connection for the store thread: tokio-postgres driven by a
 //! current-thread runtime of its own (the store's callers are plain threads), its errors
-//! sorted into "the server is unreachable" (retry later, on a new connection) and "the
-//! server refused this" (a schema or data problem).
+//! sorted into "the server is unreachable" (retry later, on a new connection), "the server
+//! refused this" (a schema or data problem) and "TLS refused a certificate" (configuration).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use tokio_postgres::{Client, Row, Statement};
 
-use super::tls::{PgTls, parse_dsn};
+use super::tls::{HandshakeError, PgTls, parse_dsn};
 use crate::store::StoreError;
 
 /// The connection settings, parsed once; never printed (the dsn may hold a password).
@@ -178,8 +178,12 @@ impl Conn {
 }
 
 /// `Unreachable` for a lost or refused connection (and a server shutting down), `Postgres`
-/// for a statement the server refused.
+/// for a statement the server refused, `TlsRefused` for a certificate or host name the TLS
+/// handshake refused (a configuration error: no retry can mend it).
 pub fn classify(e: &tokio_postgres::Error) -> StoreError {
+    if HandshakeError::refusal_in(e).is_some() {
+        return StoreError::TlsRefused(describe(e));
+    }
     match e.as_db_error() {
         // 08: connection exception; 57P01..03: admin shutdown, crash shutdown, cannot connect
         // now; 53: insufficient resources (e.g. too many connections).
