@@ -347,7 +347,7 @@ fn check_config_accepts_each_backend_with_each_sink_kind_as_run_and_relay_do() {
     );
     let pg = format!(
         "[store]\nbackend = \"postgres\"\ndsn = \"host=127.0.0.1 port={pg_port} user=rg \
-         password=hunter2 dbname=eoc\"\nschema = \"rg_check\"\n"
+         password=hunter2 dbname=eoc\"\nschema = \"rg_check\"\nstatement_timeout_ms = 2000\n"
     );
     let feed = format!(
         "[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{mqtt_port}\"]\nclient_id = \"rg-check\"\n\

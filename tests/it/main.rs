@@ -41,7 +41,7 @@
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
 //!   terminating connections mid-surge, the server cut off (watchdog, STATUS and metrics
 //!   meanwhile), `run` started while the server is cut off (waits, SIGTERM), fail-fast
-//!   refusals at start.
+//!   refusals at start, a frozen proxy (a hung connection given up after its deadline).
 //! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
 //!   `sslmode`, wrong CA and host name refused in words (`run`, `ingest` exit 1 at once),
 //!   channel binding, a client certificate, the postgres sink over verify-full and refused.
