@@ -6,10 +6,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use tokio_rustls::rustls::client::WantsClientCert;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::{self, ClientConfig, ConfigBuilder, InconsistentKeys, RootCertStore};
 
 /// The crypto provider of every rustls client replay-guard makes: ring (the build links no
 /// other; see README "TLS").
@@ -30,13 +31,35 @@ pub fn verifying_client(
         .with_root_certificates(roots(ca_file, ca_key)?);
     match identity {
         None => Ok(builder.with_no_client_auth()),
-        Some([(cert, cert_key), (key, key_key)]) => {
-            let (chain, private) = self::identity(cert, key, cert_key, key_key)?;
-            builder
-                .with_client_auth_cert(chain, private)
-                .map_err(|e| format!("{cert_key}/{key_key}: {e}"))
-        }
+        Some([cert, key]) => with_identity(builder, cert, key),
     }
+}
+
+/// Finishes `builder` with the client certificate chain in `cert` and its private key in
+/// `key` (each with the setting that names it, for the errors). A key that is not the
+/// certificate's is refused here, naming both settings, so that a config naming a mismatched
+/// pair is refused when it loads rather than at the first handshake.
+pub fn with_identity(
+    builder: ConfigBuilder<ClientConfig, WantsClientCert>,
+    (cert, cert_key): (&Path, &str),
+    (key, key_key): (&Path, &str),
+) -> Result<ClientConfig, String> {
+    let (chain, private) = identity(cert, key, cert_key, key_key)?;
+    builder
+        .with_client_auth_cert(chain, private)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => format!(
+                "{cert_key} {} and {key_key} {} are not a pair: the key is not the one of the \
+                 certificate",
+                cert.display(),
+                key.display()
+            ),
+            e => format!(
+                "{cert_key} {} / {key_key} {}: {e}",
+                cert.display(),
+                key.display()
+            ),
+        })
 }
 
 /// Every certificate in the PEM file `path` as a trust anchor; `key` names the setting in

@@ -1,5 +1,6 @@
 //! `check-config`: validate a configuration for `run`, or for a standalone `relay` (sinks and
-//! no `[mqtt]`), without starting anything.
+//! no `[mqtt]`), without starting anything: on either backend, a redb file or a PostgreSQL
+//! schema, whose server is not contacted (the dsn is parsed and its certificate files read).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -7,11 +8,14 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use super::Failure;
-use crate::config::Config;
+use crate::config::{Config, StoreLocation};
 
 pub fn run(path: &Path) -> Result<(), Failure> {
     let config = Config::load(path)?;
-    let db = config.require_db()?;
+    let db = match config.location()? {
+        StoreLocation::File(db) => format!("database {}", db.display()),
+        StoreLocation::Postgres(pg) => format!("store {}, not contacted", pg.pg_config()?.target()),
+    };
     let metrics = config
         .metrics
         .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"));
@@ -32,10 +36,9 @@ pub fn run(path: &Path) -> Result<(), Failure> {
             .collect();
         let _ = writeln!(
             std::io::stdout(),
-            "{}: ok for `relay` (database {}, sinks {}, source {}{metrics}; no [mqtt], so not \
-             for `run`)",
+            "{}: ok for `relay` ({db}, sinks {}, source {}{metrics}; no [mqtt], so not for \
+             `run`)",
             path.display(),
-            db.display(),
             sinks.join(" "),
             config.relay.source
         );
@@ -45,9 +48,8 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
         std::io::stdout(),
-        "{}: ok (database {}, brokers {}, topics {}, protocol {:?}{})",
+        "{}: ok ({db}, brokers {}, topics {}, protocol {:?}{})",
         path.display(),
-        db.display(),
         brokers.join(" "),
         mqtt.topics.join(" "),
         mqtt.protocol,

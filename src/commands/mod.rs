@@ -130,7 +130,11 @@ impl From<crate::config::ConfigError> for Failure {
 
 impl From<crate::store::StoreError> for Failure {
     fn from(e: crate::store::StoreError) -> Self {
-        Failure::Runtime(e.into())
+        if e.is_config() {
+            Failure::Usage(e.into())
+        } else {
+            Failure::Runtime(e.into())
+        }
     }
 }
 
@@ -145,6 +149,7 @@ impl From<crate::service::ServiceError> for Failure {
     fn from(e: crate::service::ServiceError) -> Self {
         match e {
             crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
+            crate::service::ServiceError::Store(e) => e.into(),
             _ => Failure::Runtime(e.into()),
         }
     }

@@ -53,6 +53,8 @@ pub const BACKOFF_INITIAL_MS: Range = 10..=60_000;
 /// The lower end is `backoff_initial_ms`.
 pub const BACKOFF_MAX_MS: u64 = 600_000;
 pub const SHUTDOWN_TIMEOUT_SECONDS: Range = 1..=3_600;
+/// `[store] statement_timeout_ms`: 100 ms to 10 minutes per round trip to PostgreSQL.
+pub const STATEMENT_TIMEOUT_MS: Range = 100..=600_000;
 /// MQTT strings (topic filters) are at most 65,535 bytes.
 pub const MAX_TOPIC_FILTER_BYTES: usize = 65_535;
 
@@ -418,6 +420,7 @@ struct RawStore {
     dsn: Option<String>,
     dsn_file: Option<PathBuf>,
     schema: Option<String>,
+    statement_timeout_ms: Option<u64>,
 }
 impl Default for RawStore {
     fn default() -> Self {
@@ -428,6 +431,7 @@ impl Default for RawStore {
             dsn: None,
             dsn_file: None,
             schema: None,
+            statement_timeout_ms: None,
         }
     }
 }
@@ -455,6 +459,9 @@ pub struct PostgresStore {
     /// From `dsn` or `dsn_file`; never printed.
     pub dsn: Secret,
     pub schema: String,
+    /// `statement_timeout_ms`: how long any one round trip to the server may take before
+    /// the connection counts as lost.
+    pub statement_timeout: std::time::Duration,
 }
 
 /// Where the store is, as `Config::location` found it.
@@ -468,6 +475,7 @@ impl PostgresStore {
     /// The connection settings (parsed when the config was validated).
     pub fn pg_config(&self) -> Result<crate::store::postgres::PgConfig, ConfigError> {
         crate::store::postgres::PgConfig::parse(self.dsn.expose(), &self.schema)
+            .map(|c| c.with_statement_timeout(self.statement_timeout))
             .map_err(ConfigError::Invalid)
     }
 }
@@ -484,6 +492,7 @@ fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError> {
                 ("dsn", raw.dsn.is_some()),
                 ("dsn_file", raw.dsn_file.is_some()),
                 ("schema", raw.schema.is_some()),
+                ("statement_timeout_ms", raw.statement_timeout_ms.is_some()),
             ] {
                 if set {
                     return Err(invalid(format!(
@@ -526,9 +535,19 @@ fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError> {
                 return Err(invalid(format!("schema {schema:?} {why}")));
             }
             crate::store::postgres::PgConfig::parse(&dsn, &schema).map_err(invalid)?;
+            let timeout = crate::store::postgres::DEFAULT_STATEMENT_TIMEOUT;
+            let timeout_ms = raw
+                .statement_timeout_ms
+                .unwrap_or(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+            in_range(
+                "[store] statement_timeout_ms",
+                timeout_ms,
+                STATEMENT_TIMEOUT_MS,
+            )?;
             Ok(StoreBackend::Postgres(PostgresStore {
                 dsn: Secret(dsn),
                 schema,
+                statement_timeout: std::time::Duration::from_millis(timeout_ms),
             }))
         }
     }
@@ -916,19 +935,16 @@ impl Config {
     }
 }
 
-/// The TLS files of an MQTT connection (`[mqtt]` or an mqtt `[[sink]]`), each checked
-/// readable; `tls_wanted`: an `mqtts://` broker, which needs `ca_file`.
+/// The TLS files of an MQTT connection (`[mqtt]` or an mqtt `[[sink]]`); `tls_wanted`: an
+/// `mqtts://` broker, which needs `ca_file`. The client is built here as the connection
+/// builds it (`crate::tls::verifying_client`), so an unreadable or empty CA file, and a
+/// client key that is not the certificate's, are refused when the config loads.
 fn tls_files(
     ca: Option<&PathBuf>,
     cert: Option<&PathBuf>,
     key: Option<&PathBuf>,
     tls_wanted: bool,
 ) -> Result<Option<TlsFiles>, String> {
-    let readable = |name: &str, p: &Path| {
-        std::fs::File::open(p)
-            .map(drop)
-            .map_err(|e| format!("{name} {}: {e}", p.display()))
-    };
     let Some(ca) = ca else {
         return if tls_wanted {
             Err("an mqtts:// broker needs ca_file (certificates are always verified)".into())
@@ -936,15 +952,15 @@ fn tls_files(
             Ok(None)
         };
     };
-    readable("ca_file", ca)?;
-    match (cert, key) {
-        (Some(c), Some(k)) => {
-            readable("client_cert_file", c)?;
-            readable("client_key_file", k)?;
-        }
-        (None, None) => {}
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some([
+            (c.as_path(), "client_cert_file"),
+            (k.as_path(), "client_key_file"),
+        ]),
+        (None, None) => None,
         _ => return Err("client_cert_file and client_key_file go together".into()),
-    }
+    };
+    crate::tls::verifying_client((ca, "ca_file"), identity)?;
     Ok(Some(TlsFiles {
         ca_file: ca.clone(),
         client_cert_file: cert.cloned(),
@@ -1098,6 +1114,7 @@ mod tests {
             panic!("postgres expected")
         };
         assert_eq!(pg.schema, DEFAULT_PG_SCHEMA);
+        assert_eq!(pg.statement_timeout, std::time::Duration::from_secs(10));
         assert!(!format!("{c:?}").contains("hunter2"));
         let target = pg.pg_config().unwrap().target();
         assert_eq!(
@@ -1112,6 +1129,10 @@ mod tests {
                 "path belongs to backend = \"redb\"",
             ),
             ("dsn = \"host=h\"", "dsn belongs to backend = \"postgres\""),
+            (
+                "statement_timeout_ms = 500",
+                "statement_timeout_ms belongs to backend = \"postgres\"",
+            ),
             (
                 "backend = \"postgres\"\ndsn = \"host=h\"\nschema = \"Drop Table\"",
                 "lower-case SQL name",
@@ -1404,6 +1425,12 @@ mod tests {
             ("retention", "quarantine_max_age_days", RETENTION_DAYS, ""),
             ("retention", "quarantine_max_entries", RETENTION_ENTRIES, ""),
             (
+                "store",
+                "statement_timeout_ms",
+                STATEMENT_TIMEOUT_MS,
+                "backend = \"postgres\"\ndsn = \"host=h\"\n",
+            ),
+            (
                 "service",
                 "shutdown_timeout_seconds",
                 SHUTDOWN_TIMEOUT_SECONDS,
@@ -1447,7 +1474,7 @@ mod tests {
                 if table == "mqtt" {
                     format!("{MQTT_OK}{extra}{key} = {v}\n")
                 } else {
-                    format!("{MQTT_OK}{extra}[{table}]\n{key} = {v}\n")
+                    format!("{MQTT_OK}[{table}]\n{extra}{key} = {v}\n")
                 }
             };
             for ok in [*range.start(), *range.end()] {

@@ -24,7 +24,7 @@ use tokio_postgres::{Client, Statement};
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::PostgresSink as PostgresConfig;
 use crate::store::postgres::describe;
-use crate::store::postgres::tls::{PgTls, parse_dsn};
+use crate::store::postgres::tls::{HandshakeError, PgTls, parse_dsn};
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table, keyed
 /// by (store id, events table, sink name). (Before issue 20 the cursors were kept in
@@ -318,9 +318,33 @@ impl PostgresSink {
     }
 
     async fn connect(&self, deadline: Instant) -> Result<Conn, String> {
-        let (client, connection) = timed(deadline, self.config.connect(self.tls.clone()))
-            .await
-            .map_err(|e| format!("connecting to PostgreSQL ({}): {e}", self.server()))?;
+        let (client, connection) =
+            match timeout_at(deadline, self.config.connect(self.tls.clone())).await {
+                Ok(Ok(c)) => c,
+                // Not an outage: retried (a sink cannot stop the process), but said plainly.
+                Ok(Err(e)) if HandshakeError::refusal_in(&e).is_some() => {
+                    return Err(format!(
+                        "TLS to PostgreSQL ({}) refused: {}: a configuration error, not an \
+                         outage (fix the sink's dsn: host, sslrootcert, sslcert/sslkey; or the \
+                         server's certificate)",
+                        self.server(),
+                        describe(&e)
+                    ));
+                }
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "connecting to PostgreSQL ({}): {}",
+                        self.server(),
+                        describe(&e)
+                    ));
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "connecting to PostgreSQL ({}): no answer in time (timeout_ms)",
+                        self.server()
+                    ));
+                }
+            };
         let name = self.name.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {

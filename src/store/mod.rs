@@ -184,6 +184,21 @@ pub enum StoreError {
     /// The PostgreSQL server refused a statement.
     #[error("PostgreSQL refused a statement: {0}")]
     Postgres(String),
+    /// The TLS handshake with PostgreSQL refused a certificate or host name: a configuration
+    /// error (exit 1), never waited on as an outage.
+    #[error(
+        "PostgreSQL: {0}: a configuration error, not an outage (fix the dsn's host, \
+         sslrootcert or sslcert/sslkey, or the server's certificate)"
+    )]
+    TlsRefused(String),
+}
+
+impl StoreError {
+    /// Whether the operator must fix the configuration (exit 1) rather than the store or
+    /// its server (exit 2).
+    pub fn is_config(&self) -> bool {
+        matches!(self, StoreError::TlsRefused(_))
+    }
 }
 
 /// What every "database damaged" error tells the operator to do.

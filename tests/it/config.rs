@@ -1,6 +1,7 @@
 //! Configuration through the real binary: `check-config` and `run` share one validation, so a
 //! value `check-config` accepts never panics or misbehaves in `run`; `digest_ignore` pointers
-//! never overlap; broker URLs never carry (or print) credentials; reconnects always back off.
+//! never overlap; broker URLs never carry (or print) credentials; reconnects always back off;
+//! `check-config` takes either backend with each sink kind, as `run` and `relay` do.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -309,4 +310,130 @@ fn reconnects_back_off_between_every_attempt_even_with_zero_retries_per_broker()
         &log[..log.len().min(2000)]
     );
     assert!(failovers >= 2, "fails over between the two: {failovers}");
+}
+
+/// `run --config cfg` until its log says `line` (within 10 s), then SIGTERM: its exit code
+/// and log.
+fn run_until_logged(cfg: &Path, line: &str) -> (Option<i32>, String) {
+    let log_path = cfg.with_extension("log");
+    let mut child = Command::new(common::bin())
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let start = Instant::now();
+    while !log().contains(line) {
+        if start.elapsed() > Duration::from_secs(10) || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{line:?} not logged by run:\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(child.id() as i32, "TERM");
+    (wait_exit(&mut child, Duration::from_secs(10)), log())
+}
+
+#[test]
+fn check_config_accepts_each_backend_with_each_sink_kind_as_run_and_relay_do() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on either port: check-config contacts neither server nor broker.
+    let (pg_port, mqtt_port) = (free_port(), free_port());
+    let redb = format!(
+        "[store]\npath = {:?}\n",
+        dir.path().join("db.redb").to_str().unwrap()
+    );
+    let pg = format!(
+        "[store]\nbackend = \"postgres\"\ndsn = \"host=127.0.0.1 port={pg_port} user=rg \
+         password=hunter2 dbname=eoc\"\nschema = \"rg_check\"\nstatement_timeout_ms = 2000\n"
+    );
+    let feed = format!(
+        "[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{mqtt_port}\"]\nclient_id = \"rg-check\"\n\
+         topics = [\"incidents/#\"]\n"
+    );
+    let sinks = [
+        ("exec", "command = [\"/bin/cat\"]\n".to_string()),
+        (
+            "mqtt",
+            format!(
+                "broker = \"mqtt://127.0.0.1:{mqtt_port}\"\nclient_id = \"rg-check-cop\"\n\
+                 topic = \"cop/{{agency}}\"\n"
+            ),
+        ),
+        ("http", "url = \"http://127.0.0.1:9/events\"\n".to_string()),
+        (
+            "postgres",
+            format!(
+                "dsn = \"host=127.0.0.1 port={pg_port} user=rg dbname=cop\"\n\
+                 table = \"cop_events\"\n"
+            ),
+        ),
+    ];
+    for (backend, store, names) in [
+        (
+            "redb",
+            &redb,
+            "database ".to_string() + dir.path().join("db.redb").to_str().unwrap(),
+        ),
+        (
+            "postgres",
+            &pg,
+            format!("store postgresql 127.0.0.1:{pg_port}/eoc schema rg_check, not contacted"),
+        ),
+    ] {
+        for (kind, keys) in &sinks {
+            let sink = format!("[[sink]]\nname = \"cop\"\nkind = \"{kind}\"\n{keys}");
+            for (form, text, want) in [
+                (
+                    "run",
+                    format!("{store}{feed}{sink}"),
+                    format!(": ok ({names}, brokers "),
+                ),
+                (
+                    "relay",
+                    format!("{store}{sink}"),
+                    format!(": ok for `relay` ({names}, sinks cop ({kind})"),
+                ),
+            ] {
+                let cfg = dir.path().join(format!("{backend}-{kind}-{form}.toml"));
+                std::fs::write(&cfg, &text).unwrap();
+                let start = Instant::now();
+                let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(
+                    out.status.code(),
+                    Some(0),
+                    "{backend} {kind} {form}: {said}"
+                );
+                assert!(
+                    said.contains(&want),
+                    "{backend} {kind} {form}: {said} lacks {want}"
+                );
+                assert!(!said.contains("hunter2"), "{said}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{:?}",
+                    start.elapsed()
+                );
+            }
+        }
+    }
+    // `run` takes the same files: the redb one opens its file, the postgres one waits for
+    // its server (nobody listens), and both stop cleanly on SIGTERM.
+    for (backend, store, line) in [
+        ("redb", &redb, "database open"),
+        ("postgres", &pg, "PostgreSQL unreachable at start; retrying"),
+    ] {
+        let cfg = dir.path().join(format!("{backend}-run.toml"));
+        std::fs::write(&cfg, format!("{store}{feed}")).unwrap();
+        let (code, log) = run_until_logged(&cfg, line);
+        assert_eq!(code, Some(0), "{backend}: {log}");
+        assert!(!log.contains("hunter2"), "{log}");
+    }
 }

@@ -6,7 +6,8 @@
 //! - `faults`: fault-injecting redb backend: a failed write/sync leaves the previous state.
 //! - `bad_input`: malformed payloads through the real binary: quarantined, never a panic.
 //! - `cli`: exit codes, config errors, `ingest` and `dump-*` output field by field.
-//! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets.
+//! - `config`: every config range, shared by `check-config` and `run`; digest_ignore; secrets;
+//!   `check-config` on both backends with each sink kind.
 //! - `crash`: real `kill -9` of `ingest`, re-ingest, compare with a clean run.
 //! - `db_file`: what may stand at `--db` (FIFO, device, empty file), the feed lock through
 //!   symlinks and hard links, file modes, no stray files after a failed open.
@@ -19,7 +20,8 @@
 //!   broker whose PUBACKs arrive with the end of the connection.
 //! - `service`: `run` against real brokers: basic, failover replay, kill -9, SIGTERM, v5/3.1.1.
 //! - `fake_peer`: a scripted fake broker for a reconnect edge case (no stale PUBACK).
-//! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused.
+//! - `tls`: mqtts with a CA and client certificate made by openssl; wrong CA refused; a
+//!   mismatched client certificate and key refused when the config loads.
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `deb`: the Debian package built from the binary under test, read with dpkg-deb and
@@ -43,10 +45,10 @@
 //!   through kill -9s and a broker failover replay, an active/standby takeover, the server
 //!   terminating connections mid-surge, the server cut off (watchdog, STATUS and metrics
 //!   meanwhile), `run` started while the server is cut off (waits, SIGTERM), fail-fast
-//!   refusals at start.
+//!   refusals at start, a frozen proxy (a hung connection given up after its deadline).
 //! - `pg_tls`: TLS to PostgreSQL on a server of the test's own (initdb, its own CA): each
-//!   `sslmode`, wrong CA and host name refused in words, channel binding, a client
-//!   certificate, the postgres sink over verify-full.
+//!   `sslmode`, wrong CA and host name refused in words (`run`, `ingest` exit 1 at once),
+//!   channel binding, a client certificate, the postgres sink over verify-full and refused.
 //! - `pg_relay`: the relay on a PostgreSQL store: the same relay writes as on redb, one
 //!   deliverer per sink with the others standing by, relays and `run` members through kill -9s.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with

@@ -4,7 +4,9 @@
 //! the server terminating the member's connections mid-surge; the server cut off behind a
 //! proxy while the member keeps pinging the watchdog with an UNREACHABLE status; `run` started
 //! while the server is cut off (it waits, unsubscribed, and stops at once on SIGTERM), and
-//! what still fails at start (a newer schema; `ingest` with the server unreachable).
+//! what still fails at start (a newer schema; `ingest` with the server unreachable); the proxy
+//! frozen (no forwarding, sockets open): the hang is given up within the round trip's
+//! deadline, logged and shown, and the feed decided once after the thaw.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -704,13 +706,41 @@ fn postgres_connections_terminated_mid_surge_through_run_lose_nothing() {
     assert_verifies(&c.config);
 }
 
-/// A TCP proxy in front of the local PostgreSQL that the test can cut off: while down, every
-/// connection through it is closed and new ones are closed at once (the server is unreachable
-/// for whoever connects through it; nobody else is disturbed).
+/// A TCP proxy in front of the local PostgreSQL that the test can cut off or freeze. Cut:
+/// every connection through it is closed and new ones are closed at once (the server is
+/// unreachable for whoever connects through it; nobody else is disturbed). Frozen: it stops
+/// forwarding and accepting but closes nothing, as a proxy process stopped with SIGSTOP (the
+/// kernel still completes new TCP handshakes and buffers what is sent): the server stops
+/// answering, and no socket says so.
 struct PgProxy {
     port: u16,
     down: Arc<std::sync::atomic::AtomicBool>,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
     conns: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+/// Copies `from` to `to` until either ends, holding what it read while `frozen`.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    frozen: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read as _, Write as _};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        while frozen.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
 }
 
 impl PgProxy {
@@ -719,11 +749,15 @@ impl PgProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let conns = Arc::new(std::sync::Mutex::new(Vec::<TcpStream>::new()));
-        let (d, c) = (down.clone(), conns.clone());
+        let (d, f, c) = (down.clone(), frozen.clone(), conns.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
+                while f.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 if d.load(Ordering::SeqCst) {
                     continue; // dropped: closed at once
                 }
@@ -735,19 +769,29 @@ impl PgProxy {
                     list.push(client.try_clone().unwrap());
                     list.push(server.try_clone().unwrap());
                 }
-                for (mut from, mut to) in [
+                for (from, to) in [
                     (client.try_clone().unwrap(), server.try_clone().unwrap()),
                     (server, client),
                 ] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                    });
+                    let f = f.clone();
+                    std::thread::spawn(move || pump(from, to, &f));
                 }
             }
         });
-        PgProxy { port, down, conns }
+        PgProxy {
+            port,
+            down,
+            frozen,
+            conns,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
     }
 
     fn cut(&self) {
@@ -860,6 +904,123 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     );
     let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
     assert_exactly_once(&scan_effects(&dsn), &want);
+    assert_verifies(&c.config);
+}
+
+#[test]
+fn a_postgres_connection_that_stops_answering_is_given_up_logged_and_retried_and_each_message_decided_once()
+ {
+    const N: u64 = 2_000;
+    let (db, proxy, dir, broker, mut c) = member_behind_proxy("frozen", "rg-frozen");
+    let dsn = db.dsn();
+    // A 1 s deadline per round trip, a 2 s one per connection attempt, and the metrics.
+    let port = super::broker::free_port();
+    let config = std::fs::read_to_string(&c.config)
+        .unwrap()
+        .replacen("[mqtt]\n", "statement_timeout_ms = 1000\n[mqtt]\n", 1)
+        .replacen(
+            &format!("dbname={}\"", db.name),
+            &format!("dbname={} connect_timeout=2\"", db.name),
+            1,
+        )
+        + &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    assert!(config.contains("connect_timeout=2"), "{config}");
+    std::fs::write(&c.config, config).unwrap();
+    let unreachable = || {
+        let m = super::metrics::scrape(port).1;
+        super::metrics::value(&m, "replay_guard_store_unreachable")
+    };
+    let (sock_path, notes) = notify_socket(dir.path());
+    // A 2 s watchdog: a ping, with the STATUS, every second.
+    c.start_env(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+        ("WATCHDOG_USEC", "2000000"),
+    ]);
+    wait_log(&c, "session_present", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    broker.publish_lines(TOPIC, &events(0, 1_000), "pub-frozen");
+    wait_counts(&dsn, Duration::from_secs(30), "first commits", |_, e| {
+        e >= 1_000
+    });
+    let mark = c.log_text().len();
+    proxy.freeze();
+    let frozen_at = Instant::now();
+    // The next batch's round trips reach a proxy that takes them and never answers.
+    broker.publish_lines(TOPIC, &events(1_000, N), "pub-frozen");
+    let start = Instant::now();
+    while !c.log_text()[mark..].contains("PostgreSQL unreachable") {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no word of the hang 10 s after the freeze:\n{}",
+            &c.log_text()[mark..]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let logged = frozen_at.elapsed();
+    eprintln!("proxy frozen -> `PostgreSQL unreachable` logged after {logged:?}");
+    let log = c.log_text()[mark..].to_string();
+    assert!(
+        log.contains("did not answer within 1000 ms ([store] statement_timeout_ms)"),
+        "{log}"
+    );
+    assert!(logged < Duration::from_secs(5), "{logged:?}");
+    super::metrics::eventually(Duration::from_secs(5), "unreachable gauge", || {
+        let v = unreachable();
+        (v == 1.0, v)
+    });
+    let status = "STATUS=PostgreSQL UNREACHABLE since";
+    super::metrics::eventually(Duration::from_secs(5), "STATUS", || {
+        let seen: Vec<String> = notes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| *t > frozen_at)
+            .map(|(_, m)| m.clone())
+            .collect();
+        (
+            seen.iter()
+                .any(|m| m.starts_with("WATCHDOG=1") && m.contains(status)),
+            seen,
+        )
+    });
+    if let Some(exit) = c.exited() {
+        panic!("run exited: {exit}\n{}", c.log_text());
+    }
+    assert_eq!(
+        counts(&dsn).unwrap().1,
+        1_000,
+        "committed through a frozen proxy?"
+    );
+
+    proxy.thaw();
+    let thawed = Instant::now();
+    wait_counts(&dsn, Duration::from_secs(30), "all applied", |_, e| e >= N);
+    eprintln!(
+        "proxy thawed -> all {N} applied after {:?}",
+        thawed.elapsed()
+    );
+    super::metrics::eventually(Duration::from_secs(10), "reachable again", || {
+        let v = unreachable();
+        (v == 0.0, v)
+    });
+    wait_quiet(&dsn, Duration::from_millis(500), Duration::from_secs(20));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+    assert!(
+        c.log_text()[mark..].contains("PostgreSQL reachable again"),
+        "{}",
+        c.log_text()
+    );
+    let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
+    assert_exactly_once(&scan_effects(&dsn), &want);
+    // Each delivery decided: applied once, and a redelivery of what an unanswered commit
+    // had landed is a duplicate, never a second application.
+    let o = outcomes(&scan_audit(&dsn));
+    assert_eq!(o.get(&Outcome::Applied).copied().unwrap_or(0), N, "{o:?}");
+    assert!(
+        o.keys()
+            .all(|k| matches!(k, Outcome::Applied | Outcome::Duplicate)),
+        "{o:?}"
+    );
     assert_verifies(&c.config);
 }
 

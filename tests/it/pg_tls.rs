@@ -3,9 +3,10 @@
 //! 127.0.0.1 signed by a CA made with openssl; stopped (`-m immediate`) when the guard goes.
 //! The shared server on 5432 is not touched. Each `sslmode`: verify-full commits a feed
 //! through `ingest` and `verify` passes, another CA and another host name are refused in
-//! words, require takes any certificate, require against a server without TLS fails, prefer
+//! words (`run` and `ingest` exit 1 at once: a configuration error, not an outage to wait
+//! for), require takes any certificate, require against a server without TLS fails, prefer
 //! and disable; a SCRAM password bound to the channel; a client certificate; the relay's
-//! postgres sink over verify-full. Whether a session is encrypted is read from the server's
+//! postgres sink over verify-full, and its refusals said as such. Whether a session is encrypted is read from the server's
 //! `pg_stat_ssl`, not assumed.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -286,7 +287,7 @@ fn pg_tls_verify_full_with_another_ca_is_refused_in_words_without_the_password()
     let cfg = store_config(pki.path(), &dsn);
     let out = common::run(&["verify", "--config", cfg.to_str().unwrap()]);
     let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert_eq!(out.status.code(), Some(1), "a configuration error: {said}");
     assert!(
         said.contains(&format!(
             "not trusted by sslrootcert {}",
@@ -437,5 +438,150 @@ fn pg_tls_the_relay_postgres_sink_delivers_over_verify_full() {
              WHERE a.application_name = 'replay-guard sink cop-db'"
         ),
         "t"
+    );
+}
+
+/// The two refusals of a `verify-full` dsn to `server`: (what, dsn, words the error carries).
+fn refused_dsns(
+    server: &PgServer,
+    ca: &Path,
+    other_ca: &Path,
+) -> [(&'static str, String, String); 2] {
+    [
+        (
+            "another CA",
+            server.dsn(&format!(
+                "password=hunter2 sslmode=verify-full sslrootcert={}",
+                other_ca.display()
+            )),
+            format!("not trusted by sslrootcert {}", other_ca.display()),
+        ),
+        (
+            "another host name",
+            // TCP to 127.0.0.1, but the name checked is localhost: the certificate names the IP.
+            format!(
+                "host=localhost hostaddr=127.0.0.1 port={} user=postgres password=hunter2 \
+                 dbname=postgres connect_timeout=5 sslmode=verify-full sslrootcert={}",
+                server.port,
+                ca.display()
+            ),
+            "host name mismatch: the server's certificate is not valid for localhost".into(),
+        ),
+    ]
+}
+
+#[test]
+fn pg_tls_a_refused_certificate_or_host_name_makes_run_and_ingest_exit_1_at_once_naming_it() {
+    let pki = pki("rg-pg-ca");
+    let other = self::pki("someone-else");
+    let server = PgServer::start(Some(pki.path()));
+    let dir = tempfile::tempdir().unwrap();
+    // No broker listens: `run` must stop before it would connect to one.
+    let mqtt = format!(
+        "[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{}\"]\nclient_id = \"rg-tls-refused\"\n\
+         topics = [\"t/#\"]\n",
+        free_port()
+    );
+    let ca = pki.path().join("ca.pem");
+    for (what, dsn, words) in refused_dsns(&server, &ca, &other.path().join("ca.pem")) {
+        let cfg = store_config(dir.path(), &dsn);
+        let store = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, format!("{store}{mqtt}")).unwrap();
+        let cfg = cfg.to_str().unwrap();
+        let start = Instant::now();
+        let mut child = Command::new(common::bin())
+            .args(["run", "--config", cfg])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "{what}: run still waits after 20 s:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = start.elapsed();
+        let mut log = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+        eprintln!("{what}: run exited {status} after {took:?}");
+        assert_eq!(status.code(), Some(1), "{what}: {log}");
+        assert!(log.contains(&words), "{what}: {log}");
+        assert!(log.contains("a configuration error"), "{what}: {log}");
+        assert!(!log.contains("unreachable"), "{what}: {log}");
+        assert!(!log.contains("hunter2"), "{what}: {log}");
+        assert!(took < Duration::from_secs(10), "{what}: {took:?}");
+
+        let start = Instant::now();
+        let out = common::run_with_stdin(
+            &["ingest", "--config", cfg, "-"],
+            (common::msg("fd", "e1", 1, 1, "x") + "\n").as_bytes(),
+        );
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{what}: {said}");
+        assert!(said.contains(&words), "{what}: {said}");
+        assert!(
+            !said.contains("try again once the server answers"),
+            "{what}: {said}"
+        );
+        assert!(!said.contains("hunter2"), "{what}: {said}");
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+    }
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'rg_tls'"),
+        "0",
+        "nothing was made through a refused handshake"
+    );
+}
+
+#[test]
+fn pg_tls_the_postgres_sink_says_a_refused_certificate_or_host_name_is_a_configuration_error() {
+    use replay_guard::relay::{CursorAfter, Failure, Sink};
+    let pki = pki("rg-pg-ca");
+    let other = self::pki("someone-else");
+    let server = PgServer::start(Some(pki.path()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ca = pki.path().join("ca.pem");
+    for (what, dsn, words) in refused_dsns(&server, &ca, &other.path().join("ca.pem")) {
+        let config = Config::parse(&format!(
+            "[[sink]]\nname = \"cop-db\"\nkind = \"postgres\"\ndsn = {dsn:?}\n\
+             table = \"cop_events\"\ntimeout_ms = 5000\n"
+        ))
+        .unwrap();
+        let mut sink = Sink::new(&config.relay.sinks[0]).unwrap();
+        let batch: Vec<_> = (0..3).map(|o| super::relay_pg::event(o, "b")).collect();
+        let cursor = CursorAfter {
+            store: [7; 16],
+            generation: 0,
+            next_after: 3,
+        };
+        let attempt = rt.block_on(sink.deliver(&batch, cursor));
+        assert_eq!(attempt.delivered, 0, "{what}");
+        // A sink cannot stop the process: it retries, and says why in words.
+        let Some(Failure::Retry { error, .. }) = attempt.failure else {
+            panic!("{what}: {:?}", attempt.failure)
+        };
+        assert!(error.contains(&words), "{what}: {error}");
+        assert!(error.contains("TLS to PostgreSQL"), "{what}: {error}");
+        assert!(
+            error.contains("a configuration error, not an outage"),
+            "{what}: {error}"
+        );
+        assert!(!error.contains("hunter2"), "{what}: {error}");
+    }
+    assert_eq!(
+        server.psql("SELECT count(*) FROM pg_class WHERE relname = 'cop_events'"),
+        "0"
     );
 }

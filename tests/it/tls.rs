@@ -1,6 +1,8 @@
 //! MQTT over TLS with a CA and a client certificate made in the test (openssl): the consumer
 //! verifies the broker and authenticates with its certificate (mTLS); a consumer trusting
-//! another CA never gets a delivery.
+//! another CA never gets a delivery; a client key that is not its certificate's is refused
+//! when the config loads (`check-config`, and `run` before it opens the database), in
+//! `[mqtt]` and in an `mqtt` sink.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -202,4 +204,108 @@ fn tls_clients_are_built_on_ring_without_a_process_default_provider() {
         CryptoProvider::get_default().is_none(),
         "a process-default crypto provider was installed"
     );
+}
+
+/// A config whose MQTT client certificate and key come from different pairs (the client's
+/// certificate, the server's key), in `[mqtt]` or in an `mqtt` `[[sink]]` (beside a plain
+/// `[mqtt]`, so that `run` takes the file). No broker listens: nothing gets that far.
+fn mismatched_pair_configs(dir: &Path, pki: &Path) -> [(std::path::PathBuf, &'static str); 2] {
+    let files = format!(
+        "ca_file = {:?}\nclient_cert_file = {:?}\nclient_key_file = {:?}\n",
+        pki.join("ca.pem").to_str().unwrap(),
+        pki.join("client.pem").to_str().unwrap(),
+        pki.join("server.key").to_str().unwrap(),
+    );
+    let store = format!(
+        "[store]\npath = {:?}\n",
+        dir.join("rg.redb").to_str().unwrap()
+    );
+    let feed = format!(
+        "[mqtt]\nbrokers = [\"mqtts://127.0.0.1:{}\"]\nclient_id = \"rg-pair\"\ntopics = [\"t/#\"]\n",
+        free_port()
+    );
+    let feed_cfg = dir.join("feed.toml");
+    std::fs::write(&feed_cfg, format!("{store}{feed}{files}")).unwrap();
+    let sink_cfg = dir.join("sink.toml");
+    std::fs::write(
+        &sink_cfg,
+        format!(
+            "{store}[mqtt]\nbrokers = [\"mqtt://127.0.0.1:{}\"]\nclient_id = \"rg-pair\"\n\
+             topics = [\"t/#\"]\n[[sink]]\nname = \"cop\"\nkind = \"mqtt\"\n\
+             broker = \"mqtts://127.0.0.1:{}\"\nclient_id = \"rg-pair-sink\"\n\
+             topic = \"cop/{{agency}}\"\n{files}",
+            free_port(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    [(feed_cfg, "[mqtt]"), (sink_cfg, "[[sink]] \"cop\"")]
+}
+
+#[test]
+fn check_config_refuses_a_client_key_that_is_not_the_certificates_in_mqtt_and_in_an_mqtt_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    make_pki(dir.path(), "rg-pair-ca");
+    for (cfg, section) in mismatched_pair_configs(dir.path(), dir.path()) {
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{section}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        for want in [
+            section,
+            &format!(
+                "client_cert_file {}",
+                dir.path().join("client.pem").display()
+            ),
+            &format!(
+                "client_key_file {}",
+                dir.path().join("server.key").display()
+            ),
+            "are not a pair",
+        ] {
+            assert!(err.contains(want), "{section}: {err} lacks {want}");
+        }
+    }
+    // The matching pair passes, in both places.
+    for (cfg, section) in mismatched_pair_configs(dir.path(), dir.path()) {
+        let text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("server.key", "client.key");
+        std::fs::write(&cfg, text).unwrap();
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{section}: {out:?}");
+    }
+}
+
+#[test]
+fn run_refuses_a_client_key_that_is_not_the_certificates_before_opening_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    make_pki(dir.path(), "rg-pair-ca");
+    for (cfg, section) in mismatched_pair_configs(dir.path(), dir.path()) {
+        let mut child = Command::new(common::bin())
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("{section}: run did not refuse the pair within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{section}: {err}");
+        assert!(err.contains("are not a pair"), "{section}: {err}");
+        assert!(
+            !dir.path().join("rg.redb").exists(),
+            "{section}: the database was opened (created) before the refusal: {err}"
+        );
+    }
 }

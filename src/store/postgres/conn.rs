@@ -1,15 +1,20 @@
 //! A blocking PostgreSQL connection for the store thread: tokio-postgres driven by a
 //! current-thread runtime of its own (the store's callers are plain threads), its errors
-//! sorted into "the server is unreachable" (retry later, on a new connection) and "the
-//! server refused this" (a schema or data problem).
+//! sorted into "the server is unreachable" (retry later, on a new connection), "the server
+//! refused this" (a schema or data problem) and "TLS refused a certificate" (configuration).
+//! Every round trip has a deadline (`[store] statement_timeout_ms`), and so has the whole
+//! connection attempt (the dsn's `connect_timeout`): a server or proxy that stops answering
+//! without closing the connection is a lost connection, not a silent stall.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
 use tokio_postgres::{Client, Row, Statement};
 
-use super::tls::{PgTls, parse_dsn};
+use super::tls::{HandshakeError, PgTls, parse_dsn};
 use crate::store::StoreError;
 
 /// The connection settings, parsed once; never printed (the dsn may hold a password).
@@ -20,7 +25,17 @@ pub struct PgConfig {
     tls: PgTls,
     /// The schema holding replay-guard's tables.
     pub schema: String,
+    /// How long any one round trip may take (`[store] statement_timeout_ms`).
+    statement_timeout: Duration,
 }
+
+/// `[store] statement_timeout_ms` when not given.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `connect_timeout` when the dsn gives none (it bounds each host's whole attempt).
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// tokio-postgres's `keepalives_idle` default (2 h, the kernel's): replaced unless the dsn
+/// asks for it.
+const STOCK_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 
 impl std::fmt::Debug for PgConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,13 +60,44 @@ impl PgConfig {
             config.application_name("replay-guard");
         }
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(std::time::Duration::from_secs(10));
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        // Our side's keepalives, as the server's (`Conn::connect`): a cut link ends the
+        // connection within about 25 s even while no round trip is waiting, unless the dsn
+        // chose otherwise. (A peer whose kernel still answers, a frozen proxy, is caught by
+        // the round trip's deadline instead.)
+        if config.get_keepalives_idle() == STOCK_KEEPALIVES_IDLE {
+            config.keepalives_idle(Duration::from_secs(10));
+        }
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(Duration::from_secs(5));
+        }
+        if config.get_keepalives_retries().is_none() {
+            config.keepalives_retries(3);
         }
         Ok(PgConfig {
             config,
             tls,
             schema: schema.to_string(),
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
         })
+    }
+
+    /// The deadline of every round trip (`[store] statement_timeout_ms`).
+    pub fn with_statement_timeout(mut self, timeout: Duration) -> PgConfig {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// How long a whole connection attempt may take: the dsn's `connect_timeout` (as in
+    /// libpq, it bounds TLS and the log-in too) for each host.
+    fn connect_deadline(&self) -> Duration {
+        let hosts = u32::try_from(self.config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+        self.config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+            .saturating_mul(hosts)
     }
 
     /// Where it connects, for messages: host(s), port and database, never the password.
@@ -87,6 +133,11 @@ pub struct Conn {
     /// Relay sinks whose session-level advisory lock this connection's session holds (taken
     /// by `PgTx::claim_sink`; they end with the session, so a new connection starts empty).
     sink_locks: RefCell<HashSet<String>>,
+    /// The deadline of each round trip.
+    statement_timeout: Duration,
+    /// Set when a round trip missed its deadline: the session's state is unknown (a request
+    /// may still be on its way), so the connection is never used again.
+    given_up: Cell<bool>,
 }
 
 impl Conn {
@@ -95,8 +146,18 @@ impl Conn {
             .enable_all()
             .build()
             .map_err(|e| StoreError::Unreachable(format!("cannot start a runtime: {e}")))?;
+        let within = cfg.connect_deadline();
         let (client, connection) = rt
-            .block_on(cfg.config.connect(cfg.tls.clone()))
+            .block_on(async {
+                tokio::time::timeout(within, cfg.config.connect(cfg.tls.clone())).await
+            })
+            .map_err(|_| {
+                StoreError::Unreachable(format!(
+                    "{} did not complete the connection within {} ms (connect_timeout)",
+                    cfg.target(),
+                    within.as_millis()
+                ))
+            })?
             .map_err(|e| classify(&e))?;
         // Driven whenever a query is (the runtime runs only inside `block_on`).
         rt.spawn(async move {
@@ -110,6 +171,8 @@ impl Conn {
             prepared: RefCell::new(HashMap::new()),
             target: cfg.target(),
             sink_locks: RefCell::new(HashSet::new()),
+            statement_timeout: cfg.statement_timeout,
+            given_up: Cell::new(false),
         };
         // `CREATE ... IF NOT EXISTS` on every start must not log a NOTICE each time. The
         // keepalives let the server notice within about 25 s a member that vanished (a cut
@@ -138,13 +201,42 @@ impl Conn {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.given_up.get() || self.client.is_closed()
+    }
+
+    /// Runs one round trip to its answer or its deadline. A missed deadline is a lost
+    /// connection (`Unreachable`): the caller drops this one and retries on a new one, as
+    /// after a closed socket; a COMMIT among them has an unknown outcome, as then.
+    fn round_trip<T>(
+        &self,
+        f: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        if self.given_up.get() {
+            return Err(StoreError::Unreachable(format!(
+                "the connection to {} was given up after a missed deadline",
+                self.target
+            )));
+        }
+        let within = self.statement_timeout;
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(within, f).await })
+        {
+            Ok(r) => r.map_err(|e| classify(&e)),
+            Err(_) => {
+                self.given_up.set(true);
+                Err(StoreError::Unreachable(format!(
+                    "{} did not answer within {} ms ([store] statement_timeout_ms): the \
+                     connection is given up",
+                    self.target,
+                    within.as_millis()
+                )))
+            }
+        }
     }
 
     pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
-        self.rt
-            .block_on(self.client.batch_execute(sql))
-            .map_err(|e| classify(&e))
+        self.round_trip(self.client.batch_execute(sql))
     }
 
     /// The prepared statement for `sql` (prepared on first use).
@@ -152,10 +244,7 @@ impl Conn {
         if let Some(st) = self.prepared.borrow().get(sql) {
             return Ok(st.clone());
         }
-        let st = self
-            .rt
-            .block_on(self.client.prepare(sql))
-            .map_err(|e| classify(&e))?;
+        let st = self.round_trip(self.client.prepare(sql))?;
         self.prepared
             .borrow_mut()
             .insert(sql.to_string(), st.clone());
@@ -164,22 +253,22 @@ impl Conn {
 
     pub fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
         let st = self.statement(sql)?;
-        self.rt
-            .block_on(self.client.query(&st, params))
-            .map_err(|e| classify(&e))
+        self.round_trip(self.client.query(&st, params))
     }
 
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         let st = self.statement(sql)?;
-        self.rt
-            .block_on(self.client.execute(&st, params))
-            .map_err(|e| classify(&e))
+        self.round_trip(self.client.execute(&st, params))
     }
 }
 
 /// `Unreachable` for a lost or refused connection (and a server shutting down), `Postgres`
-/// for a statement the server refused.
+/// for a statement the server refused, `TlsRefused` for a certificate or host name the TLS
+/// handshake refused (a configuration error: no retry can mend it).
 pub fn classify(e: &tokio_postgres::Error) -> StoreError {
+    if HandshakeError::refusal_in(e).is_some() {
+        return StoreError::TlsRefused(describe(e));
+    }
     match e.as_db_error() {
         // 08: connection exception; 57P01..03: admin shutdown, crash shutdown, cannot connect
         // now; 53: insufficient resources (e.g. too many connections).
@@ -211,4 +300,38 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
         cause = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_and_deadlines_have_defaults_and_the_dsn_overrides_keepalives() {
+        let c = PgConfig::parse("host=h", "s").unwrap();
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(10));
+        assert_eq!(
+            c.config.get_keepalives_interval(),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(c.config.get_keepalives_retries(), Some(3));
+        assert_eq!(c.statement_timeout, DEFAULT_STATEMENT_TIMEOUT);
+        assert_eq!(c.connect_deadline(), DEFAULT_CONNECT_TIMEOUT);
+        let c = PgConfig::parse(
+            "host=a,b keepalives_idle=60 keepalives_interval=7 keepalives_retries=9 \
+             connect_timeout=3",
+            "s",
+        )
+        .unwrap()
+        .with_statement_timeout(Duration::from_millis(250));
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(
+            c.config.get_keepalives_interval(),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(c.config.get_keepalives_retries(), Some(9));
+        assert_eq!(c.statement_timeout, Duration::from_millis(250));
+        // Each host gets the dsn's connect_timeout for its whole attempt.
+        assert_eq!(c.connect_deadline(), Duration::from_secs(6));
+    }
 }

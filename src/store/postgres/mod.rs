@@ -17,7 +17,7 @@ mod tx;
 pub mod view;
 
 use conn::Conn;
-pub use conn::{PgConfig, describe};
+pub use conn::{DEFAULT_STATEMENT_TIMEOUT, PgConfig, describe};
 use schema::{PG_SCHEMA_VERSION, Sql};
 use tx::PgTx;
 

@@ -26,7 +26,8 @@ use tokio_rustls::rustls::crypto::{
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::server::ParsedCertificate;
 use tokio_rustls::rustls::{
-    self, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    self, AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
+    SignatureScheme,
 };
 
 /// libpq's `sslmode`, without `allow` (plain first, TLS only if the server insists).
@@ -299,10 +300,7 @@ impl PgTls {
         let mut client = match (&keys.cert, &keys.key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(c), Some(k)) => {
-                let (chain, key) = crate::tls::identity(c, k, "sslcert", "sslkey")?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| format!("sslcert/sslkey: {e}"))?
+                crate::tls::with_identity(builder, (c, "sslcert"), (k, "sslkey"))?
             }
             _ => return Err("sslcert and sslkey go together: give both or neither".into()),
         };
@@ -315,22 +313,67 @@ impl PgTls {
     }
 }
 
+/// Why a TLS handshake with PostgreSQL failed. `refused`: a certificate or host name was
+/// refused (the server's by us, or ours by the server), which no retry can mend: a
+/// configuration error, not an outage. tokio-postgres keeps it as the source of its error,
+/// where `conn::classify` and the postgres sink find it.
+#[derive(Debug)]
+pub struct HandshakeError {
+    pub refused: bool,
+    text: String,
+}
+
+impl std::fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for HandshakeError {}
+
+impl HandshakeError {
+    fn other(text: String) -> HandshakeError {
+        HandshakeError {
+            refused: false,
+            text,
+        }
+    }
+
+    /// The refusal among `e`'s causes, if a certificate or host name was refused.
+    pub fn refusal_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a HandshakeError> {
+        let mut cause = Some(e);
+        while let Some(c) = cause {
+            if let Some(h) = c.downcast_ref::<HandshakeError>()
+                && h.refused
+            {
+                return Some(h);
+            }
+            cause = c.source();
+        }
+        None
+    }
+}
+
 impl MakeTlsConnect<tokio_postgres::Socket> for PgTls {
     type Stream = PgTlsStream;
     type TlsConnect = Handshake;
-    type Error = String;
+    type Error = HandshakeError;
 
     /// Called for every connection, also under `disable` and for a Unix socket (`host` is
     /// empty then), where no handshake is asked for.
-    fn make_tls_connect(&mut self, host: &str) -> Result<Handshake, String> {
+    fn make_tls_connect(&mut self, host: &str) -> Result<Handshake, HandshakeError> {
         let Some(client) = self.client.clone().filter(|_| !host.is_empty()) else {
             return Ok(Handshake {
                 to: None,
                 rootcert: None,
             });
         };
-        let name = ServerName::try_from(host.to_string())
-            .map_err(|e| format!("host {host:?} is not a TLS server name: {e}"))?;
+        // The host names what the certificate is checked against: one that cannot be is
+        // as much a configuration error as a certificate that does not match it.
+        let name = ServerName::try_from(host.to_string()).map_err(|e| HandshakeError {
+            refused: true,
+            text: format!("host {host:?} is not a TLS server name: {e}"),
+        })?;
         Ok(Handshake {
             to: Some((client, name)),
             rootcert: self.rootcert.clone(),
@@ -344,18 +387,20 @@ pub struct Handshake {
     rootcert: Option<PathBuf>,
 }
 
-type HandshakeFuture = Pin<Box<dyn Future<Output = Result<PgTlsStream, String>> + Send>>;
+type HandshakeFuture = Pin<Box<dyn Future<Output = Result<PgTlsStream, HandshakeError>> + Send>>;
 
 impl TlsConnect<tokio_postgres::Socket> for Handshake {
     type Stream = PgTlsStream;
-    type Error = String;
+    type Error = HandshakeError;
     type Future = HandshakeFuture;
 
     fn connect(self, stream: tokio_postgres::Socket) -> HandshakeFuture {
         Box::pin(async move {
-            let (client, name) = self
-                .to
-                .ok_or("no TLS for this connection (sslmode=disable, or no host name)")?;
+            let (client, name) = self.to.ok_or_else(|| {
+                HandshakeError::other(
+                    "no TLS for this connection (sslmode=disable, or no host name)".into(),
+                )
+            })?;
             TlsConnector::from(client)
                 .connect(name.clone(), stream)
                 .await
@@ -366,11 +411,15 @@ impl TlsConnect<tokio_postgres::Socket> for Handshake {
 }
 
 /// A handshake failure in words an operator can act on.
-fn explain(e: &io::Error, host: &ServerName<'_>, rootcert: Option<&PathBuf>) -> String {
+fn explain(e: &io::Error, host: &ServerName<'_>, rootcert: Option<&PathBuf>) -> HandshakeError {
     let host = host.to_str();
     let file = rootcert.map_or_else(String::new, |p| p.display().to_string());
+    let refused = |text: String| HandshakeError {
+        refused: true,
+        text,
+    };
     match crate::tls::rustls_error(e) {
-        Some(rustls::Error::InvalidCertificate(c)) => match c {
+        Some(rustls::Error::InvalidCertificate(c)) => refused(match c {
             CertificateError::UnknownIssuer => format!(
                 "the server's certificate is not trusted by sslrootcert {file} (unknown issuer)"
             ),
@@ -382,9 +431,21 @@ fn explain(e: &io::Error, host: &ServerName<'_>, rootcert: Option<&PathBuf>) -> 
                 presented.join(", ")
             ),
             other => format!("the server's certificate is refused: {other}"),
-        },
-        Some(other) => format!("TLS handshake with {host}: {other}"),
-        None => format!("TLS handshake with {host}: {e}"),
+        }),
+        // The server's word on our certificate (sslcert), or on its absence.
+        Some(rustls::Error::AlertReceived(
+            a @ (AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::CertificateRequired),
+        )) => refused(format!(
+            "the server refused the client certificate (sslcert): {a:?}"
+        )),
+        Some(other) => HandshakeError::other(format!("TLS handshake with {host}: {other}")),
+        None => HandshakeError::other(format!("TLS handshake with {host}: {e}")),
     }
 }
 
