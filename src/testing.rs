@@ -72,3 +72,13 @@ pub fn parked(snap: &Snapshot, offset: u64, blocking: bool) -> (u64, ParkedRecor
         },
     )
 }
+
+/// The relay's one failpoint, for the supervisor's test: while the file named by the
+/// environment variable `REPLAY_GUARD_TEST_SINK_PANIC` exists and holds sink `sink`'s name,
+/// each start of that sink's task panics. Unset (always, outside that test), it costs one
+/// environment lookup per task start.
+pub fn sink_panic_requested(sink: &str) -> bool {
+    std::env::var_os("REPLAY_GUARD_TEST_SINK_PANIC")
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .is_some_and(|name| name.trim() == sink)
+}

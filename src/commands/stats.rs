@@ -59,6 +59,7 @@ struct Stats {
     sinks: Vec<(String, crate::store::tables::SinkRecord)>,
     head: u64,
     window_start: u64,
+    identity: Option<crate::store::tables::StoreIdentity>,
 }
 
 impl Stats {
@@ -85,6 +86,7 @@ impl Stats {
             sinks: snap.sink_cursors()?,
             head: meta.next_effect,
             window_start: meta.window_start,
+            identity: snap.identity()?,
         })
     }
 
@@ -117,6 +119,32 @@ impl Stats {
             ("database", text(&self.path)),
             ("file_bytes", num(self.file_bytes)),
             ("created_at", time(self.created_at_ms)),
+            (
+                "store_id",
+                self.identity
+                    .as_ref()
+                    .map_or(Json::Null, |i| text(&crate::store::identity::show(&i.id))),
+            ),
+            (
+                "store_copy_of",
+                self.identity
+                    .as_ref()
+                    .and_then(|i| i.copy.as_ref().or(i.derived_from.as_ref()))
+                    .map_or(Json::Null, |c| {
+                        obj(vec![
+                            ("id", text(&crate::store::identity::show(&c.of))),
+                            ("how", text(&c.how)),
+                            ("made_at", time(c.made_at_ms)),
+                            ("next_effect", num(c.next_effect)),
+                            (
+                                "live",
+                                Json::Bool(
+                                    self.identity.as_ref().is_some_and(|i| i.copy.is_none()),
+                                ),
+                            ),
+                        ])
+                    }),
+            ),
             ("now", time(self.now_ms)),
             (
                 "decisions_total",
@@ -253,6 +281,29 @@ impl Stats {
         ])
     }
 
+    /// The store's id and where it came from, in words.
+    fn identity_text(&self, zone: &Zone) -> String {
+        let Some(i) = &self.identity else {
+            return "none yet (drawn by the next writer)".into();
+        };
+        let id = crate::store::identity::show(&i.id);
+        match (&i.copy, &i.derived_from) {
+            (Some(c), _) => format!(
+                "{id}: a {} copy of that store made {} (its first writer draws a new id)",
+                c.how,
+                zone.show_ms(c.made_at_ms)
+            ),
+            (None, Some(c)) => format!(
+                "{id} (from a {} of store {} made {}, offsets below {})",
+                c.how,
+                crate::store::identity::show(&c.of),
+                zone.show_ms(c.made_at_ms),
+                c.next_effect
+            ),
+            (None, None) => id,
+        }
+    }
+
     /// Labelled lines for people, their times in `zone`.
     fn to_text(&self, zone: &Zone) -> String {
         let mib = |b: u64| {
@@ -287,6 +338,7 @@ impl Stats {
                 zone.show_ms(self.created_at_ms)
             ),
         );
+        line("store id", self.identity_text(zone));
         line(
             "decisions",
             self.total.as_ref().map_or_else(

@@ -479,7 +479,7 @@ impl TaskContext {
             flushed_at: Instant::now(),
             error_noted_at: None,
             standby: false,
-            last_refusal: None,
+            refusals: None,
             blocked: None,
         })
     }
@@ -559,13 +559,16 @@ struct SinkTask {
     standby: bool,
     /// The store's id (`store::identity`), read when the sink registers.
     store_id: Option<[u8; 16]>,
-    /// The last event refused with a class (`Failure::Refused`) and parked, while nothing has
-    /// been delivered since: its offset, the class and its source.
-    last_refusal: Option<(u64, String, (String, String))>,
+    /// The events refused with one class (`Failure::Refused`) and parked one after the other,
+    /// while nothing has been delivered since: the class, and each event's offset and source.
+    refusals: Option<(String, Vec<Refusal>)>,
     /// The class of refusal that refuses every event: the sink is blocked until an attempt
     /// delivers something.
     blocked: Option<String>,
 }
+
+/// An event refused and parked: its offset and its source (agency, source id).
+type Refusal = (u64, (String, String));
 
 /// How a wait ended.
 #[derive(PartialEq, Eq)]
@@ -584,6 +587,12 @@ impl SinkTask {
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
+        if crate::testing::sink_panic_requested(&self.cfg.name) {
+            panic!(
+                "sink {} panics at start (failpoint REPLAY_GUARD_TEST_SINK_PANIC)",
+                self.cfg.name
+            );
+        }
         // A store error (a failed read or cursor write) restarts the sink's loop after a
         // backoff rather than ending it: a stopped sink would hold retention back for good.
         let mut backoff = self.cfg.backoff_initial;
@@ -1063,7 +1072,7 @@ impl SinkTask {
                 i += delivered;
                 self.next = batch[i - 1].offset + 1;
                 failures = 0;
-                self.last_refusal = None;
+                self.refusals = None;
                 if let Some(class) = self.blocked.take() {
                     tracing::info!(sink = %self.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
                 }
@@ -1088,7 +1097,7 @@ impl SinkTask {
                     }
                 }
                 Some(Failure::Poison { reason, response }) => {
-                    self.last_refusal = None;
+                    self.refusals = None;
                     let Some(ev) = batch.get(i) else {
                         return Ok(());
                     };
@@ -1118,18 +1127,20 @@ impl SinkTask {
                         }
                         continue;
                     }
-                    let before = self.last_refusal.take();
-                    if let Some((p, c, other)) = before
-                        && c == class
-                        && other != source
-                    {
-                        self.block(ev, (p, other), &class, &reason).await?;
+                    let mut run = match self.refusals.take() {
+                        Some((c, run)) if c == class => run,
+                        _ => Vec::new(),
+                    };
+                    if let Some((_, other)) = run.iter().find(|(_, src)| *src != source) {
+                        let other = other.clone();
+                        self.block(ev, &run, other, &class, &reason).await?;
                         return Ok(());
                     }
                     if self.park(ev, reason, response, failures).await? || moved(self) {
                         return Ok(());
                     }
-                    self.last_refusal = Some((ev.offset, class, source));
+                    run.push((ev.offset, source));
+                    self.refusals = Some((class, run));
                     i += 1;
                     failures = 0;
                 }
@@ -1174,41 +1185,49 @@ impl SinkTask {
         Ok(false)
     }
 
-    /// The same refusal (`class`) met `ev` right after the event at `first` (of another
-    /// source) was parked for it: the receiver refuses every event, not these. The first is
-    /// taken back out of the parked events (the cursor returns to it) and the sink holds
-    /// there, retrying with backoff, until the receiver accepts events again.
+    /// The same refusal (`class`) met `ev` right after the events of `run` were parked for
+    /// it one after the other, one of them (`other`) of another source than `ev`: the
+    /// receiver refuses every event, not these. They are taken back out of the parked events
+    /// (the cursor returns to the first) and the sink holds there, retrying with backoff,
+    /// until the receiver accepts events again.
     async fn block(
         &mut self,
         ev: &Event,
-        (first, first_source): (u64, (String, String)),
+        run: &[Refusal],
+        other: (String, String),
         class: &str,
         reason: &str,
     ) -> Result<(), RelayError> {
         let mut at = ev.offset;
-        if first + 1 == ev.offset
+        let first = run.first().map_or(ev.offset, |(o, _)| *o);
+        let contiguous = run
+            .iter()
+            .enumerate()
+            .all(|(k, (o, _))| *o == first + k as u64)
+            && first + run.len() as u64 == ev.offset;
+        if contiguous
+            && first < ev.offset
             && let Some(rec) = self.rec.clone()
         {
             let name = self.name().to_string();
+            let to = ev.offset;
             let w = self
                 .shared
-                .write(move |s| s.unpark(&name, rec.generation, first, now_ms()))
+                .write(move |s| s.unpark(&name, rec.generation, first, to, now_ms()))
                 .await?;
             if let CursorWrite::Done(r) = &w
                 && r.next == first
             {
                 at = first;
-                self.next = first;
             }
             self.adopt_back(w);
         }
         self.blocked = Some(class.to_string());
         let error = format!(
-            "{BLOCKED}{reason}; the events at offsets {first} ({}/{}) and {} ({}/{}), of \
-             different sources, were refused the same way, so the receiver refuses every \
-             event: nothing is parked, the sink waits at offset {at} and keeps trying; fix the \
-             receiver",
-            first_source.0, first_source.1, ev.offset, ev.agency, ev.source_id
+            "{BLOCKED}{reason}; events of different sources ({}/{} and {}/{}, up to offset {}) \
+             were refused the same way, so the receiver refuses every event: nothing is \
+             parked, the sink waits at offset {at} and keeps trying; fix the receiver",
+            other.0, other.1, ev.agency, ev.source_id, ev.offset
         );
         tracing::error!(sink = %self.cfg.name, offset = at, %class, error = %crate::relay::terminal_safe(&error), "relay sink blocked");
         self.error_noted_at = None;

@@ -220,28 +220,31 @@ pub trait RelayStore {
         })
     }
 
-    /// Takes the non-blocking event parked at `offset` back out of the parked events and
-    /// returns the cursor to it, if the cursor is just past it in `generation` (the runner
-    /// found that the receiver refuses every event, not this one: it blocks there instead).
+    /// Takes the non-blocking events parked at offsets `from..to` back out of the parked
+    /// events and returns the cursor to `from`, if the cursor is at `to` in `generation` and
+    /// every one of them is parked (the runner found that the receiver refuses every event,
+    /// not these: it blocks at the first instead).
     fn unpark(
         &mut self,
         name: &str,
         generation: u64,
-        offset: u64,
+        from: u64,
+        to: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
-            cursor_write(tx, name, generation, Some(offset + 1), now_ms, |tx, rec| {
-                let Some((_, p)) = tx.parked(name, offset..=offset)?.pop() else {
-                    return Ok(());
-                };
-                if p.blocking {
+            cursor_write(tx, name, generation, Some(to), now_ms, |tx, rec| {
+                if from >= to {
                     return Ok(());
                 }
-                tx.remove_parked(name, offset..=offset)?;
-                rec.parked = rec.parked.saturating_sub(1);
-                ledger::cut_back(tx, name, rec, offset, now_ms)?;
-                rec.next = offset;
+                let parked = tx.parked(name, from..=to - 1)?;
+                if parked.len() as u64 != to - from || parked.iter().any(|(_, p)| p.blocking) {
+                    return Ok(());
+                }
+                tx.remove_parked(name, from..=to - 1)?;
+                rec.parked = rec.parked.saturating_sub(to - from);
+                ledger::cut_back(tx, name, rec, from, now_ms)?;
+                rec.next = from;
                 rec.advanced_at_ms = now_ms;
                 Ok(())
             })

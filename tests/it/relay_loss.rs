@@ -374,3 +374,80 @@ fn a_sink_forgotten_and_added_again_at_the_head_misses_nothing_its_writer_commit
     let (code, _, err) = cmd(&s, &["verify"]);
     assert_eq!(code, Some(0), "{err}");
 }
+
+#[test]
+fn a_sink_task_that_dies_inside_run_is_restarted_and_said_everywhere_while_run_consumes() {
+    use super::broker::{Broker, free_port};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let port = free_port();
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        "",
+        &format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\n",
+            super::relay::mqtt_section(&broker, "rg-relay-panic")
+        ),
+    );
+    // While this file names the sink, each start of its task panics (the test's failpoint).
+    let panic_file = dir.path().join("panic");
+    std::fs::write(&panic_file, "script").unwrap();
+    let mut run = std::process::Command::new(common::bin())
+        .args(["run", "--config", s.config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env("REPLAY_GUARD_TEST_SINK_PANIC", &panic_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("relay.log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the sink's failure is logged", &s, || {
+        s.log()
+            .contains("relay sink failed; restarting it after a backoff")
+    });
+    let lines: Vec<String> = (0..50)
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .collect();
+    broker.publish_lines("incidents/ems", &lines, "pub-relay-panic");
+    // run goes on consuming while the sink fails.
+    wait_until("run applies the feed", &s, || {
+        common::effects(&s.db).len() == 50
+    });
+    assert!(s.received().is_empty());
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "state"), "failing");
+    assert!(
+        field(&st["script"], "last_error")
+            .contains("failing: its task panicked: sink script panics at start"),
+        "{}",
+        field(&st["script"], "last_error")
+    );
+    let (code, out, _) = cmd(&s, &["health"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.starts_with("REPLAY-GUARD CRITICAL - sink script failing: its task panicked"),
+        "{out}"
+    );
+    let (_, samples) = super::metrics::scrape(port);
+    assert!(samples["replay_guard_relay_sink_restarts_total{sink=\"script\"}"] >= 1.0);
+    assert_eq!(
+        samples["replay_guard_relay_sink_failing{sink=\"script\"}"],
+        1.0
+    );
+    // The cause goes: the restarted task delivers everything, once, and says so.
+    std::fs::remove_file(&panic_file).unwrap();
+    s.wait_received(50, Duration::from_secs(30));
+    wait_until("the sink is caught up", &s, || {
+        field(&s.status(&s.config)["script"], "state") == "caught_up"
+    });
+    let (code, out, _) = cmd(&s, &["health"]);
+    assert!(!out.contains("failing"), "{out}");
+    assert_eq!(code, Some(0), "{out}");
+    let (_, samples) = super::metrics::scrape(port);
+    assert_eq!(
+        samples["replay_guard_relay_sink_failing{sink=\"script\"}"],
+        0.0
+    );
+    assert_eq!(stop(&mut run), Some(0), "{}", s.log());
+    super::relay::assert_all_delivered(&s, true);
+}

@@ -486,3 +486,303 @@ fn relay_killed_repeatedly_and_cut_off_leaves_each_effect_once_with_the_cursor_a
         assert_eq!(f[2], f[0]);
     }
 }
+
+/// One edge host for the loss tests: a redb file at `dir/NAME.redb` whose sink `cop-db`
+/// writes `table` of `pg`, and a log of its relays.
+struct Host {
+    db: std::path::PathBuf,
+    cfg: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl Host {
+    fn new(dir: &std::path::Path, name: &str, pg: &PgDb, table: &str) -> Host {
+        let db = dir.join(format!("{name}.redb"));
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[store]\npath = \"{}\"\n\n[[sink]]\nname = \"cop-db\"\nkind = \"postgres\"\n\
+                 dsn = \"{}\"\ntable = \"{table}\"\nbatch_max = 5\nbackoff_initial_ms = 10\n\
+                 backoff_max_ms = 100\n",
+                db.display(),
+                pg.dsn()
+            ),
+        )
+        .unwrap();
+        Host {
+            db,
+            cfg,
+            log: dir.join(format!("{name}.log")),
+        }
+    }
+
+    /// Ingests one message per sequence in `seqs` of source `fire/SOURCE`.
+    fn ingest(&self, source: &str, seqs: std::ops::Range<u64>) {
+        let lines: String = seqs
+            .map(|q| common::msg("fire", source, 1, q, "status") + "\n")
+            .collect();
+        let feed = self
+            .db
+            .with_extension(format!("{source}-{}.jsonl", lines.len()));
+        std::fs::write(&feed, lines).unwrap();
+        let out = common::run(&[
+            "ingest",
+            "--config",
+            self.cfg.to_str().unwrap(),
+            feed.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs `replay-guard relay` until `done` holds, then stops it with SIGTERM.
+    fn relay_until(&self, what: &str, done: impl FnMut() -> bool) {
+        let mut child = common::logged_command(
+            &["relay", "--config", self.cfg.to_str().unwrap()],
+            &self.log,
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until(Duration::from_secs(60), what, done)
+        }));
+        super::broker::signal(child.id() as i32, "TERM");
+        let status = child.wait().unwrap();
+        if let Err(e) = waited {
+            panic!("{e:?}\n{}", self.log());
+        }
+        assert!(status.success(), "relay: {status}\n{}", self.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `replay-guard ARGS --config CFG`: exit code and stdout + stderr.
+    fn cmd(&self, args: &[&str]) -> (Option<i32>, String) {
+        let mut all = args.to_vec();
+        all.extend(["--config", self.cfg.to_str().unwrap()]);
+        let out = common::run(&all);
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+}
+
+/// Rows of `table` (0 before the sink made it).
+fn count(pg: &PgDb, table: &str) -> u64 {
+    if pg.sql(&format!("SELECT to_regclass('{table}') IS NULL")) == "t" {
+        return 0;
+    }
+    pg.sql(&format!("SELECT count(*) FROM {table}"))
+        .parse()
+        .unwrap()
+}
+
+/// `offset:id` of every row of `table`, in offset order.
+fn table_rows(pg: &PgDb, table: &str) -> Vec<String> {
+    pg.sql(&format!(
+        "SELECT effect_offset || ':' || id FROM {table} ORDER BY effect_offset, id"
+    ))
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+/// `offset:id` of every effect of the store at `db`, in offset order.
+fn store_rows(db: &std::path::Path) -> Vec<String> {
+    common::effects(db)
+        .iter()
+        .map(|e| {
+            let r = &e.record;
+            format!(
+                "{}:{}",
+                e.offset,
+                envelope::event_id(&r.key, r.released, &r.payload)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn two_stores_with_one_sink_name_in_one_schema_never_adopt_each_others_cursor() {
+    let pg = PgDb::new("two_stores");
+    pg.sql("CREATE SCHEMA cop");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Host::new(dir.path(), "a", &pg, "cop.events_a");
+    let b = Host::new(dir.path(), "b", &pg, "cop.events_b");
+    a.ingest("a1", 0..8);
+    a.relay_until("A delivers 8", || count(&pg, "cop.events_a") == 8);
+    b.ingest("b1", 0..20);
+    b.relay_until("B delivers 20", || count(&pg, "cop.events_b") == 20);
+    a.ingest("a1", 8..23);
+    a.relay_until("A delivers 23", || count(&pg, "cop.events_a") == 23);
+    // Each table holds its own store's effects, each once, and each cursor row names its
+    // store and table.
+    assert_eq!(table_rows(&pg, "cop.events_a"), store_rows(&a.db));
+    assert_eq!(table_rows(&pg, "cop.events_b"), store_rows(&b.db));
+    assert_eq!(
+        pg.sql(
+            "SELECT events_table || '=' || next_offset FROM cop.replay_guard_relay_cursors \
+             WHERE sink = 'cop-db' ORDER BY 1"
+        ),
+        "cop.events_a=23\ncop.events_b=20"
+    );
+    assert!(
+        !a.log().contains("cursor taken from the sink's own store"),
+        "{}",
+        a.log()
+    );
+    let (code, out) = a.cmd(&["verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "sink cop-db: every offset from 0 to its cursor 23 accounted for: 23 delivered"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_restored_backup_draws_a_new_id_and_delivers_what_it_decides_after_the_restore() {
+    let pg = PgDb::new("restore");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Host::new(dir.path(), "a", &pg, "cop_events");
+    a.ingest("e1", 0..10);
+    a.relay_until("10 delivered", || count(&pg, "cop_events") == 10);
+    let backup = dir.path().join("a.backup.redb");
+    let (code, out) = a.cmd(&["backup", "--to", backup.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    a.ingest("e1", 10..20);
+    a.relay_until("20 delivered", || count(&pg, "cop_events") == 20);
+    let (_, before) = a.cmd(&["stats", "--format", "json"]);
+    // The disk is lost; the backup is restored in its place and takes new messages (other
+    // content at the offsets the lost file had used).
+    std::fs::copy(&backup, &a.db).unwrap();
+    a.ingest("e2", 0..15);
+    a.relay_until("the restored store's 15 new effects delivered", || {
+        count(&pg, "cop_events") == 35
+    });
+    // The restored file drew an id of its own on its first write, and says where it came from.
+    let (_, after) = a.cmd(&["stats", "--format", "json"]);
+    let id = |stats: &str| {
+        let doc = replay_guard::json::parse(stats.trim().as_bytes(), 64).unwrap();
+        super::relay::field(&doc, "store_id")
+    };
+    let (original, restored) = (id(&before), id(&after));
+    assert_ne!(restored, original);
+    assert!(
+        after.contains(&format!("\"id\":\"{original}\",\"how\":\"backup\"")),
+        "{after}"
+    );
+    // Everything the restored store holds is in the table (offsets 10-24 twice over: the lost
+    // file's and the restored one's, under different ids), each id once.
+    let rows = table_rows(&pg, "cop_events");
+    for r in store_rows(&a.db) {
+        assert!(rows.contains(&r), "{r} missing from the table");
+    }
+    assert_eq!(pg.sql("SELECT count(DISTINCT id) FROM cop_events"), "35");
+    let (code, out) = a.cmd(&["verify"]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+#[test]
+fn a_cursor_table_of_another_shape_is_an_error_shown_and_retried_never_a_panic() {
+    let pg = PgDb::new("shape");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Host::new(dir.path(), "a", &pg, "cop_events");
+    a.ingest("e1", 0..6);
+    let (_, stats) = a.cmd(&["stats", "--format", "json"]);
+    let doc = replay_guard::json::parse(stats.trim().as_bytes(), 64).unwrap();
+    let store_id = super::relay::field(&doc, "store_id");
+    // A cursor table someone made with next_offset numeric, holding a row for this store.
+    pg.sql(
+        "CREATE TABLE replay_guard_relay_cursors (store_id text, events_table text, sink text, \
+         next_offset numeric, generation numeric, updated_at timestamptz, \
+         PRIMARY KEY (store_id, events_table, sink))",
+    );
+    pg.sql(&format!(
+        "INSERT INTO replay_guard_relay_cursors VALUES \
+         ('{store_id}', 'public.cop_events', 'cop-db', 3, 0, now())"
+    ));
+    let mut child = common::logged_command(&["relay", "--config", a.cfg.to_str().unwrap()], &a.log)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the error in relay status", || {
+        a.cmd(&["relay", "status"]).1.contains("cannot be read")
+    });
+    let (_, status) = a.cmd(&["relay", "status"]);
+    assert!(
+        status.contains(
+            "the cursor row of sink \"cop-db\" in replay_guard_relay_cursors cannot be read"
+        ),
+        "{status}"
+    );
+    // Still running, and it delivers once the table is put right.
+    assert!(child.try_wait().unwrap().is_none(), "{}", a.log());
+    pg.sql("DROP TABLE replay_guard_relay_cursors");
+    wait_until(Duration::from_secs(60), "6 delivered", || {
+        count(&pg, "cop_events") == 6
+    });
+    super::broker::signal(child.id() as i32, "TERM");
+    assert!(child.wait().unwrap().success(), "{}", a.log());
+    assert!(!a.log().contains("panicked"), "{}", a.log());
+    assert_eq!(table_rows(&pg, "cop_events"), store_rows(&a.db));
+}
+
+#[test]
+fn a_table_that_refuses_every_event_blocks_the_sink_instead_of_parking_the_feed() {
+    let pg = PgDb::new("refuses");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Host::new(dir.path(), "a", &pg, "cop_events");
+    // A pre-existing table whose id column is too short for any event id.
+    pg.sql(
+        "CREATE TABLE cop_events (id varchar(10) PRIMARY KEY, effect_offset bigint NOT NULL, \
+         source text NOT NULL, agency text NOT NULL, source_id text NOT NULL, \
+         topic text NOT NULL, event jsonb NOT NULL, received_at timestamptz, \
+         inserted_at timestamptz NOT NULL DEFAULT now())",
+    );
+    for (i, source) in ["e1", "e2", "e3", "e4"].iter().enumerate() {
+        let i = i as u64;
+        a.ingest(source, i * 2..i * 2 + 2);
+    }
+    let mut child = common::logged_command(&["relay", "--config", a.cfg.to_str().unwrap()], &a.log)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the sink blocked", || {
+        a.cmd(&["relay", "status"]).1.contains(": blocked")
+    });
+    let (_, status) = a.cmd(&["relay", "status"]);
+    assert!(
+        status.contains("cop-db (postgres): blocked — cursor 0 of 8")
+            && status.contains("table public.cop_events refused the event")
+            && status.contains("SQLSTATE 22001")
+            && status.contains("nothing is parked"),
+        "{status}"
+    );
+    assert_eq!(a.cmd(&["relay", "parked", "--sink", "cop-db"]).1, "");
+    assert!(a.log().contains("relay sink blocked"), "{}", a.log());
+    // The table is put right: the feed flows, each event once, nothing parked.
+    pg.sql("ALTER TABLE cop_events ALTER COLUMN id TYPE text");
+    wait_until(Duration::from_secs(60), "8 delivered", || {
+        count(&pg, "cop_events") == 8
+    });
+    super::broker::signal(child.id() as i32, "TERM");
+    assert!(child.wait().unwrap().success(), "{}", a.log());
+    assert_eq!(table_rows(&pg, "cop_events"), store_rows(&a.db));
+    let (code, out) = a.cmd(&["verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("8 delivered, 0 parked"), "{out}");
+}
