@@ -27,6 +27,7 @@ pub mod signals;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;
+pub mod textsafe;
 pub mod timefmt;
 pub mod tls;
 pub mod transport;

@@ -17,6 +17,7 @@ use crate::store::relay::Parked;
 use crate::store::relay::RelayStore;
 use crate::store::tables::SinkRecord;
 use crate::store::{Backend, Snapshot, StoreError};
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{now_ms, rfc3339_ms};
 
 pub fn run(args: &RelayArgs) -> Result<(), Failure> {
@@ -151,7 +152,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                 "sinks".into(),
                 Json::Array(rows.into_iter().map(Json::Object).collect()),
             )]);
-            writeln!(out, "{}", doc.to_compact())?;
+            writeln!(out, "{}", escape_json(&doc.to_compact()))?;
         }
         StatusFormat::Text => {
             if rows.is_empty() {
@@ -162,7 +163,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                     row.iter()
                         .find(|(n, _)| n == k)
                         .map_or("-".to_string(), |(_, v)| match v {
-                            Json::String(s) => s.clone(),
+                            Json::String(s) => escape_controls(s).into_owned(),
                             Json::Null => "-".into(),
                             other => other.to_compact(),
                         })
@@ -315,7 +316,11 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
     match format {
         Format::Jsonl => {
             for p in &list {
-                writeln!(out, "{}", Json::Object(parked_row(p)).to_compact())?;
+                writeln!(
+                    out,
+                    "{}",
+                    escape_json(&Json::Object(parked_row(p)).to_compact())
+                )?;
             }
         }
         Format::Table => {
@@ -336,7 +341,7 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
                             .iter()
                             .find(|(k, _)| k == n)
                             .map_or(String::new(), |(_, v)| match v {
-                                Json::String(s) => s.clone(),
+                                Json::String(s) => escape_controls(s).into_owned(),
                                 other => other.to_compact(),
                             });
                         format!("\"{}\"", v.replace('"', "\"\""))

@@ -8,6 +8,7 @@ use crate::cli::{StatsArgs, StatsFormat};
 use crate::json::Json;
 use crate::model::{Outcome, OutcomeCounts, hex};
 use crate::store::Snapshot;
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -18,7 +19,10 @@ pub fn run(args: &StatsArgs) -> Result<(), Failure> {
     let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
     let (db, snap) = super::open_existing(&args.db)?;
     let text = match args.format {
-        StatsFormat::Json => Stats::read(&snap, &db, now_ms())?.to_json().to_compact() + "\n",
+        StatsFormat::Json => {
+            escape_json(&Stats::read(&snap, &db, now_ms())?.to_json().to_compact()).into_owned()
+                + "\n"
+        }
         StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(&zone),
         StatsFormat::Prometheus => prometheus(args, &snap, &db)?,
     };
@@ -341,8 +345,9 @@ impl Stats {
                 .iter()
                 .map(|(n, r)| {
                     format!(
-                        "{n} ({}) at {} of {}, lag {}",
-                        r.kind,
+                        "{} ({}) at {} of {}, lag {}",
+                        escape_controls(n),
+                        escape_controls(&r.kind),
                         r.next,
                         self.head,
                         self.head.saturating_sub(r.next)
@@ -354,8 +359,9 @@ impl Stats {
                 line(
                     "",
                     format!(
-                        "sink {n} holds the effect log: {k} effects outside the window are kept \
-                         until it delivers them (retention does not prune past its cursor)"
+                        "sink {} holds the effect log: {k} effects outside the window are kept \
+                         until it delivers them (retention does not prune past its cursor)",
+                        escape_controls(n)
                     ),
                 );
             }
@@ -367,8 +373,8 @@ impl Stats {
                 .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
             s.push_str(&format!(
                 "  {}/{}  high-water {}/{}  evicted floor {floor}\n",
-                crate::commands::dump::printable(&src.agency),
-                crate::commands::dump::printable(&src.source_id),
+                escape_controls(&src.agency),
+                escape_controls(&src.source_id),
                 src.high_water.0,
                 src.high_water.1
             ));
@@ -387,7 +393,7 @@ impl Stats {
             s.push_str(&format!(
                 "  {}  {}  {} duplicates absorbed\n",
                 zone.show_ms(b.connected_at_ms),
-                b.broker,
+                escape_controls(&b.broker),
                 b.duplicates
             ));
         }

@@ -528,3 +528,94 @@ fn malformed_operator_arguments_are_one_line_errors_exiting_1() {
         );
     }
 }
+
+/// A database holding one conflict in quarantine (id 0), and its audit log as `dump-audit`
+/// prints it.
+fn one_conflict(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    let db = dir.join("q.redb");
+    let lines = [
+        common::msg("A", "S", 0, 1, "x"),
+        common::msg("A", "S", 0, 1, "changed"),
+    ];
+    ingest(&config(dir, ""), &db, (lines.join("\n") + "\n").as_bytes());
+    let audit = common::run(&["dump-audit", "--db", db.to_str().unwrap()]);
+    assert_eq!(audit.status.code(), Some(0));
+    (db, audit.stdout)
+}
+
+/// The first character in `bytes` that a terminal would act on, other than a line end.
+fn has_terminal_controls(bytes: &[u8]) -> Option<char> {
+    common::terminal_control(&String::from_utf8_lossy(bytes))
+}
+
+#[test]
+fn a_reason_keeps_its_control_characters_but_every_listing_prints_them_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = one_conflict(dir.path());
+    let dbs = db.to_str().unwrap();
+    let typed = "IC confirmed\nreleased by root\u{1b}[2J \u{202e}dlrow\u{85} C:\\radio";
+    let out = common::run(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        dbs,
+        "--reason",
+        typed,
+        "--operator",
+        "alice",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = format!("quarantine #0 released by alice: {typed}");
+    let shown = "quarantine #0 released by alice: IC confirmed\\nreleased by root\\u001b[2J \
+                 \\u202edlrow\\u0085 C:\\\\radio";
+
+    // jsonl: the exact text, read back by any JSON reader; nothing raw for the terminal.
+    let jsonl = common::run(&["dump-audit", "--db", dbs]).stdout;
+    assert_eq!(has_terminal_controls(&jsonl), None);
+    let audit = rows("dump-audit", &db);
+    assert_eq!(jsonl.iter().filter(|b| **b == b'\n').count(), audit.len());
+    let released = &audit[audit.len() - 1];
+    assert_eq!(text(released, "/outcome"), "released");
+    assert_eq!(text(released, "/reason"), stored);
+
+    // table and CSV: one line (record) per entry, the reason escaped.
+    let table = common::run(&["dump-audit", "--db", dbs, "--format", "table"]).stdout;
+    let table = String::from_utf8(table).unwrap();
+    assert_eq!(has_terminal_controls(table.as_bytes()), None, "{table}");
+    assert_eq!(table.lines().count(), 1 + audit.len(), "{table}");
+    assert!(table.lines().last().unwrap().ends_with(shown), "{table}");
+    let csv = common::run(&["dump-audit", "--db", dbs, "--format", "csv"]).stdout;
+    let csv = String::from_utf8(csv).unwrap();
+    assert_eq!(has_terminal_controls(csv.as_bytes()), None, "{csv}");
+    assert_eq!(csv.split("\r\n").count(), 1 + audit.len() + 1, "{csv}");
+    assert!(!csv.replace("\r\n", "").contains('\n'), "{csv}");
+    assert!(csv.contains(&format!(",{shown},")), "{csv}");
+
+    // explain: text escaped, JSON exact.
+    let key = text(released, "/key");
+    let story = common::run(&["explain", "--db", dbs, &key]).stdout;
+    let story = String::from_utf8(story).unwrap();
+    assert_eq!(has_terminal_controls(story.as_bytes()), None, "{story}");
+    assert!(
+        story.contains(&format!("      reason: {shown}\n")),
+        "{story}"
+    );
+    let story = common::run(&["explain", "--db", dbs, &key, "--format", "json"]).stdout;
+    assert_eq!(has_terminal_controls(&story), None);
+    let story = json::parse(&story, 64).unwrap();
+    let entries = match get(&story, "/audit") {
+        Json::Array(a) => a,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(text(&entries[entries.len() - 1], "/reason"), stored);
+
+    // The hashed text is what was typed: the chain verifies.
+    let (code, out) = verify(&db);
+    assert_eq!(code, Some(0), "{out}");
+}
