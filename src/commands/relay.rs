@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 
 use super::Failure;
+use super::quarantine::who_and_why;
 use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatusFormat};
 use crate::config::Config;
 use crate::config::StoreLocation;
@@ -353,24 +354,6 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
     }
     out.flush()?;
     Ok(())
-}
-
-/// The operator's name and reason, as `quarantine release` takes them.
-fn who_and_why(reason: &str, operator: Option<&str>) -> Result<(String, String), Failure> {
-    let reason = reason.trim();
-    if reason.is_empty() {
-        return Err(Failure::Usage(anyhow!(
-            "--reason must say why (it is what a reviewer reads in the audit log)"
-        )));
-    }
-    let operator = match operator {
-        Some(o) if !o.trim().is_empty() => o.trim().to_string(),
-        Some(_) => return Err(Failure::Usage(anyhow!("--operator must not be empty"))),
-        None => super::quarantine::default_operator().ok_or_else(|| {
-            Failure::Usage(anyhow!("cannot tell who you are: pass --operator NAME"))
-        })?,
-    };
-    Ok((operator, reason.to_string()))
 }
 
 fn operator_store(db: &DbArgs) -> Result<(Config, Backend), Failure> {

@@ -549,6 +549,99 @@ fn has_terminal_controls(bytes: &[u8]) -> Option<char> {
 }
 
 #[test]
+fn operator_names_with_control_or_bidi_characters_are_refused_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, audit_before) = one_conflict(dir.path());
+    let dbs = db.to_str().unwrap();
+    let cfg = config(dir.path(), "");
+    let forged = [
+        "root\nadmin\u{1b}[2J",
+        "alice\r",
+        "\tbob",
+        "bell\u{7}",
+        "del\u{7f}",
+        "csi\u{9b}2J",
+        "line\u{2028}sep",
+        "para\u{2029}sep",
+        "nimda\u{202e}",
+        "iso\u{2066}late\u{2069}",
+    ];
+    let commands: [&[&str]; 5] = [
+        &["quarantine", "release", "0", "--db", dbs],
+        &["quarantine", "discard", "0", "--db", dbs],
+        &["relay", "retry", "--sink", "s", "--all", "--db", dbs],
+        &["relay", "rewind", "--sink", "s", "--to", "0", "--db", dbs],
+        &["relay", "forget", "--sink", "s", "--config", &cfg],
+    ];
+    for command in commands {
+        for name in forged {
+            let mut args = command.to_vec();
+            args.extend(["--reason", "checked by radio", "--operator", name]);
+            let out = common::run(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.starts_with("replay-guard: ")
+                    && err.contains("--operator \"")
+                    && err.contains("an operator name may not hold control"),
+                "{args:?}: {err}"
+            );
+            assert_eq!(has_terminal_controls(err.as_bytes()), None, "{err:?}");
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+        // The name the environment gives is checked the same way.
+        for var in ["SUDO_USER", "USER", "LOGNAME"] {
+            let mut args = command.to_vec();
+            args.extend(["--reason", "checked by radio"]);
+            let out = Command::new(common::bin())
+                .args(&args)
+                .env_remove("SUDO_USER")
+                .env_remove("USER")
+                .env_remove("LOGNAME")
+                .env(var, "eve\u{1b}[2J\nalice")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?} {var}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("${var} \"eve\\u001b[2J\\nalice\" holds U+001B"))
+                    && err.contains("pass --operator NAME"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // Nothing was written: the same audit log, the conflict still held.
+    let audit = common::run(&["dump-audit", "--db", dbs]);
+    assert_eq!(audit.stdout, audit_before);
+    assert_eq!(rows("dump-quarantine", &db).len(), 1);
+    // A plain name goes through, printable Unicode included.
+    let out = common::run(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        dbs,
+        "--reason",
+        "checked by radio",
+        "--operator",
+        "Zoë Ørsted",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let audit = rows("dump-audit", &db);
+    assert_eq!(
+        text(&audit[audit.len() - 1], "/reason"),
+        "quarantine #0 released by Zoë Ørsted: checked by radio"
+    );
+}
+
+#[test]
 fn a_reason_keeps_its_control_characters_but_every_listing_prints_them_escaped() {
     let dir = tempfile::tempdir().unwrap();
     let (db, _) = one_conflict(dir.path());
