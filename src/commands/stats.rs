@@ -1,5 +1,7 @@
 //! `stats`: the record's health at a glance, as labelled lines or one JSON object. Reads
-//! counters and table metadata, not the logs (the last-hour counts scan back one hour only).
+//! counters and table metadata, not the logs (the last-hour counts scan back one hour only,
+//! and can count only the audit entries retention kept: the output says when that falls
+//! short of the hour).
 
 use std::io::{self, Write};
 
@@ -50,6 +52,8 @@ struct Stats {
     now_ms: u64,
     total: Option<OutcomeCounts>,
     last_hour: OutcomeCounts,
+    /// When the oldest audit entry retention kept was recorded (`None`: none kept).
+    audit_first_at_ms: Option<u64>,
     window_entries: u64,
     oldest_in_window_ms: Option<u64>,
     quarantined: u64,
@@ -69,6 +73,7 @@ impl Stats {
     fn read(snap: &Snapshot, path: &std::path::Path, now: u64) -> Result<Stats, Failure> {
         let meta = snap.meta()?;
         let summary = snap.summary()?;
+        let audit_first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         Ok(Stats {
             path: path.display().to_string(),
             file_bytes: crate::readings::database_bytes(snap, path)?,
@@ -76,10 +81,13 @@ impl Stats {
             now_ms: now,
             total: snap.counters()?,
             last_hour: snap.counts_since(now.saturating_sub(HOUR_MS))?,
+            audit_first_at_ms: snap
+                .audit_entry(audit_first)?
+                .map(|e| e.record.recorded_at_ms),
             window_entries: summary.window_entries,
             oldest_in_window_ms: snap.oldest_in_window_ms()?,
             quarantined: summary.quarantined,
-            audit_first: meta.audit_anchor.map_or(0, |(i, _)| i + 1),
+            audit_first,
             audit_next: meta.next_audit,
             audit_anchor: meta.audit_anchor,
             marks: snap.retention_marks()?,
@@ -90,6 +98,17 @@ impl Stats {
             head: meta.next_effect,
             window_start: meta.window_start,
         })
+    }
+
+    /// Whether `last_hour` counts every decision of the hour: not when retention pruned audit
+    /// entries during the hour and the oldest entry it kept is from within the hour (the
+    /// entries pruned just before it may be too). Entries are pruned from the oldest end, so
+    /// a kept entry from before the hour, or a last pruning before it, proves the count whole.
+    fn last_hour_complete(&self) -> bool {
+        let since = self.now_ms.saturating_sub(HOUR_MS);
+        self.audit_anchor.is_none()
+            || self.marks.last_pruned_at_ms < since
+            || self.audit_first_at_ms.is_some_and(|t| t < since)
     }
 
     /// The sink whose cursor holds retention back, if any: the lowest cursor, when it is
@@ -128,6 +147,10 @@ impl Stats {
             ),
             ("decisions_last_hour", counts(&self.last_hour)),
             (
+                "decisions_last_hour_complete",
+                Json::Bool(self.last_hour_complete()),
+            ),
+            (
                 "window",
                 obj(vec![
                     ("entries", num(self.window_entries)),
@@ -148,6 +171,10 @@ impl Stats {
                 obj(vec![
                     ("first_index", num(self.audit_first)),
                     ("next_index", num(self.audit_next)),
+                    (
+                        "first_recorded_at",
+                        self.audit_first_at_ms.map_or(Json::Null, time),
+                    ),
                     (
                         "anchor",
                         self.audit_anchor.map_or(Json::Null, |(i, h)| {
@@ -298,7 +325,23 @@ impl Stats {
                 counts,
             ),
         );
-        line("last hour", counts(&self.last_hour));
+        if self.last_hour_complete() {
+            line("last hour", counts(&self.last_hour));
+        } else {
+            let kept = self.audit_first_at_ms.map_or_else(
+                || "none kept".to_string(),
+                |t| format!("from {} on", zone.show_ms(t)),
+            );
+            line(
+                "last hour",
+                format!(
+                    "at least {}: retained audit entries only, {kept}; the {} pruned before \
+                     them may hold more of the hour",
+                    counts(&self.last_hour),
+                    self.audit_first
+                ),
+            );
+        }
         line(
             "window",
             match self.oldest_in_window_ms {

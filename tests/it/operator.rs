@@ -712,3 +712,50 @@ fn a_reason_keeps_its_control_characters_but_every_listing_prints_them_escaped()
     let (code, out) = verify(&db);
     assert_eq!(code, Some(0), "{out}");
 }
+
+#[test]
+fn stats_last_hour_says_it_counts_only_what_retention_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kept.redb");
+    let cfg = config(
+        dir.path(),
+        "[commit]\nmax_batch = 100\n[retention]\naudit_max_entries = 100\n",
+    );
+    let lines: Vec<String> = (1..=1_700)
+        .map(|n| common::msg("A", "S", 0, n, "x"))
+        .collect();
+    ingest(&cfg, &db, (lines.join("\n") + "\n").as_bytes());
+    let s = stats(&db);
+    assert_eq!(num(&s, "/decisions_total/total"), 1_700);
+    assert_eq!(num(&s, "/decisions_total/applied"), 1_700);
+    assert_eq!(num(&s, "/decisions_last_hour/total"), 100);
+    assert_eq!(get(&s, "/decisions_last_hour_complete"), Json::Bool(false));
+    assert_eq!(num(&s, "/audit/first_index"), 1_600);
+    let first_at = text(&s, "/audit/first_recorded_at");
+    let audit = rows("dump-audit", &db);
+    assert_eq!(text(&audit[0], "/recorded_at"), first_at);
+    let out = common::run(&["stats", "--db", db.to_str().unwrap()]);
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.contains("decisions      1700 (applied 1700)\n"), "{t}");
+    assert!(
+        t.contains(&format!(
+            "last hour      at least 100 (applied 100): retained audit entries only, from \
+             {first_at} on; the 1600 pruned before them may hold more of the hour\n"
+        )),
+        "{t}"
+    );
+
+    // Nothing pruned: the hour is counted whole and said as before.
+    let whole = dir.path().join("whole.redb");
+    ingest(
+        &config(dir.path(), ""),
+        &whole,
+        (lines[..5].join("\n") + "\n").as_bytes(),
+    );
+    let s = stats(&whole);
+    assert_eq!(num(&s, "/decisions_last_hour/total"), 5);
+    assert_eq!(get(&s, "/decisions_last_hour_complete"), Json::Bool(true));
+    let out = common::run(&["stats", "--db", whole.to_str().unwrap()]);
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.contains("last hour      5 (applied 5)\n"), "{t}");
+}
