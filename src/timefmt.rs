@@ -5,6 +5,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use jiff::civil::DateTime;
+use jiff::fmt::temporal::Pieces;
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Span, SpanRelativeTo, Timestamp};
 
@@ -157,7 +158,10 @@ pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u6
     let looks_like_date = b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-';
     if looks_like_date {
         let ts_err = match value.parse::<Timestamp>() {
-            Ok(ts) => return ceil_ms(ts),
+            Ok(ts) => {
+                rfc3339_offset(value)?;
+                return ceil_ms(ts);
+            }
             Err(e) => e,
         };
         let Ok(civil) = value.parse::<DateTime>() else {
@@ -187,6 +191,23 @@ pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u6
         .map_err(|e| one_line(&e))?;
     let back_ms = u64::try_from(back.as_millis()).map_err(|_| "duration too large".to_string())?;
     Ok(now_ms.saturating_sub(back_ms))
+}
+
+/// Refuses a UTC offset RFC 3339 does not allow (hours above 23; jiff reads up to 25:59:59
+/// and already refuses minutes above 59), which could only be a typing error.
+fn rfc3339_offset(value: &str) -> Result<(), String> {
+    let Some(offset) = Pieces::parse(value)
+        .ok()
+        .and_then(|p| p.to_numeric_offset())
+    else {
+        return Ok(());
+    };
+    if offset.seconds().unsigned_abs() < 24 * 3600 {
+        return Ok(());
+    }
+    Err(format!(
+        "UTC offset {offset} is out of range: RFC 3339 allows -23:59 to +23:59"
+    ))
 }
 
 fn ceil_ms(ts: Timestamp) -> Result<u64, String> {
@@ -236,6 +257,33 @@ mod tests {
             let e = Zone::parse(bad).expect_err(bad).to_string();
             assert!(e.starts_with("--tz ") && !e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn offsets_beyond_23_59_are_refused() {
+        let at = |s: &str| parse_instant(s, 0, None);
+        assert_eq!(at("2026-11-30T02:52:14Z"), Ok(1_796_007_134_000));
+        assert_eq!(
+            at("2026-11-30T02:52:14+23:59"),
+            Ok(1_796_007_134_000 - 86_340_000)
+        );
+        assert_eq!(
+            at("2026-11-30T02:52:14-23:59"),
+            Ok(1_796_007_134_000 + 86_340_000)
+        );
+        for bad in [
+            "2026-11-30T02:52:14+25:00",
+            "2026-11-30T02:52:14+24:00",
+            "2026-11-30T02:52:14-24:00",
+            "2026-11-30T02:52:14+2400",
+            "2026-11-30T02:52:14-25:59",
+            "2026-11-30T02:52:14+23:60",
+        ] {
+            let e = at(bad).expect_err(bad);
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let e = at("2026-11-30T02:52:14+25:00").unwrap_err();
+        assert!(e.contains("RFC 3339 allows -23:59 to +23:59"), "{e}");
     }
 
     #[test]

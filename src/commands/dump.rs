@@ -13,7 +13,7 @@ use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
 use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
-use crate::textsafe::printable;
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 /// How long `--follow` waits between two read snapshots.
@@ -236,7 +236,7 @@ fn write_row(
         mark_damaged(table, &mut row);
     }
     match format {
-        Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact()),
+        Format::Jsonl => writeln!(out, "{}", escape_json(&Json::Object(row).to_compact())),
         Format::Table => {
             // A view only: the row (and the audit hash input it came from) keeps UTC text.
             if !zone.is_utc() {
@@ -482,8 +482,9 @@ fn csv_columns(table: Table) -> &'static [&'static str] {
 }
 
 /// One RFC 4180 record (CRLF-terminated): the header when `row` is `None`. Null is an empty
-/// field, strings are verbatim, nested JSON is its compact text; a field holding `,`, `"`, CR
-/// or LF is quoted with `"` doubled.
+/// field, strings are verbatim but for control characters (`textsafe::escape_controls`: a
+/// CSV is read on terminals too), nested JSON is its compact text; a field holding `,`, `"`,
+/// CR or LF is quoted with `"` doubled.
 pub(super) fn write_csv_row(
     out: &mut impl Write,
     columns: &[&str],
@@ -498,10 +499,10 @@ pub(super) fn write_csv_row(
             None => (*name).to_string(),
             Some(row) => match row.iter().find(|(k, _)| k == name).map(|(_, v)| v) {
                 None | Some(Json::Null) => String::new(),
-                Some(Json::String(s)) => s.clone(),
+                Some(Json::String(s)) => escape_controls(s).into_owned(),
                 Some(Json::Number(n)) => n.clone(),
                 Some(Json::Bool(b)) => b.to_string(),
-                Some(other) => other.to_compact(),
+                Some(other) => escape_json(&other.to_compact()).into_owned(),
             },
         };
         if value.contains([',', '"', '\r', '\n']) {
@@ -516,12 +517,12 @@ pub(super) fn write_csv_row(
     out.write_all(line.as_bytes())
 }
 
-/// One table cell. Strings come from producers: control characters are shown escaped so a
-/// crafted value cannot forge rows or colour the terminal.
+/// One table cell. Strings come from producers and operators: control characters are shown
+/// escaped so a crafted value cannot forge rows or colour the terminal.
 fn cell(v: &Json, width: usize) -> String {
     let s = match v {
         Json::Null => "-".to_string(),
-        Json::String(s) => printable(s),
+        Json::String(s) => escape_controls(s).into_owned(),
         Json::Number(n) => n.clone(),
         Json::Bool(b) => b.to_string(),
         other => other.to_compact(),
@@ -591,7 +592,24 @@ mod tests {
         write_csv_row(&mut out, &["a", "b", "c", "d", "e"], Some(&row)).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "a,b,c,d,e\r\nplain,\"x,\"\"y\"\"\r\nz\",,7,\"{\"\"k\"\":\"\"v,w\"\"}\"\r\n"
+            "a,b,c,d,e\r\nplain,\"x,\"\"y\"\"\\r\\nz\",,7,\"{\"\"k\"\":\"\"v,w\"\"}\"\r\n"
+        );
+    }
+
+    #[test]
+    fn csv_fields_show_control_characters_escaped() {
+        let row: Row = vec![
+            ("a".into(), Json::String("ok\n1,forged\u{1b}[2J".into())),
+            (
+                "b".into(),
+                Json::Object(vec![("k".into(), Json::String("\u{202e}x".into()))]),
+            ),
+        ];
+        let mut out = Vec::new();
+        write_csv_row(&mut out, &["a", "b"], Some(&row)).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\"ok\\n1,forged\\u001b[2J\",\"{\"\"k\"\":\"\"\\u202ex\"\"}\"\r\n"
         );
     }
 
@@ -670,7 +688,10 @@ mod tests {
 
     #[test]
     fn table_cells_escape_control_characters() {
-        let forged = Json::String("X\n1  2026 applied\u{1b}[31m\u{7f}".into());
-        assert_eq!(cell(&forged, 0), "X\\n1  2026 applied\\u001b[31m\\u007f");
+        let forged = Json::String("X\n1  2026 applied\u{1b}[31m\u{7f}\u{202e}".into());
+        assert_eq!(
+            cell(&forged, 0),
+            "X\\n1  2026 applied\\u001b[31m\\u007f\\u202e"
+        );
     }
 }

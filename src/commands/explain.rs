@@ -16,7 +16,7 @@ use crate::key::derive_key;
 use crate::model::{Outcome, Position, Source, hex};
 use crate::store::lookup::PositionState;
 use crate::store::{AuditEntry, Effect, QuarantineEntry, Snapshot, StoreError};
-use crate::textsafe::printable;
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::Zone;
 
 pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
@@ -62,7 +62,7 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
         let named = match (&args.source, &args.sequence) {
             (Some(s), Some(n)) => format!(
                 " ({} epoch {} sequence {n})",
-                printable(s),
+                escape_controls(s),
                 args.epoch.as_deref().unwrap_or("0")
             ),
             _ => String::new(),
@@ -74,7 +74,7 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
     }
     let text = match args.format {
         ExplainFormat::Text => story.text(&zone),
-        ExplainFormat::Json => format!("{}\n", story.json().to_compact()),
+        ExplainFormat::Json => format!("{}\n", escape_json(&story.json().to_compact())),
     };
     let mut out = io::stdout().lock();
     dump::quiet_on_closed_pipe(
@@ -216,7 +216,7 @@ impl Story {
         let Some((agency, source_id, pos)) = &self.position else {
             return vec!["The entries name no source or position.".into()];
         };
-        let source = printable(&format!("{agency}/{source_id}"));
+        let source = escape_controls(&format!("{agency}/{source_id}")).into_owned();
         let Some(state) = &self.state else {
             return vec![format!(
                 "Source {source} has no marks (nothing of it was ever applied): a message at \
@@ -266,9 +266,10 @@ impl Story {
             s.push('\n');
         };
         match &self.position {
-            Some((a, src, pos)) => {
-                line(format!("Event {} {pos}", printable(&format!("{a}/{src}"))))
-            }
+            Some((a, src, pos)) => line(format!(
+                "Event {} {pos}",
+                escape_controls(&format!("{a}/{src}"))
+            )),
             None => line("Event without a position".into()),
         }
         line(format!("key {} (key v1)", hex(&self.key)));
@@ -289,10 +290,10 @@ impl Story {
                 e.index,
                 zone.show_ms(r.recorded_at_ms),
                 Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
-                printable(&r.topic)
+                escape_controls(&r.topic)
             ));
             line(format!("      {}", self.sentence(e, zone)));
-            line(format!("      reason: {}", printable(&r.reason)));
+            line(format!("      reason: {}", escape_controls(&r.reason)));
         }
         line(String::new());
         if self.effects.is_empty() {
@@ -305,7 +306,7 @@ impl Story {
             line(format!(
                 "  #{offset} received {} on topic {}, {}, {}, audit entry #{}",
                 zone.show_ms(r.received_at_ms),
-                printable(&r.topic),
+                escape_controls(&r.topic),
                 if r.late {
                     "late (late: true)"
                 } else {
@@ -340,7 +341,7 @@ impl Story {
                 },
                 r.audit_index
             ));
-            line(format!("      reason: {}", printable(&r.reason)));
+            line(format!("      reason: {}", escape_controls(&r.reason)));
         }
         line(String::new());
         line("Now:".into());

@@ -12,7 +12,7 @@ use crate::filter::parse_source;
 use crate::json::Json;
 use crate::rangeset::RangeSet;
 use crate::store::Snapshot;
-use crate::textsafe::printable;
+use crate::textsafe::{escape_controls, escape_json};
 
 /// Seen sequences per (agency, source_id, epoch).
 type Seen = HashMap<(String, String, u64), RangeSet>;
@@ -103,7 +103,7 @@ pub fn write(seen: &Seen, format: Format, out: &mut impl Write) -> Result<(), Fa
                 ("missing_count".into(), num(to - from + 1)),
             ];
             match format {
-                Format::Jsonl => writeln!(out, "{}", Json::Object(row).to_compact())?,
+                Format::Jsonl => writeln!(out, "{}", escape_json(&Json::Object(row).to_compact()))?,
                 Format::Table => write_table_row(out, COLUMNS, Some(&row))?,
                 Format::Csv => write_csv_row(out, CSV_COLUMNS, Some(&row))?,
             }
@@ -120,7 +120,7 @@ pub fn write(seen: &Seen, format: Format, out: &mut impl Write) -> Result<(), Fa
             writeln!(
                 out,
                 "# {} epoch {epoch}: sequences {lowest}..{highest}, {} seen, {verdict}",
-                printable(&format!("{agency}/{source_id}")),
+                escape_controls(&format!("{agency}/{source_id}")),
                 set.len()
             )?;
         }

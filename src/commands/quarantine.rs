@@ -9,6 +9,7 @@ use super::Failure;
 use crate::cli::{QuarantineAction, QuarantineArgs};
 use crate::config::Config;
 use crate::store::{Backend, Resolution, StoreError};
+use crate::textsafe;
 use crate::timefmt::now_ms;
 
 pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
@@ -16,29 +17,11 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
         QuarantineAction::Release(a) => (a, true),
         QuarantineAction::Discard(a) => (a, false),
     };
-    let reason = a.reason.trim();
-    if reason.is_empty() {
-        return Err(Failure::Usage(anyhow!(
-            "--reason must say why (it is what a reviewer reads in the audit log)"
-        )));
-    }
-    let operator = match &a.operator {
-        Some(o) if !o.trim().is_empty() => o.trim().to_string(),
-        Some(_) => return Err(Failure::Usage(anyhow!("--operator must not be empty"))),
-        None => default_operator().ok_or_else(|| {
-            Failure::Usage(anyhow!("cannot tell who you are: pass --operator NAME"))
-        })?,
-    };
+    let (operator, reason) = who_and_why(&a.reason, a.operator.as_deref())?;
     let resolution = if release {
-        Resolution::Release {
-            operator,
-            reason: reason.to_string(),
-        }
+        Resolution::Release { operator, reason }
     } else {
-        Resolution::Discard {
-            operator,
-            reason: reason.to_string(),
-        }
+        Resolution::Discard { operator, reason }
     };
     let config = Config::resolve(a.db.config.as_deref(), a.db.db.as_deref())?;
     let mut store = super::open_operator(&config)?;
@@ -63,14 +46,57 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The human behind the command: `sudo` keeps the invoking user in $SUDO_USER; else $USER,
-/// $LOGNAME, else the process's user id looked up in /etc/passwd.
-pub(super) fn default_operator() -> Option<String> {
+/// The operator's name and reason, checked before anything is opened (`quarantine`, `relay
+/// retry|rewind|forget`). The reason is kept as typed, trimmed (listings escape what they
+/// print of it); the name must hold no `textsafe::is_unsafe` character, whether typed or
+/// taken from the environment: it is written into the audit entry's reason, where a line feed
+/// or an escape sequence would let it pass for someone else.
+pub(super) fn who_and_why(
+    reason: &str,
+    operator: Option<&str>,
+) -> Result<(String, String), Failure> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Failure::Usage(anyhow!(
+            "--reason must say why (it is what a reviewer reads in the audit log)"
+        )));
+    }
+    // A typed name is checked before it is trimmed: `alice\n` is refused, not cleaned up.
+    let (operator, found_in) = match operator {
+        Some(o) if o.chars().any(textsafe::is_unsafe) => (o.to_string(), None),
+        Some(o) if !o.trim().is_empty() => (o.trim().to_string(), None),
+        Some(_) => return Err(Failure::Usage(anyhow!("--operator must not be empty"))),
+        None => {
+            let (name, found_in) = default_operator().ok_or_else(|| {
+                Failure::Usage(anyhow!("cannot tell who you are: pass --operator NAME"))
+            })?;
+            (name, Some(found_in))
+        }
+    };
+    if let Some(c) = operator.chars().find(|c| textsafe::is_unsafe(*c)) {
+        let (what, what_to_do) = match &found_in {
+            None => ("--operator", ""),
+            Some(env) => (env.as_str(), ": pass --operator NAME"),
+        };
+        return Err(Failure::Usage(anyhow!(
+            "{what} \"{}\" holds U+{:04X}: an operator name may not hold control, line \
+             separator or bidi characters{what_to_do}",
+            textsafe::escape_controls(&operator),
+            u32::from(c)
+        )));
+    }
+    Ok((operator, reason.to_string()))
+}
+
+/// The human behind the command, and where the name was found: `sudo` keeps the invoking
+/// user in $SUDO_USER; else $USER, $LOGNAME, else the process's user id looked up in
+/// /etc/passwd.
+fn default_operator() -> Option<(String, String)> {
     ["SUDO_USER", "USER", "LOGNAME"]
         .iter()
-        .filter_map(|v| std::env::var(v).ok())
-        .find(|v| !v.trim().is_empty())
-        .or_else(user_from_uid)
+        .filter_map(|v| Some((std::env::var(v).ok()?, format!("${v}"))))
+        .find(|(v, _)| !v.trim().is_empty())
+        .or_else(|| Some((user_from_uid()?, "the user name in /etc/passwd".to_string())))
 }
 
 fn user_from_uid() -> Option<String> {

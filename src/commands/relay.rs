@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 
 use super::Failure;
+use super::quarantine::who_and_why;
 use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatusFormat};
 use crate::config::Config;
 use crate::config::StoreLocation;
@@ -17,6 +18,7 @@ use crate::store::relay::Parked;
 use crate::store::relay::RelayStore;
 use crate::store::tables::SinkRecord;
 use crate::store::{Backend, Snapshot, StoreError};
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{now_ms, rfc3339_ms};
 
 pub fn run(args: &RelayArgs) -> Result<(), Failure> {
@@ -165,7 +167,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                 "sinks".into(),
                 Json::Array(rows.into_iter().map(Json::Object).collect()),
             )]);
-            writeln!(out, "{}", doc.to_compact())?;
+            writeln!(out, "{}", escape_json(&doc.to_compact()))?;
         }
         StatusFormat::Text => {
             if rows.is_empty() {
@@ -176,7 +178,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                     row.iter()
                         .find(|(n, _)| n == k)
                         .map_or("-".to_string(), |(_, v)| match v {
-                            Json::String(s) => s.clone(),
+                            Json::String(s) => escape_controls(s).into_owned(),
                             Json::Null => "-".into(),
                             other => other.to_compact(),
                         })
@@ -400,7 +402,11 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
     match format {
         Format::Jsonl => {
             for p in &list {
-                writeln!(out, "{}", Json::Object(parked_row(p)).to_compact())?;
+                writeln!(
+                    out,
+                    "{}",
+                    escape_json(&Json::Object(parked_row(p)).to_compact())
+                )?;
             }
         }
         Format::Table => {
@@ -421,7 +427,7 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
                             .iter()
                             .find(|(k, _)| k == n)
                             .map_or(String::new(), |(_, v)| match v {
-                                Json::String(s) => s.clone(),
+                                Json::String(s) => escape_controls(s).into_owned(),
                                 other => other.to_compact(),
                             });
                         format!("\"{}\"", v.replace('"', "\"\""))
@@ -433,24 +439,6 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
     }
     out.flush()?;
     Ok(())
-}
-
-/// The operator's name and reason, as `quarantine release` takes them.
-fn who_and_why(reason: &str, operator: Option<&str>) -> Result<(String, String), Failure> {
-    let reason = reason.trim();
-    if reason.is_empty() {
-        return Err(Failure::Usage(anyhow!(
-            "--reason must say why (it is what a reviewer reads in the audit log)"
-        )));
-    }
-    let operator = match operator {
-        Some(o) if !o.trim().is_empty() => o.trim().to_string(),
-        Some(_) => return Err(Failure::Usage(anyhow!("--operator must not be empty"))),
-        None => super::quarantine::default_operator().ok_or_else(|| {
-            Failure::Usage(anyhow!("cannot tell who you are: pass --operator NAME"))
-        })?,
-    };
-    Ok((operator, reason.to_string()))
 }
 
 fn operator_store(db: &DbArgs) -> Result<(Config, Backend), Failure> {

@@ -1,5 +1,7 @@
 //! `stats`: the record's health at a glance, as labelled lines or one JSON object. Reads
-//! counters and table metadata, not the logs (the last-hour counts scan back one hour only).
+//! counters and table metadata, not the logs (the last-hour counts scan back one hour only,
+//! and can count only the audit entries retention kept: the output says when that falls
+//! short of the hour).
 
 use std::io::{self, Write};
 
@@ -8,6 +10,7 @@ use crate::cli::{StatsArgs, StatsFormat};
 use crate::json::Json;
 use crate::model::{Outcome, OutcomeCounts, hex};
 use crate::store::Snapshot;
+use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -18,7 +21,10 @@ pub fn run(args: &StatsArgs) -> Result<(), Failure> {
     let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
     let (db, snap) = super::open_existing(&args.db)?;
     let text = match args.format {
-        StatsFormat::Json => Stats::read(&snap, &db, now_ms())?.to_json().to_compact() + "\n",
+        StatsFormat::Json => {
+            escape_json(&Stats::read(&snap, &db, now_ms())?.to_json().to_compact()).into_owned()
+                + "\n"
+        }
         StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(&zone),
         StatsFormat::Prometheus => prometheus(args, &snap, &db)?,
     };
@@ -46,6 +52,8 @@ struct Stats {
     now_ms: u64,
     total: Option<OutcomeCounts>,
     last_hour: OutcomeCounts,
+    /// When the oldest audit entry retention kept was recorded (`None`: none kept).
+    audit_first_at_ms: Option<u64>,
     window_entries: u64,
     oldest_in_window_ms: Option<u64>,
     quarantined: u64,
@@ -66,6 +74,7 @@ impl Stats {
     fn read(snap: &Snapshot, path: &std::path::Path, now: u64) -> Result<Stats, Failure> {
         let meta = snap.meta()?;
         let summary = snap.summary()?;
+        let audit_first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         Ok(Stats {
             path: path.display().to_string(),
             file_bytes: crate::readings::database_bytes(snap, path)?,
@@ -73,10 +82,13 @@ impl Stats {
             now_ms: now,
             total: snap.counters()?,
             last_hour: snap.counts_since(now.saturating_sub(HOUR_MS))?,
+            audit_first_at_ms: snap
+                .audit_entry(audit_first)?
+                .map(|e| e.record.recorded_at_ms),
             window_entries: summary.window_entries,
             oldest_in_window_ms: snap.oldest_in_window_ms()?,
             quarantined: summary.quarantined,
-            audit_first: meta.audit_anchor.map_or(0, |(i, _)| i + 1),
+            audit_first,
             audit_next: meta.next_audit,
             audit_anchor: meta.audit_anchor,
             marks: snap.retention_marks()?,
@@ -88,6 +100,17 @@ impl Stats {
             window_start: meta.window_start,
             identity: snap.identity()?,
         })
+    }
+
+    /// Whether `last_hour` counts every decision of the hour: not when retention pruned audit
+    /// entries during the hour and the oldest entry it kept is from within the hour (the
+    /// entries pruned just before it may be too). Entries are pruned from the oldest end, so
+    /// a kept entry from before the hour, or a last pruning before it, proves the count whole.
+    fn last_hour_complete(&self) -> bool {
+        let since = self.now_ms.saturating_sub(HOUR_MS);
+        self.audit_anchor.is_none()
+            || self.marks.last_pruned_at_ms < since
+            || self.audit_first_at_ms.is_some_and(|t| t < since)
     }
 
     /// The sink whose cursor holds retention back, if any: the lowest cursor, when it is
@@ -152,6 +175,10 @@ impl Stats {
             ),
             ("decisions_last_hour", counts(&self.last_hour)),
             (
+                "decisions_last_hour_complete",
+                Json::Bool(self.last_hour_complete()),
+            ),
+            (
                 "window",
                 obj(vec![
                     ("entries", num(self.window_entries)),
@@ -172,6 +199,10 @@ impl Stats {
                 obj(vec![
                     ("first_index", num(self.audit_first)),
                     ("next_index", num(self.audit_next)),
+                    (
+                        "first_recorded_at",
+                        self.audit_first_at_ms.map_or(Json::Null, time),
+                    ),
                     (
                         "anchor",
                         self.audit_anchor.map_or(Json::Null, |(i, h)| {
@@ -346,7 +377,23 @@ impl Stats {
                 counts,
             ),
         );
-        line("last hour", counts(&self.last_hour));
+        if self.last_hour_complete() {
+            line("last hour", counts(&self.last_hour));
+        } else {
+            let kept = self.audit_first_at_ms.map_or_else(
+                || "none kept".to_string(),
+                |t| format!("from {} on", zone.show_ms(t)),
+            );
+            line(
+                "last hour",
+                format!(
+                    "at least {}: retained audit entries only, {kept}; the {} pruned before \
+                     them may hold more of the hour",
+                    counts(&self.last_hour),
+                    self.audit_first
+                ),
+            );
+        }
         line(
             "window",
             match self.oldest_in_window_ms {
@@ -393,8 +440,9 @@ impl Stats {
                 .iter()
                 .map(|(n, r)| {
                     format!(
-                        "{n} ({}) at {} of {}, lag {}",
-                        r.kind,
+                        "{} ({}) at {} of {}, lag {}",
+                        escape_controls(n),
+                        escape_controls(&r.kind),
                         r.next,
                         self.head,
                         self.head.saturating_sub(r.next)
@@ -406,8 +454,9 @@ impl Stats {
                 line(
                     "",
                     format!(
-                        "sink {n} holds the effect log: {k} effects outside the window are kept \
-                         until it delivers them (retention does not prune past its cursor)"
+                        "sink {} holds the effect log: {k} effects outside the window are kept \
+                         until it delivers them (retention does not prune past its cursor)",
+                        escape_controls(n)
                     ),
                 );
             }
@@ -419,8 +468,8 @@ impl Stats {
                 .map_or_else(|| "-".into(), |(e, q)| format!("{e}/{q}"));
             s.push_str(&format!(
                 "  {}/{}  high-water {}/{}  evicted floor {floor}\n",
-                crate::textsafe::printable(&src.agency),
-                crate::textsafe::printable(&src.source_id),
+                escape_controls(&src.agency),
+                escape_controls(&src.source_id),
                 src.high_water.0,
                 src.high_water.1
             ));
@@ -439,7 +488,7 @@ impl Stats {
             s.push_str(&format!(
                 "  {}  {}  {} duplicates absorbed\n",
                 zone.show_ms(b.connected_at_ms),
-                b.broker,
+                escape_controls(&b.broker),
                 b.duplicates
             ));
         }

@@ -65,6 +65,21 @@ pub fn effects(db: &Path) -> Vec<Effect> {
     out
 }
 
+/// The first character in `text` that a terminal would act on (other than a line end): a
+/// control character, U+2028/U+2029 or a bidi embedding, override or isolate. Written out
+/// here rather than taken from `textsafe`, so that the tests check the library against it.
+pub fn terminal_control(text: &str) -> Option<char> {
+    text.chars().find(|c| {
+        *c != '\n'
+            && *c != '\r'
+            && (c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+                ))
+    })
+}
+
 /// One feed-contract message as a JSON line.
 pub fn msg(agency: &str, source: &str, epoch: u64, seq: u64, body: &str) -> String {
     format!(

@@ -1344,3 +1344,44 @@ fn the_time_mask_can_fail() {
         "at <T>"
     );
 }
+
+#[test]
+fn since_and_until_refuse_utc_offsets_beyond_23_59() {
+    let (_dir, db) = story_db();
+    let db = db.to_str().unwrap();
+    for (flag, value) in [
+        ("--since", "2026-11-30T02:00:00+25:00"),
+        ("--until", "2026-11-30T02:00:00-24:00"),
+    ] {
+        for command in ["dump-audit", "dump-effects", "dump-quarantine"] {
+            let out = common::run(&[command, "--db", db, flag, value]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command} {flag}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.starts_with(&format!("replay-guard: error: {flag} ")),
+                "{stderr}"
+            );
+            assert!(stderr.contains("-23:59 to +23:59"), "{stderr}");
+            assert!(out.stdout.is_empty());
+        }
+    }
+    // The largest offsets RFC 3339 allows still work.
+    let all = rows(&ok(&["dump-audit", "--db", db]));
+    let early = rows(&ok(&[
+        "dump-audit",
+        "--db",
+        db,
+        "--since",
+        "1970-01-02T00:00:00+23:59",
+    ]));
+    assert_eq!(early.len(), all.len());
+    let late = rows(&ok(&[
+        "dump-audit",
+        "--db",
+        db,
+        "--until",
+        "1970-01-01T00:00:00-23:59",
+    ]));
+    assert!(late.is_empty());
+}

@@ -528,3 +528,234 @@ fn malformed_operator_arguments_are_one_line_errors_exiting_1() {
         );
     }
 }
+
+/// A database holding one conflict in quarantine (id 0), and its audit log as `dump-audit`
+/// prints it.
+fn one_conflict(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    let db = dir.join("q.redb");
+    let lines = [
+        common::msg("A", "S", 0, 1, "x"),
+        common::msg("A", "S", 0, 1, "changed"),
+    ];
+    ingest(&config(dir, ""), &db, (lines.join("\n") + "\n").as_bytes());
+    let audit = common::run(&["dump-audit", "--db", db.to_str().unwrap()]);
+    assert_eq!(audit.status.code(), Some(0));
+    (db, audit.stdout)
+}
+
+/// The first character in `bytes` that a terminal would act on, other than a line end.
+fn has_terminal_controls(bytes: &[u8]) -> Option<char> {
+    common::terminal_control(&String::from_utf8_lossy(bytes))
+}
+
+#[test]
+fn operator_names_with_control_or_bidi_characters_are_refused_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, audit_before) = one_conflict(dir.path());
+    let dbs = db.to_str().unwrap();
+    let cfg = config(dir.path(), "");
+    let forged = [
+        "root\nadmin\u{1b}[2J",
+        "alice\r",
+        "\tbob",
+        "bell\u{7}",
+        "del\u{7f}",
+        "csi\u{9b}2J",
+        "line\u{2028}sep",
+        "para\u{2029}sep",
+        "nimda\u{202e}",
+        "iso\u{2066}late\u{2069}",
+    ];
+    let commands: [&[&str]; 5] = [
+        &["quarantine", "release", "0", "--db", dbs],
+        &["quarantine", "discard", "0", "--db", dbs],
+        &["relay", "retry", "--sink", "s", "--all", "--db", dbs],
+        &["relay", "rewind", "--sink", "s", "--to", "0", "--db", dbs],
+        &["relay", "forget", "--sink", "s", "--config", &cfg],
+    ];
+    for command in commands {
+        for name in forged {
+            let mut args = command.to_vec();
+            args.extend(["--reason", "checked by radio", "--operator", name]);
+            let out = common::run(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.starts_with("replay-guard: ")
+                    && err.contains("--operator \"")
+                    && err.contains("an operator name may not hold control"),
+                "{args:?}: {err}"
+            );
+            assert_eq!(has_terminal_controls(err.as_bytes()), None, "{err:?}");
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+        // The name the environment gives is checked the same way.
+        for var in ["SUDO_USER", "USER", "LOGNAME"] {
+            let mut args = command.to_vec();
+            args.extend(["--reason", "checked by radio"]);
+            let out = Command::new(common::bin())
+                .args(&args)
+                .env_remove("SUDO_USER")
+                .env_remove("USER")
+                .env_remove("LOGNAME")
+                .env(var, "eve\u{1b}[2J\nalice")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?} {var}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("${var} \"eve\\u001b[2J\\nalice\" holds U+001B"))
+                    && err.contains("pass --operator NAME"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // Nothing was written: the same audit log, the conflict still held.
+    let audit = common::run(&["dump-audit", "--db", dbs]);
+    assert_eq!(audit.stdout, audit_before);
+    assert_eq!(rows("dump-quarantine", &db).len(), 1);
+    // A plain name goes through, printable Unicode included.
+    let out = common::run(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        dbs,
+        "--reason",
+        "checked by radio",
+        "--operator",
+        "Zoë Ørsted",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let audit = rows("dump-audit", &db);
+    assert_eq!(
+        text(&audit[audit.len() - 1], "/reason"),
+        "quarantine #0 released by Zoë Ørsted: checked by radio"
+    );
+}
+
+#[test]
+fn a_reason_keeps_its_control_characters_but_every_listing_prints_them_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = one_conflict(dir.path());
+    let dbs = db.to_str().unwrap();
+    let typed = "IC confirmed\nreleased by root\u{1b}[2J \u{202e}dlrow\u{85} C:\\radio";
+    let out = common::run(&[
+        "quarantine",
+        "release",
+        "0",
+        "--db",
+        dbs,
+        "--reason",
+        typed,
+        "--operator",
+        "alice",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = format!("quarantine #0 released by alice: {typed}");
+    let shown = "quarantine #0 released by alice: IC confirmed\\nreleased by root\\u001b[2J \
+                 \\u202edlrow\\u0085 C:\\\\radio";
+
+    // jsonl: the exact text, read back by any JSON reader; nothing raw for the terminal.
+    let jsonl = common::run(&["dump-audit", "--db", dbs]).stdout;
+    assert_eq!(has_terminal_controls(&jsonl), None);
+    let audit = rows("dump-audit", &db);
+    assert_eq!(jsonl.iter().filter(|b| **b == b'\n').count(), audit.len());
+    let released = &audit[audit.len() - 1];
+    assert_eq!(text(released, "/outcome"), "released");
+    assert_eq!(text(released, "/reason"), stored);
+
+    // table and CSV: one line (record) per entry, the reason escaped.
+    let table = common::run(&["dump-audit", "--db", dbs, "--format", "table"]).stdout;
+    let table = String::from_utf8(table).unwrap();
+    assert_eq!(has_terminal_controls(table.as_bytes()), None, "{table}");
+    assert_eq!(table.lines().count(), 1 + audit.len(), "{table}");
+    assert!(table.lines().last().unwrap().ends_with(shown), "{table}");
+    let csv = common::run(&["dump-audit", "--db", dbs, "--format", "csv"]).stdout;
+    let csv = String::from_utf8(csv).unwrap();
+    assert_eq!(has_terminal_controls(csv.as_bytes()), None, "{csv}");
+    assert_eq!(csv.split("\r\n").count(), 1 + audit.len() + 1, "{csv}");
+    assert!(!csv.replace("\r\n", "").contains('\n'), "{csv}");
+    assert!(csv.contains(&format!(",{shown},")), "{csv}");
+
+    // explain: text escaped, JSON exact.
+    let key = text(released, "/key");
+    let story = common::run(&["explain", "--db", dbs, &key]).stdout;
+    let story = String::from_utf8(story).unwrap();
+    assert_eq!(has_terminal_controls(story.as_bytes()), None, "{story}");
+    assert!(
+        story.contains(&format!("      reason: {shown}\n")),
+        "{story}"
+    );
+    let story = common::run(&["explain", "--db", dbs, &key, "--format", "json"]).stdout;
+    assert_eq!(has_terminal_controls(&story), None);
+    let story = json::parse(&story, 64).unwrap();
+    let entries = match get(&story, "/audit") {
+        Json::Array(a) => a,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(text(&entries[entries.len() - 1], "/reason"), stored);
+
+    // The hashed text is what was typed: the chain verifies.
+    let (code, out) = verify(&db);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+#[test]
+fn stats_last_hour_says_it_counts_only_what_retention_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kept.redb");
+    let cfg = config(
+        dir.path(),
+        "[commit]\nmax_batch = 100\n[retention]\naudit_max_entries = 100\n",
+    );
+    let lines: Vec<String> = (1..=1_700)
+        .map(|n| common::msg("A", "S", 0, n, "x"))
+        .collect();
+    ingest(&cfg, &db, (lines.join("\n") + "\n").as_bytes());
+    let s = stats(&db);
+    assert_eq!(num(&s, "/decisions_total/total"), 1_700);
+    assert_eq!(num(&s, "/decisions_total/applied"), 1_700);
+    assert_eq!(num(&s, "/decisions_last_hour/total"), 100);
+    assert_eq!(get(&s, "/decisions_last_hour_complete"), Json::Bool(false));
+    assert_eq!(num(&s, "/audit/first_index"), 1_600);
+    let first_at = text(&s, "/audit/first_recorded_at");
+    let audit = rows("dump-audit", &db);
+    assert_eq!(text(&audit[0], "/recorded_at"), first_at);
+    let out = common::run(&["stats", "--db", db.to_str().unwrap()]);
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.contains("decisions      1700 (applied 1700)\n"), "{t}");
+    assert!(
+        t.contains(&format!(
+            "last hour      at least 100 (applied 100): retained audit entries only, from \
+             {first_at} on; the 1600 pruned before them may hold more of the hour\n"
+        )),
+        "{t}"
+    );
+
+    // Nothing pruned: the hour is counted whole and said as before.
+    let whole = dir.path().join("whole.redb");
+    ingest(
+        &config(dir.path(), ""),
+        &whole,
+        (lines[..5].join("\n") + "\n").as_bytes(),
+    );
+    let s = stats(&whole);
+    assert_eq!(num(&s, "/decisions_last_hour/total"), 5);
+    assert_eq!(get(&s, "/decisions_last_hour_complete"), Json::Bool(true));
+    let out = common::run(&["stats", "--db", whole.to_str().unwrap()]);
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(t.contains("last hour      5 (applied 5)\n"), "{t}");
+}

@@ -741,6 +741,64 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
 }
 
 #[test]
+fn parked_reasons_responses_and_errors_are_printed_escaped_by_every_relay_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 5);
+    let reason = "HTTP 422\nparked by root\u{1b}[2J";
+    let response = "HTTP/1.1 422\r\n\r\n\u{202e}tinu dab\u{9b}31m";
+    let error = "HTTP 500\n  last error at 2000-01-01: none\u{1b}[2J";
+    {
+        let mut store = Store::open_operator(&s.db, StoreOptions::default()).unwrap();
+        store
+            .register_sink("script", "exec", StartAt::Beginning, 1_000)
+            .unwrap();
+        let (_, mut record) = replay_guard::testing::parked(&store.reader().unwrap(), 2, false);
+        record.parked_at_ms = 1_764_547_200_000;
+        record.reason = reason.into();
+        record.response = response.into();
+        store
+            .advance_sink("script", 0, 0, 3, &[(2, record)], 2_000)
+            .unwrap();
+        store.note_sink_error("script", error, 3_000).unwrap();
+        store.close().unwrap();
+    }
+    let cfg = s.config.to_str().unwrap();
+    let raw = common::terminal_control;
+    let parked = |format: &str| {
+        stdout(&common::run(&[
+            "relay", "parked", "--config", cfg, "--sink", "script", "--format", format,
+        ]))
+    };
+    // jsonl and JSON: the exact text, nothing raw for the terminal.
+    let jsonl = parked("jsonl");
+    assert_eq!(raw(&jsonl), None, "{jsonl:?}");
+    assert_eq!(jsonl.lines().count(), 1);
+    let p = json::parse(jsonl.trim().as_bytes(), 64).unwrap();
+    assert_eq!(field(&p, "reason"), reason);
+    assert_eq!(field(&p, "response"), response);
+    assert_eq!(field(&s.status(&s.config)["script"], "last_error"), error);
+    // table and CSV: one line per event, the reason escaped.
+    let shown = "HTTP 422\\nparked by root\\u001b[2J";
+    let table = parked("table");
+    assert_eq!(raw(&table), None, "{table:?}");
+    assert_eq!(table.lines().count(), 2, "{table}");
+    assert!(table.lines().last().unwrap().ends_with(shown), "{table}");
+    let csv = parked("csv");
+    assert_eq!(raw(&csv), None, "{csv:?}");
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    assert!(csv.ends_with(&format!(",\"{shown}\"\n")), "{csv}");
+    // status text: the sink's line and one line for its last error.
+    let status = stdout(&common::run(&["relay", "status", "--config", cfg]));
+    assert_eq!(raw(&status), None, "{status:?}");
+    assert_eq!(status.lines().count(), 2, "{status}");
+    assert!(
+        status.ends_with(": HTTP 500\\n  last error at 2000-01-01: none\\u001b[2J\n"),
+        "{status}"
+    );
+}
+
+#[test]
 fn dump_effects_after_starts_past_the_offset() {
     let dir = tempfile::tempdir().unwrap();
     let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
