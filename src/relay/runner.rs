@@ -502,7 +502,7 @@ async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
             Err(e) => format!("its task ended: {e}"),
         };
         let name = ctx.cfg.name.clone();
-        tracing::error!(sink = %name, error = %why, "relay sink failed; restarting it after a backoff");
+        tracing::error!(sink = %name, error = %super::terminal_safe(&why), "relay sink failed; restarting it after a backoff");
         if let Some(m) = &ctx.shared.metrics {
             m.sink_restarted(&name, 1);
         }
@@ -616,7 +616,7 @@ impl SinkTask {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(sink = %self.cfg.name, error = %e, "relay sink failed; restarting it after a backoff");
+                    tracing::error!(sink = %self.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff");
                     self.status("failing", Some(e.to_string()));
                     let wait = self.jitter(backoff);
                     if self.sleep(wait).await == Woken::Stop {
@@ -764,7 +764,7 @@ impl SinkTask {
             let held = match self.sink.holds_prefix(&ids).await {
                 Ok(n) => n as u64,
                 Err(e) => {
-                    tracing::warn!(sink = %self.cfg.name, error = %e, "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+                    tracing::warn!(sink = %self.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
                     return Ok(());
                 }
             };
@@ -976,14 +976,14 @@ impl SinkTask {
                     Some(Failure::Retry { error, .. }) => {
                         // Transient (a 503, a lost connection): the request stands and is
                         // tried again on the next round, about a second later.
-                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, %error, "retried parked event not delivered yet; trying again");
+                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again");
                         self.status("retrying", Some(error.clone()));
                         self.note_error(&error).await?;
                         continue;
                     }
                     None => "not delivered".into(),
                 };
-                tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %why, "retried parked event refused again; it stays parked");
+                tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
                 self.shared
                     .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
                     .await?;
@@ -1159,7 +1159,7 @@ impl SinkTask {
         failures: u32,
     ) -> Result<bool, RelayError> {
         let blocking = self.cfg.on_poison == OnPoison::Block;
-        tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, reason = %crate::relay::terminal_safe(&reason), blocking, "event refused for good: parked");
+        tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&reason), blocking, "event refused for good: parked");
         let record = ParkedRecord {
             parked_at_ms: now_ms(),
             id: ev.id.clone(),
@@ -1229,7 +1229,7 @@ impl SinkTask {
              parked, the sink waits at offset {at} and keeps trying; fix the receiver",
             other.0, other.1, ev.agency, ev.source_id, ev.offset
         );
-        tracing::error!(sink = %self.cfg.name, offset = at, %class, error = %crate::relay::terminal_safe(&error), "relay sink blocked");
+        tracing::error!(sink = %self.cfg.name, offset = at, %class, error = %super::terminal_safe(&error), "relay sink blocked");
         self.error_noted_at = None;
         self.back_off(1, None, &error, "blocked").await;
         Ok(())
@@ -1249,7 +1249,7 @@ impl SinkTask {
             .saturating_mul(1u32 << failures.min(20))
             .min(self.cfg.backoff_max);
         let wait = self.jitter(cap).max(after.unwrap_or_default());
-        tracing::warn!(sink = %self.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, %error, "delivery failed; retrying");
+        tracing::warn!(sink = %self.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying");
         self.status(state, Some(error.to_string()));
         if let Err(e) = self.note_error(error).await {
             tracing::warn!(sink = %self.cfg.name, error = %e, "could not record the sink's error");
