@@ -696,6 +696,17 @@ impl SinkTask {
             let identity = self.shared.read(|s| s.identity()).await?;
             self.store_id = identity.map(|i| i.id);
         }
+        if rec
+            .last_error
+            .as_ref()
+            .is_some_and(|(_, e)| e.starts_with(FAILING))
+        {
+            // Up again after a restart: no longer failing.
+            let name = self.name().to_string();
+            self.shared
+                .write(move |s| s.clear_sink_error(&name, FAILING, now_ms()))
+                .await?;
+        }
         if self.standby {
             tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink taken over from another member");
             self.standby = false;

@@ -264,6 +264,29 @@ pub trait RelayStore {
         .map(drop)
     }
 
+    /// Clears the sink's last error if it starts with `prefix` (a restarted sink that came
+    /// up again is no longer failing, even before it next delivers).
+    fn clear_sink_error(
+        &mut self,
+        name: &str,
+        prefix: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, u64::MAX, None, now_ms, |_, rec| {
+                if rec
+                    .last_error
+                    .as_ref()
+                    .is_some_and(|(_, e)| e.starts_with(prefix))
+                {
+                    rec.last_error = None;
+                }
+                Ok(())
+            })
+        })
+        .map(drop)
+    }
+
     /// A parked event was delivered after `relay retry`: its record goes; a blocking one also
     /// lets the cursor past it, if the cursor is still at it in `generation` (not rewound).
     fn parked_delivered(

@@ -788,10 +788,10 @@ fn parked_reasons_responses_and_errors_are_printed_escaped_by_every_relay_listin
     assert_eq!(raw(&csv), None, "{csv:?}");
     assert_eq!(csv.lines().count(), 2, "{csv}");
     assert!(csv.ends_with(&format!(",\"{shown}\"\n")), "{csv}");
-    // status text: the sink's line and one line for its last error.
+    // status text: the sink's line, its accounting and one line for its last error.
     let status = stdout(&common::run(&["relay", "status", "--config", cfg]));
     assert_eq!(raw(&status), None, "{status:?}");
-    assert_eq!(status.lines().count(), 2, "{status}");
+    assert_eq!(status.lines().count(), 3, "{status}");
     assert!(
         status.ends_with(": HTTP 500\\n  last error at 2000-01-01: none\\u001b[2J\n"),
         "{status}"

@@ -96,7 +96,7 @@ pub struct Sql {
     pub parked_range: String,
     pub parked_upsert: String,
     pub parked_delete_range: String,
-    pub parked_lowest: String,
+    pub cursors_needed: String,
     pub ledger_range: String,
     pub ledger_upsert: String,
     pub ledger_delete_range: String,
@@ -214,7 +214,9 @@ impl Sql {
             parked_delete_range: f(
                 "DELETE FROM {s}.sink_parked WHERE name = $1 AND effect_offset BETWEEN $2 AND $3",
             ),
-            parked_lowest: f("SELECT min(effect_offset) FROM {s}.sink_parked WHERE name = $1"),
+            cursors_needed: f("SELECT c.name, c.record, \
+                 (SELECT min(p.effect_offset) FROM {s}.sink_parked p WHERE p.name = c.name) \
+                 FROM {s}.sink_cursors c"),
             ledger_range: f("SELECT seq, record FROM {s}.sink_ledger \
                  WHERE name = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq"),
             ledger_upsert: f(

@@ -597,14 +597,10 @@ impl Tx for PgTx<'_> {
 
     fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
         let mut low: Option<u64> = None;
-        for row in self.conn.query(&self.sql.cursors_all, &[])? {
+        for row in self.conn.query(&self.sql.cursors_needed, &[])? {
             let name: String = row.get(0);
             let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
-            let parked = self.conn.query(&self.sql.parked_lowest, &[&name])?;
-            let first_parked = parked
-                .first()
-                .and_then(|r| r.get::<_, Option<i64>>(0))
-                .map(un);
+            let first_parked = row.get::<_, Option<i64>>(2).map(un);
             let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
             low = Some(low.map_or(needed, |l| l.min(needed)));
         }
