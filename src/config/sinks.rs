@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{
-    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, Range, RawProtocol, Secret, TlsFiles,
-    in_range, read_bounded, redact_url, tls_files,
+    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, REDACTED_QUERY, Range, RawProtocol,
+    Secret, TlsFiles, in_range, read_bounded, redact_query, redact_url, tls_files,
 };
 
 pub const SINK_BATCH_MAX: Range = 1..=10_000;
@@ -174,14 +174,18 @@ pub struct MqttSink {
     pub keep_alive: Duration,
 }
 
-/// An `http://` or `https://` URL, split.
+/// An `http://` or `https://` URL, split. Its query may carry a token, so it is kept as a
+/// `Secret`: `Display` (every log line, error and status naming the URL) shows it as
+/// `?<redacted>`, and only `request_target` hands it out, for the request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
     pub tls: bool,
     pub host: String,
     pub port: u16,
-    /// Path and query, starting with `/`.
+    /// The path, starting with `/`, without the query.
     pub path: String,
+    /// What follows the `?`, if the URL has one.
+    query: Option<Secret>,
 }
 
 impl std::fmt::Display for HttpUrl {
@@ -192,51 +196,70 @@ impl std::fmt::Display for HttpUrl {
         } else {
             self.host.clone()
         };
-        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)
+        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)?;
+        if self.query.is_some() {
+            write!(f, "?{REDACTED_QUERY}")?;
+        }
+        Ok(())
     }
 }
 
 impl HttpUrl {
+    /// The request target: the path and the query, as sent on the request line.
+    pub fn request_target(&self) -> String {
+        match &self.query {
+            None => self.path.clone(),
+            Some(q) => format!("{}?{}", self.path, q.expose()),
+        }
+    }
+
+    /// Parses `s`; errors quote it with any user info and query hidden.
     pub fn parse(s: &str) -> Result<HttpUrl, String> {
+        let shown = redact_query(&redact_url(s));
         let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
             (true, r)
         } else if let Some(r) = s.strip_prefix("http://") {
             (false, r)
         } else {
-            return Err(format!(
-                "url {:?} must start with http:// or https://",
-                redact_url(s)
-            ));
+            // No scheme: `redact_query` would not know where a query starts.
+            let shown: String = shown.split(['?', '#']).next().unwrap_or("").into();
+            return Err(format!("url {shown:?} must start with http:// or https://"));
         };
-        let (authority, path) = match rest.find(['/', '?']) {
+        let (authority, path) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
         if authority.contains('@') {
             return Err(format!(
-                "url {:?}: a user name or password in the URL is not accepted (it would be logged)",
-                redact_url(s)
+                "url {shown:?}: a user name or password in the URL is not accepted (it would be \
+                 logged); a token belongs in authorization_file"
             ));
         }
-        let path = if path.starts_with('?') {
-            format!("/{path}")
-        } else {
-            path.to_string()
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
         };
-        if path.contains('#') || path.chars().any(|c| c.is_ascii_control() || c == ' ') {
+        let path = if path.is_empty() { "/" } else { path };
+        let bad = |t: &str| t.contains('#') || t.chars().any(|c| c.is_ascii_control() || c == ' ');
+        if bad(path) || query.is_some_and(bad) {
             return Err(format!(
-                "url {s:?}: the path may not hold a fragment, spaces or control characters"
+                "url {shown:?}: the path and query may not hold a fragment, spaces or control \
+                 characters"
             ));
         }
         let default_port = if tls { 443 } else { 80 };
         let (host, port) = if let Some(r) = authority.strip_prefix('[') {
             let (h, after) = r
                 .split_once(']')
-                .ok_or_else(|| format!("url {s:?}: unclosed '['"))?;
+                .ok_or_else(|| format!("url {shown:?}: unclosed '['"))?;
             match after.strip_prefix(':') {
                 Some(p) => (h.to_string(), Some(p)),
                 None if after.is_empty() => (h.to_string(), None),
-                None => return Err(format!("url {s:?}: unexpected {after:?} after the host")),
+                None => {
+                    return Err(format!(
+                        "url {shown:?}: unexpected {after:?} after the host"
+                    ));
+                }
             }
         } else {
             match authority.rsplit_once(':') {
@@ -245,7 +268,7 @@ impl HttpUrl {
             }
         };
         if host.is_empty() {
-            return Err(format!("url {s:?}: no host"));
+            return Err(format!("url {shown:?}: no host"));
         }
         let port = match port {
             None => default_port,
@@ -253,13 +276,14 @@ impl HttpUrl {
                 .parse::<u16>()
                 .ok()
                 .filter(|p| *p != 0)
-                .ok_or_else(|| format!("url {s:?}: bad port {p:?}"))?,
+                .ok_or_else(|| format!("url {shown:?}: bad port {p:?}"))?,
         };
         Ok(HttpUrl {
             tls,
             host,
             port,
-            path,
+            path: path.to_string(),
+            query: query.map(|q| Secret(q.to_string())),
         })
     }
 }
@@ -708,7 +732,8 @@ start = "head"
         }
         match &s[1].kind {
             SinkKind::Http(h) => {
-                assert_eq!(h.url.path, "/events?x=1");
+                assert_eq!(h.url.path, "/events");
+                assert_eq!(h.url.request_target(), "/events?x=1");
                 assert_eq!(h.url.port, 8080);
             }
             other => panic!("{other:?}"),
@@ -787,6 +812,62 @@ start = "head"
         )
         .unwrap_err();
         assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn an_http_url_query_never_prints_and_is_still_sent() {
+        let c = parse(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\n\
+             url = \"https://cop.example:8443/in/events?api_key=hunter2&x=1\"\n\
+             ca_file = \"/dev/null\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert_eq!(
+            h.url.to_string(),
+            "https://cop.example:8443/in/events?<redacted>"
+        );
+        assert_eq!(h.url.request_target(), "/in/events?api_key=hunter2&x=1");
+        for (url, want) in [
+            ("http://h?k=hunter2", "http://h:80/?<redacted>"),
+            ("http://[::1]:81/?hunter2", "http://[::1]:81/?<redacted>"),
+            ("http://h/p", "http://h:80/p"),
+        ] {
+            assert_eq!(HttpUrl::parse(url).unwrap().to_string(), want);
+        }
+        // Every error that quotes the URL hides the query (and any user info).
+        for url in [
+            "ftp://h/?k=hunter2",
+            "cop.example/in?k=hunter2",
+            "http://u:p@h/?k=hunter2",
+            "http://h:notaport/?k=hunter2",
+            "http://h/p?k=hunter2#frag",
+            "http://h/p?k=hunter2 x",
+            "http://h/p#hunter2",
+            "http://[::1/?k=hunter2",
+            "http://:80/?k=hunter2",
+        ] {
+            let e = HttpUrl::parse(url).unwrap_err();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+            let e = parse(&format!(
+                "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = {url:?}\n"
+            ))
+            .unwrap_err();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+        }
+        // TOML errors quote the line: its URL's query is hidden too.
+        for text in [
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = \"http://h/?k=hunter2\" x\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = [\"http://h/?k=hunter2\"]\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = http://h/?k=hunter2\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nauthorization = \"Bearer hunter2\"\n",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(!e.contains("hunter2"), "{text}: {e}");
+        }
     }
 
     #[test]

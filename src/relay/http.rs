@@ -63,7 +63,8 @@ pub struct HttpSink {
 /// Where and how requests go; shared by the requests in flight.
 struct Target {
     url: HttpUrl,
-    /// `url`'s path and query, as the request target.
+    /// `url`'s path and query, as the request target (`url` itself prints the query
+    /// redacted: it names the receiver in every error and log line).
     path: Uri,
     host: HeaderValue,
     timeout: Duration,
@@ -250,7 +251,7 @@ impl HttpSink {
     ) -> Result<HttpSink, String> {
         let url = cfg.url.clone();
         let path: Uri = url
-            .path
+            .request_target()
             .parse()
             .map_err(|e| format!("url {url}: the path and query are not a request target: {e}"))?;
         let default_port = if url.tls { 443 } else { 80 };

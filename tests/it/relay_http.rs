@@ -641,14 +641,16 @@ fn a_receiver_that_does_not_answer_is_retried_after_timeout_ms_on_a_new_connecti
 }
 
 #[test]
-fn a_refused_connection_is_a_retry_naming_the_url() {
+fn a_refused_connection_is_a_retry_naming_the_url_without_its_query() {
     // A port nothing listens on: bound, then closed.
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut sink = http_sink(&format!("url = \"http://127.0.0.1:{port}/in\"\n"));
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{port}/in?api_key=s3cret-in-query\"\n"
+    ));
     let a = runtime().block_on(sink.deliver(
         &events(2),
         CursorAfter {
@@ -658,10 +660,15 @@ fn a_refused_connection_is_a_retry_naming_the_url() {
     ));
     assert_eq!(a.delivered, 0);
     match a.failure {
-        Some(Failure::Retry { error, .. }) => assert!(
-            error.starts_with(&format!("connecting to http://127.0.0.1:{port}/in: ")),
-            "{error}"
-        ),
+        Some(Failure::Retry { error, .. }) => {
+            assert!(
+                error.starts_with(&format!(
+                    "connecting to http://127.0.0.1:{port}/in?<redacted>: "
+                )),
+                "{error}"
+            );
+            assert!(!error.contains("s3cret"), "{error}");
+        }
         other => panic!("{other:?}"),
     }
 }
