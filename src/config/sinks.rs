@@ -84,6 +84,7 @@ pub(super) struct RawSink {
     keep_alive_seconds: Option<u64>,
     // http
     url: Option<String>,
+    authorization_file: Option<PathBuf>,
     // postgres
     dsn: Option<String>,
     dsn_file: Option<PathBuf>,
@@ -293,6 +294,9 @@ pub struct HttpSink {
     pub url: HttpUrl,
     /// CA certificates for `https://` (verification is always on).
     pub ca_file: Option<PathBuf>,
+    /// The whole `Authorization` header value sent with every request (`authorization_file`,
+    /// or systemd's credential `NAME-authorization`); never printed.
+    pub authorization: Option<Secret>,
 }
 
 #[derive(Debug, Clone)]
@@ -397,7 +401,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         RawKind::Exec => "exec",
     };
     // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
-    let foreign: [(&str, bool, &[RawKind]); 15] = [
+    let foreign: [(&str, bool, &[RawKind]); 16] = [
         ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
         ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
         ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
@@ -425,6 +429,11 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             &[RawKind::Mqtt],
         ),
         ("url", r.url.is_some(), &[RawKind::Http]),
+        (
+            "authorization_file",
+            r.authorization_file.is_some(),
+            &[RawKind::Http],
+        ),
         ("dsn", r.dsn.is_some(), &[RawKind::Postgres]),
         ("dsn_file", r.dsn_file.is_some(), &[RawKind::Postgres]),
         ("table", r.table.is_some(), &[RawKind::Postgres]),
@@ -542,9 +551,19 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                     "an https:// url needs ca_file (certificates are always verified)".into(),
                 ));
             }
+            let authorization =
+                authorization(&name, r.authorization_file.as_deref()).map_err(&invalid)?;
+            if authorization.is_some() && !url.tls && !is_loopback(&url.host) {
+                tracing::warn!(
+                    sink = %name,
+                    url = %url,
+                    "the Authorization value goes in clear over http://: use https://"
+                );
+            }
             SinkKind::Http(HttpSink {
                 url,
                 ca_file: r.ca_file.clone(),
+                authorization,
             })
         }
         RawKind::Postgres => {
@@ -612,6 +631,74 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         timeout: Duration::from_millis(timeout_ms),
         kind,
     })
+}
+
+/// Largest `authorization_file` read: a long JWT fits, `/dev/zero` does not.
+const MAX_AUTHORIZATION_BYTES: u64 = 16 * 1024;
+
+/// The `Authorization` value of http sink `sink`: read from `file`, else from
+/// `$CREDENTIALS_DIRECTORY/SINK-authorization` when systemd handed that credential over
+/// (`LoadCredential=`; found as `[mqtt]`'s `mqtt-password` is), else none. One line of
+/// printable ASCII, its line end trimmed. A file others than its owner may read or write is
+/// used, with a warning. Errors name the file, never what it holds.
+fn authorization(sink: &str, file: Option<&Path>) -> Result<Option<Secret>, String> {
+    let from_systemd = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .map(|d| PathBuf::from(d).join(format!("{sink}-authorization")));
+    let Some(path) = file
+        .map(Path::to_path_buf)
+        .or(from_systemd.filter(|p| p.exists()))
+    else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let text = read_bounded(&path, MAX_AUTHORIZATION_BYTES)
+        .map_err(|e| format!("authorization_file {shown}: {e}"))?;
+    let value = text.trim_end_matches(['\r', '\n']);
+    if value.trim().is_empty() {
+        return Err(format!(
+            "authorization_file {shown} is empty: it holds the whole Authorization header \
+             value, e.g. \"Bearer TOKEN\""
+        ));
+    }
+    if !value.chars().all(|c| (' '..='~').contains(&c)) {
+        return Err(format!(
+            "authorization_file {shown}: the value must be one line of printable ASCII (it \
+             holds a control character, a line break or a non-ASCII character)"
+        ));
+    }
+    if value.starts_with(' ') || value.ends_with(' ') {
+        return Err(format!(
+            "authorization_file {shown}: the value starts or ends with a space"
+        ));
+    }
+    warn_if_shared(sink, &path);
+    Ok(Some(Secret(value.to_string())))
+}
+
+/// Logs a warning when a secret's file can be read or written by others than its owner
+/// (mode 0600 or stricter is expected). A warning, not a refusal: the operator may have
+/// reasons (a group-readable file under a directory only the service can enter).
+fn warn_if_shared(sink: &str, path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(m) = std::fs::metadata(path) {
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                sink = %sink,
+                file = %path.display(),
+                mode = %format!("{mode:04o}"),
+                "authorization_file may be read or written by others than its owner: chmod 0600 it"
+            );
+        }
+    }
+}
+
+/// Whether a URL's host is this machine (nothing leaves it).
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The placeholders a sink topic may hold.
@@ -868,6 +955,89 @@ start = "head"
             let e = parse(text).unwrap_err();
             assert!(!e.contains("hunter2"), "{text}: {e}");
         }
+    }
+
+    /// An http sink whose `authorization_file` holds `content` (mode `mode`).
+    fn with_authorization(content: &[u8], mode: u32) -> (tempfile::TempDir, String) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cop-authorization");
+        std::fs::write(&file, content).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let text = format!(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://127.0.0.1/\"\n\
+             authorization_file = {:?}\n",
+            file.to_str().unwrap()
+        );
+        (dir, text)
+    }
+
+    #[test]
+    fn authorization_file_holds_the_header_value_trimmed_and_never_prints() {
+        for content in [
+            &b"Bearer hunter2"[..],
+            b"Bearer hunter2\n",
+            b"Bearer hunter2\r\n",
+            b"Bearer hunter2\n\n",
+        ] {
+            let (_dir, text) = with_authorization(content, 0o600);
+            let c = parse(&text).unwrap();
+            let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+                panic!("http expected")
+            };
+            assert_eq!(h.authorization.as_ref().unwrap().expose(), "Bearer hunter2");
+            assert!(!format!("{c:?}").contains("hunter2"));
+        }
+        // Group-readable is used (with a warning, logged).
+        let (_dir, text) = with_authorization(b"Basic aHVudGVyMg==", 0o644);
+        assert!(parse(&text).is_ok());
+        // No key and no systemd credential: no header.
+        let c = parse("[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://h/\"\n").unwrap();
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert!(h.authorization.is_none());
+    }
+
+    #[test]
+    fn a_bad_authorization_file_is_refused_without_quoting_it() {
+        for (content, want) in [
+            (&b""[..], "is empty"),
+            (b"\n", "is empty"),
+            (b"  \n", "is empty"),
+            (b"Bearer hun\ter2", "printable ASCII"),
+            (b"Bearer hun\nter2\n", "printable ASCII"),
+            (b"Bearer hun\x7fter2", "printable ASCII"),
+            ("Bearer hünter2".as_bytes(), "printable ASCII"),
+            (b"\xffhunter2", "valid UTF-8"),
+            (b" Bearer hunter2", "starts or ends with a space"),
+        ] {
+            let (dir, text) = with_authorization(content, 0o600);
+            // The temporary directory's random name is not what the file holds.
+            let e = parse(&text)
+                .unwrap_err()
+                .replace(dir.path().to_str().unwrap(), "DIR");
+            assert!(
+                e.contains("authorization_file DIR/cop-authorization") && e.contains(want),
+                "{content:?}: {e}"
+            );
+            assert!(!e.contains("hun"), "{e}");
+        }
+        let e = parse(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://h/\"\n\
+             authorization_file = \"/nonexistent/cop-authorization\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("authorization_file /nonexistent/cop-authorization: "),
+            "{e}"
+        );
+        let e = parse(
+            "[[sink]]\nname = \"a\"\nkind = \"exec\"\ncommand = [\"x\"]\n\
+             authorization_file = \"/x\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("authorization_file does not apply"), "{e}");
     }
 
     #[test]

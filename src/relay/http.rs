@@ -1,6 +1,8 @@
 //! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
 //! HTTP/1.1 keep-alive connection (TLS with `ca_file` for `https://`), with the event id in an
-//! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes.
+//! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes,
+//! and the configured `Authorization` value if there is one (a sensitive header value: hyper
+//! never prints it; `url` prints its query redacted, so neither reaches a log line or error).
 //! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
 //! two for the same source, so each source's events still arrive in log order.
 //!
@@ -21,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1;
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -67,6 +69,8 @@ struct Target {
     /// redacted: it names the receiver in every error and log line).
     path: Uri,
     host: HeaderValue,
+    /// Marked sensitive.
+    authorization: Option<HeaderValue>,
     timeout: Duration,
 }
 
@@ -267,11 +271,23 @@ impl HttpSink {
         };
         let host = HeaderValue::from_str(&host)
             .map_err(|_| format!("url {url}: the host cannot be sent in a Host header"))?;
+        let authorization = match &cfg.authorization {
+            None => None,
+            Some(a) => {
+                // The config allows printable ASCII only, which a header value always takes.
+                let mut v = HeaderValue::from_str(a.expose()).map_err(|_| {
+                    "the authorization_file value cannot be sent in a header".to_string()
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
         Ok(HttpSink {
             target: Arc::new(Target {
                 url,
                 path,
                 host,
+                authorization,
                 timeout,
             }),
             ca_file: cfg.ca_file.clone(),
@@ -444,7 +460,7 @@ async fn post(
         reason: "the event id cannot be an Idempotency-Key".into(),
         response: e.to_string(),
     })?;
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::POST)
         .uri(t.path.clone())
         .header(HOST, t.host.clone())
@@ -453,7 +469,11 @@ async fn post(
         .header(
             USER_AGENT,
             concat!("replay-guard/", env!("CARGO_PKG_VERSION")),
-        )
+        );
+    if let Some(a) = &t.authorization {
+        req = req.header(AUTHORIZATION, a.clone());
+    }
+    let req = req
         .body(Full::new(Bytes::from(ev.json.clone())))
         .map_err(|e| Failure::Poison {
             reason: "the request cannot be built".into(),
