@@ -9,7 +9,8 @@ use std::sync::Arc;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ClientConfig, InconsistentKeys, RootCertStore};
 
 /// The crypto provider of every rustls client replay-guard makes: ring (the build links no
 /// other; see README "TLS").
@@ -80,6 +81,34 @@ pub fn identity(
     let private = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("{key_key} {}: {e}", key.display()))?;
     Ok((chain, private))
+}
+
+/// Checks that the client certificate in `cert` and the private key in `key` are a pair (the
+/// key's public half is the certificate's), so that a mismatch is a configuration error
+/// rather than a handshake the server refuses. `cert_key` and `key_key` name the settings.
+pub fn check_identity(
+    cert: &Path,
+    key: &Path,
+    cert_key: &str,
+    key_key: &str,
+) -> Result<(), String> {
+    let (chain, private) = identity(cert, key, cert_key, key_key)?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(private)
+        .map_err(|e| format!("{key_key} {}: {e}", key.display()))?;
+    match CertifiedKey::new(chain, signing).keys_match() {
+        // ring's keys always tell their public half; a provider that could not, could not
+        // check, and the handshake would tell.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(()),
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => Err(format!(
+            "{key_key} {} is not the private key of {cert_key} {}: give the key the \
+             certificate was issued for",
+            key.display(),
+            cert.display()
+        )),
+        Err(e) => Err(format!("{cert_key} {}: {e}", cert.display())),
+    }
 }
 
 /// The error a failed handshake's `io::Error` carries, if rustls raised it.

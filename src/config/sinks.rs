@@ -294,6 +294,9 @@ pub struct HttpSink {
     pub url: HttpUrl,
     /// CA certificates for `https://` (verification is always on).
     pub ca_file: Option<PathBuf>,
+    /// `client_cert_file` and `client_key_file` for mutual TLS (`https://` only), checked to
+    /// be a pair when the config was loaded.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
     /// The whole `Authorization` header value sent with every request (`authorization_file`,
     /// or systemd's credential `NAME-authorization`); never printed.
     pub authorization: Option<Secret>,
@@ -416,12 +419,12 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         (
             "client_cert_file",
             r.client_cert_file.is_some(),
-            &[RawKind::Mqtt],
+            &[RawKind::Mqtt, RawKind::Http],
         ),
         (
             "client_key_file",
             r.client_key_file.is_some(),
-            &[RawKind::Mqtt],
+            &[RawKind::Mqtt, RawKind::Http],
         ),
         (
             "keep_alive_seconds",
@@ -551,6 +554,28 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                     "an https:// url needs ca_file (certificates are always verified)".into(),
                 ));
             }
+            let client_identity = match (&r.client_cert_file, &r.client_key_file) {
+                (None, None) => None,
+                (Some(cert), Some(key)) => {
+                    if !url.tls {
+                        return Err(invalid(
+                            "client_cert_file and client_key_file are for an https:// url \
+                             (mutual TLS)"
+                                .into(),
+                        ));
+                    }
+                    readable("client_cert_file", cert)?;
+                    readable("client_key_file", key)?;
+                    crate::tls::check_identity(cert, key, "client_cert_file", "client_key_file")
+                        .map_err(&invalid)?;
+                    Some((cert.clone(), key.clone()))
+                }
+                _ => {
+                    return Err(invalid(
+                        "client_cert_file and client_key_file go together".into(),
+                    ));
+                }
+            };
             let authorization =
                 authorization(&name, r.authorization_file.as_deref()).map_err(&invalid)?;
             if authorization.is_some() && !url.tls && !is_loopback(&url.host) {
@@ -563,6 +588,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             SinkKind::Http(HttpSink {
                 url,
                 ca_file: r.ca_file.clone(),
+                client_identity,
                 authorization,
             })
         }

@@ -1,8 +1,9 @@
 //! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
-//! HTTP/1.1 keep-alive connection (TLS with `ca_file` for `https://`), with the event id in an
-//! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes,
-//! and the configured `Authorization` value if there is one (a sensitive header value: hyper
-//! never prints it; `url` prints its query redacted, so neither reaches a log line or error).
+//! HTTP/1.1 keep-alive connection (TLS with `ca_file`, and a client certificate if configured,
+//! for `https://`), with the event id in an `Idempotency-Key` header so that the receiver can
+//! drop the redeliveries at-least-once makes, and the configured `Authorization` value if there
+//! is one (a sensitive header value: hyper never prints it; `url` prints its query redacted, so
+//! neither reaches a log line or error).
 //! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
 //! two for the same source, so each source's events still arrive in log order.
 //!
@@ -54,6 +55,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 pub struct HttpSink {
     target: Arc<Target>,
     ca_file: Option<PathBuf>,
+    /// Certificate chain and key files for mutual TLS.
+    client_identity: Option<(PathBuf, PathBuf)>,
     /// Built on the first `https://` delivery (it reads `ca_file`), then reused.
     tls: Option<TlsConnector>,
     /// Requests in flight at once, each on its own connection, for different sources.
@@ -291,6 +294,7 @@ impl HttpSink {
                 timeout,
             }),
             ca_file: cfg.ca_file.clone(),
+            client_identity: cfg.client_identity.clone(),
             tls: None,
             max_in_flight: max_in_flight.max(1),
             idle: Vec::new(),
@@ -439,7 +443,7 @@ impl HttpSink {
             .ca_file
             .as_deref()
             .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.target.url))?;
-        let t = tls_connector(ca)?;
+        let t = tls_connector(ca, self.client_identity.as_ref())?;
         self.tls = Some(t.clone());
         Ok(Some(t))
     }
@@ -663,9 +667,18 @@ where
 }
 
 /// A verifying TLS client trusting exactly the certificates in `ca_file`, on the provider
-/// of `crate::tls` (ring).
-fn tls_connector(ca_file: &Path) -> Result<TlsConnector, String> {
-    let mut cfg = crate::tls::verifying_client((ca_file, "ca_file"), None)?;
+/// of `crate::tls` (ring), presenting the client certificate if there is one.
+fn tls_connector(
+    ca_file: &Path,
+    identity: Option<&(PathBuf, PathBuf)>,
+) -> Result<TlsConnector, String> {
+    let identity = identity.map(|(cert, key)| {
+        [
+            (cert.as_path(), "client_cert_file"),
+            (key.as_path(), "client_key_file"),
+        ]
+    });
+    let mut cfg = crate::tls::verifying_client((ca_file, "ca_file"), identity)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(cfg)))
 }

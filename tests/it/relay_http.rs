@@ -696,6 +696,12 @@ fn a_refused_connection_is_a_retry_naming_the_url_without_its_query() {
 }
 
 fn tls_server(pki: &Path) -> Tls {
+    tls_server_with(pki, false)
+}
+
+/// The receiver's TLS: `pki`'s server certificate; with `client_auth`, it requires a client
+/// certificate issued by `pki`'s CA.
+fn tls_server_with(pki: &Path, client_auth: bool) -> Tls {
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("server.pem"))
@@ -704,14 +710,25 @@ fn tls_server(pki: &Path) -> Tls {
         .collect();
     let key = PrivateKeyDer::from_pem_file(pki.join("server.key")).unwrap();
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    Arc::new(
-        tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .unwrap(),
-    )
+    let builder = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = if client_auth {
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(pki.join("ca.pem")).unwrap() {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let verifier = tokio_rustls::rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider,
+        )
+        .build()
+        .unwrap();
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    Arc::new(builder.with_single_cert(certs, key).unwrap())
 }
 
 #[test]
@@ -1308,4 +1325,123 @@ fn no_command_output_log_or_stored_error_shows_the_authorization_value_or_the_ur
             "{secret} stored in the database"
         );
     }
+}
+
+#[test]
+fn mutual_tls_delivers_with_the_client_certificate_and_is_refused_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    super::tls::make_pki(&pki, "rg-mtls-ca");
+    let rx = Receiver::start(7, false, Some(tls_server_with(&pki, true)));
+    let evs = events(4);
+    let rt = runtime();
+    let path = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let base = format!(
+        "url = \"https://127.0.0.1:{}/e\"\nca_file = {:?}\n",
+        rx.port(),
+        path("ca.pem")
+    );
+    let cursor = CursorAfter {
+        generation: 1,
+        next_after: 4,
+    };
+
+    let mut anonymous = http_sink(&base);
+    let a = rt.block_on(async {
+        let a = anonymous.deliver(&evs, cursor).await;
+        anonymous.close().await;
+        a
+    });
+    assert_eq!(a.delivered, 0);
+    assert!(
+        matches!(&a.failure, Some(Failure::Retry { .. })),
+        "a refused handshake is retried: {:?}",
+        a.failure
+    );
+    assert!(rx.seen().is_empty(), "the receiver read no request");
+
+    let mut sink = http_sink(&format!(
+        "{base}client_cert_file = {:?}\nclient_key_file = {:?}\n",
+        path("client.pem"),
+        path("client.key")
+    ));
+    let a = rt.block_on(async {
+        let a = sink.deliver(&evs, cursor).await;
+        sink.close().await;
+        a
+    });
+    assert_eq!((a.delivered, a.failure), (4, None));
+    assert_eq!(
+        rx.accepted(),
+        evs.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn check_config_refuses_a_client_key_that_is_not_the_certificates_naming_both_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    super::tls::make_pki(&pki, "rg-pair-ca");
+    let path = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let check = |sink: &str| {
+        let cfg = dir.path().join("relay.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[store]\npath = {:?}\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n{sink}",
+                dir.path().join("rg.redb").to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        (out.status.code(), output(&out))
+    };
+    let https = format!(
+        "url = \"https://127.0.0.1:9/e\"\nca_file = {:?}\n",
+        path("ca.pem")
+    );
+    let pair = |cert: &str, key: &str| {
+        format!(
+            "client_cert_file = {:?}\nclient_key_file = {:?}\n",
+            path(cert),
+            path(key)
+        )
+    };
+
+    let (code, text) = check(&format!("{https}{}", pair("client.pem", "client.key")));
+    assert_eq!(code, Some(0), "{text}");
+
+    // The server's key with the client's certificate: both are valid PEM, not a pair.
+    let (code, text) = check(&format!("{https}{}", pair("client.pem", "server.key")));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "client_key_file {} is not the private key of client_cert_file {}",
+            path("server.key"),
+            path("client.pem")
+        )),
+        "{text}"
+    );
+
+    let (code, text) = check(&format!(
+        "url = \"http://127.0.0.1:9/e\"\n{}",
+        pair("client.pem", "client.key")
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("client_cert_file and client_key_file are for an https:// url"),
+        "{text}"
+    );
+
+    let (code, text) = check(&format!(
+        "{https}client_cert_file = {:?}\n",
+        path("client.pem")
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("client_cert_file and client_key_file go together"),
+        "{text}"
+    );
 }
