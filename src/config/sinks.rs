@@ -292,7 +292,8 @@ impl HttpUrl {
 #[derive(Debug, Clone)]
 pub struct HttpSink {
     pub url: HttpUrl,
-    /// CA certificates for `https://` (verification is always on).
+    /// CA certificates for `https://`; `None`: the operating system's trust store.
+    /// Verification is always on.
     pub ca_file: Option<PathBuf>,
     /// `client_cert_file` and `client_key_file` for mutual TLS (`https://` only), checked to
     /// be a pair when the config was loaded.
@@ -548,11 +549,6 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             .map_err(&invalid)?;
             if let Some(ca) = &r.ca_file {
                 readable("ca_file", ca)?;
-            }
-            if url.tls && r.ca_file.is_none() {
-                return Err(invalid(
-                    "an https:// url needs ca_file (certificates are always verified)".into(),
-                ));
             }
             let client_identity = match (&r.client_cert_file, &r.client_key_file) {
                 (None, None) => None,
@@ -885,10 +881,6 @@ start = "head"
                 "user name",
             ),
             (
-                "name = \"a\"\nkind = \"http\"\nurl = \"https://h/\"",
-                "ca_file",
-            ),
-            (
                 "name = \"a\"\nkind = \"http\"\nurl = \"http://h/\"\nbatch_max = 0",
                 "batch_max",
             ),
@@ -1064,6 +1056,15 @@ start = "head"
         )
         .unwrap_err();
         assert!(e.contains("authorization_file does not apply"), "{e}");
+    }
+
+    #[test]
+    fn https_without_ca_file_is_accepted_and_trusts_the_system_store() {
+        let c = parse("[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = \"https://h/\"\n").unwrap();
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert!(h.url.tls && h.ca_file.is_none() && h.client_identity.is_none());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
-//! HTTP/1.1 keep-alive connection (TLS with `ca_file`, and a client certificate if configured,
-//! for `https://`), with the event id in an `Idempotency-Key` header so that the receiver can
+//! HTTP/1.1 keep-alive connection (TLS for `https://`, verified against `ca_file` or, without
+//! it, the operating system's trust store, with a client certificate if configured), with the event id in an `Idempotency-Key` header so that the receiver can
 //! drop the redeliveries at-least-once makes, and the configured `Authorization` value if there
 //! is one (a sensitive header value: hyper never prints it; `url` prints its query redacted, so
 //! neither reaches a log line or error).
@@ -57,7 +57,8 @@ pub struct HttpSink {
     ca_file: Option<PathBuf>,
     /// Certificate chain and key files for mutual TLS.
     client_identity: Option<(PathBuf, PathBuf)>,
-    /// Built on the first `https://` delivery (it reads `ca_file`), then reused.
+    /// Built on the first `https://` delivery (it reads `ca_file` or the system's trust
+    /// store), then reused.
     tls: Option<TlsConnector>,
     /// Requests in flight at once, each on its own connection, for different sources.
     max_in_flight: usize,
@@ -439,11 +440,7 @@ impl HttpSink {
         if let Some(t) = &self.tls {
             return Ok(Some(t.clone()));
         }
-        let ca = self
-            .ca_file
-            .as_deref()
-            .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.target.url))?;
-        let t = tls_connector(ca, self.client_identity.as_ref())?;
+        let t = tls_connector(self.ca_file.as_deref(), self.client_identity.as_ref())?;
         self.tls = Some(t.clone());
         Ok(Some(t))
     }
@@ -666,10 +663,11 @@ where
     })
 }
 
-/// A verifying TLS client trusting exactly the certificates in `ca_file`, on the provider
-/// of `crate::tls` (ring), presenting the client certificate if there is one.
+/// A verifying TLS client trusting exactly the certificates in `ca_file`, or without it the
+/// operating system's store, on the provider of `crate::tls` (ring), presenting the client
+/// certificate if there is one.
 fn tls_connector(
-    ca_file: &Path,
+    ca_file: Option<&Path>,
     identity: Option<&(PathBuf, PathBuf)>,
 ) -> Result<TlsConnector, String> {
     let identity = identity.map(|(cert, key)| {
@@ -678,7 +676,11 @@ fn tls_connector(
             (key.as_path(), "client_key_file"),
         ]
     });
-    let mut cfg = crate::tls::verifying_client((ca_file, "ca_file"), identity)?;
+    let roots = match ca_file {
+        Some(ca) => crate::tls::roots(ca, "ca_file")?,
+        None => crate::tls::system_roots()?,
+    };
+    let mut cfg = crate::tls::client_trusting(roots, identity)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(cfg)))
 }

@@ -1445,3 +1445,80 @@ fn check_config_refuses_a_client_key_that_is_not_the_certificates_naming_both_ke
         "{text}"
     );
 }
+
+#[test]
+fn without_ca_file_https_verifies_against_the_system_store_which_refuses_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    super::tls::make_pki(dir.path(), "rg-private-ca");
+    let rx = Receiver::start(8, false, Some(tls_server(dir.path())));
+    // Accepted without ca_file; this process's system store (the host's CA bundle, or what
+    // SSL_CERT_FILE/SSL_CERT_DIR name) does not hold the test's CA.
+    let mut sink = http_sink(&format!("url = \"https://127.0.0.1:{}/e\"\n", rx.port()));
+    let a = runtime().block_on(sink.deliver(
+        &events(2),
+        CursorAfter {
+            generation: 1,
+            next_after: 2,
+        },
+    ));
+    assert_eq!(a.delivered, 0);
+    match a.failure {
+        Some(Failure::Retry { error, .. }) => {
+            // A handshake refused for its certificate: the store was read (an empty one is
+            // another error) and the receiver checked against it.
+            assert!(
+                error.starts_with("TLS handshake with https://127.0.0.1:"),
+                "{error}"
+            );
+            assert!(error.contains("UnknownIssuer"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        rx.seen().is_empty(),
+        "nothing is sent to an unverified receiver"
+    );
+}
+
+#[test]
+fn relay_without_ca_file_trusts_the_system_store_that_ssl_cert_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, other) = (dir.path().join("good"), dir.path().join("other"));
+    for (d, name) in [(&good, "rg-system-ca"), (&other, "rg-not-trusted-ca")] {
+        std::fs::create_dir(d).unwrap();
+        super::tls::make_pki(d, name);
+    }
+    let rx = Receiver::start(9, false, Some(tls_server(&good)));
+    let (cfg, _db, ids, _) = ingested_with(
+        dir.path(),
+        5,
+        &format!("url = \"https://127.0.0.1:{}/cop\"\n", rx.port()),
+    );
+    let log = dir.path().join("relay.log");
+    // rustls-native-certs reads only SSL_CERT_FILE when it is set (and SSL_CERT_DIR is not):
+    // a system store that holds another CA refuses the receiver ...
+    let relay = spawn_relay(
+        &cfg,
+        &log,
+        &[("SSL_CERT_FILE", other.join("ca.pem").to_str().unwrap())],
+        &["SSL_CERT_DIR"],
+    );
+    poll(Duration::from_secs(60), "the refused handshake", || {
+        let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).contains("UnknownIssuer")
+    });
+    let text = stop_relay(relay, &log);
+    assert!(rx.accepted().is_empty(), "{text}");
+    // ... and one that holds the receiver's CA trusts it.
+    let relay = spawn_relay(
+        &cfg,
+        &log,
+        &[("SSL_CERT_FILE", good.join("ca.pem").to_str().unwrap())],
+        &["SSL_CERT_DIR"],
+    );
+    rx.await_until(Duration::from_secs(60), "the five events", |l| {
+        l.accepted.len() >= 5
+    });
+    let text = stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids, "each once, in log order\n{text}");
+}
