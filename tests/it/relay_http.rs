@@ -4,7 +4,10 @@
 //! First through the library (`Sink::deliver`), then end to end: `ingest`, the standalone
 //! `relay` command, `relay parked` and `relay retry`: every event but the refused one arrives,
 //! every retry of an event carries the same `Idempotency-Key`, and the refused event is parked
-//! until the receiver accepts it.
+//! until the receiver accepts it. Credentials: the receiver answers 401 without the configured
+//! `Authorization` (from `authorization_file` or systemd's credential), requires a client
+//! certificate (mutual TLS), or is verified against the system trust store (`SSL_CERT_FILE`);
+//! and no output of any command, log line or stored byte shows the token or the URL's query.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
