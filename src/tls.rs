@@ -1,7 +1,9 @@
 //! The rustls set-up of every TLS client replay-guard makes (the MQTT connections, the `http`
-//! sink, the PostgreSQL connections): the crypto provider, trust anchors and a client identity
-//! read from PEM files. One TLS stack: rustls on ring, named explicitly in every config (no
-//! process-wide default provider is assumed or installed, so nothing can panic for lack of one).
+//! sink, the PostgreSQL connections): the crypto provider, trust anchors (read from PEM files,
+//! or for an https `http` sink without `ca_file` from the operating system's store) and a
+//! client identity read from PEM files. One TLS stack: rustls on ring, named explicitly in every
+//! config (no process-wide default provider is assumed or installed, so nothing can panic for
+//! lack of one). rustls-native-certs is named only here.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,10 +27,19 @@ pub fn verifying_client(
     (ca_file, ca_key): (&Path, &str),
     identity: Option<[(&Path, &str); 2]>,
 ) -> Result<ClientConfig, String> {
+    client_trusting(roots(ca_file, ca_key)?, identity)
+}
+
+/// A client that verifies the server's chain and name against `roots`, authenticating with a
+/// certificate chain and key if `identity` names them (as `verifying_client`).
+pub fn client_trusting(
+    roots: RootCertStore,
+    identity: Option<[(&Path, &str); 2]>,
+) -> Result<ClientConfig, String> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up: {e}"))?
-        .with_root_certificates(roots(ca_file, ca_key)?);
+        .with_root_certificates(roots);
     match identity {
         None => Ok(builder.with_no_client_auth()),
         Some([cert, key]) => with_identity(builder, cert, key),
@@ -49,10 +60,10 @@ pub fn with_identity(
         .with_client_auth_cert(chain, private)
         .map_err(|e| match e {
             rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => format!(
-                "{cert_key} {} and {key_key} {} are not a pair: the key is not the one of the \
-                 certificate",
-                cert.display(),
-                key.display()
+                "{key_key} {} is not the private key of {cert_key} {} (the two are not a \
+                 pair): give the key the certificate was issued for",
+                key.display(),
+                cert.display()
             ),
             e => format!(
                 "{cert_key} {} / {key_key} {}: {e}",
@@ -83,6 +94,34 @@ pub fn roots(path: &Path, key: &str) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
+/// The operating system's trust store as trust anchors, read by rustls-native-certs: on Linux
+/// the CA bundle and directory openssl-probe finds (Debian's `/etc/ssl/certs`), or only
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR` when either is set. Used only by an https `http` sink
+/// without `ca_file`. Certificates that cannot be used are skipped (files it could not read
+/// are logged); a store with none usable is an error.
+pub fn system_roots() -> Result<RootCertStore, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (_, unusable) = roots.add_parsable_certificates(found.certs);
+    let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+    if roots.is_empty() {
+        let why = if errors.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", errors.join("; "))
+        };
+        return Err(format!(
+            "the system trust store holds no usable CA certificate{why}: install the \
+             distribution's CA bundle (ca-certificates), or give ca_file"
+        ));
+    }
+    for e in &errors {
+        tracing::warn!(error = %e, "reading the system trust store: skipped");
+    }
+    tracing::debug!(anchors = roots.len(), unusable, "system trust store read");
+    Ok(roots)
+}
+
 /// A client certificate chain and its private key, both PEM (`cert_key` and `key_key` name
 /// the settings in errors).
 pub fn identity(
@@ -103,6 +142,22 @@ pub fn identity(
     let private = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("{key_key} {}: {e}", key.display()))?;
     Ok((chain, private))
+}
+
+/// Checks that the client certificate in `cert` and the private key in `key` are a pair (the
+/// key's public half is the certificate's), so that a mismatch is a configuration error
+/// rather than a handshake the server refuses. `cert_key` and `key_key` name the settings.
+pub fn check_identity(
+    cert: &Path,
+    key: &Path,
+    cert_key: &str,
+    key_key: &str,
+) -> Result<(), String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(RootCertStore::empty());
+    with_identity(builder, (cert, cert_key), (key, key_key)).map(drop)
 }
 
 /// The error a failed handshake's `io::Error` carries, if rustls raised it.

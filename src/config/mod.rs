@@ -129,6 +129,44 @@ fn redact_userinfo(text: &str) -> String {
     out
 }
 
+/// What stands for a URL's query (and fragment) wherever a URL is shown.
+pub const REDACTED_QUERY: &str = "<redacted>";
+
+/// `text` with the query of every URL in it hidden: in each stretch of `text` between quotes
+/// or backticks (or line ends) that holds a `://`, everything after the first `?` or `#`
+/// that follows the `://` becomes `<redacted>`; scheme, host, port and path stay. A URL's
+/// query may carry a token (`?api_key=...`), and a URL reaches log lines, `relay status`,
+/// a sink's stored error and config errors. Hiding too much is harmless, too little is not.
+/// `HttpUrl` never holds its query in the clear (`HttpUrl::query`); this is for raw text: a
+/// URL as typed, a TOML error quoting a line.
+pub fn redact_query(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    loop {
+        let (stretch, sep) = match rest.find(['"', '\'', '`', '\n']) {
+            Some(i) => (&rest[..i], Some(&rest[i..i + 1])),
+            None => (rest, None),
+        };
+        let keep = stretch
+            .find("://")
+            .and_then(|s| stretch[s + 3..].find(['?', '#']).map(|q| s + 3 + q + 1));
+        match keep {
+            Some(k) if k < stretch.len() => {
+                out.push_str(&stretch[..k]);
+                out.push_str(REDACTED_QUERY);
+            }
+            _ => out.push_str(stretch),
+        }
+        match sep {
+            Some(sep) => {
+                out.push_str(sep);
+                rest = &rest[stretch.len() + 1..];
+            }
+            None => return out,
+        }
+    }
+}
+
 /// A broker URL for an error message: everything between the scheme and the last '@' hidden.
 fn redact_url(url: &str) -> String {
     match url.rfind('@') {
@@ -154,10 +192,10 @@ pub enum ConfigError {
 }
 
 /// A TOML error as one line: where it is, the offending line, and the message, with any URL
-/// user info redacted (both can quote a broker URL).
+/// user info and query redacted (both can quote a broker or sink URL).
 fn one_line(e: &toml::de::Error, text: &str) -> String {
     let message = e.message().trim().replace('\n', " ");
-    redact_userinfo(&match e.span() {
+    let line = redact_userinfo(&match e.span() {
         None => message,
         Some(span) => {
             let start = span.start.min(text.len());
@@ -165,7 +203,8 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
             let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
             format!("line {line_no} `{}`: {message}", redact_secret_line(line))
         }
-    })
+    });
+    redact_query(&line)
 }
 
 /// A config line whose key names a secret (`password = "…"` typed where `password_file`
@@ -173,7 +212,7 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
 fn redact_secret_line(line: &str) -> String {
     let key = line.split('=').next().unwrap_or(line).trim();
     let lower = key.to_ascii_lowercase();
-    let secret = ["password", "passwd", "secret", "token"]
+    let secret = ["password", "passwd", "secret", "token", "authorization"]
         .iter()
         .any(|w| lower.contains(w));
     if secret && line.contains('=') && !lower.ends_with("_file") {
@@ -1371,6 +1410,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("password_file = 3"), "{e}");
+    }
+
+    #[test]
+    fn redact_query_hides_every_url_query_in_text_and_keeps_the_rest() {
+        for (text, want) in [
+            ("https://h:1/p?k=v", "https://h:1/p?<redacted>"),
+            ("https://h/p#f", "https://h/p#<redacted>"),
+            ("https://h/p", "https://h/p"),
+            ("https://h/p?", "https://h/p?"),
+            ("no url? here", "no url? here"),
+            (
+                "line 4 `url = \"http://h/?k=v w\" x`: expected newline",
+                "line 4 `url = \"http://h/?<redacted>\" x`: expected newline",
+            ),
+            (
+                "a \"http://h/?k\" and 'https://g/x?y' and `http://i?z`",
+                "a \"http://h/?<redacted>\" and 'https://g/x?<redacted>' and `http://i?<redacted>`",
+            ),
+            // Unquoted, the rest of the line may be the query: it goes too.
+            ("see http://h/?k=v w: more", "see http://h/?<redacted>"),
+        ] {
+            assert_eq!(redact_query(text), want, "{text}");
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{
-    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, Range, RawProtocol, Secret, TlsFiles,
-    in_range, read_bounded, redact_url, tls_files,
+    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, REDACTED_QUERY, Range, RawProtocol,
+    Secret, TlsFiles, in_range, read_bounded, redact_query, redact_url, tls_files,
 };
 
 pub const SINK_BATCH_MAX: Range = 1..=10_000;
@@ -84,6 +84,7 @@ pub(super) struct RawSink {
     keep_alive_seconds: Option<u64>,
     // http
     url: Option<String>,
+    authorization_file: Option<PathBuf>,
     // postgres
     dsn: Option<String>,
     dsn_file: Option<PathBuf>,
@@ -174,14 +175,18 @@ pub struct MqttSink {
     pub keep_alive: Duration,
 }
 
-/// An `http://` or `https://` URL, split.
+/// An `http://` or `https://` URL, split. Its query may carry a token, so it is kept as a
+/// `Secret`: `Display` (every log line, error and status naming the URL) shows it as
+/// `?<redacted>`, and only `request_target` hands it out, for the request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
     pub tls: bool,
     pub host: String,
     pub port: u16,
-    /// Path and query, starting with `/`.
+    /// The path, starting with `/`, without the query.
     pub path: String,
+    /// What follows the `?`, if the URL has one.
+    query: Option<Secret>,
 }
 
 impl std::fmt::Display for HttpUrl {
@@ -192,51 +197,70 @@ impl std::fmt::Display for HttpUrl {
         } else {
             self.host.clone()
         };
-        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)
+        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)?;
+        if self.query.is_some() {
+            write!(f, "?{REDACTED_QUERY}")?;
+        }
+        Ok(())
     }
 }
 
 impl HttpUrl {
+    /// The request target: the path and the query, as sent on the request line.
+    pub fn request_target(&self) -> String {
+        match &self.query {
+            None => self.path.clone(),
+            Some(q) => format!("{}?{}", self.path, q.expose()),
+        }
+    }
+
+    /// Parses `s`; errors quote it with any user info and query hidden.
     pub fn parse(s: &str) -> Result<HttpUrl, String> {
+        let shown = redact_query(&redact_url(s));
         let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
             (true, r)
         } else if let Some(r) = s.strip_prefix("http://") {
             (false, r)
         } else {
-            return Err(format!(
-                "url {:?} must start with http:// or https://",
-                redact_url(s)
-            ));
+            // No scheme: `redact_query` would not know where a query starts.
+            let shown: String = shown.split(['?', '#']).next().unwrap_or("").into();
+            return Err(format!("url {shown:?} must start with http:// or https://"));
         };
-        let (authority, path) = match rest.find(['/', '?']) {
+        let (authority, path) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
         if authority.contains('@') {
             return Err(format!(
-                "url {:?}: a user name or password in the URL is not accepted (it would be logged)",
-                redact_url(s)
+                "url {shown:?}: a user name or password in the URL is not accepted (it would be \
+                 logged); a token belongs in authorization_file"
             ));
         }
-        let path = if path.starts_with('?') {
-            format!("/{path}")
-        } else {
-            path.to_string()
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
         };
-        if path.contains('#') || path.chars().any(|c| c.is_ascii_control() || c == ' ') {
+        let path = if path.is_empty() { "/" } else { path };
+        let bad = |t: &str| t.contains('#') || t.chars().any(|c| c.is_ascii_control() || c == ' ');
+        if bad(path) || query.is_some_and(bad) {
             return Err(format!(
-                "url {s:?}: the path may not hold a fragment, spaces or control characters"
+                "url {shown:?}: the path and query may not hold a fragment, spaces or control \
+                 characters"
             ));
         }
         let default_port = if tls { 443 } else { 80 };
         let (host, port) = if let Some(r) = authority.strip_prefix('[') {
             let (h, after) = r
                 .split_once(']')
-                .ok_or_else(|| format!("url {s:?}: unclosed '['"))?;
+                .ok_or_else(|| format!("url {shown:?}: unclosed '['"))?;
             match after.strip_prefix(':') {
                 Some(p) => (h.to_string(), Some(p)),
                 None if after.is_empty() => (h.to_string(), None),
-                None => return Err(format!("url {s:?}: unexpected {after:?} after the host")),
+                None => {
+                    return Err(format!(
+                        "url {shown:?}: unexpected {after:?} after the host"
+                    ));
+                }
             }
         } else {
             match authority.rsplit_once(':') {
@@ -245,7 +269,7 @@ impl HttpUrl {
             }
         };
         if host.is_empty() {
-            return Err(format!("url {s:?}: no host"));
+            return Err(format!("url {shown:?}: no host"));
         }
         let port = match port {
             None => default_port,
@@ -253,13 +277,14 @@ impl HttpUrl {
                 .parse::<u16>()
                 .ok()
                 .filter(|p| *p != 0)
-                .ok_or_else(|| format!("url {s:?}: bad port {p:?}"))?,
+                .ok_or_else(|| format!("url {shown:?}: bad port {p:?}"))?,
         };
         Ok(HttpUrl {
             tls,
             host,
             port,
-            path,
+            path: path.to_string(),
+            query: query.map(|q| Secret(q.to_string())),
         })
     }
 }
@@ -267,8 +292,15 @@ impl HttpUrl {
 #[derive(Debug, Clone)]
 pub struct HttpSink {
     pub url: HttpUrl,
-    /// CA certificates for `https://` (verification is always on).
+    /// CA certificates for `https://`; `None`: the operating system's trust store.
+    /// Verification is always on.
     pub ca_file: Option<PathBuf>,
+    /// `client_cert_file` and `client_key_file` for mutual TLS (`https://` only), checked to
+    /// be a pair when the config was loaded.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// The whole `Authorization` header value sent with every request (`authorization_file`,
+    /// or systemd's credential `NAME-authorization`); never printed.
+    pub authorization: Option<Secret>,
 }
 
 #[derive(Debug, Clone)]
@@ -373,7 +405,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         RawKind::Exec => "exec",
     };
     // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
-    let foreign: [(&str, bool, &[RawKind]); 15] = [
+    let foreign: [(&str, bool, &[RawKind]); 16] = [
         ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
         ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
         ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
@@ -388,12 +420,12 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         (
             "client_cert_file",
             r.client_cert_file.is_some(),
-            &[RawKind::Mqtt],
+            &[RawKind::Mqtt, RawKind::Http],
         ),
         (
             "client_key_file",
             r.client_key_file.is_some(),
-            &[RawKind::Mqtt],
+            &[RawKind::Mqtt, RawKind::Http],
         ),
         (
             "keep_alive_seconds",
@@ -401,6 +433,11 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             &[RawKind::Mqtt],
         ),
         ("url", r.url.is_some(), &[RawKind::Http]),
+        (
+            "authorization_file",
+            r.authorization_file.is_some(),
+            &[RawKind::Http],
+        ),
         ("dsn", r.dsn.is_some(), &[RawKind::Postgres]),
         ("dsn_file", r.dsn_file.is_some(), &[RawKind::Postgres]),
         ("table", r.table.is_some(), &[RawKind::Postgres]),
@@ -513,14 +550,42 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             if let Some(ca) = &r.ca_file {
                 readable("ca_file", ca)?;
             }
-            if url.tls && r.ca_file.is_none() {
-                return Err(invalid(
-                    "an https:// url needs ca_file (certificates are always verified)".into(),
-                ));
+            let client_identity = match (&r.client_cert_file, &r.client_key_file) {
+                (None, None) => None,
+                (Some(cert), Some(key)) => {
+                    if !url.tls {
+                        return Err(invalid(
+                            "client_cert_file and client_key_file are for an https:// url \
+                             (mutual TLS)"
+                                .into(),
+                        ));
+                    }
+                    readable("client_cert_file", cert)?;
+                    readable("client_key_file", key)?;
+                    crate::tls::check_identity(cert, key, "client_cert_file", "client_key_file")
+                        .map_err(&invalid)?;
+                    Some((cert.clone(), key.clone()))
+                }
+                _ => {
+                    return Err(invalid(
+                        "client_cert_file and client_key_file go together".into(),
+                    ));
+                }
+            };
+            let authorization =
+                authorization(&name, r.authorization_file.as_deref()).map_err(&invalid)?;
+            if authorization.is_some() && !url.tls && !is_loopback(&url.host) {
+                tracing::warn!(
+                    sink = %name,
+                    url = %url,
+                    "the Authorization value goes in clear over http://: use https://"
+                );
             }
             SinkKind::Http(HttpSink {
                 url,
                 ca_file: r.ca_file.clone(),
+                client_identity,
+                authorization,
             })
         }
         RawKind::Postgres => {
@@ -588,6 +653,74 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         timeout: Duration::from_millis(timeout_ms),
         kind,
     })
+}
+
+/// Largest `authorization_file` read: a long JWT fits, `/dev/zero` does not.
+const MAX_AUTHORIZATION_BYTES: u64 = 16 * 1024;
+
+/// The `Authorization` value of http sink `sink`: read from `file`, else from
+/// `$CREDENTIALS_DIRECTORY/SINK-authorization` when systemd handed that credential over
+/// (`LoadCredential=`; found as `[mqtt]`'s `mqtt-password` is), else none. One line of
+/// printable ASCII, its line end trimmed. A file others than its owner may read or write is
+/// used, with a warning. Errors name the file, never what it holds.
+fn authorization(sink: &str, file: Option<&Path>) -> Result<Option<Secret>, String> {
+    let from_systemd = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .map(|d| PathBuf::from(d).join(format!("{sink}-authorization")));
+    let Some(path) = file
+        .map(Path::to_path_buf)
+        .or(from_systemd.filter(|p| p.exists()))
+    else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let text = read_bounded(&path, MAX_AUTHORIZATION_BYTES)
+        .map_err(|e| format!("authorization_file {shown}: {e}"))?;
+    let value = text.trim_end_matches(['\r', '\n']);
+    if value.trim().is_empty() {
+        return Err(format!(
+            "authorization_file {shown} is empty: it holds the whole Authorization header \
+             value, e.g. \"Bearer TOKEN\""
+        ));
+    }
+    if !value.chars().all(|c| (' '..='~').contains(&c)) {
+        return Err(format!(
+            "authorization_file {shown}: the value must be one line of printable ASCII (it \
+             holds a control character, a line break or a non-ASCII character)"
+        ));
+    }
+    if value.starts_with(' ') || value.ends_with(' ') {
+        return Err(format!(
+            "authorization_file {shown}: the value starts or ends with a space"
+        ));
+    }
+    warn_if_shared(sink, &path);
+    Ok(Some(Secret(value.to_string())))
+}
+
+/// Logs a warning when a secret's file can be read or written by others than its owner
+/// (mode 0600 or stricter is expected). A warning, not a refusal: the operator may have
+/// reasons (a group-readable file under a directory only the service can enter).
+fn warn_if_shared(sink: &str, path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(m) = std::fs::metadata(path) {
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                sink = %sink,
+                file = %path.display(),
+                mode = %format!("{mode:04o}"),
+                "authorization_file may be read or written by others than its owner: chmod 0600 it"
+            );
+        }
+    }
+}
+
+/// Whether a URL's host is this machine (nothing leaves it).
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The placeholders a sink topic may hold.
@@ -708,7 +841,8 @@ start = "head"
         }
         match &s[1].kind {
             SinkKind::Http(h) => {
-                assert_eq!(h.url.path, "/events?x=1");
+                assert_eq!(h.url.path, "/events");
+                assert_eq!(h.url.request_target(), "/events?x=1");
                 assert_eq!(h.url.port, 8080);
             }
             other => panic!("{other:?}"),
@@ -747,10 +881,6 @@ start = "head"
                 "user name",
             ),
             (
-                "name = \"a\"\nkind = \"http\"\nurl = \"https://h/\"",
-                "ca_file",
-            ),
-            (
                 "name = \"a\"\nkind = \"http\"\nurl = \"http://h/\"\nbatch_max = 0",
                 "batch_max",
             ),
@@ -787,6 +917,154 @@ start = "head"
         )
         .unwrap_err();
         assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn an_http_url_query_never_prints_and_is_still_sent() {
+        let c = parse(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\n\
+             url = \"https://cop.example:8443/in/events?api_key=hunter2&x=1\"\n\
+             ca_file = \"/dev/null\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert_eq!(
+            h.url.to_string(),
+            "https://cop.example:8443/in/events?<redacted>"
+        );
+        assert_eq!(h.url.request_target(), "/in/events?api_key=hunter2&x=1");
+        for (url, want) in [
+            ("http://h?k=hunter2", "http://h:80/?<redacted>"),
+            ("http://[::1]:81/?hunter2", "http://[::1]:81/?<redacted>"),
+            ("http://h/p", "http://h:80/p"),
+        ] {
+            assert_eq!(HttpUrl::parse(url).unwrap().to_string(), want);
+        }
+        // Every error that quotes the URL hides the query (and any user info).
+        for url in [
+            "ftp://h/?k=hunter2",
+            "cop.example/in?k=hunter2",
+            "http://u:p@h/?k=hunter2",
+            "http://h:notaport/?k=hunter2",
+            "http://h/p?k=hunter2#frag",
+            "http://h/p?k=hunter2 x",
+            "http://h/p#hunter2",
+            "http://[::1/?k=hunter2",
+            "http://:80/?k=hunter2",
+        ] {
+            let e = HttpUrl::parse(url).unwrap_err();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+            let e = parse(&format!(
+                "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = {url:?}\n"
+            ))
+            .unwrap_err();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+        }
+        // TOML errors quote the line: its URL's query is hidden too.
+        for text in [
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = \"http://h/?k=hunter2\" x\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = [\"http://h/?k=hunter2\"]\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = http://h/?k=hunter2\n",
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nauthorization = \"Bearer hunter2\"\n",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(!e.contains("hunter2"), "{text}: {e}");
+        }
+    }
+
+    /// An http sink whose `authorization_file` holds `content` (mode `mode`).
+    fn with_authorization(content: &[u8], mode: u32) -> (tempfile::TempDir, String) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cop-authorization");
+        std::fs::write(&file, content).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let text = format!(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://127.0.0.1/\"\n\
+             authorization_file = {:?}\n",
+            file.to_str().unwrap()
+        );
+        (dir, text)
+    }
+
+    #[test]
+    fn authorization_file_holds_the_header_value_trimmed_and_never_prints() {
+        for content in [
+            &b"Bearer hunter2"[..],
+            b"Bearer hunter2\n",
+            b"Bearer hunter2\r\n",
+            b"Bearer hunter2\n\n",
+        ] {
+            let (_dir, text) = with_authorization(content, 0o600);
+            let c = parse(&text).unwrap();
+            let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+                panic!("http expected")
+            };
+            assert_eq!(h.authorization.as_ref().unwrap().expose(), "Bearer hunter2");
+            assert!(!format!("{c:?}").contains("hunter2"));
+        }
+        // Group-readable is used (with a warning, logged).
+        let (_dir, text) = with_authorization(b"Basic aHVudGVyMg==", 0o644);
+        assert!(parse(&text).is_ok());
+        // No key and no systemd credential: no header.
+        let c = parse("[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://h/\"\n").unwrap();
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert!(h.authorization.is_none());
+    }
+
+    #[test]
+    fn a_bad_authorization_file_is_refused_without_quoting_it() {
+        for (content, want) in [
+            (&b""[..], "is empty"),
+            (b"\n", "is empty"),
+            (b"  \n", "is empty"),
+            (b"Bearer hun\ter2", "printable ASCII"),
+            (b"Bearer hun\nter2\n", "printable ASCII"),
+            (b"Bearer hun\x7fter2", "printable ASCII"),
+            ("Bearer hünter2".as_bytes(), "printable ASCII"),
+            (b"\xffhunter2", "valid UTF-8"),
+            (b" Bearer hunter2", "starts or ends with a space"),
+        ] {
+            let (dir, text) = with_authorization(content, 0o600);
+            // The temporary directory's random name is not what the file holds.
+            let e = parse(&text)
+                .unwrap_err()
+                .replace(dir.path().to_str().unwrap(), "DIR");
+            assert!(
+                e.contains("authorization_file DIR/cop-authorization") && e.contains(want),
+                "{content:?}: {e}"
+            );
+            assert!(!e.contains("hun"), "{e}");
+        }
+        let e = parse(
+            "[[sink]]\nname = \"cop\"\nkind = \"http\"\nurl = \"http://h/\"\n\
+             authorization_file = \"/nonexistent/cop-authorization\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("authorization_file /nonexistent/cop-authorization: "),
+            "{e}"
+        );
+        let e = parse(
+            "[[sink]]\nname = \"a\"\nkind = \"exec\"\ncommand = [\"x\"]\n\
+             authorization_file = \"/x\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("authorization_file does not apply"), "{e}");
+    }
+
+    #[test]
+    fn https_without_ca_file_is_accepted_and_trusts_the_system_store() {
+        let c = parse("[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = \"https://h/\"\n").unwrap();
+        let SinkKind::Http(h) = &c.relay.sinks[0].kind else {
+            panic!("http expected")
+        };
+        assert!(h.url.tls && h.ca_file.is_none() && h.client_identity.is_none());
     }
 
     #[test]

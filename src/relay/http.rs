@@ -1,6 +1,9 @@
 //! The `http` sink: POSTs each event, one request per event in offset order, to `url` over a
-//! HTTP/1.1 keep-alive connection (TLS with `ca_file` for `https://`), with the event id in an
-//! `Idempotency-Key` header so that the receiver can drop the redeliveries at-least-once makes.
+//! HTTP/1.1 keep-alive connection (TLS for `https://`, verified against `ca_file` or, without
+//! it, the operating system's trust store, with a client certificate if configured), with the event id in an `Idempotency-Key` header so that the receiver can
+//! drop the redeliveries at-least-once makes, and the configured `Authorization` value if there
+//! is one (a sensitive header value: hyper never prints it; `url` prints its query redacted, so
+//! neither reaches a log line or error).
 //! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
 //! two for the same source, so each source's events still arrive in log order.
 //!
@@ -21,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1;
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -52,7 +55,10 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 pub struct HttpSink {
     target: Arc<Target>,
     ca_file: Option<PathBuf>,
-    /// Built on the first `https://` delivery (it reads `ca_file`), then reused.
+    /// Certificate chain and key files for mutual TLS.
+    client_identity: Option<(PathBuf, PathBuf)>,
+    /// Built on the first `https://` delivery (it reads `ca_file` or the system's trust
+    /// store), then reused.
     tls: Option<TlsConnector>,
     /// Requests in flight at once, each on its own connection, for different sources.
     max_in_flight: usize,
@@ -63,9 +69,12 @@ pub struct HttpSink {
 /// Where and how requests go; shared by the requests in flight.
 struct Target {
     url: HttpUrl,
-    /// `url`'s path and query, as the request target.
+    /// `url`'s path and query, as the request target (`url` itself prints the query
+    /// redacted: it names the receiver in every error and log line).
     path: Uri,
     host: HeaderValue,
+    /// Marked sensitive.
+    authorization: Option<HeaderValue>,
     timeout: Duration,
 }
 
@@ -250,7 +259,7 @@ impl HttpSink {
     ) -> Result<HttpSink, String> {
         let url = cfg.url.clone();
         let path: Uri = url
-            .path
+            .request_target()
             .parse()
             .map_err(|e| format!("url {url}: the path and query are not a request target: {e}"))?;
         let default_port = if url.tls { 443 } else { 80 };
@@ -266,14 +275,27 @@ impl HttpSink {
         };
         let host = HeaderValue::from_str(&host)
             .map_err(|_| format!("url {url}: the host cannot be sent in a Host header"))?;
+        let authorization = match &cfg.authorization {
+            None => None,
+            Some(a) => {
+                // The config allows printable ASCII only, which a header value always takes.
+                let mut v = HeaderValue::from_str(a.expose()).map_err(|_| {
+                    "the authorization_file value cannot be sent in a header".to_string()
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
         Ok(HttpSink {
             target: Arc::new(Target {
                 url,
                 path,
                 host,
+                authorization,
                 timeout,
             }),
             ca_file: cfg.ca_file.clone(),
+            client_identity: cfg.client_identity.clone(),
             tls: None,
             max_in_flight: max_in_flight.max(1),
             idle: Vec::new(),
@@ -418,11 +440,7 @@ impl HttpSink {
         if let Some(t) = &self.tls {
             return Ok(Some(t.clone()));
         }
-        let ca = self
-            .ca_file
-            .as_deref()
-            .ok_or_else(|| format!("{}: an https:// url needs ca_file", self.target.url))?;
-        let t = tls_connector(ca)?;
+        let t = tls_connector(self.ca_file.as_deref(), self.client_identity.as_ref())?;
         self.tls = Some(t.clone());
         Ok(Some(t))
     }
@@ -443,7 +461,7 @@ async fn post(
         reason: "the event id cannot be an Idempotency-Key".into(),
         response: e.to_string(),
     })?;
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::POST)
         .uri(t.path.clone())
         .header(HOST, t.host.clone())
@@ -452,7 +470,11 @@ async fn post(
         .header(
             USER_AGENT,
             concat!("replay-guard/", env!("CARGO_PKG_VERSION")),
-        )
+        );
+    if let Some(a) = &t.authorization {
+        req = req.header(AUTHORIZATION, a.clone());
+    }
+    let req = req
         .body(Full::new(Bytes::from(ev.json.clone())))
         .map_err(|e| Failure::Poison {
             reason: "the request cannot be built".into(),
@@ -641,10 +663,24 @@ where
     })
 }
 
-/// A verifying TLS client trusting exactly the certificates in `ca_file`, on the provider
-/// of `crate::tls` (ring).
-fn tls_connector(ca_file: &Path) -> Result<TlsConnector, String> {
-    let mut cfg = crate::tls::verifying_client((ca_file, "ca_file"), None)?;
+/// A verifying TLS client trusting exactly the certificates in `ca_file`, or without it the
+/// operating system's store, on the provider of `crate::tls` (ring), presenting the client
+/// certificate if there is one.
+fn tls_connector(
+    ca_file: Option<&Path>,
+    identity: Option<&(PathBuf, PathBuf)>,
+) -> Result<TlsConnector, String> {
+    let identity = identity.map(|(cert, key)| {
+        [
+            (cert.as_path(), "client_cert_file"),
+            (key.as_path(), "client_key_file"),
+        ]
+    });
+    let roots = match ca_file {
+        Some(ca) => crate::tls::roots(ca, "ca_file")?,
+        None => crate::tls::system_roots()?,
+    };
+    let mut cfg = crate::tls::client_trusting(roots, identity)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(cfg)))
 }

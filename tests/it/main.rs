@@ -36,7 +36,9 @@
 //!   rebuilt from the effect, retention holding parked effects and late-starting sinks.
 //! - `relay_http`: the http sink against a chaotic receiver written in the test (503, 429,
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
-//!   and end to end through `ingest` and the `relay` commands.
+//!   and end to end through `ingest` and the `relay` commands; credentials (Authorization from
+//!   a file or systemd's credential, mutual TLS, the system trust store), and the token and
+//!   the URL's query in no output, log or stored error.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `pg`: a PostgreSQL database of the test's own (harness), `psql`.
 //! - `pg_store`: the PostgreSQL store backend: the reference model, the same decisions and

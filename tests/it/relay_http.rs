@@ -4,7 +4,10 @@
 //! First through the library (`Sink::deliver`), then end to end: `ingest`, the standalone
 //! `relay` command, `relay parked` and `relay retry`: every event but the refused one arrives,
 //! every retry of an event carries the same `Idempotency-Key`, and the refused event is parked
-//! until the receiver accepts it.
+//! until the receiver accepts it. Credentials: the receiver answers 401 without the configured
+//! `Authorization` (from `authorization_file` or systemd's credential), requires a client
+//! certificate (mutual TLS), or is verified against the system trust store (`SSL_CERT_FILE`);
+//! and no output of any command, log line or stored byte shows the token or the URL's query.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -71,6 +74,10 @@ struct Log {
     refuse: Option<String>,
     /// Requests for this id get no answer while set (the connection is held open).
     hang: Option<String>,
+    /// While set, a request without exactly this `Authorization` value is answered 401.
+    authorization: Option<String>,
+    /// Every request is answered 503 while set.
+    unavailable: bool,
     chaos: bool,
     rng: Option<SplitMix64>,
     too_many: u32,
@@ -92,6 +99,9 @@ const HOLD_LIMIT: Duration = Duration::from_secs(10);
 impl Log {
     /// What to do with request number `n` for `id`: a status, or 0 = drop the connection.
     fn decide(&mut self, n: usize, id: &str) -> (u16, bool) {
+        if self.unavailable {
+            return (503, false);
+        }
         if self.refuse.as_deref() == Some(id) {
             return (422, false);
         }
@@ -276,7 +286,17 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             }
             let n = l.seen.len();
             let hang = l.hang.as_deref() == Some(id.as_str());
-            let (status, close) = if hang { (0, false) } else { l.decide(n, &id) };
+            let unauthorized = l
+                .authorization
+                .as_ref()
+                .is_some_and(|want| headers.get("authorization") != Some(want));
+            let (status, close) = if hang {
+                (0, false)
+            } else if unauthorized {
+                (401, false)
+            } else {
+                l.decide(n, &id)
+            };
             l.seen.push(Seen {
                 method,
                 target,
@@ -311,6 +331,11 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             200 => ("OK", "", "{\"ok\":true}"),
             201 => ("Created", "", ""),
             204 => ("No Content", "", ""),
+            401 => (
+                "Unauthorized",
+                "WWW-Authenticate: Bearer\r\n",
+                "{\"error\":\"unauthorized\"}",
+            ),
             422 => (
                 "Unprocessable Entity",
                 "",
@@ -645,14 +670,16 @@ fn a_receiver_that_does_not_answer_is_retried_after_timeout_ms_on_a_new_connecti
 }
 
 #[test]
-fn a_refused_connection_is_a_retry_naming_the_url() {
+fn a_refused_connection_is_a_retry_naming_the_url_without_its_query() {
     // A port nothing listens on: bound, then closed.
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut sink = http_sink(&format!("url = \"http://127.0.0.1:{port}/in\"\n"));
+    let mut sink = http_sink(&format!(
+        "url = \"http://127.0.0.1:{port}/in?api_key=s3cret-in-query\"\n"
+    ));
     let a = runtime().block_on(sink.deliver(
         &events(2),
         CursorAfter {
@@ -663,15 +690,26 @@ fn a_refused_connection_is_a_retry_naming_the_url() {
     ));
     assert_eq!(a.delivered, 0);
     match a.failure {
-        Some(Failure::Retry { error, .. }) => assert!(
-            error.starts_with(&format!("connecting to http://127.0.0.1:{port}/in: ")),
-            "{error}"
-        ),
+        Some(Failure::Retry { error, .. }) => {
+            assert!(
+                error.starts_with(&format!(
+                    "connecting to http://127.0.0.1:{port}/in?<redacted>: "
+                )),
+                "{error}"
+            );
+            assert!(!error.contains("s3cret"), "{error}");
+        }
         other => panic!("{other:?}"),
     }
 }
 
 fn tls_server(pki: &Path) -> Tls {
+    tls_server_with(pki, false)
+}
+
+/// The receiver's TLS: `pki`'s server certificate; with `client_auth`, it requires a client
+/// certificate issued by `pki`'s CA.
+fn tls_server_with(pki: &Path, client_auth: bool) -> Tls {
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("server.pem"))
@@ -680,14 +718,25 @@ fn tls_server(pki: &Path) -> Tls {
         .collect();
     let key = PrivateKeyDer::from_pem_file(pki.join("server.key")).unwrap();
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    Arc::new(
-        tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .unwrap(),
-    )
+    let builder = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = if client_auth {
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(pki.join("ca.pem")).unwrap() {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let verifier = tokio_rustls::rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider,
+        )
+        .build()
+        .unwrap();
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    Arc::new(builder.with_single_cert(certs, key).unwrap())
 }
 
 #[test]
@@ -762,14 +811,25 @@ fn ingested(
     n: u64,
     port: u16,
 ) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>) {
+    let sink = format!("url = \"http://127.0.0.1:{port}/cop\"\n");
+    let (cfg, db, ids, _) = ingested_with(dir, n, &sink);
+    (cfg, db, ids)
+}
+
+/// `ingested` with the sink's `url` and any other keys given as TOML lines; also returns
+/// what `ingest` printed (stdout, then stderr).
+fn ingested_with(
+    dir: &Path,
+    n: u64,
+    sink: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>, String) {
     let db = dir.join("rg.redb");
     let cfg = dir.join("rg.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[store]\npath = {:?}\n\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n\
-             url = \"http://127.0.0.1:{port}/cop\"\ntimeout_ms = 5000\nbatch_max = 16\n\
-             backoff_initial_ms = 10\nbackoff_max_ms = 200\n",
+            "[store]\npath = {:?}\n\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n{sink}\
+             timeout_ms = 5000\nbatch_max = 16\nbackoff_initial_ms = 10\nbackoff_max_ms = 200\n",
             db.to_str().unwrap()
         ),
     )
@@ -802,7 +862,69 @@ fn ingested(
         })
         .collect();
     assert_eq!(ids.len() as u64, n);
-    (cfg, db, ids)
+    (cfg, db, ids, output(&out))
+}
+
+/// stdout, then stderr.
+fn output(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `content` written to `path` with `mode`.
+fn secret_file(path: &Path, content: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, content).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The standalone `relay` on `cfg`, its stderr in `log`, with `env` set and `unset` removed.
+fn spawn_relay(
+    cfg: &Path,
+    log: &Path,
+    env: &[(&str, &str)],
+    unset: &[&str],
+) -> std::process::Child {
+    let mut c = Command::new(common::bin());
+    c.args(["relay", "--config", cfg.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    for k in unset {
+        c.env_remove(k);
+    }
+    c.spawn().unwrap()
+}
+
+/// SIGTERM to `relay`; it must exit 0 within 30 s. Returns its log.
+fn stop_relay(mut relay: std::process::Child, log: &Path) -> String {
+    Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = relay.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = relay.kill();
+            panic!(
+                "relay did not stop on SIGTERM:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "SIGTERM: {status}\n{text}");
+    text
 }
 
 /// `relay parked --sink cop` as JSON objects.
@@ -861,15 +983,8 @@ fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_
     let (cfg, _db, ids) = ingested(dir.path(), 120, rx.port());
     let refused = ids[37].clone();
     rx.with(|l| l.refuse = Some(refused.clone()));
-    let log = std::fs::File::create(dir.path().join("relay.log")).unwrap();
-    let mut relay = Command::new(common::bin())
-        .args(["relay", "--config", cfg.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let relay_log = || std::fs::read_to_string(dir.path().join("relay.log")).unwrap_or_default();
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
 
     let others: Vec<String> = ids.iter().filter(|i| **i != refused).cloned().collect();
     rx.await_until(Duration::from_secs(60), "all but the refused event", |l| {
@@ -936,22 +1051,7 @@ fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_
         || parked(&cfg).is_empty(),
     );
 
-    Command::new("kill")
-        .args(["-TERM", &relay.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = relay.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = relay.kill();
-            panic!("relay did not stop on SIGTERM:\n{}", relay_log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0), "SIGTERM: {status}\n{}", relay_log());
+    stop_relay(relay, &log);
 
     // Each effect accepted once, the retried one last; every retry carried the same key.
     let mut want = others.clone();
@@ -962,4 +1062,475 @@ fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_
     assert!(seen.iter().filter(|s| s.id() == refused).count() >= 2);
     let ids_seen: BTreeSet<String> = seen.iter().map(Seen::id).collect();
     assert!(seen.len() > ids_seen.len() + 3, "retries happened");
+}
+
+#[test]
+fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_parked_as_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(3, false, None);
+    rx.with(|l| l.authorization = Some("Bearer right-7f3a91".into()));
+    let evs = events(12);
+    let rt = runtime();
+    let sink_with = |content: &str, name: &str| {
+        let file = dir.path().join(name);
+        secret_file(&file, content, 0o600);
+        http_sink(&format!(
+            "url = \"http://127.0.0.1:{}/cop\"\nauthorization_file = {:?}\n",
+            rx.port(),
+            file.to_str().unwrap()
+        ))
+    };
+
+    // A wrong token: 401 is a refusal for good, as before (not a retry): every event is
+    // poisoned (the runner parks it) and none is accepted. What the sink reports never holds
+    // the token.
+    let mut wrong = sink_with("Bearer wrong-c0ffee\n", "wrong");
+    let driven = rt.block_on(async {
+        let d = drive(&mut wrong, &evs, 5).await;
+        wrong.close().await;
+        d
+    });
+    assert!(rx.accepted().is_empty());
+    assert!(driven.retries.is_empty(), "{:?}", driven.retries);
+    assert_eq!(driven.poisoned.len(), evs.len());
+    for (_, reason, response) in &driven.poisoned {
+        assert_eq!(reason, "HTTP 401 Unauthorized");
+        assert_eq!(
+            response,
+            "HTTP/1.1 401 Unauthorized\n{\"error\":\"unauthorized\"}"
+        );
+    }
+    assert!(!format!("{driven:?}").contains("c0ffee"));
+    assert!(
+        rx.seen()
+            .iter()
+            .all(|s| s.headers.get("authorization").map(String::as_str)
+                == Some("Bearer wrong-c0ffee")),
+        "the file's value, its line end trimmed, on every request"
+    );
+
+    // The right one: each event delivered once, in order, the header on every request.
+    let before = rx.seen().len();
+    let mut right = sink_with("Bearer right-7f3a91\r\n", "right");
+    let driven = rt.block_on(async {
+        let d = drive(&mut right, &evs, 5).await;
+        right.close().await;
+        d
+    });
+    assert!(
+        driven.poisoned.is_empty() && driven.retries.is_empty(),
+        "{driven:?}"
+    );
+    assert_eq!(
+        rx.accepted(),
+        evs.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+    let seen = rx.seen();
+    assert_eq!(seen.len() - before, evs.len(), "one request per event");
+    assert!(seen[before..].iter().all(|s| s.answer == 200));
+}
+
+#[test]
+fn the_systemd_credential_named_after_the_sink_is_the_default_authorization_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(5, false, None);
+    rx.with(|l| l.authorization = Some("Bearer from-systemd-91ab".into()));
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    // systemd makes LoadCredential= files 0400, owned by the service's user.
+    secret_file(
+        &creds.join("cop-authorization"),
+        "Bearer from-systemd-91ab\n",
+        0o400,
+    );
+    let (cfg, _db, ids) = ingested(dir.path(), 6, rx.port());
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(
+        &cfg,
+        &log,
+        &[("CREDENTIALS_DIRECTORY", creds.to_str().unwrap())],
+        &[],
+    );
+    rx.await_until(Duration::from_secs(60), "the six events", |l| {
+        l.accepted.len() >= 6
+    });
+    let log = stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids, "each once, in log order\n{log}");
+    assert!(rx.seen().iter().all(|s| s.answer == 200), "no 401: {log}");
+    assert!(!log.contains("from-systemd"), "{log}");
+    assert!(
+        !log.contains("chmod 0600"),
+        "a 0400 file is not warned about: {log}"
+    );
+}
+
+#[test]
+fn check_config_accepts_an_authorization_file_others_can_read_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cop-authorization");
+    let cfg = dir.path().join("relay.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n\
+             url = \"http://127.0.0.1:9/cop\"\nauthorization_file = {:?}\n",
+            dir.path().join("rg.redb").to_str().unwrap(),
+            file.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    for (mode, warned) in [(0o644, true), (0o640, true), (0o600, false), (0o400, false)] {
+        secret_file(&file, "Bearer mode-test-77aa\n", mode);
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        let text = output(&out);
+        assert_eq!(out.status.code(), Some(0), "{mode:o}: {text}");
+        assert!(text.contains("ok for `relay`"), "{text}");
+        assert_eq!(
+            text.contains("WARN")
+                && text.contains("authorization_file")
+                && text.contains("chmod 0600"),
+            warned,
+            "{mode:o}: {text}"
+        );
+        assert!(!text.contains("mode-test"), "{text}");
+    }
+}
+
+#[test]
+fn no_command_output_log_or_stored_error_shows_the_authorization_value_or_the_url_query() {
+    const TOKEN: &str = "tok-5ecret-a1b2c3";
+    const QUERY: &str = "qry-5ecret-d4e5f6";
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(6, false, None);
+    rx.with(|l| {
+        l.authorization = Some(format!("Bearer {TOKEN}"));
+        l.unavailable = true;
+    });
+    let auth = dir.path().join("cop-authorization");
+    secret_file(&auth, &format!("Bearer {TOKEN}\n"), 0o600);
+    let (cfg, db, ids, ingest_out) = ingested_with(
+        dir.path(),
+        9,
+        &format!(
+            "url = \"http://127.0.0.1:{}/cop?api_key={QUERY}\"\nauthorization_file = {:?}\n",
+            rx.port(),
+            auth.to_str().unwrap()
+        ),
+    );
+    let cfg_s = cfg.to_str().unwrap();
+    // Everything any command printed, and the relay's log.
+    let mut all = format!("ingest:\n{ingest_out}\n");
+    let run = |all: &mut String, what: &str, args: &[&str]| -> String {
+        let out = common::run(args);
+        let text = output(&out);
+        all.push_str(&format!("{what}:\n{text}\n"));
+        assert_eq!(out.status.code(), Some(0), "{what}: {text}");
+        text
+    };
+    let checked = run(&mut all, "check-config", &["check-config", cfg_s]);
+    assert!(checked.contains("cop (http)"), "{checked}");
+
+    // The receiver answers 503 until the sink's error is stored and shown.
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[("RUST_LOG", "debug")], &[]);
+    let shown = format!("http://127.0.0.1:{}/cop?<redacted>", rx.port());
+    poll(Duration::from_secs(60), "the 503 in relay status", || {
+        let out = common::run(&["relay", "status", "--config", cfg_s]);
+        String::from_utf8_lossy(&out.stdout).contains("503 Service Unavailable")
+    });
+    let status = run(
+        &mut all,
+        "relay status (retrying)",
+        &["relay", "status", "--config", cfg_s],
+    );
+    assert!(
+        status.contains("last error at ") && status.contains(&shown),
+        "the stored error names the URL, its query redacted: {status}"
+    );
+    let json = run(
+        &mut all,
+        "relay status --format json (retrying)",
+        &["relay", "status", "--config", cfg_s, "--format", "json"],
+    );
+    assert!(json.contains(&shown), "{json}");
+
+    rx.with(|l| l.unavailable = false);
+    rx.await_until(Duration::from_secs(60), "the nine events", |l| {
+        l.accepted.len() >= 9
+    });
+    let relay_log = stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids, "each once, in log order");
+    // Both secrets went where they belong.
+    for s in rx.seen() {
+        assert_eq!(s.target, format!("/cop?api_key={QUERY}"));
+        assert_eq!(
+            s.headers.get("authorization"),
+            Some(&format!("Bearer {TOKEN}"))
+        );
+    }
+    assert!(
+        relay_log.contains("delivery failed; retrying") && relay_log.contains(&shown),
+        "the retries are logged, naming the URL redacted: {relay_log}"
+    );
+    all.push_str(&format!("relay log:\n{relay_log}\n"));
+
+    run(
+        &mut all,
+        "relay status",
+        &["relay", "status", "--config", cfg_s],
+    );
+    run(
+        &mut all,
+        "relay status --format json",
+        &["relay", "status", "--config", cfg_s, "--format", "json"],
+    );
+    run(
+        &mut all,
+        "relay parked",
+        &["relay", "parked", "--config", cfg_s, "--sink", "cop"],
+    );
+    run(
+        &mut all,
+        "stats --format prometheus",
+        &["stats", "--config", cfg_s, "--format", "prometheus"],
+    );
+    run(
+        &mut all,
+        "stats",
+        &["stats", "--config", cfg_s, "--format", "json"],
+    );
+
+    // Config errors that quote the URL or the line holding it.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let url_line = text
+        .lines()
+        .find(|l| l.starts_with("url = "))
+        .unwrap()
+        .to_string();
+    for (what, bad) in [
+        ("a bad port", url_line.replace("127.0.0.1:", "127.0.0.1:x")),
+        ("a TOML error", format!("{url_line} trailing")),
+        ("an array", url_line.replace("url = ", "url = [") + "]"),
+        (
+            "the token typed inline",
+            format!("authorization = \"Bearer {TOKEN}\""),
+        ),
+    ] {
+        let bad_cfg = dir.path().join("bad.toml");
+        std::fs::write(&bad_cfg, text.replace(&url_line, &bad)).unwrap();
+        let out = common::run(&["check-config", bad_cfg.to_str().unwrap()]);
+        let e = output(&out);
+        assert_eq!(out.status.code(), Some(1), "{what}: {e}");
+        all.push_str(&format!("check-config, {what}:\n{e}\n"));
+    }
+
+    for secret in [TOKEN, QUERY] {
+        assert!(!all.contains(secret), "{secret} shown:\n{all}");
+    }
+    // Nor anywhere in the database (the stored last error, the cursor record).
+    let bytes = std::fs::read(&db).unwrap();
+    for secret in [TOKEN, QUERY] {
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{secret} stored in the database"
+        );
+    }
+}
+
+#[test]
+fn mutual_tls_delivers_with_the_client_certificate_and_is_refused_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    super::tls::make_pki(&pki, "rg-mtls-ca");
+    let rx = Receiver::start(7, false, Some(tls_server_with(&pki, true)));
+    let evs = events(4);
+    let rt = runtime();
+    let path = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let base = format!(
+        "url = \"https://127.0.0.1:{}/e\"\nca_file = {:?}\n",
+        rx.port(),
+        path("ca.pem")
+    );
+    let cursor = CursorAfter {
+        store: [7; 16],
+        generation: 1,
+        next_after: 4,
+    };
+
+    let mut anonymous = http_sink(&base);
+    let a = rt.block_on(async {
+        let a = anonymous.deliver(&evs, cursor).await;
+        anonymous.close().await;
+        a
+    });
+    assert_eq!(a.delivered, 0);
+    assert!(
+        matches!(&a.failure, Some(Failure::Retry { .. })),
+        "a refused handshake is retried: {:?}",
+        a.failure
+    );
+    assert!(rx.seen().is_empty(), "the receiver read no request");
+
+    let mut sink = http_sink(&format!(
+        "{base}client_cert_file = {:?}\nclient_key_file = {:?}\n",
+        path("client.pem"),
+        path("client.key")
+    ));
+    let a = rt.block_on(async {
+        let a = sink.deliver(&evs, cursor).await;
+        sink.close().await;
+        a
+    });
+    assert_eq!((a.delivered, a.failure), (4, None));
+    assert_eq!(
+        rx.accepted(),
+        evs.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn check_config_refuses_a_client_key_that_is_not_the_certificates_naming_both_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    super::tls::make_pki(&pki, "rg-pair-ca");
+    let path = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let check = |sink: &str| {
+        let cfg = dir.path().join("relay.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[store]\npath = {:?}\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n{sink}",
+                dir.path().join("rg.redb").to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        (out.status.code(), output(&out))
+    };
+    let https = format!(
+        "url = \"https://127.0.0.1:9/e\"\nca_file = {:?}\n",
+        path("ca.pem")
+    );
+    let pair = |cert: &str, key: &str| {
+        format!(
+            "client_cert_file = {:?}\nclient_key_file = {:?}\n",
+            path(cert),
+            path(key)
+        )
+    };
+
+    let (code, text) = check(&format!("{https}{}", pair("client.pem", "client.key")));
+    assert_eq!(code, Some(0), "{text}");
+
+    // The server's key with the client's certificate: both are valid PEM, not a pair.
+    let (code, text) = check(&format!("{https}{}", pair("client.pem", "server.key")));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "client_key_file {} is not the private key of client_cert_file {}",
+            path("server.key"),
+            path("client.pem")
+        )),
+        "{text}"
+    );
+
+    let (code, text) = check(&format!(
+        "url = \"http://127.0.0.1:9/e\"\n{}",
+        pair("client.pem", "client.key")
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("client_cert_file and client_key_file are for an https:// url"),
+        "{text}"
+    );
+
+    let (code, text) = check(&format!(
+        "{https}client_cert_file = {:?}\n",
+        path("client.pem")
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("client_cert_file and client_key_file go together"),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_ca_file_https_verifies_against_the_system_store_which_refuses_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    super::tls::make_pki(dir.path(), "rg-private-ca");
+    let rx = Receiver::start(8, false, Some(tls_server(dir.path())));
+    // Accepted without ca_file; this process's system store (the host's CA bundle, or what
+    // SSL_CERT_FILE/SSL_CERT_DIR name) does not hold the test's CA.
+    let mut sink = http_sink(&format!("url = \"https://127.0.0.1:{}/e\"\n", rx.port()));
+    let a = runtime().block_on(sink.deliver(
+        &events(2),
+        CursorAfter {
+            store: [7; 16],
+            generation: 1,
+            next_after: 2,
+        },
+    ));
+    assert_eq!(a.delivered, 0);
+    match a.failure {
+        Some(Failure::Retry { error, .. }) => {
+            // A handshake refused for its certificate: the store was read (an empty one is
+            // another error) and the receiver checked against it.
+            assert!(
+                error.starts_with("TLS handshake with https://127.0.0.1:"),
+                "{error}"
+            );
+            assert!(error.contains("UnknownIssuer"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        rx.seen().is_empty(),
+        "nothing is sent to an unverified receiver"
+    );
+}
+
+#[test]
+fn relay_without_ca_file_trusts_the_system_store_that_ssl_cert_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, other) = (dir.path().join("good"), dir.path().join("other"));
+    for (d, name) in [(&good, "rg-system-ca"), (&other, "rg-not-trusted-ca")] {
+        std::fs::create_dir(d).unwrap();
+        super::tls::make_pki(d, name);
+    }
+    let rx = Receiver::start(9, false, Some(tls_server(&good)));
+    let (cfg, _db, ids, _) = ingested_with(
+        dir.path(),
+        5,
+        &format!("url = \"https://127.0.0.1:{}/cop\"\n", rx.port()),
+    );
+    let log = dir.path().join("relay.log");
+    // rustls-native-certs reads only SSL_CERT_FILE when it is set (and SSL_CERT_DIR is not):
+    // a system store that holds another CA refuses the receiver ...
+    let relay = spawn_relay(
+        &cfg,
+        &log,
+        &[("SSL_CERT_FILE", other.join("ca.pem").to_str().unwrap())],
+        &["SSL_CERT_DIR"],
+    );
+    poll(Duration::from_secs(60), "the refused handshake", || {
+        let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).contains("UnknownIssuer")
+    });
+    let text = stop_relay(relay, &log);
+    assert!(rx.accepted().is_empty(), "{text}");
+    // ... and one that holds the receiver's CA trusts it.
+    let relay = spawn_relay(
+        &cfg,
+        &log,
+        &[("SSL_CERT_FILE", good.join("ca.pem").to_str().unwrap())],
+        &["SSL_CERT_DIR"],
+    );
+    rx.await_until(Duration::from_secs(60), "the five events", |l| {
+        l.accepted.len() >= 5
+    });
+    let text = stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids, "each once, in log order\n{text}");
 }

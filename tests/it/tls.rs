@@ -261,7 +261,7 @@ fn check_config_refuses_a_client_key_that_is_not_the_certificates_in_mqtt_and_in
                 "client_key_file {}",
                 dir.path().join("server.key").display()
             ),
-            "are not a pair",
+            "is not the private key of",
         ] {
             assert!(err.contains(want), "{section}: {err} lacks {want}");
         }
@@ -302,7 +302,10 @@ fn run_refuses_a_client_key_that_is_not_the_certificates_before_opening_the_data
         let mut err = String::new();
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
         assert_eq!(status.code(), Some(1), "{section}: {err}");
-        assert!(err.contains("are not a pair"), "{section}: {err}");
+        assert!(
+            err.contains("is not the private key of"),
+            "{section}: {err}"
+        );
         assert!(
             !dir.path().join("rg.redb").exists(),
             "{section}: the database was opened (created) before the refusal: {err}"
