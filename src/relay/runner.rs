@@ -464,14 +464,9 @@ struct TaskContext {
 impl TaskContext {
     fn task(&self) -> Result<SinkTask, RelayError> {
         Ok(SinkTask {
-            idx: self.idx,
-            shared: self.shared.clone(),
             rng: seed(&self.cfg.name),
             sink: Sink::new(&self.cfg).map_err(RelayError::Config)?,
-            cfg: self.cfg.clone(),
-            wake: self.wake.clone(),
-            stop: self.stop.clone(),
-            hard: self.hard.clone(),
+            ctx: self.clone(),
             rec: None,
             store_id: None,
             next: 0,
@@ -539,13 +534,8 @@ fn seed(name: &str) -> u64 {
 }
 
 struct SinkTask {
-    idx: usize,
-    shared: Shared,
-    cfg: SinkConfig,
+    ctx: TaskContext,
     sink: Sink,
-    wake: watch::Receiver<u64>,
-    stop: watch::Receiver<bool>,
-    hard: watch::Receiver<bool>,
     /// The cursor as last written (or read).
     rec: Option<SinkRecord>,
     /// Delivered or parked up to here (ahead of `rec.next` until the next flush).
@@ -579,33 +569,35 @@ enum Woken {
 
 impl SinkTask {
     fn name(&self) -> &str {
-        &self.cfg.name
+        &self.ctx.cfg.name
     }
 
     fn stopping(&self) -> bool {
-        *self.stop.borrow()
+        *self.ctx.stop.borrow()
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
-        if crate::testing::sink_panic_requested(&self.cfg.name) {
+        if crate::testing::sink_panic_requested(&self.ctx.cfg.name) {
             panic!(
                 "sink {} panics at start (failpoint REPLAY_GUARD_TEST_SINK_PANIC)",
-                self.cfg.name
+                self.ctx.cfg.name
             );
         }
         // A store error (a failed read or cursor write) restarts the sink's loop after a
         // backoff rather than ending it: a stopped sink would hold retention back for good.
-        let mut backoff = self.cfg.backoff_initial;
+        let mut backoff = self.ctx.cfg.backoff_initial;
         let r = loop {
             match self.work().await {
                 Ok(()) => break Ok(()),
-                Err(RelayError::Store(StoreError::SinkBusy { .. })) if self.shared.shared_store => {
+                Err(RelayError::Store(StoreError::SinkBusy { .. }))
+                    if self.ctx.shared.shared_store =>
+                {
                     // Another member delivers this sink (or took it over while this one's
                     // connection was lost): stand by, and take over once its lock is free.
                     // What this task delivered since its last cursor write is delivered again
                     // by the other, with the same ids.
                     if !self.standby {
-                        tracing::info!(sink = %self.cfg.name, "another member delivers this sink; standing by");
+                        tracing::info!(sink = %self.ctx.cfg.name, "another member delivers this sink; standing by");
                         self.standby = true;
                     }
                     self.rec = None;
@@ -616,13 +608,13 @@ impl SinkTask {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(sink = %self.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff");
+                    tracing::error!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff");
                     self.status("failing", Some(e.to_string()));
                     let wait = self.jitter(backoff);
                     if self.sleep(wait).await == Woken::Stop {
                         break Err(e);
                     }
-                    backoff = (backoff * 2).min(self.cfg.backoff_max);
+                    backoff = (backoff * 2).min(self.ctx.cfg.backoff_max);
                 }
             }
         };
@@ -632,7 +624,9 @@ impl SinkTask {
             self.flush(true).await
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
-        self.shared.set_status(self.idx, |s| s.state = "stopped");
+        self.ctx
+            .shared
+            .set_status(self.ctx.idx, |s| s.state = "stopped");
         r.and(flushed)
     }
 
@@ -668,8 +662,8 @@ impl SinkTask {
                 }
                 continue;
             }
-            if batch.len() < self.cfg.batch_max && !self.cfg.linger.is_zero() {
-                if self.sleep(self.cfg.linger).await == Woken::Stop {
+            if batch.len() < self.ctx.cfg.batch_max && !self.ctx.cfg.linger.is_zero() {
+                if self.sleep(self.ctx.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
                 let (_, more) = self.read_batch().await?;
@@ -686,14 +680,15 @@ impl SinkTask {
     }
 
     async fn register(&mut self) -> Result<(), RelayError> {
-        let (name, kind) = (self.name().to_string(), self.cfg.kind.name());
-        let start = super::start_at(self.cfg.start);
+        let (name, kind) = (self.name().to_string(), self.ctx.cfg.kind.name());
+        let start = super::start_at(self.ctx.cfg.start);
         let rec = self
+            .ctx
             .shared
             .write(move |s| s.register_sink(&name, kind, start, now_ms()))
             .await?;
         if self.store_id.is_none() {
-            let identity = self.shared.read(|s| s.identity()).await?;
+            let identity = self.ctx.shared.read(|s| s.identity()).await?;
             self.store_id = identity.map(|i| i.id);
         }
         if rec
@@ -703,15 +698,16 @@ impl SinkTask {
         {
             // Up again after a restart: no longer failing.
             let name = self.name().to_string();
-            self.shared
+            self.ctx
+                .shared
                 .write(move |s| s.clear_sink_error(&name, FAILING, now_ms()))
                 .await?;
         }
         if self.standby {
-            tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink taken over from another member");
+            tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink taken over from another member");
             self.standby = false;
         } else {
-            tracing::info!(sink = %self.cfg.name, kind, next = rec.next, "relay sink started");
+            tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink started");
         }
         self.next = rec.next;
         self.rec = Some(rec);
@@ -727,9 +723,9 @@ impl SinkTask {
         let Some(store) = self.store_id else {
             return Ok(());
         };
-        let mut backoff = self.cfg.backoff_initial;
+        let mut backoff = self.ctx.cfg.backoff_initial;
         let stored = loop {
-            let mut stop = self.stop.clone();
+            let mut stop = self.ctx.stop.clone();
             let stored = tokio::select! {
                 c = self.sink.stored_cursor(store) => c,
                 _ = stop.wait_for(|s| *s) => return Ok(()),
@@ -743,7 +739,7 @@ impl SinkTask {
                     if self.sleep(wait).await == Woken::Stop {
                         return Ok(());
                     }
-                    backoff = (backoff * 2).min(self.cfg.backoff_max);
+                    backoff = (backoff * 2).min(self.ctx.cfg.backoff_max);
                 }
             }
         };
@@ -758,6 +754,7 @@ impl SinkTask {
             // Forward: only as far as the events' rows are in the sink's table.
             let (from, limit) = (rec.next, to.min(rec.next + ADOPT_CHECK_MAX));
             let ids = self
+                .ctx
                 .shared
                 .read(move |s| {
                     let mut ids = Vec::new();
@@ -775,12 +772,12 @@ impl SinkTask {
             let held = match self.sink.holds_prefix(&ids).await {
                 Ok(n) => n as u64,
                 Err(e) => {
-                    tracing::warn!(sink = %self.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+                    tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
                     return Ok(());
                 }
             };
             if rec.next + held < to {
-                tracing::warn!(sink = %self.cfg.name, stored = to, held_to = rec.next + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
+                tracing::warn!(sink = %self.ctx.cfg.name, stored = to, held_to = rec.next + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
             }
             to = rec.next + held;
             if to == rec.next {
@@ -790,10 +787,11 @@ impl SinkTask {
         let name = self.name().to_string();
         let held_by = self.sink.cursor_home();
         let w = self
+            .ctx
             .shared
             .write(move |s| s.adopt_sink_cursor(&name, rec.generation, to, &held_by, now_ms()))
             .await?;
-        tracing::info!(sink = %self.cfg.name, from = rec.next, to, "cursor taken from the sink's own store (audited)");
+        tracing::info!(sink = %self.ctx.cfg.name, from = rec.next, to, "cursor taken from the sink's own store (audited)");
         if let CursorWrite::Done(r) = &w {
             // Also backwards: a sink store restored from a backup gets what it lacks.
             self.next = r.next;
@@ -829,13 +827,13 @@ impl SinkTask {
                 self.rec = Some(r);
             }
             CursorWrite::Moved(Some(r)) => {
-                tracing::info!(sink = %self.cfg.name, next = r.next, generation = r.generation, "cursor moved by an operator: delivering from there");
+                tracing::info!(sink = %self.ctx.cfg.name, next = r.next, generation = r.generation, "cursor moved by an operator: delivering from there");
                 self.next = r.next;
                 self.parked.clear();
                 self.rec = Some(r);
             }
             CursorWrite::Moved(None) => {
-                tracing::warn!(sink = %self.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
+                tracing::warn!(sink = %self.ctx.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
                 self.rec = None;
                 self.parked.clear();
             }
@@ -858,6 +856,7 @@ impl SinkTask {
         let (from, to, parked) = (rec.next, self.next, std::mem::take(&mut self.parked));
         let kept = parked.clone();
         let w = match self
+            .ctx
             .shared
             .write(move |s| s.advance_sink(&name, rec.generation, from, to, &parked, now_ms()))
             .await
@@ -872,12 +871,13 @@ impl SinkTask {
         self.flushed_at = Instant::now();
         self.adopt(w);
         let head = self
+            .ctx
             .shared
             .read(|s| Ok(s.meta()?.next_effect))
             .await
             .unwrap_or(0);
         let next = self.next;
-        self.shared.set_status(self.idx, |s| {
+        self.ctx.shared.set_status(self.ctx.idx, |s| {
             s.next = next;
             s.head = head;
         });
@@ -886,7 +886,7 @@ impl SinkTask {
 
     async fn reload_if_moved(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
-        let stored = self.shared.read(move |s| s.sink_cursor(&name)).await?;
+        let stored = self.ctx.shared.read(move |s| s.sink_cursor(&name)).await?;
         let Some(rec) = self.rec.clone() else {
             return self.register().await;
         };
@@ -906,8 +906,9 @@ impl SinkTask {
     /// the copy kept in the parked record; an event whose effect is gone is not sent.
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
-        let source = self.shared.source.clone();
+        let source = self.ctx.shared.source.clone();
         let wanted = self
+            .ctx
             .shared
             .read(move |s| {
                 let mut out = Vec::new();
@@ -941,9 +942,10 @@ impl SinkTask {
                      it was parked is not sent",
                     p.offset
                 );
-                tracing::error!(sink = %self.cfg.name, offset = p.offset, "{why}");
+                tracing::error!(sink = %self.ctx.cfg.name, offset = p.offset, "{why}");
                 let name = self.name().to_string();
-                self.shared
+                self.ctx
+                    .shared
                     .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
                     .await?;
                 continue;
@@ -965,8 +967,9 @@ impl SinkTask {
             };
             let name = self.name().to_string();
             if attempt.delivered == 1 {
-                tracing::info!(sink = %self.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
+                tracing::info!(sink = %self.ctx.cfg.name, offset = p.offset, id = %ev.id, "parked event delivered after retry");
                 let w = self
+                    .ctx
                     .shared
                     .write(move |s| s.parked_delivered(&name, p.offset, generation, now_ms()))
                     .await?;
@@ -987,15 +990,16 @@ impl SinkTask {
                     Some(Failure::Retry { error, .. }) => {
                         // Transient (a 503, a lost connection): the request stands and is
                         // tried again on the next round, about a second later.
-                        tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again");
+                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again");
                         self.status("retrying", Some(error.clone()));
                         self.note_error(&error).await?;
                         continue;
                     }
                     None => "not delivered".into(),
                 };
-                tracing::warn!(sink = %self.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
-                self.shared
+                tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
+                self.ctx
+                    .shared
                     .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
                     .await?;
             }
@@ -1007,11 +1011,11 @@ impl SinkTask {
     /// closes its connection or kills its program; what it did not confirm is delivered again
     /// after the restart.
     async fn abortable_deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Option<Attempt> {
-        let mut hard = self.hard.clone();
+        let mut hard = self.ctx.hard.clone();
         tokio::select! {
             a = self.sink.deliver(batch, cursor) => Some(a),
             _ = hard.wait_for(|h| *h) => {
-                tracing::warn!(sink = %self.cfg.name, "shutdown timeout: abandoning the delivery in progress");
+                tracing::warn!(sink = %self.ctx.cfg.name, "shutdown timeout: abandoning the delivery in progress");
                 None
             }
         }
@@ -1028,10 +1032,11 @@ impl SinkTask {
     /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
     /// cursor, and else the next batch from it.
     async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
-        let (from, max) = (self.next, self.cfg.batch_max);
-        let source = self.shared.source.clone();
+        let (from, max) = (self.next, self.ctx.cfg.batch_max);
+        let source = self.ctx.shared.source.clone();
         let name = self.name().to_string();
-        self.shared
+        self.ctx
+            .shared
             .read(move |snap| {
                 if snap
                     .sink_parked_at(&name, from)?
@@ -1085,7 +1090,7 @@ impl SinkTask {
                 failures = 0;
                 self.refusals = None;
                 if let Some(class) = self.blocked.take() {
-                    tracing::info!(sink = %self.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
+                    tracing::info!(sink = %self.ctx.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
                 }
             }
             match failure {
@@ -1169,8 +1174,8 @@ impl SinkTask {
         response: String,
         failures: u32,
     ) -> Result<bool, RelayError> {
-        let blocking = self.cfg.on_poison == OnPoison::Block;
-        tracing::warn!(sink = %self.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&reason), blocking, "event refused for good: parked");
+        let blocking = self.ctx.cfg.on_poison == OnPoison::Block;
+        tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&reason), blocking, "event refused for good: parked");
         let record = ParkedRecord {
             parked_at_ms: now_ms(),
             id: ev.id.clone(),
@@ -1223,6 +1228,7 @@ impl SinkTask {
             let name = self.name().to_string();
             let to = ev.offset;
             let w = self
+                .ctx
                 .shared
                 .write(move |s| s.unpark(&name, rec.generation, first, to, now_ms()))
                 .await?;
@@ -1240,7 +1246,7 @@ impl SinkTask {
              parked, the sink waits at offset {at} and keeps trying; fix the receiver",
             other.0, other.1, ev.agency, ev.source_id, ev.offset
         );
-        tracing::error!(sink = %self.cfg.name, offset = at, %class, error = %super::terminal_safe(&error), "relay sink blocked");
+        tracing::error!(sink = %self.ctx.cfg.name, offset = at, %class, error = %super::terminal_safe(&error), "relay sink blocked");
         self.error_noted_at = None;
         self.back_off(1, None, &error, "blocked").await;
         Ok(())
@@ -1255,19 +1261,20 @@ impl SinkTask {
         state: &'static str,
     ) -> bool {
         let cap = self
+            .ctx
             .cfg
             .backoff_initial
             .saturating_mul(1u32 << failures.min(20))
-            .min(self.cfg.backoff_max);
+            .min(self.ctx.cfg.backoff_max);
         let wait = self.jitter(cap).max(after.unwrap_or_default());
-        tracing::warn!(sink = %self.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying");
+        tracing::warn!(sink = %self.ctx.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying");
         self.status(state, Some(error.to_string()));
         if let Err(e) = self.note_error(error).await {
-            tracing::warn!(sink = %self.cfg.name, error = %e, "could not record the sink's error");
+            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not record the sink's error");
         }
         // Progress made before the failure is written now, not after the backoff.
         if let Err(e) = self.flush(true).await {
-            tracing::warn!(sink = %self.cfg.name, error = %e, "could not write the cursor");
+            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not write the cursor");
         }
         self.sleep(wait).await == Woken::Stop
     }
@@ -1290,14 +1297,15 @@ impl SinkTask {
         }
         self.error_noted_at = Some(Instant::now());
         let (name, error) = (self.name().to_string(), error.to_string());
-        self.shared
+        self.ctx
+            .shared
             .write(move |s| s.note_sink_error(&name, &error, now_ms()))
             .await
     }
 
     fn status(&self, state: &'static str, error: Option<String>) {
         let next = self.next;
-        self.shared.set_status(self.idx, |s| {
+        self.ctx.shared.set_status(self.ctx.idx, |s| {
             s.state = state;
             s.next = next;
             if error.is_some() || state == "idle" {
@@ -1312,7 +1320,7 @@ impl SinkTask {
             return Woken::Stop;
         }
         tokio::select! {
-            _ = self.stop.changed() => Woken::Stop,
+            _ = self.ctx.stop.changed() => Woken::Stop,
             () = tokio::time::sleep(d) => Woken::More,
         }
     }
@@ -1323,8 +1331,8 @@ impl SinkTask {
             return Woken::Stop;
         }
         tokio::select! {
-            _ = self.stop.changed() => Woken::Stop,
-            r = self.wake.changed() => {
+            _ = self.ctx.stop.changed() => Woken::Stop,
+            r = self.ctx.wake.changed() => {
                 if r.is_err() {
                     // Nothing will wake us any more: time alone does.
                     return self.sleep(d).await;
