@@ -145,7 +145,24 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
         format!("{:?}", s.relay_forget("late", "ana", "again", T0 + 13)),
     );
     feed(s, 11..=12, T0 + 14);
+    log(
+        "skip",
+        format!(
+            "{:?}",
+            s.relay_skip("cop", 11, "ana", "two passed over", T0 + 15)
+        ),
+    );
+    log(
+        "skip back",
+        format!("{:?}", s.relay_skip("cop", 5, "ana", "x", T0 + 15)),
+    );
     let snap = s.reader().unwrap();
+    out.push(format!("ledger: {:?}", snap.sink_ledger("cop").unwrap()));
+    out.push(format!(
+        "accounting: {:?}",
+        snap.sink_accounting("cop", &snap.sink_cursor("cop").unwrap().unwrap())
+            .unwrap()
+    ));
     out.push(format!("cursors: {:?}", snap.sink_cursors().unwrap()));
     out.push(format!("parked: {:?}", snap.sink_parked(None).unwrap()));
     snap.scan_audit::<StoreError>(0, |e| {
@@ -185,6 +202,9 @@ fn relay_writes_give_the_same_cursors_parked_events_and_audit_on_both_backends()
         "rewind out of range: Err(",
         "forget again: Err(",
         "relay rewind of sink cop from offset 7 to 3 by ana: COP restored",
+        "skip back: Err(",
+        "undelivered effects (9-10) passed over: two passed over",
+        "accounting: Ok(Accounting",
         "verify: None",
     ] {
         assert!(text.contains(want), "{want} not in:\n{text}");
