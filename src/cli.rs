@@ -224,6 +224,23 @@ pub enum RelayAction {
         #[arg(long)]
         yes: bool,
     },
+    /// Decide that a parked event (by effect offset or event id), or every parked event of the
+    /// sink (--all), is not to be delivered: its record goes, the decision is audited, and a
+    /// blocking one lets the sink go on. (Retention keeps a parked event's effect until then.)
+    Discard {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_name = "NAME")]
+        sink: String,
+        #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
+        event: Option<String>,
+        #[arg(long, conflicts_with = "event")]
+        all: bool,
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[arg(long, value_name = "NAME")]
+        operator: Option<String>,
+    },
     /// Drop the cursor and parked events of a sink that is no longer configured.
     Forget {
         #[command(flatten)]

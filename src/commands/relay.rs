@@ -1,5 +1,6 @@
 //! `relay`: the standalone relay (every `[[sink]]` of the config, until SIGTERM), and the
-//! operator's view of the sinks: `status`, `parked`, `retry`, `rewind`, `forget`.
+//! operator's view of the sinks: `status`, `parked`, `retry`, `discard`, `rewind`, `skip`,
+//! `forget`.
 
 use std::io::{BufWriter, Write as _};
 use std::sync::atomic::Ordering;
@@ -56,6 +57,21 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
             operator,
             yes,
         }) => skip(db, sink, *to, reason, operator.as_deref(), *yes),
+        Some(RelayAction::Discard {
+            db,
+            sink,
+            event,
+            all,
+            reason,
+            operator,
+        }) => discard(
+            db,
+            sink,
+            event.as_deref(),
+            *all,
+            reason,
+            operator.as_deref(),
+        ),
         Some(RelayAction::Forget {
             db,
             sink,
@@ -305,6 +321,7 @@ fn accounting_json(snap: &Snapshot, name: &str, rec: &SinkRecord) -> Result<Json
             ("retried".into(), num(a.retried)),
             ("skipped".into(), num(a.skipped)),
             ("adopted".into(), num(a.adopted)),
+            ("discarded".into(), num(a.discarded)),
             (
                 "recorded_since".into(),
                 text(if a.unrecorded {
@@ -344,13 +361,14 @@ fn accounting_text(a: &Json) -> Option<String> {
     };
     Some(format!(
         "accounted: offsets {} to {}{since}: {} delivered, {} parked, {} delivered after retry, \
-         {} skipped by an operator, {} found in the sink's own store",
+         {} skipped by an operator, {} discarded by an operator, {} found in the sink's own store",
         n("from"),
         n("to"),
         n("delivered"),
         n("parked"),
         n("retried"),
         n("skipped"),
+        n("discarded"),
         n("adopted")
     ))
 }
@@ -462,9 +480,31 @@ fn retry(
     reason: &str,
     operator: Option<&str>,
 ) -> Result<(), Failure> {
-    let (operator, reason) = who_and_why(reason, operator)?;
+    let (operator, reason) = super::quarantine::who_and_why(reason, operator)?;
     let (_, mut store) = operator_store(db)?;
-    let offset = match (event, all) {
+    let offset = parked_offset(&store, sink, event, all)?;
+    let n = store
+        .relay_retry(sink, offset, &operator, &reason, now_ms())
+        .map_err(refused)?;
+    let _ = writeln!(
+        std::io::stdout(),
+        "sink {sink}: {n} parked event{} marked for retry; the running relay delivers {} within a \
+         second (`relay parked` shows what is still refused)",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "it" } else { "them" }
+    );
+    store.close()?;
+    Ok(())
+}
+
+/// The parked event an operator names, by effect offset or event id (`None`: `--all`).
+fn parked_offset(
+    store: &Backend,
+    sink: &str,
+    event: Option<&str>,
+    all: bool,
+) -> Result<Option<u64>, Failure> {
+    Ok(match (event, all) {
         (_, true) => None,
         (Some(e), false) => Some(match e.parse::<u64>() {
             Ok(o) => o,
@@ -482,16 +522,33 @@ fn retry(
                 })?,
         }),
         (None, false) => return Err(Failure::Usage(anyhow!("name an event or pass --all"))),
-    };
+    })
+}
+
+fn discard(
+    db: &DbArgs,
+    sink: &str,
+    event: Option<&str>,
+    all: bool,
+    reason: &str,
+    operator: Option<&str>,
+) -> Result<(), Failure> {
+    let (operator, reason) = who_and_why(reason, operator)?;
+    let (_, mut store) = operator_store(db)?;
+    let offset = parked_offset(&store, sink, event, all)?;
     let n = store
-        .relay_retry(sink, offset, &operator, &reason, now_ms())
+        .relay_discard(sink, offset, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
         std::io::stdout(),
-        "sink {sink}: {n} parked event{} marked for retry; the running relay delivers {} within a \
-         second (`relay parked` shows what is still refused)",
+        "sink {sink}: {n} parked event{} discarded: not to be delivered, recorded in the audit \
+         log; retention no longer keeps {} for the sink",
         if n == 1 { "" } else { "s" },
-        if n == 1 { "it" } else { "them" }
+        if n == 1 {
+            "its effect"
+        } else {
+            "their effects"
+        }
     );
     store.close()?;
     Ok(())

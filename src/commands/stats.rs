@@ -68,6 +68,8 @@ struct Stats {
     head: u64,
     window_start: u64,
     identity: Option<crate::store::tables::StoreIdentity>,
+    /// Per sink, the lowest event it parked that retention keeps (`None`: none).
+    parked_low: Vec<Option<u64>>,
 }
 
 impl Stats {
@@ -99,6 +101,20 @@ impl Stats {
             head: meta.next_effect,
             window_start: meta.window_start,
             identity: snap.identity()?,
+            parked_low: {
+                let floor = snap.retention_marks()?.effects_floor;
+                let parked = snap.sink_parked(None)?;
+                snap.sink_cursors()?
+                    .iter()
+                    .map(|(name, _)| {
+                        parked
+                            .iter()
+                            .filter(|p| &p.sink == name && p.offset >= floor)
+                            .map(|p| p.offset)
+                            .min()
+                    })
+                    .collect()
+            },
         })
     }
 
@@ -113,12 +129,26 @@ impl Stats {
             || self.audit_first_at_ms.is_some_and(|t| t < since)
     }
 
-    /// The sink whose cursor holds retention back, if any: the lowest cursor, when it is
-    /// below the window (effects the window no longer needs are kept for it), and how many.
-    fn holding(&self) -> Option<(&str, u64)> {
-        let (name, rec) = self.sinks.iter().min_by_key(|(_, r)| r.next)?;
-        let floor = self.marks.effects_floor.max(rec.next);
-        (rec.next < self.window_start).then(|| (name.as_str(), self.window_start - floor))
+    /// The sink that holds retention back, if any: the one needing the lowest offset (its
+    /// cursor, or an event it parked), when that is below the window (effects the window no
+    /// longer needs are kept for it); how many, and the parked event's offset if that is
+    /// what holds them.
+    fn holding(&self) -> Option<(&str, u64, Option<u64>)> {
+        let ((name, rec), parked) = self
+            .sinks
+            .iter()
+            .zip(&self.parked_low)
+            .min_by_key(|((_, r), p)| p.map_or(r.next, |p| p.min(r.next)))?;
+        let needed = parked.map_or(rec.next, |p| p.min(rec.next));
+        let floor = self.marks.effects_floor.max(needed);
+        let by_parked = parked.filter(|p| *p < rec.next);
+        (needed < self.window_start).then(|| {
+            (
+                name.as_str(),
+                self.window_start.saturating_sub(floor),
+                by_parked,
+            )
+        })
     }
 
     fn to_json(&self) -> Json {
@@ -250,8 +280,12 @@ impl Stats {
                     ),
                     (
                         "holding_retention",
-                        self.holding().map_or(Json::Null, |(n, k)| {
-                            obj(vec![("sink", text(n)), ("effects_kept", num(k))])
+                        self.holding().map_or(Json::Null, |(n, k, parked)| {
+                            obj(vec![
+                                ("sink", text(n)),
+                                ("effects_kept", num(k)),
+                                ("parked_offset", parked.map_or(Json::Null, num)),
+                            ])
                         }),
                     ),
                 ]),
@@ -450,14 +484,23 @@ impl Stats {
                 })
                 .collect();
             line("relay sinks", list.join("; "));
-            if let Some((n, k)) = self.holding() {
+            if let Some((n, k, parked)) = self.holding() {
                 line(
                     "",
-                    format!(
-                        "sink {} holds the effect log: {k} effects outside the window are kept \
-                         until it delivers them (retention does not prune past its cursor)",
-                        escape_controls(n)
-                    ),
+                    match parked {
+                        None => format!(
+                            "sink {} holds the effect log: {k} effects outside the window are \
+                             kept until it delivers them (retention does not prune past its \
+                             cursor)",
+                            escape_controls(n)
+                        ),
+                        Some(p) => format!(
+                            "sink {} holds the effect log: {k} effects outside the window are \
+                             kept from its parked event at offset {p} on (`relay retry` or \
+                             `relay discard` it)",
+                            escape_controls(n)
+                        ),
+                    },
                 );
             }
         }

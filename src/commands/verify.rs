@@ -70,7 +70,8 @@ fn sink_line(s: &verify::SinkReport) -> String {
         format!(
             "sink {}: every offset from {} to its cursor {} accounted for{}: {} delivered, {} \
              parked, {} delivered after retry, {} skipped by an audited operator action, {} \
-             found in the sink's own store (audited)",
+             discarded by an audited operator action, {} found in the sink's own store \
+             (audited)",
             s.name,
             a.from,
             s.next,
@@ -83,6 +84,7 @@ fn sink_line(s: &verify::SinkReport) -> String {
             a.parked,
             a.retried,
             a.skipped,
+            a.discarded,
             a.adopted
         )
     };

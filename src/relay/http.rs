@@ -525,15 +525,31 @@ async fn post(
                     .and_then(|v| retry_after(v, SystemTime::now())),
             })
         }
-        Class::Poison => Err(Failure::Poison {
-            reason,
-            response: format!(
+        Class::Poison => {
+            let response = format!(
                 "{}\n{}",
                 reply.status_line,
                 String::from_utf8_lossy(&reply.body)
-            ),
-        }),
+            );
+            Err(if endpoint_wide(code) {
+                // Said of the endpoint, not of this event: the runner parks it, and blocks the
+                // sink if the next event of another source gets the same answer.
+                Failure::Refused {
+                    class: format!("HTTP {code}"),
+                    reason,
+                    response,
+                }
+            } else {
+                Failure::Poison { reason, response }
+            })
+        }
     }
+}
+
+/// Refusals that speak of the endpoint (its credentials, its address, what it accepts), not
+/// of one event's content: 401, 403, 404, 405, 410, 415.
+fn endpoint_wide(status: u16) -> bool {
+    matches!(status, 401 | 403 | 404 | 405 | 410 | 415)
 }
 
 /// Sends `req` on `conn` (opening one if there is none) and reads the reply. A request that

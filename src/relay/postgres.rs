@@ -569,10 +569,16 @@ fn describe_safely(e: &tokio_postgres::Error) -> String {
     let Some(db) = e.as_db_error() else {
         return describe(e);
     };
+    // A data exception's message may quote the value refused (`invalid input syntax for
+    // type integer: "…"`): a piece of the event. Quoted text is left out of those.
+    let message = if db.code().code().starts_with("22") {
+        unquoted(db.message())
+    } else {
+        db.message().to_string()
+    };
     let mut s = format!(
-        "{}: {} (SQLSTATE {})",
+        "{}: {message} (SQLSTATE {})",
         db.severity(),
-        db.message(),
         db.code().code()
     );
     for (what, v) in [
@@ -588,13 +594,37 @@ fn describe_safely(e: &tokio_postgres::Error) -> String {
     s
 }
 
+/// `text` with each double-quoted part replaced by `"…"`.
+fn unquoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('"');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let rest: Vec<&str> = parts.collect();
+    for (i, part) in rest.iter().enumerate() {
+        if i % 2 == 0 {
+            // Inside quotes, if a closing quote follows.
+            if i + 1 < rest.len() {
+                out.push_str("\"…\"");
+            } else {
+                out.push('"');
+                out.push_str(part);
+            }
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
 fn classify(e: &tokio_postgres::Error, table: &str) -> PgError {
     match e.as_db_error() {
         Some(db) if ["22", "54"].contains(&&db.code().code()[..2]) => PgError::Data {
             code: format!("SQLSTATE {}", db.code().code()),
             reason: format!(
                 "table {table} refused the event: {} (SQLSTATE {})",
-                db.message(),
+                unquoted(db.message()),
                 db.code().code()
             ),
             response: describe_safely(e),
@@ -613,4 +643,20 @@ fn is_creation_race(e: &tokio_postgres::Error) -> bool {
         ]
         .contains(c)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unquoted;
+
+    #[test]
+    fn quoted_values_are_left_out_of_data_errors() {
+        assert_eq!(
+            unquoted("invalid input syntax for type integer: \"abc\""),
+            "invalid input syntax for type integer: \"…\""
+        );
+        assert_eq!(unquoted("a \"x\" b \"y\" c"), "a \"…\" b \"…\" c");
+        assert_eq!(unquoted("no quotes"), "no quotes");
+        assert_eq!(unquoted("one \" open"), "one \" open");
+    }
 }

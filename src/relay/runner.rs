@@ -20,7 +20,7 @@ use crate::config::{Config, OnPoison, SinkConfig};
 use crate::metrics::Metrics;
 use crate::store::postgres::PgStore;
 use crate::store::relay::{CursorWrite, RelayStore};
-use crate::store::tables::{ParkedRecord, SinkRecord};
+use crate::store::tables::{LedgerKind, ParkedRecord, SinkRecord};
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
 
@@ -476,6 +476,7 @@ impl TaskContext {
             standby: false,
             refusals: None,
             blocked: None,
+            reloaded_at: None,
         })
     }
 }
@@ -555,6 +556,8 @@ struct SinkTask {
     /// The class of refusal that refuses every event: the sink is blocked until an attempt
     /// delivers something.
     blocked: Option<String>,
+    /// When operator actions were last looked for (`follow_operators`).
+    reloaded_at: Option<Instant>,
 }
 
 /// An event refused and parked: its offset and its source (agency, source id).
@@ -601,7 +604,7 @@ impl SinkTask {
                         self.standby = true;
                     }
                     self.rec = None;
-                    self.parked.clear();
+                    self.forget_progress();
                     self.status("standby", None);
                     if self.sleep(RELOAD_EVERY).await == Woken::Stop {
                         break Ok(());
@@ -633,25 +636,19 @@ impl SinkTask {
     async fn work(&mut self) -> Result<(), RelayError> {
         self.register().await?;
         self.adopt_sink_cursor().await?;
-        // Operator actions from other processes are looked for at most every RELOAD_EVERY
-        // (and on every round while blocked), not per batch.
-        let mut reloaded_at: Option<Instant> = None;
+        self.reloaded_at = None;
         loop {
             if self.stopping() {
                 return Ok(());
             }
-            if reloaded_at.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
-                self.reload_if_moved().await?;
-                self.retry_requested().await?;
-                reloaded_at = Some(Instant::now());
-            }
+            self.follow_operators().await?;
             let (blocked, mut batch) = self.read_batch().await?;
             if blocked {
                 self.status("blocked", None);
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
-                reloaded_at = None;
+                self.reloaded_at = None;
                 continue;
             }
             if batch.is_empty() {
@@ -677,6 +674,27 @@ impl SinkTask {
                 self.flush(false).await?;
             }
         }
+    }
+
+    /// Operator actions from other processes (`relay retry|rewind|skip|discard|forget`), looked
+    /// for at most every RELOAD_EVERY: between batches, and between attempts while a batch
+    /// keeps failing, so a sink that is retrying or blocked follows them within a second.
+    async fn follow_operators(&mut self) -> Result<(), RelayError> {
+        if self.reloaded_at.is_some_and(|t| t.elapsed() < RELOAD_EVERY) {
+            return Ok(());
+        }
+        self.reload_if_moved().await?;
+        self.retry_requested().await?;
+        self.reloaded_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Forgets what this task held in memory about the cursor's past (parks not yet written,
+    /// a run of refusals, a block): after the cursor is read anew, all of it is derived again.
+    fn forget_progress(&mut self) {
+        self.parked.clear();
+        self.refusals = None;
+        self.blocked = None;
     }
 
     async fn register(&mut self) -> Result<(), RelayError> {
@@ -709,6 +727,7 @@ impl SinkTask {
         } else {
             tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink started");
         }
+        self.forget_progress();
         self.next = rec.next;
         self.rec = Some(rec);
         Ok(())
@@ -750,6 +769,25 @@ impl SinkTask {
             return Ok(());
         }
         let mut to = c.next_after;
+        if to < rec.next {
+            // A row from before this cursor was made (the sink forgotten and added again, or
+            // started at the head): it says nothing of what this cursor delivered.
+            let name = self.name().to_string();
+            let start = self
+                .ctx
+                .shared
+                .read(move |s| {
+                    Ok(s.sink_ledger(&name)?
+                        .first()
+                        .filter(|(_, e)| e.kind == LedgerKind::Start.code())
+                        .map(|(_, e)| e.from))
+                })
+                .await?;
+            if start.is_some_and(|st| to < st) {
+                tracing::info!(sink = %self.ctx.cfg.name, stored = to, start = ?start, "the sink's own cursor row is older than this cursor: not adopted");
+                return Ok(());
+            }
+        }
         if to > rec.next {
             // Forward: only as far as the events' rows are in the sink's table.
             let (from, limit) = (rec.next, to.min(rec.next + ADOPT_CHECK_MAX));
@@ -792,6 +830,11 @@ impl SinkTask {
             .write(move |s| s.adopt_sink_cursor(&name, rec.generation, to, &held_by, now_ms()))
             .await?;
         tracing::info!(sink = %self.ctx.cfg.name, from = rec.next, to, "cursor taken from the sink's own store (audited)");
+        if let CursorWrite::Done(r) = &w
+            && r.next > to
+        {
+            tracing::error!(sink = %self.ctx.cfg.name, lacked_from = to, kept_from = r.next, "the sink's own store lacks effects that retention has removed here: they cannot be delivered again (see the audit log)");
+        }
         if let CursorWrite::Done(r) = &w {
             // Also backwards: a sink store restored from a backup gets what it lacks.
             self.next = r.next;
@@ -828,14 +871,14 @@ impl SinkTask {
             }
             CursorWrite::Moved(Some(r)) => {
                 tracing::info!(sink = %self.ctx.cfg.name, next = r.next, generation = r.generation, "cursor moved by an operator: delivering from there");
+                self.forget_progress();
                 self.next = r.next;
-                self.parked.clear();
                 self.rec = Some(r);
             }
             CursorWrite::Moved(None) => {
                 tracing::warn!(sink = %self.ctx.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
                 self.rec = None;
-                self.parked.clear();
+                self.forget_progress();
             }
         }
     }
@@ -946,7 +989,15 @@ impl SinkTask {
                 let name = self.name().to_string();
                 self.ctx
                     .shared
-                    .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
+                    .write(move |s| {
+                        s.parked_failed(
+                            &name,
+                            p.offset,
+                            p.record.retry_requested_at_ms,
+                            &why,
+                            now_ms(),
+                        )
+                    })
                     .await?;
                 continue;
             };
@@ -1000,7 +1051,15 @@ impl SinkTask {
                 tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
                 self.ctx
                     .shared
-                    .write(move |s| s.parked_failed(&name, p.offset, &why, now_ms()))
+                    .write(move |s| {
+                        s.parked_failed(
+                            &name,
+                            p.offset,
+                            p.record.retry_requested_at_ms,
+                            &why,
+                            now_ms(),
+                        )
+                    })
                     .await?;
             }
         }
@@ -1100,7 +1159,7 @@ impl SinkTask {
                     if self
                         .back_off(failures, None, "the sink delivered nothing", "retrying")
                         .await
-                        || moved(self)
+                        || self.followed(moved).await?
                     {
                         return Ok(());
                     }
@@ -1108,7 +1167,9 @@ impl SinkTask {
                 None => {}
                 Some(Failure::Retry { error, after }) => {
                     failures += 1;
-                    if self.back_off(failures, after, &error, "retrying").await || moved(self) {
+                    if self.back_off(failures, after, &error, "retrying").await
+                        || self.followed(moved).await?
+                    {
                         return Ok(());
                     }
                 }
@@ -1138,7 +1199,9 @@ impl SinkTask {
                             "{BLOCKED}{reason}; every event is refused this way, so none is \
                              parked: fix the receiver (the sink keeps trying)"
                         );
-                        if self.back_off(failures, None, &error, "blocked").await || moved(self) {
+                        if self.back_off(failures, None, &error, "blocked").await
+                            || self.followed(moved).await?
+                        {
                             return Ok(());
                         }
                         continue;
@@ -1163,6 +1226,13 @@ impl SinkTask {
             }
         }
         Ok(())
+    }
+
+    /// Between two attempts at a failing batch: follows operator actions; `true` when one
+    /// moved the cursor (the rest of the batch is then not this task's to deliver).
+    async fn followed(&mut self, moved: impl Fn(&SinkTask) -> bool) -> Result<bool, RelayError> {
+        self.follow_operators().await?;
+        Ok(moved(self))
     }
 
     /// Parks `ev`, refused for good (`on_poison = "block"`: the cursor waits at it). `true`

@@ -125,7 +125,8 @@ impl<T: Tx> Writer<T> {
             }
         };
         let lowest_cursor = if opts.retention.effects.is_active() {
-            tx.lowest_cursor()?
+            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
+            tx.lowest_cursor(floor)?
         } else {
             None
         };

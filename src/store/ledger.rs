@@ -158,13 +158,14 @@ pub(super) fn passed_over(
     )
 }
 
-/// A parked event at `offset` was delivered after `relay retry`: its `Parked` entry becomes
-/// `Retried`; a blocking one at the cursor gets a `Retried` entry as the cursor passes it.
-pub(super) fn retried(
+/// A parked event at `offset` was resolved: delivered after `relay retry` (`Retried`) or
+/// discarded by an operator (`Discarded`, with its audit entry). Its `Parked` entry changes
+/// kind; a blocking one at the cursor gets an entry of that kind as the cursor passes it.
+pub(super) fn resolved(
     tx: &mut dyn Tx,
     name: &str,
     rec: &mut SinkRecord,
-    offset: u64,
+    (offset, kind, audit_index): (u64, LedgerKind, Option<u64>),
     cursor_passes: bool,
     now_ms: u64,
 ) -> Result<(), StoreError> {
@@ -174,12 +175,12 @@ pub(super) fn retried(
             name,
             rec,
             entry(
-                LedgerKind::Retried,
+                kind,
                 offset,
                 offset + 1,
                 rec.generation,
                 now_ms,
-                None,
+                audit_index,
             ),
         );
     }
@@ -189,7 +190,8 @@ pub(super) fn retried(
         .rev()
         .find(|(_, e)| e.kind == LedgerKind::Parked.code() && e.from == offset);
     if let Some((seq, mut e)) = found {
-        e.kind = LedgerKind::Retried.code();
+        e.kind = kind.code();
+        e.audit_index = audit_index;
         e.last_at_ms = now_ms;
         tx.put_ledger(name, seq, &e)?;
     }
@@ -248,17 +250,18 @@ pub struct Accounting {
     pub retried: u64,
     pub skipped: u64,
     pub adopted: u64,
+    pub discarded: u64,
     /// The ledger's entries.
     pub entries: u64,
-    /// Each pass-over (skip, adoption): its kind, offsets and audit entry, for `verify` to
-    /// check against the audit log.
+    /// Each pass-over (skip, adoption, discard): its kind, offsets and audit entry, for
+    /// `verify` to check against the audit log.
     pub passed_over: Vec<(LedgerKind, u64, u64, Option<u64>)>,
 }
 
 impl Accounting {
     /// Offsets below the cursor the ledger accounts for.
     pub fn total(&self) -> u64 {
-        self.delivered + self.parked + self.retried + self.skipped + self.adopted
+        self.delivered + self.parked + self.retried + self.skipped + self.adopted + self.discarded
     }
 }
 
@@ -335,7 +338,7 @@ pub fn account(
                 return Err(format!("ledger entry {seq} restarts the ledger"));
             }
             LedgerKind::Delivered => acc.delivered += n,
-            LedgerKind::Parked | LedgerKind::Retried if n != 1 => {
+            LedgerKind::Parked | LedgerKind::Retried | LedgerKind::Discarded if n != 1 => {
                 return Err(format!("ledger entry {seq} parks more than one event"));
             }
             LedgerKind::Parked => {
@@ -343,17 +346,19 @@ pub fn account(
                 parked_entries.push(e.from);
             }
             LedgerKind::Retried => acc.retried += 1,
-            LedgerKind::Skipped | LedgerKind::Adopted if e.audit_index.is_none() => {
+            LedgerKind::Skipped | LedgerKind::Adopted | LedgerKind::Discarded
+                if e.audit_index.is_none() =>
+            {
                 return Err(format!(
                     "ledger entry {seq} passes over offsets {} without an audited action",
                     range_text(e.from, e.to)
                 ));
             }
-            LedgerKind::Skipped | LedgerKind::Adopted => {
-                if kind == LedgerKind::Skipped {
-                    acc.skipped += n;
-                } else {
-                    acc.adopted += n;
+            LedgerKind::Skipped | LedgerKind::Adopted | LedgerKind::Discarded => {
+                match kind {
+                    LedgerKind::Skipped => acc.skipped += n,
+                    LedgerKind::Adopted => acc.adopted += n,
+                    _ => acc.discarded += n,
                 }
                 acc.passed_over.push((kind, e.from, e.to, e.audit_index));
             }

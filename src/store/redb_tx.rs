@@ -242,8 +242,8 @@ impl Tx for RedbTx<'_> {
         Ok(())
     }
 
-    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
-        super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked)
+    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
+        super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked, floor)
     }
 
     fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {

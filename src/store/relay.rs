@@ -134,8 +134,14 @@ pub trait RelayStore {
                 if from < to {
                     tx.remove_parked(name, from..=to - 1)?;
                 }
+                // Only events of this move: a park from before a cursor move the deliverer
+                // had not seen yet is not recorded (it is offered again).
+                let parked: Vec<&(u64, ParkedRecord)> = parked
+                    .iter()
+                    .filter(|(o, r)| (from..to).contains(o) || (r.blocking && *o == to))
+                    .collect();
                 let mut newly = 0;
-                for (offset, record) in parked {
+                for (offset, record) in &parked {
                     if tx.put_parked(name, *offset, record)? {
                         newly += 1;
                     }
@@ -174,7 +180,11 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, opts| {
+            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
             let w = cursor_write(tx, name, generation, None, now_ms, |tx, rec| {
+                // Back below what retention kept: those effects cannot be delivered again.
+                let lost = (to < floor).then(|| ledger::range_text(to, floor.min(rec.next)));
+                let to = to.max(floor.min(rec.next));
                 if to == rec.next {
                     return Ok(());
                 }
@@ -190,8 +200,12 @@ pub trait RelayStore {
                     format!(
                         "relay sink {name}: cursor taken from the sink's own store ({held_by}) \
                          back from offset {from} to {to}: that store lacks effects {} \
-                         (restored from a backup?), which are delivered again",
-                        ledger::range_text(to, from)
+                         (restored from a backup?), which are delivered again{}",
+                        ledger::range_text(to, from),
+                        lost.as_ref().map_or(String::new(), |l| format!(
+                            "; it also lacks effects {l}, which retention has removed here: \
+                             they cannot be delivered again"
+                        ))
                     )
                 };
                 let mut w = Writer::open(&mut *tx, opts)?;
@@ -304,7 +318,14 @@ pub trait RelayStore {
                     rec.delivered += 1;
                     let passes = r.blocking && rec.next == offset && rec.generation == generation;
                     if passes || offset < rec.next {
-                        ledger::retried(tx, name, rec, offset, passes, now_ms)?;
+                        ledger::resolved(
+                            tx,
+                            name,
+                            rec,
+                            (offset, LedgerKind::Retried, None),
+                            passes,
+                            now_ms,
+                        )?;
                     }
                     if passes {
                         rec.next = offset + 1;
@@ -318,11 +339,13 @@ pub trait RelayStore {
     }
 
     /// A retried parked event was refused again: it stays parked with the new response,
-    /// and waits for the next `relay retry`.
+    /// and waits for the next `relay retry` (unless one came after `requested_at_ms`, the
+    /// request the attempt answered).
     fn parked_failed(
         &mut self,
         name: &str,
         offset: u64,
+        requested_at_ms: Option<u64>,
         response: &str,
         now_ms: u64,
     ) -> Result<(), StoreError> {
@@ -332,7 +355,10 @@ pub trait RelayStore {
                 if let Some((_, mut r)) = tx.parked(name, offset..=offset)?.pop() {
                     r.attempts += 1;
                     r.response = response.clone();
-                    r.retry_requested_at_ms = None;
+                    // A request made while this attempt was under way stands.
+                    if r.retry_requested_at_ms <= requested_at_ms {
+                        r.retry_requested_at_ms = None;
+                    }
                     tx.put_parked(name, offset, &r)?;
                 }
                 rec.last_error = Some((now_ms, response));
@@ -553,6 +579,68 @@ pub trait RelayStore {
         })
     }
 
+    /// `relay discard`: the operator decides that parked event `offset` (or every parked
+    /// event of the sink) is not to be delivered: its record goes, the ledger records it as
+    /// discarded by this action, and a blocking one lets the cursor past it (a new
+    /// generation, so the running deliverer follows). One audit entry per event; returns how
+    /// many.
+    fn relay_discard(
+        &mut self,
+        name: &str,
+        offset: Option<u64>,
+        operator: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<u64, StoreError> {
+        self.relay_txn(|tx, opts| {
+            let mut rec = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let range = offset.map_or(0..=u64::MAX, |o| o..=o);
+            let targets = tx.parked(name, range)?;
+            if targets.is_empty() {
+                return Err(refused(match offset {
+                    Some(o) => format!(
+                        "sink {name:?} has no parked event at offset {o} (`relay parked --sink {name}` lists them)"
+                    ),
+                    None => format!("sink {name:?} has no parked events"),
+                }));
+            }
+            ledger::ensure(tx, name, &mut rec, now_ms)?;
+            for (o, p) in &targets {
+                let mut w = Writer::open(&mut *tx, opts)?;
+                let index = w.append_audit(relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay discard of event {} (offset {o}) on sink {name} by {operator}: \
+                         {reason}; it will not be delivered",
+                        p.id
+                    ),
+                    Some(*o),
+                    Some(p.key),
+                    Some((&p.agency, &p.source_id)),
+                ))?;
+                w.finish()?;
+                tx.remove_parked(name, *o..=*o)?;
+                let passes = p.blocking && *o == rec.next;
+                ledger::resolved(
+                    tx,
+                    name,
+                    &mut rec,
+                    (*o, LedgerKind::Discarded, Some(index)),
+                    passes,
+                    now_ms,
+                )?;
+                if passes {
+                    rec.next = o + 1;
+                    rec.generation += 1;
+                    rec.advanced_at_ms = now_ms;
+                }
+            }
+            tx.put_sink_cursor(name, &rec)?;
+            Ok(targets.len() as u64)
+        })
+    }
+
     /// `relay forget`: removes a sink's cursor and parked events, so retention no longer
     /// keeps effects for it. The caller refuses a sink that is still configured; a sink a
     /// deliverer holds is refused here (`Tx::sink_idle`).
@@ -768,10 +856,11 @@ fn relay_entry(
 }
 
 /// The lowest offset any sink in `cursors` still needs: its cursor, or the lowest event it
-/// parked (`None`: no sink). Retention may not pass it.
+/// parked at or above `floor` (`None`: no sink). Retention may not pass it.
 pub(super) fn lowest_needed<C, P>(
     cursors: &Opened<C, &'static str, SinkRecord>,
     parked: &Opened<P, (&'static str, u64), ParkedRecord>,
+    floor: u64,
 ) -> Result<Option<u64>, StoreError>
 where
     C: ReadableTable<&'static str, &'static [u8]>,
@@ -782,7 +871,7 @@ where
         let (name, rec) = entry?;
         let name = name.value();
         let first_parked = parked
-            .range((name, 0)..=(name, u64::MAX))?
+            .range((name, floor)..=(name, u64::MAX))?
             .next()
             .transpose()?
             .map(|(k, _)| k.value().1);
@@ -1002,7 +1091,8 @@ mod tests {
         assert!(p.iter().all(|p| p.record.retry_requested_at_ms == Some(T0)));
         // A delivered retry removes the record; a refused one clears the request.
         s.parked_delivered("cop", 3, 0, T0).unwrap();
-        s.parked_failed("cop", 7, "HTTP/1.1 422 again", T0).unwrap();
+        s.parked_failed("cop", 7, Some(T0), "HTTP/1.1 422 again", T0)
+            .unwrap();
         let p = s.reader().unwrap().sink_parked(Some("cop")).unwrap();
         assert_eq!(p.len(), 1);
         assert_eq!(
@@ -1158,5 +1248,212 @@ mod tests {
             snap.meta().unwrap().next_effect,
         );
         assert_eq!(next - floor, 5);
+    }
+
+    fn pruning(max_entries: u64) -> StoreOptions {
+        let mut opts = StoreOptions {
+            retention: RetentionPolicy {
+                audit: LogRetention::default(),
+                effects: LogRetention {
+                    max_age_seconds: None,
+                    max_entries: Some(max_entries),
+                },
+                quarantine: LogRetention::default(),
+            },
+            ..StoreOptions::default()
+        };
+        opts.window.max_entries = 2;
+        opts
+    }
+
+    fn floor(s: &Store) -> u64 {
+        s.reader().unwrap().retention_marks().unwrap().effects_floor
+    }
+
+    fn accounting(s: &Store, name: &str) -> crate::store::ledger::Accounting {
+        let snap = s.reader().unwrap();
+        let rec = snap.sink_cursor(name).unwrap().unwrap();
+        snap.sink_accounting(name, &rec).unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_parked_event_holds_retention_until_it_is_discarded_and_the_discard_is_accounted() {
+        let mut s = Store::open_in_memory(pruning(5)).unwrap();
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        feed(&mut s, 1..=10, T0);
+        let p3 = parked(&s.reader().unwrap(), 3, false);
+        s.advance_sink("cop", 0, 0, 10, &[p3], T0).unwrap();
+        for i in 0..4 {
+            feed(&mut s, 11 + i * 5..=15 + i * 5, T0);
+        }
+        assert_eq!(floor(&s), 3, "the parked event's effect is kept");
+        let n = s
+            .relay_discard("cop", Some(3), "ana", "superseded by a later report", T0)
+            .unwrap();
+        assert_eq!(n, 1);
+        let a = accounting(&s, "cop");
+        assert_eq!((a.parked, a.discarded, a.delivered), (0, 1, 9));
+        assert!(
+            s.reader()
+                .unwrap()
+                .sink_parked(Some("cop"))
+                .unwrap()
+                .is_empty()
+        );
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+        // Released: the sink's cursor (10) is what holds the log now.
+        feed(&mut s, 100..=100, T0);
+        assert_eq!(floor(&s), 10);
+        assert!(
+            relay_entries(&s)
+                .iter()
+                .any(|e| e.contains("relay discard of event ")
+                    && e.contains("(offset 3) on sink cop by ana: superseded by a later report"))
+        );
+    }
+
+    #[test]
+    fn discarding_a_blocking_event_lets_the_cursor_past_it_in_a_new_generation() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=5, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        let p2 = parked(&s.reader().unwrap(), 2, true);
+        s.advance_sink("cop", 0, 0, 2, &[p2], T0).unwrap();
+        s.relay_discard("cop", None, "ana", "bad unit id", T0)
+            .unwrap();
+        let rec = s.reader().unwrap().sink_cursor("cop").unwrap().unwrap();
+        assert_eq!((rec.next, rec.generation), (3, 1));
+        assert_eq!(accounting(&s, "cop").discarded, 1);
+        assert!(s.relay_discard("cop", None, "ana", "again", T0).is_err());
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+    }
+
+    #[test]
+    fn a_sink_cursor_adopted_back_below_retention_stops_at_the_floor_and_says_what_is_lost() {
+        let mut s = Store::open_in_memory(pruning(5)).unwrap();
+        feed(&mut s, 1..=30, T0);
+        s.register_sink("cop", "postgres", StartAt::Head, T0)
+            .unwrap();
+        feed(&mut s, 31..=60, T0);
+        s.advance_sink("cop", 0, 30, 60, &[], T0).unwrap();
+        feed(&mut s, 61..=61, T0);
+        let low = floor(&s);
+        assert!(low > 40, "{low}");
+        // The sink's own store was restored from a backup at offset 35.
+        match s.adopt_sink_cursor("cop", 0, 35, "test table", T0).unwrap() {
+            CursorWrite::Done(r) => assert_eq!(r.next, low),
+            other => panic!("{other:?}"),
+        }
+        let entries = relay_entries(&s);
+        let last = entries.last().unwrap();
+        assert!(
+            last.contains(&format!(
+                "back from offset 60 to {low}: that store lacks effects {low}-59"
+            )) && last.contains(&format!(
+                "it also lacks effects 35-{}, which retention has removed here: they cannot be \
+                 delivered again",
+                low - 1
+            )),
+            "{last}"
+        );
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+    }
+
+    #[test]
+    fn a_retry_requested_during_a_failed_attempt_is_not_lost() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=5, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        let p2 = parked(&s.reader().unwrap(), 2, false);
+        s.advance_sink("cop", 0, 0, 5, &[p2], T0).unwrap();
+        s.relay_retry("cop", Some(2), "ana", "first", T0).unwrap();
+        // A second request lands while the first one's attempt is refused.
+        s.relay_retry("cop", Some(2), "ana", "second", T0 + 10)
+            .unwrap();
+        s.parked_failed("cop", 2, Some(T0), "HTTP 422", T0 + 20)
+            .unwrap();
+        let p = s
+            .reader()
+            .unwrap()
+            .sink_parked_at("cop", 2)
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.retry_requested_at_ms, Some(T0 + 10));
+        s.parked_failed("cop", 2, Some(T0 + 10), "HTTP 422", T0 + 30)
+            .unwrap();
+        let p = s
+            .reader()
+            .unwrap()
+            .sink_parked_at("cop", 2)
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.retry_requested_at_ms, None);
+    }
+
+    #[test]
+    fn an_event_parked_below_the_retention_floor_holds_nothing() {
+        let mut s = Store::open_in_memory(pruning(5)).unwrap();
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        feed(&mut s, 1..=10, T0);
+        let p3 = parked(&s.reader().unwrap(), 3, false);
+        s.advance_sink("cop", 0, 0, 10, &[p3], T0).unwrap();
+        // As an older version left it: the retention floor already past the parked event.
+        s.relay_txn(|tx, _| {
+            let mut marks = tx.retention_marks()?.unwrap_or_default();
+            marks.effects_floor = 5;
+            tx.remove_effects(0..=4)?;
+            tx.put_retention_marks(&marks)
+        })
+        .unwrap();
+        for i in 0..3 {
+            feed(&mut s, 11 + i * 5..=15 + i * 5, T0);
+        }
+        assert_eq!(floor(&s), 10, "pruned up to the cursor, past the old park");
+    }
+
+    #[test]
+    fn verify_refuses_a_pass_over_that_cites_another_action() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=20, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 3, &[], T0).unwrap();
+        let p3 = parked(&s.reader().unwrap(), 3, false);
+        s.advance_sink("cop", 0, 3, 4, &[p3], T0).unwrap();
+        s.relay_retry("cop", Some(3), "ana", "fixed", T0).unwrap();
+        let retry_index = s.reader().unwrap().meta().unwrap().next_audit - 1;
+        // A forged skip of 4..15 citing the retry's audit entry, with the cursor moved to match.
+        s.relay_txn(|tx, _| {
+            let mut rec = tx.sink_cursor("cop")?.unwrap();
+            let skip = LedgerRecord {
+                kind: LedgerKind::Skipped.code(),
+                from: 4,
+                to: 15,
+                generation: 0,
+                first_at_ms: T0,
+                last_at_ms: T0,
+                audit_index: Some(retry_index),
+            };
+            tx.put_ledger("cop", rec.ledger_len, &skip)?;
+            rec.ledger_len += 1;
+            rec.next = 15;
+            tx.put_sink_cursor("cop", &rec)
+        })
+        .unwrap();
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        let v = report.violation.unwrap();
+        assert!(
+            v.contains(
+                "sink cop: its ledger says offsets 4-14 were skipped by the action of audit entry"
+            ),
+            "{v}"
+        );
     }
 }

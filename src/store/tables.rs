@@ -727,10 +727,13 @@ pub enum LedgerKind {
     /// Passed over because the sink's own store already holds them: its cursor, committed
     /// with its rows, was adopted (audit entry `audit_index`).
     Adopted,
+    /// One parked event an operator decided not to deliver (`relay discard`, audit entry
+    /// `audit_index`).
+    Discarded,
 }
 
 impl LedgerKind {
-    pub const ALL: [LedgerKind; 7] = [
+    pub const ALL: [LedgerKind; 8] = [
         LedgerKind::Start,
         LedgerKind::Legacy,
         LedgerKind::Delivered,
@@ -738,6 +741,7 @@ impl LedgerKind {
         LedgerKind::Retried,
         LedgerKind::Skipped,
         LedgerKind::Adopted,
+        LedgerKind::Discarded,
     ];
 
     /// Its stored code (never renumbered).
@@ -750,6 +754,7 @@ impl LedgerKind {
             LedgerKind::Retried => 4,
             LedgerKind::Skipped => 5,
             LedgerKind::Adopted => 6,
+            LedgerKind::Discarded => 7,
         }
     }
 
@@ -766,6 +771,7 @@ impl LedgerKind {
             LedgerKind::Retried => "retried",
             LedgerKind::Skipped => "skipped",
             LedgerKind::Adopted => "adopted",
+            LedgerKind::Discarded => "discarded",
         }
     }
 }

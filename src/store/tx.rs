@@ -94,8 +94,10 @@ pub trait Tx {
     fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError>;
 
     /// The lowest offset a relay sink still needs, if any sink has a cursor: its cursor, or
-    /// an event it parked below it. Retention keeps every effect from there on.
-    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError>;
+    /// an event it parked below it at or above `floor` (retention's effects floor: an event
+    /// parked below it, by a version before parked events held retention, holds nothing).
+    /// Retention keeps every effect from there on.
+    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError>;
 
     /// The store's identity (`None` in a store made before ids existed).
     fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError>;
@@ -270,8 +272,8 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError> {
         (**self).forget_fingerprint(id)
     }
-    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
-        (**self).lowest_cursor()
+    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
+        (**self).lowest_cursor(floor)
     }
     fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
         (**self).identity()

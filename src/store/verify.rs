@@ -278,17 +278,19 @@ fn sink_problem(
         Err(p) => return Ok(Err(p)),
     };
     let old = acc.legacy || acc.unrecorded;
+    let mut cited = HashSet::new();
     for &(kind, from, to, audit_index) in &acc.passed_over {
         let Some(index) = audit_index else { continue };
+        if !cited.insert(index) {
+            return Ok(Err(format!(
+                "two of its ledger entries cite audit entry {index} for what they pass over"
+            )));
+        }
         if index < scan.audit_from {
             continue;
         }
-        let records_it = snap.audit_entry(index)?.is_some_and(|a| {
-            a.outcome() == Some(Outcome::Relay)
-                && a.record.topic == name
-                && a.record.effect_offset == Some(to)
-        });
-        if !records_it {
+        let entry = snap.audit_entry(index)?;
+        if !action_records(entry.as_ref(), name, kind, from, to) {
             return Ok(Err(format!(
                 "its ledger says offsets {} were {} by the action of audit entry {index}, which \
                  does not record that",
@@ -330,6 +332,47 @@ fn sink_problem(
         report.parked_checked += 1;
     }
     Ok(Ok(report))
+}
+
+/// Whether audit entry `entry` records the action that passed over `from..to` of sink `name`
+/// as `kind`: a `relay` entry of that sink, of that action, whose range holds them. (A later
+/// rewind into the range cuts the ledger's entry back, so it may end before the action's.)
+fn action_records(
+    entry: Option<&super::AuditEntry>,
+    name: &str,
+    kind: super::tables::LedgerKind,
+    from: u64,
+    to: u64,
+) -> bool {
+    use super::tables::LedgerKind;
+    let Some(a) = entry else { return false };
+    let r = &a.record;
+    if a.outcome() != Some(Outcome::Relay) || r.topic != name {
+        return false;
+    }
+    // "... from offset A to B ...": the range the action moved the cursor over.
+    let range = |reason: &str| {
+        let rest = reason.split_once(" from offset ")?.1;
+        let (a, rest) = rest.split_once(" to ")?;
+        let b: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+    };
+    match kind {
+        LedgerKind::Skipped | LedgerKind::Adopted => {
+            let prefix = if kind == LedgerKind::Skipped {
+                format!("relay skip of sink {name} from offset ")
+            } else {
+                format!("relay sink {name}: cursor taken from the sink's own store")
+            };
+            r.reason.starts_with(&prefix)
+                && range(&r.reason).is_some_and(|(a, b)| a <= from && to <= b)
+                && r.effect_offset.is_some_and(|end| to <= end)
+        }
+        LedgerKind::Discarded => {
+            r.reason.starts_with("relay discard of event ") && r.effect_offset == Some(from)
+        }
+        _ => false,
+    }
 }
 
 /// A parked record against the effect it was made of; `Some(problem)` if its copy differs.

@@ -101,7 +101,10 @@ fn relay_history(s: &mut Backend) -> Vec<String> {
     );
     log(
         "failed",
-        format!("{:?}", s.parked_failed("cop", 4, "HTTP 422 again", T0 + 8)),
+        format!(
+            "{:?}",
+            s.parked_failed("cop", 4, Some(T0 + 6), "HTTP 422 again", T0 + 8)
+        ),
     );
     log(
         "blocking",

@@ -421,6 +421,8 @@ fn runtime() -> tokio::runtime::Runtime {
 struct Driven {
     retries: Vec<(String, Option<Duration>)>,
     poisoned: Vec<(u64, String, String)>,
+    /// The class of each refusal said of the endpoint (`Failure::Refused`), in order.
+    classes: Vec<String>,
 }
 
 async fn drive(sink: &mut Sink, events: &[Event], batch: usize) -> Driven {
@@ -443,7 +445,15 @@ async fn drive(sink: &mut Sink, events: &[Event], batch: usize) -> Driven {
                 out.poisoned.push((events[i].offset, reason, response));
                 i += 1;
             }
-            Some(f @ Failure::Refused { .. }) => panic!("the http sink classes no refusal: {f:?}"),
+            Some(Failure::Refused {
+                class,
+                reason,
+                response,
+            }) => {
+                out.poisoned.push((events[i].offset, reason, response));
+                out.classes.push(class);
+                i += 1;
+            }
         }
         assert!(out.retries.len() < 1000, "the sink never got through");
     }
@@ -1065,7 +1075,7 @@ fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_
 }
 
 #[test]
-fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_parked_as_401() {
+fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_refused_as_401() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start(3, false, None);
     rx.with(|l| l.authorization = Some("Bearer right-7f3a91".into()));
@@ -1081,9 +1091,9 @@ fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_par
         ))
     };
 
-    // A wrong token: 401 is a refusal for good, as before (not a retry): every event is
-    // poisoned (the runner parks it) and none is accepted. What the sink reports never holds
-    // the token.
+    // A wrong token: 401 is a refusal for good, as before (not a retry), said of the endpoint
+    // (class "HTTP 401": the runner blocks the sink when events of two sources get it in a
+    // row) and none is accepted. What the sink reports never holds the token.
     let mut wrong = sink_with("Bearer wrong-c0ffee\n", "wrong");
     let driven = rt.block_on(async {
         let d = drive(&mut wrong, &evs, 5).await;
@@ -1093,6 +1103,8 @@ fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_par
     assert!(rx.accepted().is_empty());
     assert!(driven.retries.is_empty(), "{:?}", driven.retries);
     assert_eq!(driven.poisoned.len(), evs.len());
+    assert!(driven.classes.iter().all(|c| c == "HTTP 401"), "{driven:?}");
+    assert_eq!(driven.classes.len(), evs.len());
     for (_, reason, response) in &driven.poisoned {
         assert_eq!(reason, "HTTP 401 Unauthorized");
         assert_eq!(
@@ -1128,6 +1140,52 @@ fn with_authorization_file_each_event_is_delivered_once_and_a_wrong_token_is_par
     let seen = rx.seen();
     assert_eq!(seen.len() - before, evs.len(), "one request per event");
     assert!(seen[before..].iter().all(|s| s.answer == 200));
+}
+
+#[test]
+fn a_wrong_token_blocks_the_sink_instead_of_parking_the_feed_and_the_right_one_delivers_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(5, false, None);
+    rx.with(|l| l.authorization = Some("Bearer right-5d2e".into()));
+    let token = dir.path().join("cop-authorization");
+    secret_file(&token, "Bearer wrong-5d2e\n", 0o600);
+    let (cfg, _db, ids, _) = ingested_with(
+        dir.path(),
+        9,
+        &format!(
+            "url = \"http://127.0.0.1:{}/cop\"\nauthorization_file = {:?}\n",
+            rx.port(),
+            token.to_str().unwrap()
+        ),
+    );
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    let status = || {
+        let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !status().contains("cop (http): blocked") {
+        assert!(Instant::now() < deadline, "not blocked: {}", status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = status();
+    assert!(
+        text.contains("cursor 0 of 9") && text.contains("HTTP 401 Unauthorized"),
+        "{text}"
+    );
+    assert!(parked(&cfg).is_empty(), "nothing parked");
+    let log_text = stop_relay(relay, &log);
+    assert!(log_text.contains("relay sink blocked"), "{log_text}");
+    // The token is put right; the restarted relay delivers all nine, once, in order.
+    secret_file(&token, "Bearer right-5d2e\n", 0o600);
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    rx.await_until(Duration::from_secs(60), "the nine events", |l| {
+        l.accepted.len() >= 9
+    });
+    stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids);
+    assert!(parked(&cfg).is_empty());
 }
 
 #[test]

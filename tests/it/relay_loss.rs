@@ -451,3 +451,113 @@ fn a_sink_task_that_dies_inside_run_is_restarted_and_said_everywhere_while_run_c
     assert_eq!(stop(&mut run), Some(0), "{}", s.log());
     super::relay::assert_all_delivered(&s, true);
 }
+
+#[test]
+fn a_sink_retrying_a_failing_event_follows_a_skip_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    // A receiver failing transiently (exit 3) on sequence 0, whatever happens.
+    let s = setup(
+        dir.path(),
+        "input=$(cat)\n\
+         if printf '%s\\n' \"$input\" | grep -q '\"rgsequence\":\"0\"'; then exit 3; fi\n\
+         printf '%s\\n' \"$input\" >> \"$OUT\"",
+        "batch_max = 1",
+        "",
+    );
+    s.ingest(0, 6);
+    let mut relay = s.relay();
+    wait_until("the sink retries offset 0", &s, || {
+        s.log().contains("delivery failed; retrying")
+    });
+    let (code, _, err) = cmd(
+        &s,
+        &[
+            "relay",
+            "skip",
+            "--sink",
+            "script",
+            "--to",
+            "1",
+            "--reason",
+            "the receiver cannot take it",
+            "--operator",
+            "ana",
+            "--yes",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let started = std::time::Instant::now();
+    s.wait_received(5, Duration::from_secs(10));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the running sink followed the skip only after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stop(&mut relay), Some(0));
+    let offsets: Vec<u64> = received(&s).iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, (1..6).collect::<Vec<_>>());
+    let a = accounting(&s);
+    assert_eq!(
+        (field(&a, "skipped"), field(&a, "delivered")),
+        ("1".into(), "5".into())
+    );
+}
+
+#[test]
+fn a_discarded_parked_event_is_audited_accounted_and_no_longer_holds_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = "[window]\nmax_entries = 2\n[retention]\neffects_max_entries = 5\n";
+    let s = setup(dir.path(), REFUSES_13, "batch_max = 8", retention);
+    s.ingest(0, 20);
+    let mut relay = s.relay();
+    s.wait_received(19, Duration::from_secs(30));
+    wait_until("the refused event is parked", &s, || {
+        parked_list(&s).len() == 1
+    });
+    assert_eq!(stop(&mut relay), Some(0));
+    s.ingest(20, 40);
+    let (_, stats, _) = cmd(&s, &["stats"]);
+    assert!(
+        stats.contains(
+            "kept from its parked event at offset 13 on (`relay retry` or `relay discard` it)"
+        ),
+        "{stats}"
+    );
+    let id = field(&parked_list(&s)[0], "id");
+    let (code, out, err) = cmd(
+        &s,
+        &[
+            "relay",
+            "discard",
+            "--sink",
+            "script",
+            &id,
+            "--reason",
+            "E13 was decommissioned; CAD never takes it",
+            "--operator",
+            "ana",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("sink script: 1 parked event discarded"),
+        "{out}"
+    );
+    assert!(parked_list(&s).is_empty());
+    let (_, audit, _) = cmd(&s, &["dump-audit", "--outcome", "relay"]);
+    assert!(
+        audit.contains(&format!(
+            "relay discard of event {id} (offset 13) on sink script by ana: E13 was \
+             decommissioned; CAD never takes it; it will not be delivered"
+        )),
+        "{audit}"
+    );
+    let (code, out, err) = cmd(&s, &["verify"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("19 delivered, 0 parked"), "{out}");
+    assert_eq!(field(&accounting(&s), "discarded"), "1");
+    // Nothing holds the log below the cursor (20) any more.
+    s.ingest(40, 41);
+    let offsets: Vec<u64> = common::effects(&s.db).iter().map(|e| e.offset).collect();
+    assert_eq!(offsets.first(), Some(&20), "{offsets:?}");
+}

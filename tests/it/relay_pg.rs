@@ -786,3 +786,54 @@ fn a_table_that_refuses_every_event_blocks_the_sink_instead_of_parking_the_feed(
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("8 delivered, 0 parked"), "{out}");
 }
+
+#[test]
+fn a_sink_forgotten_and_added_again_at_the_head_does_not_adopt_its_old_cursor_row() {
+    let pg = PgDb::new("readded");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Host::new(dir.path(), "a", &pg, "cop_events");
+    a.ingest("e1", 0..10);
+    a.relay_until("10 delivered", || count(&pg, "cop_events") == 10);
+    a.ingest("e1", 10..20);
+    // The sink is taken out of the config and forgotten, effects 10-19 undelivered...
+    let config = std::fs::read_to_string(&a.cfg).unwrap();
+    let (store, _) = config.split_once("[[sink]]").unwrap();
+    let removed = dir.path().join("removed.toml");
+    std::fs::write(&removed, store).unwrap();
+    let out = common::run(&[
+        "relay",
+        "forget",
+        "--config",
+        removed.to_str().unwrap(),
+        "--sink",
+        "cop-db",
+        "--reason",
+        "COP table moved",
+        "--operator",
+        "ana",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // ... and added again to start at the head: its old row (next_offset 10) is not adopted.
+    std::fs::write(&a.cfg, format!("{config}start = \"head\"\n")).unwrap();
+    a.ingest("e1", 20..25);
+    a.relay_until("the 5 new effects delivered", || {
+        count(&pg, "cop_events") == 15
+    });
+    let rows: Vec<u64> = table_rows(&pg, "cop_events")
+        .iter()
+        .map(|r| r.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(rows, (0..10).chain(20..25).collect::<Vec<_>>());
+    assert!(
+        a.log()
+            .contains("the sink's own cursor row is older than this cursor: not adopted"),
+        "{}",
+        a.log()
+    );
+    let (code, out) = a.cmd(&["verify"]);
+    assert_eq!(code, Some(0), "{out}");
+}

@@ -215,7 +215,8 @@ impl Sql {
                 "DELETE FROM {s}.sink_parked WHERE name = $1 AND effect_offset BETWEEN $2 AND $3",
             ),
             cursors_needed: f("SELECT c.name, c.record, \
-                 (SELECT min(p.effect_offset) FROM {s}.sink_parked p WHERE p.name = c.name) \
+                 (SELECT min(p.effect_offset) FROM {s}.sink_parked p \
+                   WHERE p.name = c.name AND p.effect_offset >= $1) \
                  FROM {s}.sink_cursors c"),
             ledger_range: f("SELECT seq, record FROM {s}.sink_ledger \
                  WHERE name = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq"),

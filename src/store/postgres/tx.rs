@@ -595,9 +595,9 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
-    fn lowest_cursor(&mut self) -> Result<Option<u64>, StoreError> {
+    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
         let mut low: Option<u64> = None;
-        for row in self.conn.query(&self.sql.cursors_needed, &[])? {
+        for row in self.conn.query(&self.sql.cursors_needed, &[&db(floor)])? {
             let name: String = row.get(0);
             let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
             let first_parked = row.get::<_, Option<i64>>(2).map(un);
