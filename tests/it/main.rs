@@ -39,6 +39,11 @@
 //!   and end to end through `ingest` and the `relay` commands; credentials (Authorization from
 //!   a file or systemd's credential, mutual TLS, the system trust store), and the token and
 //!   the URL's query in no output, log or stored error.
+//! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest
+//!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
+//!   forgotten, a second store in the same schema, a restored backup) against exec, http and
+//!   postgres receivers; nothing lost, no id with two contents, every ledger holds.
+//!   `scripts/relay-model.sh` soaks it.
 //! - `readme`: the README's commands run as written and print what it shows.
 //! - `pg`: a PostgreSQL database of the test's own (harness), `psql`.
 //! - `pg_store`: the PostgreSQL store backend: the reference model, the same decisions and
@@ -98,6 +103,7 @@ mod readme;
 mod relay;
 mod relay_http;
 mod relay_loss;
+mod relay_model;
 mod relay_mqtt;
 mod relay_pg;
 mod service;

@@ -172,6 +172,72 @@ fn a_rewind_never_moves_forward_and_skip_says_what_it_passes_over_and_is_audited
 }
 
 #[test]
+fn a_rewind_into_a_skipped_range_keeps_the_rest_of_the_skip_audited_and_verify_passing() {
+    // Found by the relay model test (`relay_model`): the rewind cuts the skip's ledger entry
+    // back to its own offset, and verify then wanted the cut entry to end where the skip's
+    // audit entry ends.
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    s.ingest(0, 30);
+    let skip = [
+        "relay",
+        "skip",
+        "--sink",
+        "script",
+        "--to",
+        "20",
+        "--reason",
+        "x",
+        "--operator",
+        "ana",
+        "--yes",
+    ];
+    let (code, _, err) = cmd(&s, &skip);
+    assert_eq!(code, Some(0), "{err}");
+    let rewind = [
+        "relay",
+        "rewind",
+        "--sink",
+        "script",
+        "--to",
+        "10",
+        "--reason",
+        "x",
+        "--operator",
+        "ana",
+    ];
+    let (code, _, err) = cmd(&s, &rewind);
+    assert_eq!(code, Some(0), "{err}");
+    // 0-9 stay skipped (by the skip's audit entry); 10-19 are delivered again.
+    let a = accounting(&s);
+    assert_eq!(field(&a, "problem"), "null");
+    assert_eq!(
+        (field(&a, "to"), field(&a, "skipped")),
+        ("10".into(), "10".into())
+    );
+    let (code, out, err) = cmd(&s, &["verify"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("every offset from 0 to its cursor 10 accounted for: 0 delivered, 0 parked, 0 delivered after retry, 10 skipped"),
+        "{out}"
+    );
+    let mut relay = s.relay();
+    s.wait_received(20, Duration::from_secs(30));
+    wait_until("the cursor at the head", &s, || {
+        field(&s.status(&s.config)["script"], "cursor") == "30"
+    });
+    assert_eq!(stop(&mut relay), Some(0));
+    let offsets: Vec<u64> = received(&s).iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, (10..30).collect::<Vec<_>>());
+    let (code, out, err) = cmd(&s, &["verify"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("every offset from 0 to its cursor 30 accounted for: 20 delivered, 0 parked, 0 delivered after retry, 10 skipped"),
+        "{out}"
+    );
+}
+
+#[test]
 fn a_cursor_moved_by_hand_fails_verify_naming_the_sink_and_the_offsets() {
     let dir = tempfile::tempdir().unwrap();
     let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
