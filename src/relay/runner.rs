@@ -19,7 +19,7 @@ use crate::config::StoreLocation;
 use crate::config::{Config, OnPoison, SinkConfig};
 use crate::metrics::Metrics;
 use crate::store::postgres::PgStore;
-use crate::store::relay::{CursorWrite, RelayStore};
+use crate::store::relay::{CursorWrite, Parked, RelayStore};
 use crate::store::tables::{LedgerKind, ParkedRecord, SinkRecord};
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
@@ -986,19 +986,7 @@ impl SinkTask {
                     p.offset
                 );
                 tracing::error!(sink = %self.ctx.cfg.name, offset = p.offset, "{why}");
-                let name = self.name().to_string();
-                self.ctx
-                    .shared
-                    .write(move |s| {
-                        s.parked_failed(
-                            &name,
-                            p.offset,
-                            p.record.retry_requested_at_ms,
-                            &why,
-                            now_ms(),
-                        )
-                    })
-                    .await?;
+                self.retry_failed(&p, why).await?;
                 continue;
             };
             // A blocking event's delivery moves the cursor past it (the postgres sink stores
@@ -1049,18 +1037,7 @@ impl SinkTask {
                     None => "not delivered".into(),
                 };
                 tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
-                self.ctx
-                    .shared
-                    .write(move |s| {
-                        s.parked_failed(
-                            &name,
-                            p.offset,
-                            p.record.retry_requested_at_ms,
-                            &why,
-                            now_ms(),
-                        )
-                    })
-                    .await?;
+                self.retry_failed(&p, why).await?;
             }
         }
         Ok(())
@@ -1356,6 +1333,20 @@ impl SinkTask {
         self.rng ^= self.rng << 17;
         let ms = cap.as_millis() as u64;
         Duration::from_millis(if ms == 0 { 0 } else { self.rng % (ms + 1) })
+    }
+
+    /// Records that the retry of parked event `p` did not deliver it: it stays parked, `why`
+    /// kept as its last response.
+    async fn retry_failed(&self, p: &Parked, why: String) -> Result<(), RelayError> {
+        let (name, offset, requested) = (
+            self.name().to_string(),
+            p.offset,
+            p.record.retry_requested_at_ms,
+        );
+        self.ctx
+            .shared
+            .write(move |s| s.parked_failed(&name, offset, requested, &why, now_ms()))
+            .await
     }
 
     async fn note_error(&mut self, error: &str) -> Result<(), RelayError> {
