@@ -93,6 +93,17 @@ pub struct ZoneError {
     why: String,
 }
 
+impl ZoneError {
+    /// The message without the flag and the value (clap names them).
+    pub fn why_expected(&self) -> String {
+        format!(
+            "{} (expected local, UTC or an IANA zone name like Europe/Berlin from \
+             /usr/share/zoneinfo)",
+            self.why
+        )
+    }
+}
+
 impl Zone {
     pub fn utc() -> Zone {
         Zone {
@@ -147,36 +158,77 @@ fn one_line(e: &jiff::Error) -> String {
     e.to_string().replace(['\n', '\r'], " ")
 }
 
-/// An operator-typed instant, as Unix milliseconds: RFC 3339 with `Z` or an offset (any
-/// fraction, rounded *up* to the millisecond so `>= since` and `< until` on stored millisecond
-/// times mean what they do on the exact instant); a civil date or date-time (`2026-11-30`,
-/// `2026-11-30T08:00`) in `zone`, only when one was named; or a duration before `now_ms` in
-/// jiff's friendly (`90s`, `1h30m`, `2 days`) or ISO 8601 (`PT1H`) form, in days (24 h) and
-/// smaller units. The error is one line saying why.
-pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+/// An operator-typed instant, as typed, before the clock and the zone are known: RFC 3339 with
+/// `Z` or an offset (any fraction, rounded *up* to the millisecond so `>= since` and `< until`
+/// on stored millisecond times mean what they do on the exact instant); a civil date or
+/// date-time (`2026-11-30`, `2026-11-30T08:00`), read in the zone `--tz` names; or a duration
+/// before now in jiff's friendly (`90s`, `1h30m`, `2 days`) or ISO 8601 (`PT1H`) form, in days
+/// (24 h) and smaller units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TimeSpec {
+    /// Unix milliseconds.
+    At(u64),
+    /// A civil date-time, for a zone.
+    Civil(DateTime),
+    /// Milliseconds before now.
+    Ago(u64),
+}
+
+impl TimeSpec {
+    /// Unix milliseconds: a duration counts back from `now_ms`; a civil time is read in `zone`
+    /// and refused without one. The error is one line saying why.
+    pub fn resolve(&self, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+        match self {
+            TimeSpec::At(ms) => Ok(*ms),
+            TimeSpec::Ago(back) => Ok(now_ms.saturating_sub(*back)),
+            TimeSpec::Civil(civil) => {
+                let Some(zone) = zone else {
+                    return Err(
+                        "missing time zone: add Z or an offset like +02:00, or name \
+                                the zone with --tz"
+                            .into(),
+                    );
+                };
+                let zoned = civil.to_zoned(zone.tz.clone()).map_err(|e| one_line(&e))?;
+                ceil_ms(zoned.timestamp())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for TimeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TimeSpec::At(ms) => f.write_str(&rfc3339_ms(*ms)),
+            TimeSpec::Civil(civil) => write!(f, "{civil}"),
+            TimeSpec::Ago(ms) => write!(f, "{}s ago", ms / 1000),
+        }
+    }
+}
+
+/// The `TimeSpec` an operator typed; the error is one line saying why.
+pub fn parse_time_spec(value: &str) -> Result<TimeSpec, String> {
     let b = value.as_bytes();
     let looks_like_date = b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-';
     if looks_like_date {
         let ts_err = match value.parse::<Timestamp>() {
             Ok(ts) => {
                 rfc3339_offset(value)?;
-                return ceil_ms(ts);
+                return ceil_ms(ts).map(TimeSpec::At);
             }
             Err(e) => e,
         };
-        let Ok(civil) = value.parse::<DateTime>() else {
-            return Err(one_line(&ts_err));
-        };
-        let Some(zone) = zone else {
-            return Err(
-                "missing time zone: add Z or an offset like +02:00, or name the zone \
-                        with --tz"
-                    .into(),
-            );
-        };
-        let zoned = civil.to_zoned(zone.tz.clone()).map_err(|e| one_line(&e))?;
-        return ceil_ms(zoned.timestamp());
+        return value
+            .parse::<DateTime>()
+            .map(TimeSpec::Civil)
+            .map_err(|_| one_line(&ts_err));
     }
+    parse_duration_ms(value).map(TimeSpec::Ago)
+}
+
+/// A duration in milliseconds, in jiff's friendly (`90s`, `1h30m`, `2 days`) or ISO 8601
+/// (`PT1H`) form, in days (24 h) and smaller units; never negative.
+pub fn parse_duration_ms(value: &str) -> Result<u64, String> {
     let span: Span = value
         .parse()
         .map_err(|_| "neither a time nor a duration".to_string())?;
@@ -189,8 +241,12 @@ pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u6
     let back: SignedDuration = span
         .to_duration(SpanRelativeTo::days_are_24_hours())
         .map_err(|e| one_line(&e))?;
-    let back_ms = u64::try_from(back.as_millis()).map_err(|_| "duration too large".to_string())?;
-    Ok(now_ms.saturating_sub(back_ms))
+    u64::try_from(back.as_millis()).map_err(|_| "duration too large".to_string())
+}
+
+/// `parse_time_spec` resolved at once (`TimeSpec::resolve`).
+pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+    parse_time_spec(value)?.resolve(now_ms, zone)
 }
 
 /// Refuses a UTC offset RFC 3339 does not allow (hours above 23; jiff reads up to 25:59:59

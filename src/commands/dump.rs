@@ -38,10 +38,9 @@ pub struct View<'a> {
 }
 
 pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
-    let zone = super::zone_arg(args.tz.as_deref())?;
-    let filter = Filter::parse(&args.filter, now_ms(), zone.as_ref())
+    let filter = Filter::resolve(&args.filter, now_ms(), args.tz.as_ref())
         .map_err(|e| Failure::Usage(e.into()))?;
-    let zone = zone.unwrap_or_else(Zone::utc);
+    let zone = args.tz.clone().unwrap_or_else(Zone::utc);
     let stop = if args.follow {
         Some(crate::signals::stop_flag().map_err(|e| {
             Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))

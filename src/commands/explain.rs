@@ -10,7 +10,6 @@ use anyhow::anyhow;
 use super::Failure;
 use super::dump;
 use crate::cli::{ExplainArgs, ExplainFormat};
-use crate::filter::{FilterError, parse_key, parse_source, parse_u64};
 use crate::json::Json;
 use crate::key::derive_key;
 use crate::model::{Outcome, Position, Source, hex};
@@ -20,50 +19,33 @@ use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::Zone;
 
 pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
-    let usage = |e: FilterError| Failure::Usage(e.into());
-    let key = match (&args.key, &args.source) {
-        (Some(_), Some(_)) => {
-            return Err(Failure::Usage(anyhow!(
-                "give either KEY or --source/--sequence/--epoch, not both"
-            )));
-        }
-        (Some(_), None) if args.sequence.is_some() || args.epoch.is_some() => {
-            return Err(Failure::Usage(anyhow!(
-                "--sequence and --epoch go with --source AGENCY/SOURCE, not with KEY"
-            )));
-        }
-        (Some(k), None) => parse_key("KEY", k).map_err(usage)?,
-        (None, Some(s)) => {
-            let (agency, source_id) = parse_source("--source", s).map_err(usage)?;
-            let Some(sequence) = &args.sequence else {
-                return Err(Failure::Usage(anyhow!("--source needs --sequence N")));
-            };
-            let sequence = parse_u64("--sequence", sequence).map_err(usage)?;
-            let epoch = match &args.epoch {
-                Some(e) => parse_u64("--epoch", e).map_err(usage)?,
-                None => 0,
-            };
-            *derive_key(
-                &Source::new(agency, source_id),
-                Position { epoch, sequence },
-            )
-            .as_bytes()
-        }
-        (None, None) => {
+    // clap holds the rules: KEY or --source (not both), --source with --sequence, --epoch
+    // only with --source.
+    let key = match (&args.key, &args.source, args.sequence) {
+        (Some(k), _, _) => *k,
+        (None, Some(s), Some(sequence)) => *derive_key(
+            &Source::new(s.agency.clone(), s.source_id.clone()),
+            Position {
+                epoch: args.epoch.unwrap_or(0),
+                sequence,
+            },
+        )
+        .as_bytes(),
+        _ => {
             return Err(Failure::Usage(anyhow!(
                 "name the event: KEY, or --source AGENCY/SOURCE --sequence N [--epoch E]"
             )));
         }
     };
-    let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
+    let zone = args.tz.clone().unwrap_or_else(Zone::utc);
     let (_, snapshot) = super::open_existing(&args.db)?;
     let story = Story::collect(&snapshot, key)?;
     if story.audit.is_empty() {
         let named = match (&args.source, &args.sequence) {
             (Some(s), Some(n)) => format!(
                 " ({} epoch {} sequence {n})",
-                escape_controls(s),
-                args.epoch.as_deref().unwrap_or("0")
+                escape_controls(&s.to_string()),
+                args.epoch.unwrap_or(0)
             ),
             _ => String::new(),
         };

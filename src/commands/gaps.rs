@@ -8,7 +8,6 @@ use std::ops::ControlFlow;
 use super::Failure;
 use super::dump::{self, Row, write_csv_row, write_table_row};
 use crate::cli::{Format, GapsArgs};
-use crate::filter::parse_source;
 use crate::json::Json;
 use crate::rangeset::RangeSet;
 use crate::store::Snapshot;
@@ -41,10 +40,8 @@ const CSV_COLUMNS: &[&str] = &[
 pub fn run(args: &GapsArgs) -> Result<(), Failure> {
     let source = args
         .source
-        .as_deref()
-        .map(|s| parse_source("--source", s))
-        .transpose()
-        .map_err(|e| Failure::Usage(e.into()))?;
+        .as_ref()
+        .map(|s| (s.agency.clone(), s.source_id.clone()));
     let (_, snapshot) = super::open_existing(&args.db)?;
     let seen = collect(&snapshot, source.as_ref())?;
     let mut out = BufWriter::new(io::stdout().lock());

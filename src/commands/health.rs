@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use crate::cli::HealthArgs;
-use crate::config::Config;
+use crate::cli::values::Threshold;
 use crate::readings::Readings;
 #[cfg(test)]
 use crate::readings::SinkLag;
@@ -97,96 +97,21 @@ pub struct Thresholds {
 }
 
 impl Thresholds {
-    pub fn parse(a: &HealthArgs) -> Result<Thresholds, String> {
-        let b = |wf: &str, w: &str, cf: &str, c: &str, p: fn(&str) -> Option<u64>| {
-            let one = |flag: &str, v: &str| -> Result<Option<(String, u64)>, String> {
-                if v == "off" {
-                    return Ok(None);
-                }
-                p(v).map(|n| Some((v.to_string(), n)))
-                    .ok_or_else(|| format!("--{flag} {v:?}: not a valid value (see --help)"))
-            };
-            Ok::<_, String>(Bounds {
-                warn: one(wf, w)?,
-                crit: one(cf, c)?,
-            })
+    /// The flags' thresholds (clap parsed each one, `cli::values`).
+    pub fn from_args(a: &HealthArgs) -> Thresholds {
+        let b = |warn: &Threshold, crit: &Threshold| Bounds {
+            warn: warn.0.clone(),
+            crit: crit.0.clone(),
         };
-        Ok(Thresholds {
-            commit_age_s: b(
-                "warn-commit-age",
-                &a.warn_commit_age,
-                "crit-commit-age",
-                &a.crit_commit_age,
-                duration_s,
-            )?,
-            quarantined_1h: b(
-                "warn-quarantine",
-                &a.warn_quarantine,
-                "crit-quarantine",
-                &a.crit_quarantine,
-                count,
-            )?,
-            window_fill: b(
-                "warn-window-fill",
-                &a.warn_window_fill,
-                "crit-window-fill",
-                &a.crit_window_fill,
-                percent,
-            )?,
-            relay_lag: b(
-                "warn-relay-lag",
-                &a.warn_relay_lag,
-                "crit-relay-lag",
-                &a.crit_relay_lag,
-                count,
-            )?,
-            relay_age_s: b(
-                "warn-relay-age",
-                &a.warn_relay_age,
-                "crit-relay-age",
-                &a.crit_relay_age,
-                duration_s,
-            )?,
-            disk_free: b(
-                "warn-disk-free",
-                &a.warn_disk_free,
-                "crit-disk-free",
-                &a.crit_disk_free,
-                percent,
-            )?,
-        })
+        Thresholds {
+            commit_age_s: b(&a.warn_commit_age, &a.crit_commit_age),
+            quarantined_1h: b(&a.warn_quarantine, &a.crit_quarantine),
+            window_fill: b(&a.warn_window_fill, &a.crit_window_fill),
+            relay_lag: b(&a.warn_relay_lag, &a.crit_relay_lag),
+            relay_age_s: b(&a.warn_relay_age, &a.crit_relay_age),
+            disk_free: b(&a.warn_disk_free, &a.crit_disk_free),
+        }
     }
-}
-
-/// `90s`, `5m`, `1h`, `2d` in seconds.
-fn duration_s(v: &str) -> Option<u64> {
-    let unit = match v.chars().last()? {
-        's' => 1,
-        'm' => 60,
-        'h' => 3_600,
-        'd' => 86_400,
-        _ => return None,
-    };
-    count(&v[..v.len() - 1])?.checked_mul(unit)
-}
-
-fn count(v: &str) -> Option<u64> {
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    v.parse().ok()
-}
-
-/// `80`, `80%`, `2.5` in hundredths of a percent, at most 100 %.
-fn percent(v: &str) -> Option<u64> {
-    let v = v.strip_suffix('%').unwrap_or(v);
-    let (whole, frac) = v.split_once('.').unwrap_or((v, ""));
-    if frac.len() > 2 || (!frac.is_empty() && count(frac).is_none()) {
-        return None;
-    }
-    let frac = format!("{frac:0<2}").parse::<u64>().ok()?;
-    let n = count(whole)?.checked_mul(100)?.checked_add(frac)?;
-    (n <= 10_000).then_some(n)
 }
 
 /// One judged reading.
@@ -374,7 +299,7 @@ fn size(bytes: u64) -> String {
 /// Whether the command line asks for `health` (so that a usage error is reported the
 /// plugin's way: one line on stdout, exit 3).
 pub fn requested() -> bool {
-    std::env::args_os().skip(1).any(|a| a == "health")
+    crate::cli::subcommand(std::env::args_os()).as_deref() == Some("health")
 }
 
 /// Prints an UNKNOWN line for `why`; exit code 3.
@@ -390,16 +315,10 @@ fn print_line(line: &str) {
 }
 
 pub fn run(args: &HealthArgs) -> ExitCode {
-    let thresholds = match Thresholds::parse(args) {
-        Ok(t) => t,
-        Err(why) => return unknown(&why),
-    };
-    let config = match Config::resolve(args.db.config.as_deref(), args.db.db.as_deref()) {
-        Ok(c) => c,
-        Err(e) => return unknown(&format!("{e:#}")),
-    };
+    let thresholds = Thresholds::from_args(args);
     let now = now_ms();
-    let judged = super::open_existing(&args.db).and_then(|(db, snap)| {
+    let judged = super::config(&args.db).and_then(|config| {
+        let (db, snap) = super::open_snapshot(&config)?;
         let readings = Readings::read_with_last_hour(&snap, &db, &config, now).map_err(|e| {
             super::Failure::Runtime(anyhow::Error::new(e).context(db.display().to_string()))
         })?;
@@ -424,7 +343,7 @@ mod tests {
         let crate::cli::Command::Health(a) = cli.command else {
             panic!("not health")
         };
-        Thresholds::parse(&a).unwrap()
+        Thresholds::from_args(&a)
     }
 
     fn healthy() -> Readings {
@@ -562,26 +481,6 @@ mod tests {
         assert_eq!(state, State::Ok);
         assert!(line.contains("disk not checked (PostgreSQL: watch the server)"));
         assert!(!line.contains("disk_free"));
-    }
-
-    #[test]
-    fn threshold_values_parse_strictly() {
-        assert_eq!(duration_s("90s"), Some(90));
-        assert_eq!(duration_s("5m"), Some(300));
-        assert_eq!(duration_s("1h"), Some(3_600));
-        assert_eq!(duration_s("2d"), Some(172_800));
-        for bad in ["", "5", "m", "-5m", "5 m", "1.5h", "5M"] {
-            assert_eq!(duration_s(bad), None, "{bad:?}");
-        }
-        assert_eq!(percent("80"), Some(8_000));
-        assert_eq!(percent("80%"), Some(8_000));
-        assert_eq!(percent("2.5"), Some(250));
-        assert_eq!(percent("100"), Some(10_000));
-        for bad in ["101", "", "%", "1.234", "-1", "x"] {
-            assert_eq!(percent(bad), None, "{bad:?}");
-        }
-        assert_eq!(count("0"), Some(0));
-        assert_eq!(count("-1"), None);
     }
 
     #[test]

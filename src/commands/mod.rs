@@ -30,27 +30,33 @@ pub const EXIT_FORCED: u8 = 3;
 /// Exit code of `verify` finding a broken chain or invariant.
 pub const EXIT_VIOLATION: u8 = 4;
 
-/// The zone a `--tz ZONE` flag names, `None` without the flag (commands default to UTC). An
-/// unknown zone is a one-line usage error, found before any database is opened.
-pub fn zone_arg(tz: Option<&str>) -> Result<Option<crate::timefmt::Zone>, Failure> {
-    tz.map(crate::timefmt::Zone::parse)
-        .transpose()
-        .map_err(|e| Failure::Usage(e.into()))
+/// The config `--config` names, with `--db` over its `store.path`: read once per command.
+pub fn config(args: &crate::cli::DbArgs) -> Result<crate::config::Config, Failure> {
+    Ok(crate::config::Config::resolve(
+        args.config.as_deref(),
+        args.db.as_deref(),
+    )?)
 }
 
 /// The read-only snapshot of an existing database named by `--db` or `--config`.
 pub fn open_existing(
     args: &crate::cli::DbArgs,
 ) -> Result<(std::path::PathBuf, crate::store::Snapshot), Failure> {
-    let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    open_snapshot(&config(args)?)
+}
+
+/// The read-only snapshot of the existing store `config` names.
+pub fn open_snapshot(
+    config: &crate::config::Config,
+) -> Result<(std::path::PathBuf, crate::store::Snapshot), Failure> {
     if let crate::config::StoreLocation::Postgres(pg) = config.location()? {
         let cfg = pg.pg_config()?;
         let name = std::path::PathBuf::from(cfg.target());
         let (_, snap) = crate::store::Reader::postgres(cfg)?;
         return Ok((name, snap));
     }
-    let (db, reader) = open_reader(args)?;
-    Ok((db, reader.begin()?))
+    let (name, reader) = open_reader_of(config)?;
+    Ok((name, reader.begin()?))
 }
 
 /// A read-only handle on an existing database named by `--db` or `--config`, for commands
@@ -58,7 +64,12 @@ pub fn open_existing(
 pub fn open_reader(
     args: &crate::cli::DbArgs,
 ) -> Result<(std::path::PathBuf, crate::store::Reader), Failure> {
-    let config = crate::config::Config::resolve(args.config.as_deref(), args.db.as_deref())?;
+    open_reader_of(&config(args)?)
+}
+
+fn open_reader_of(
+    config: &crate::config::Config,
+) -> Result<(std::path::PathBuf, crate::store::Reader), Failure> {
     if let crate::config::StoreLocation::Postgres(pg) = config.location()? {
         let cfg = pg.pg_config()?;
         let name = std::path::PathBuf::from(cfg.target());

@@ -27,57 +27,37 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
         None => standalone(args),
         Some(RelayAction::Status { db, format }) => status(db, *format),
         Some(RelayAction::Parked { db, sink, format }) => parked(db, sink, *format),
-        Some(RelayAction::Retry {
-            db,
-            sink,
-            event,
-            all,
-            reason,
-            operator,
-        }) => retry(
-            db,
-            sink,
-            event.as_deref(),
-            *all,
-            reason,
-            operator.as_deref(),
-        ),
-        Some(RelayAction::Rewind {
-            db,
-            sink,
-            to,
-            reason,
-            operator,
-        }) => rewind(db, sink, *to, reason, operator.as_deref()),
-        Some(RelayAction::Skip {
-            db,
-            sink,
-            to,
-            reason,
-            operator,
-            yes,
-        }) => skip(db, sink, *to, reason, operator.as_deref(), *yes),
-        Some(RelayAction::Discard {
-            db,
-            sink,
-            event,
-            all,
-            reason,
-            operator,
-        }) => discard(
-            db,
-            sink,
-            event.as_deref(),
-            *all,
-            reason,
-            operator.as_deref(),
-        ),
-        Some(RelayAction::Forget {
-            db,
-            sink,
-            reason,
-            operator,
-        }) => forget(db, sink, reason, operator.as_deref()),
+        Some(RelayAction::Retry(p)) => {
+            let a = &p.action;
+            retry(
+                &a.db,
+                &a.sink,
+                p.event.as_deref(),
+                p.all,
+                &a.reason,
+                a.operator.as_deref(),
+            )
+        }
+        Some(RelayAction::Rewind(m)) => {
+            let a = &m.action;
+            rewind(&a.db, &a.sink, m.to, &a.reason, a.operator.as_deref())
+        }
+        Some(RelayAction::Skip { cursor: m, yes }) => {
+            let a = &m.action;
+            skip(&a.db, &a.sink, m.to, &a.reason, a.operator.as_deref(), *yes)
+        }
+        Some(RelayAction::Discard(p)) => {
+            let a = &p.action;
+            discard(
+                &a.db,
+                &a.sink,
+                p.event.as_deref(),
+                p.all,
+                &a.reason,
+                a.operator.as_deref(),
+            )
+        }
+        Some(RelayAction::Forget(a)) => forget(&a.db, &a.sink, &a.reason, a.operator.as_deref()),
     }
 }
 
@@ -173,8 +153,8 @@ fn text(s: &str) -> Json {
 }
 
 fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
-    let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
-    let (_, snap) = super::open_existing(db)?;
+    let config = super::config(db)?;
+    let (_, snap) = super::open_snapshot(&config)?;
     let rows = status_rows(&snap, &config, now_ms())?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     match format {
@@ -460,7 +440,7 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
 }
 
 fn operator_store(db: &DbArgs) -> Result<(Config, Backend), Failure> {
-    let config = Config::resolve(db.config.as_deref(), db.db.as_deref())?;
+    let config = super::config(db)?;
     let store = super::open_operator(&config)?;
     Ok((config, store))
 }

@@ -18,15 +18,16 @@ const HOUR_MS: u64 = 3_600_000;
 const TEXT_SOURCES: usize = 20;
 
 pub fn run(args: &StatsArgs) -> Result<(), Failure> {
-    let zone = super::zone_arg(args.tz.as_deref())?.unwrap_or_else(Zone::utc);
-    let (db, snap) = super::open_existing(&args.db)?;
+    let zone = args.tz.clone().unwrap_or_else(Zone::utc);
+    let config = super::config(&args.db)?;
+    let (db, snap) = super::open_snapshot(&config)?;
     let text = match args.format {
         StatsFormat::Json => {
             escape_json(&Stats::read(&snap, &db, now_ms())?.to_json().to_compact()).into_owned()
                 + "\n"
         }
         StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(&zone),
-        StatsFormat::Prometheus => prometheus(args, &snap, &db)?,
+        StatsFormat::Prometheus => prometheus(&config, &snap, &db)?,
     };
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -37,9 +38,12 @@ pub fn run(args: &StatsArgs) -> Result<(), Failure> {
 
 /// The store's gauges in the text format, as the metrics endpoint serves them (for
 /// node_exporter's textfile collector on hosts without the listener).
-fn prometheus(args: &StatsArgs, snap: &Snapshot, db: &std::path::Path) -> Result<String, Failure> {
-    let config = crate::config::Config::resolve(args.db.config.as_deref(), args.db.db.as_deref())?;
-    let readings = crate::readings::Readings::read(snap, db, &config, now_ms())?;
+fn prometheus(
+    config: &crate::config::Config,
+    snap: &Snapshot,
+    db: &std::path::Path,
+) -> Result<String, Failure> {
+    let readings = crate::readings::Readings::read(snap, db, config, now_ms())?;
     Ok(crate::metrics::encode(&crate::metrics::store_families(
         &readings,
     )))

@@ -7,14 +7,13 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::cli::DbArgs;
-use crate::config::Config;
 use crate::model::Outcome;
 use crate::store::verify;
 
 pub fn run(args: &DbArgs) -> Result<(), Failure> {
     // Digests depend on the feed contract: `run`'s --config, or the defaults.
-    let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
-    let (db, snapshot) = super::open_existing(args)?;
+    let config = super::config(args)?;
+    let (db, snapshot) = super::open_snapshot(&config)?;
     let report = checked(&snapshot, &config.feed, "verifying")?;
     let counts: Vec<String> = Outcome::ALL
         .iter()

@@ -327,7 +327,7 @@ fn a_store_that_cannot_be_read_is_unknown() {
                 "--warn-disk-free".into(),
                 "150".into(),
             ],
-            "--warn-disk-free \"150\"",
+            "invalid value '150' for '--warn-disk-free <PERCENT>'",
         ),
         (vec!["--bogus".into()], "unexpected argument '--bogus'"),
     ] {
@@ -385,4 +385,30 @@ fn on_postgres_a_fresh_store_is_ok_an_old_one_critical_and_the_disk_is_left_to_t
     .unwrap();
     let s = health(&args);
     assert_eq!(s.state, "UNKNOWN", "{s:?}");
+}
+
+#[test]
+fn the_word_health_in_another_command_line_leaves_its_usage_error_alone() {
+    // A topic named `health` once made any usage error print the check's UNKNOWN line.
+    for args in [
+        &["dump-audit", "--topic", "health", "--bogus"][..],
+        &["explain", "--source", "health/x", "--sequence", "nope"],
+    ] {
+        let out = common::run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(
+            stderr.starts_with("replay-guard: error: ") && !stderr.contains("UNKNOWN"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The check's own usage error stays its UNKNOWN line on stdout, exit 3.
+    let s = health(&["--warn-commit-age", "soon"]);
+    assert_eq!((s.code, s.state.as_str()), (3, "UNKNOWN"), "{s:?}");
+    assert!(
+        s.text.contains("'--warn-commit-age <DURATION>'"),
+        "{}",
+        s.text
+    );
 }

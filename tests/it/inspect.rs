@@ -1132,7 +1132,10 @@ fn table_times_show_in_the_tz_zone_and_zoneless_filters_are_read_in_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("--tz \"Mars/Olympus_Mons\""), "{stderr}");
+    assert!(
+        stderr.contains("invalid value 'Mars/Olympus_Mons' for '--tz <ZONE>'"),
+        "{stderr}"
+    );
 }
 
 /// `text` with every time of the form `2026-11-30T02:52:14.123` or `02:52:14.123` followed by
@@ -1322,7 +1325,10 @@ fn explain_and_stats_show_text_times_in_the_tz_zone_and_json_in_utc() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains("--tz \"Mars/Olympus_Mons\""), "{stderr}");
+        assert!(
+            stderr.contains("invalid value 'Mars/Olympus_Mons' for '--tz <ZONE>'"),
+            "{stderr}"
+        );
     }
 }
 
@@ -1359,7 +1365,9 @@ fn since_and_until_refuse_utc_offsets_beyond_23_59() {
             assert_eq!(out.status.code(), Some(1), "{command} {flag}: {stderr}");
             assert_eq!(stderr.lines().count(), 1, "{stderr}");
             assert!(
-                stderr.starts_with(&format!("replay-guard: error: {flag} ")),
+                stderr.starts_with(&format!(
+                    "replay-guard: error: invalid value '{value}' for '{flag} <T>'"
+                )),
                 "{stderr}"
             );
             assert!(stderr.contains("-23:59 to +23:59"), "{stderr}");

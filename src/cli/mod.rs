@@ -1,8 +1,16 @@
-//! Command-line flags (clap derive). Raw values only: no I/O, no validation beyond types.
+//! Command-line flags (clap derive). Every value is parsed here, once, into its type
+//! (`values`): a command receives a zone, a time, a source or a threshold, never its text. No
+//! I/O.
+
+pub mod values;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::model::Outcome;
+use crate::timefmt::{TimeSpec, Zone};
+use values::{SourceName, Threshold};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,6 +30,23 @@ pub struct Cli {
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The subcommand a command line names, read past any error in its flags (for a command whose
+/// usage errors have their own form: `health`'s UNKNOWN line). A value of a flag is never
+/// taken for it.
+pub fn subcommand<I, T>(argv: I) -> Option<String>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::CommandFactory as _;
+    Cli::command()
+        .ignore_errors(true)
+        .try_get_matches_from(argv)
+        .ok()?
+        .subcommand_name()
+        .map(str::to_string)
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,47 +204,15 @@ pub enum RelayAction {
     },
     /// Ask the sink to deliver a parked event again (by effect offset or event id), or every
     /// parked event of the sink (--all).
-    Retry {
-        #[command(flatten)]
-        db: DbArgs,
-        #[arg(long, value_name = "NAME")]
-        sink: String,
-        #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
-        event: Option<String>,
-        #[arg(long, conflicts_with = "event")]
-        all: bool,
-        #[arg(long, value_name = "TEXT")]
-        reason: String,
-        #[arg(long, value_name = "NAME")]
-        operator: Option<String>,
-    },
+    Retry(ParkedAction),
     /// Deliver again from effect OFFSET on (a running sink follows within a second). Only
     /// back: OFFSET above the cursor is refused (see `skip`).
-    Rewind {
-        #[command(flatten)]
-        db: DbArgs,
-        #[arg(long, value_name = "NAME")]
-        sink: String,
-        #[arg(long, value_name = "OFFSET")]
-        to: u64,
-        #[arg(long, value_name = "TEXT")]
-        reason: String,
-        #[arg(long, value_name = "NAME")]
-        operator: Option<String>,
-    },
+    Rewind(CursorMove),
     /// Move the cursor forward to OFFSET without delivering the effects between: prints how
     /// many undelivered effects it passes over and does it only with --yes. Audited.
     Skip {
         #[command(flatten)]
-        db: DbArgs,
-        #[arg(long, value_name = "NAME")]
-        sink: String,
-        #[arg(long, value_name = "OFFSET")]
-        to: u64,
-        #[arg(long, value_name = "TEXT")]
-        reason: String,
-        #[arg(long, value_name = "NAME")]
-        operator: Option<String>,
+        cursor: CursorMove,
         /// Pass the effects over (without it, only say how many would be).
         #[arg(long)]
         yes: bool,
@@ -227,31 +220,48 @@ pub enum RelayAction {
     /// Decide that a parked event (by effect offset or event id), or every parked event of the
     /// sink (--all), is not to be delivered: its record goes, the decision is audited, and a
     /// blocking one lets the sink go on. (Retention keeps a parked event's effect until then.)
-    Discard {
-        #[command(flatten)]
-        db: DbArgs,
-        #[arg(long, value_name = "NAME")]
-        sink: String,
-        #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
-        event: Option<String>,
-        #[arg(long, conflicts_with = "event")]
-        all: bool,
-        #[arg(long, value_name = "TEXT")]
-        reason: String,
-        #[arg(long, value_name = "NAME")]
-        operator: Option<String>,
-    },
+    Discard(ParkedAction),
     /// Drop the cursor and parked events of a sink that is no longer configured.
-    Forget {
-        #[command(flatten)]
-        db: DbArgs,
-        #[arg(long, value_name = "NAME")]
-        sink: String,
-        #[arg(long, value_name = "TEXT")]
-        reason: String,
-        #[arg(long, value_name = "NAME")]
-        operator: Option<String>,
-    },
+    Forget(SinkAction),
+}
+
+/// An audited operator action on one sink.
+#[derive(clap::Args, Debug)]
+pub struct SinkAction {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The sink's name (`[[sink]] name`).
+    #[arg(long, value_name = "NAME")]
+    pub sink: String,
+    /// Why, in words a reviewer will read in the audit log.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Who decided (default: $SUDO_USER, else $USER).
+    #[arg(long, value_name = "NAME")]
+    pub operator: Option<String>,
+}
+
+/// An operator action on a sink's parked events: one, by effect offset or event id, or --all.
+#[derive(clap::Args, Debug)]
+pub struct ParkedAction {
+    #[command(flatten)]
+    pub action: SinkAction,
+    /// The parked event: its effect offset or its event id (`relay parked` lists them).
+    #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
+    pub event: Option<String>,
+    /// Every parked event of the sink.
+    #[arg(long, conflicts_with = "event")]
+    pub all: bool,
+}
+
+/// An operator move of a sink's cursor to an effect offset.
+#[derive(clap::Args, Debug)]
+pub struct CursorMove {
+    #[command(flatten)]
+    pub action: SinkAction,
+    /// The effect offset the sink delivers next.
+    #[arg(long, value_name = "OFFSET")]
+    pub to: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -308,8 +318,8 @@ pub struct StatsArgs {
     pub format: StatsFormat,
     /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
     /// IANA name like Europe/Berlin. --format json stays UTC. Default: UTC.
-    #[arg(long, value_name = "ZONE")]
-    pub tz: Option<String>,
+    #[arg(long, value_name = "ZONE", value_parser = values::zone)]
+    pub tz: Option<Zone>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -346,42 +356,42 @@ turns a threshold off. Read-only, from one snapshot: works while `run` writes.";
 pub struct HealthArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Last decision older than this: WARNING (90s, 5m, 1h, 2d; or off).
-    #[arg(long, value_name = "DURATION", default_value = "5m")]
-    pub warn_commit_age: String,
+    /// Last decision older than this: WARNING (90s, 5m, 1h30m, 2d, PT1H; or off).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = values::duration_threshold)]
+    pub warn_commit_age: Threshold,
     /// Last decision older than this: CRITICAL.
-    #[arg(long, value_name = "DURATION", default_value = "15m")]
-    pub crit_commit_age: String,
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = values::duration_threshold)]
+    pub crit_commit_age: Threshold,
     /// More deliveries than this quarantined in the last hour: WARNING.
-    #[arg(long, value_name = "N", default_value = "0")]
-    pub warn_quarantine: String,
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_quarantine: Threshold,
     /// More deliveries than this quarantined in the last hour: CRITICAL.
-    #[arg(long, value_name = "N", default_value = "50")]
-    pub crit_quarantine: String,
+    #[arg(long, value_name = "N", default_value = "50", value_parser = values::count_threshold)]
+    pub crit_quarantine: Threshold,
     /// Window fuller than this percentage of `[window] max_entries`: WARNING.
-    #[arg(long, value_name = "PERCENT", default_value = "80")]
-    pub warn_window_fill: String,
+    #[arg(long, value_name = "PERCENT", default_value = "80", value_parser = values::percent_threshold)]
+    pub warn_window_fill: Threshold,
     /// Window fuller than this percentage: CRITICAL.
-    #[arg(long, value_name = "PERCENT", default_value = "95")]
-    pub crit_window_fill: String,
+    #[arg(long, value_name = "PERCENT", default_value = "95", value_parser = values::percent_threshold)]
+    pub crit_window_fill: Threshold,
     /// A sink more than this many effects behind the head: WARNING.
-    #[arg(long, value_name = "N", default_value = "1000")]
-    pub warn_relay_lag: String,
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = values::count_threshold)]
+    pub warn_relay_lag: Threshold,
     /// A sink more than this many effects behind: CRITICAL.
-    #[arg(long, value_name = "N", default_value = "10000")]
-    pub crit_relay_lag: String,
+    #[arg(long, value_name = "N", default_value = "10000", value_parser = values::count_threshold)]
+    pub crit_relay_lag: Threshold,
     /// A sink's oldest undelivered effect older than this: WARNING.
-    #[arg(long, value_name = "DURATION", default_value = "5m")]
-    pub warn_relay_age: String,
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = values::duration_threshold)]
+    pub warn_relay_age: Threshold,
     /// A sink's oldest undelivered effect older than this: CRITICAL.
-    #[arg(long, value_name = "DURATION", default_value = "15m")]
-    pub crit_relay_age: String,
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = values::duration_threshold)]
+    pub crit_relay_age: Threshold,
     /// Less free space than this percentage beside the database: WARNING.
-    #[arg(long, value_name = "PERCENT", default_value = "10")]
-    pub warn_disk_free: String,
+    #[arg(long, value_name = "PERCENT", default_value = "10", value_parser = values::percent_threshold)]
+    pub warn_disk_free: Threshold,
     /// Less free space than this percentage: CRITICAL.
-    #[arg(long, value_name = "PERCENT", default_value = "5")]
-    pub crit_disk_free: String,
+    #[arg(long, value_name = "PERCENT", default_value = "5", value_parser = values::percent_threshold)]
+    pub crit_disk_free: Threshold,
 }
 
 #[derive(clap::Args, Debug)]
@@ -481,8 +491,8 @@ pub struct DumpArgs {
     /// Show `--format table` times in ZONE: local (the host's; TZ first), UTC, or an IANA name
     /// like Europe/Berlin. Also the zone of --since/--until times written without an offset.
     /// jsonl and CSV stay UTC. Default: UTC.
-    #[arg(long, value_name = "ZONE")]
-    pub tz: Option<String>,
+    #[arg(long, value_name = "ZONE", value_parser = values::zone)]
+    pub tz: Option<Zone>,
 }
 
 /// Which entries to print. Every given flag must hold (AND); repeated --outcome flags match any
@@ -493,23 +503,22 @@ pub struct FilterArgs {
     /// a date or date-time in the --tz zone (2026-11-30T08:00, with --tz only), or a duration
     /// before now (90s, 15m, 1h30m, 2 days, PT1H; days are 24 h). The time is recorded_at for audit entries,
     /// received_at for effects and quarantine records.
-    #[arg(long, value_name = "T", allow_hyphen_values = true)]
-    pub since: Option<String>,
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = values::time)]
+    pub since: Option<TimeSpec>,
     /// Only entries before T (exclusive); same forms as --since.
-    #[arg(long, value_name = "T", allow_hyphen_values = true)]
-    pub until: Option<String>,
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = values::time)]
+    pub until: Option<TimeSpec>,
     /// Only entries of this producer. Split at the first '/': `Cal/Fire/E7` is agency `Cal`,
     /// source `Fire/E7` (an agency containing '/' cannot be selected).
-    #[arg(long, value_name = "AGENCY/SOURCE")]
-    pub source: Option<String>,
-    /// Only entries with this outcome (applied, applied_late, duplicate, conflict, stale,
-    /// malformed); repeat for several. Effects are applied, applied_late or, once released
-    /// from quarantine, released.
-    #[arg(long, value_name = "NAME")]
-    pub outcome: Vec<String>,
+    #[arg(long, value_name = "AGENCY/SOURCE", value_parser = values::source)]
+    pub source: Option<SourceName>,
+    /// Only entries with this outcome; repeat for several. Effects are applied, applied_late
+    /// or, once released from quarantine, released.
+    #[arg(long, value_name = "NAME", value_parser = values::outcome())]
+    pub outcome: Vec<Outcome>,
     /// Only entries with this idempotency key (64 hex digits).
-    #[arg(long, value_name = "HEX64")]
-    pub key: Option<String>,
+    #[arg(long, value_name = "HEX64", value_parser = values::key)]
+    pub key: Option<[u8; 32]>,
     /// Only entries received on exactly this MQTT topic.
     #[arg(long, value_name = "TOPIC")]
     pub topic: Option<String>,
@@ -531,25 +540,47 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// The event's idempotency key (64 hex digits, as in dump-audit's `key`).
-    #[arg(value_name = "KEY")]
-    pub key: Option<String>,
+    #[arg(
+        value_name = "KEY",
+        value_parser = values::key,
+        required_unless_present = "source",
+        conflicts_with_all = ["source", "sequence", "epoch"]
+    )]
+    pub key: Option<[u8; 32]>,
     /// Instead of KEY: the producer, AGENCY/SOURCE (split at the first '/').
-    #[arg(long, value_name = "AGENCY/SOURCE")]
-    pub source: Option<String>,
+    #[arg(
+        long,
+        value_name = "AGENCY/SOURCE",
+        value_parser = values::source,
+        requires = "sequence"
+    )]
+    pub source: Option<SourceName>,
     /// With --source: the message's sequence number.
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub sequence: Option<String>,
+    #[arg(
+        long,
+        value_name = "N",
+        allow_hyphen_values = true,
+        value_parser = values::number,
+        requires = "source"
+    )]
+    pub sequence: Option<u64>,
     /// With --source: the message's epoch (default 0).
-    #[arg(long, value_name = "E", allow_hyphen_values = true)]
-    pub epoch: Option<String>,
+    #[arg(
+        long,
+        value_name = "E",
+        allow_hyphen_values = true,
+        value_parser = values::number,
+        requires = "source"
+    )]
+    pub epoch: Option<u64>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
     pub format: ExplainFormat,
     /// Show text times in ZONE, with their offset: local (the host's; TZ first), UTC, or an
     /// IANA name like Europe/Berlin. --format json (its story sentences too) stays UTC.
     /// Default: UTC.
-    #[arg(long, value_name = "ZONE")]
-    pub tz: Option<String>,
+    #[arg(long, value_name = "ZONE", value_parser = values::zone)]
+    pub tz: Option<Zone>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -565,9 +596,146 @@ pub struct GapsArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// Only this producer, AGENCY/SOURCE (split at the first '/').
-    #[arg(long, value_name = "AGENCY/SOURCE")]
-    pub source: Option<String>,
+    #[arg(long, value_name = "AGENCY/SOURCE", value_parser = values::source)]
+    pub source: Option<SourceName>,
     /// Output format (table adds a summary line per source and epoch).
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub format: Format,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("replay-guard").chain(argv.iter().copied()))
+    }
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        std::iter::once("replay-guard")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn the_subcommand_is_found_past_bad_flags_and_never_taken_from_a_value() {
+        let named = |a: &[&str]| subcommand(argv(a));
+        assert_eq!(
+            named(&["dump-audit", "--topic", "health", "--bogus"]).as_deref(),
+            Some("dump-audit")
+        );
+        assert_eq!(named(&["health", "--bogus"]).as_deref(), Some("health"));
+        assert_eq!(
+            named(&["--log-format", "json", "health", "--warn-disk-free", "150"]).as_deref(),
+            Some("health")
+        );
+        assert_eq!(
+            named(&["explain", "--source", "health/x", "--nope"]).as_deref(),
+            Some("explain")
+        );
+        assert_eq!(named(&["--bogus"]), None);
+    }
+
+    #[test]
+    fn values_are_typed_when_the_line_is_parsed() {
+        let Command::Health(h) = parse(&["health", "--warn-commit-age", "1h30m"])
+            .unwrap()
+            .command
+        else {
+            panic!("not health")
+        };
+        assert_eq!(h.warn_commit_age.0, Some(("1h30m".into(), 5400)));
+        assert_eq!(
+            h.crit_commit_age.0,
+            Some(("15m".into(), 900)),
+            "the default"
+        );
+        assert_eq!(h.warn_quarantine.0, Some(("0".into(), 0)));
+        assert_eq!(h.warn_window_fill.0, Some(("80".into(), 8000)));
+        assert!(parse(&["health", "--crit-relay-lag", "off"]).is_ok());
+        for bad in [
+            &["health", "--warn-disk-free", "150"][..],
+            &["health", "--warn-commit-age", "5"],
+            &["dump-audit", "--tz", "Mars/Olympus_Mons"],
+            &["dump-audit", "--since", "yesterday"],
+            &["dump-audit", "--outcome", "aplied"],
+            &["gaps", "--source", "nosplit"],
+            &["stats", "--tz", "Nowhere/Atall"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            use clap::error::ErrorKind;
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{bad:?}: {:?}",
+                e.kind()
+            );
+        }
+    }
+
+    #[test]
+    fn explain_takes_a_key_or_a_source_with_a_sequence() {
+        let key = "ab".repeat(32);
+        let Command::Explain(e) = parse(&["explain", &key]).unwrap().command else {
+            panic!("not explain")
+        };
+        assert_eq!(e.key, Some([0xab; 32]));
+        let Command::Explain(e) = parse(&[
+            "explain",
+            "--source",
+            "Cal/E7",
+            "--sequence",
+            "4",
+            "--epoch",
+            "2",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not explain")
+        };
+        assert_eq!((e.sequence, e.epoch), (Some(4), Some(2)));
+        for bad in [
+            &["explain"][..],
+            &["explain", &key, "--source", "Cal/E7", "--sequence", "4"],
+            &["explain", &key, "--sequence", "4"],
+            &["explain", "--source", "Cal/E7"],
+            &["explain", "--source", "Cal/E7", "--epoch", "1"],
+            &["explain", "--source", "Cal/E7", "--sequence", "-1"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn relay_actions_share_their_flags() {
+        let Some(RelayAction::Skip { cursor, yes }) = (match parse(&[
+            "relay", "skip", "--sink", "cop", "--to", "9", "--reason", "r", "--yes",
+        ])
+        .unwrap()
+        .command
+        {
+            Command::Relay(r) => r.action,
+            _ => None,
+        }) else {
+            panic!("not relay skip")
+        };
+        assert_eq!(
+            (cursor.action.sink.as_str(), cursor.to, yes),
+            ("cop", 9, true)
+        );
+        assert!(parse(&["relay", "retry", "--sink", "cop", "--reason", "r"]).is_err());
+        assert!(parse(&["relay", "retry", "--sink", "cop", "--reason", "r", "--all"]).is_ok());
+        assert!(
+            parse(&[
+                "relay", "discard", "--sink", "c", "--reason", "r", "3", "--all"
+            ])
+            .is_err()
+        );
+    }
 }
