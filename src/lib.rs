@@ -19,6 +19,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod output;
 pub mod progress;
 pub mod rangeset;
 pub mod readings;

@@ -58,6 +58,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of standard output went away (`| head`): nobody is left to tell, and
+        // what was asked for was printed as far as it was read.
+        Err(_) if replay_guard::output::stdout_closed() => ExitCode::SUCCESS,
         Err(f) => {
             // Never panic on a closed stderr: the exit code still tells.
             let _ = writeln!(std::io::stderr(), "replay-guard: error: {:#}", f.error());

@@ -67,7 +67,7 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         format!("chain head {} at #{}", hex(&m.chain_head), m.next_audit - 1)
     };
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "backed up {} to {} ({:.1} MiB in {copied_s:.1} s): {} audit entries ({head}), {} \
          effects, {} window entries, {} quarantined, {} sources, {} sink cursors; verified: \
          hash chain intact, {} effects and {} quarantine records match their audit entries",

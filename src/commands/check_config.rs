@@ -35,7 +35,7 @@ pub fn run(path: &Path) -> Result<(), Failure> {
             .map(|s| format!("{} ({})", s.name, s.kind.name()))
             .collect();
         let _ = writeln!(
-            std::io::stdout(),
+            crate::output::stdout(),
             "{}: ok for `relay` ({db}, sinks {}, source {}{metrics}; no [mqtt], so not for \
              `run`)",
             path.display(),
@@ -47,7 +47,7 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     // The database directory may not exist yet: systemd creates StateDirectory at start.
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "{}: ok ({db}, brokers {}, topics {}, protocol {:?}{})",
         path.display(),
         brokers.join(" "),

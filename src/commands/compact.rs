@@ -32,7 +32,7 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
     })?;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "compacted {}: {:.1} MiB -> {:.1} MiB",
         db.display(),
         mib(report.before_bytes),

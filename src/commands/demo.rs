@@ -15,7 +15,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         db: args.db.clone(),
         colour: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     match demo::run(&opts, &mut out) {
         Ok(r) if r.exactly_once => Ok(()),
         Ok(r) => Err(Failure::Violation(anyhow!(

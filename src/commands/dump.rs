@@ -12,8 +12,9 @@ use crate::cli::{DumpArgs, Format};
 use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::json::{self, Json};
 use crate::model::{Outcome, hex};
+use crate::output::{Row, num, opt_hex, opt_num, text, write_csv_row, write_table_row};
 use crate::store::{self, AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
-use crate::textsafe::{escape_controls, escape_json};
+use crate::textsafe::escape_json;
 use crate::timefmt::{Zone, now_ms, rfc3339_ms};
 
 /// How long `--follow` waits between two read snapshots.
@@ -27,8 +28,6 @@ pub enum Table {
     Effects,
     Quarantine,
 }
-
-pub type Row = Vec<(String, Json)>;
 
 /// How rows are printed: the format, and the zone `--format table` shows times in.
 #[derive(Clone, Copy, Debug)]
@@ -49,9 +48,9 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
         None
     };
     let (_, reader) = super::open_reader(&args.db)?;
-    let mut out = BufWriter::new(io::stdout().lock());
+    let mut out = BufWriter::new(crate::output::stdout());
     let from = args.after.map_or(0, |a| a.saturating_add(1));
-    let result = follow(
+    follow(
         &reader,
         table,
         View {
@@ -62,25 +61,11 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
         from,
         stop.as_deref(),
         &mut out,
-    );
-    quiet_on_closed_pipe(result)
+    )
 }
 
-/// A closed pipe (`| head`) ends a command quietly, with success.
 /// How long after `--until` `--follow` keeps looking for entries stamped before it.
 const UNTIL_GRACE_MS: u64 = 120_000;
-
-pub fn quiet_on_closed_pipe(result: Result<(), Failure>) -> Result<(), Failure> {
-    match result {
-        Err(Failure::Runtime(e))
-            if e.downcast_ref::<io::Error>()
-                .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
 
 /// Prints the header and every matching row of the latest snapshot; with `stop`, keeps taking
 /// a new snapshot every `FOLLOW_POLL` and printing the rows committed since, until `stop` is set.
@@ -276,19 +261,6 @@ fn mark_damaged(table: Table, row: &mut Row) {
     }
 }
 
-fn num(n: u64) -> Json {
-    Json::Number(n.to_string())
-}
-fn opt_num(n: Option<u64>) -> Json {
-    n.map_or(Json::Null, num)
-}
-fn text(s: &str) -> Json {
-    Json::String(s.to_string())
-}
-fn opt_hex(b: Option<[u8; 32]>) -> Json {
-    b.map_or(Json::Null, |b| Json::String(hex(&b)))
-}
-
 /// The audit entry's hashed fields (shared with the hash chain) plus `prev_hash` and `hash`.
 pub fn audit_row(e: &AuditEntry) -> Row {
     let mut row = store::audit_body_fields(e.index, &e.record);
@@ -480,84 +452,6 @@ fn csv_columns(table: Table) -> &'static [&'static str] {
     }
 }
 
-/// One RFC 4180 record (CRLF-terminated): the header when `row` is `None`. Null is an empty
-/// field, strings are verbatim but for control characters (`textsafe::escape_controls`: a
-/// CSV is read on terminals too), nested JSON is its compact text; a field holding `,`, `"`,
-/// CR or LF is quoted with `"` doubled.
-pub(super) fn write_csv_row(
-    out: &mut impl Write,
-    columns: &[&str],
-    row: Option<&Row>,
-) -> io::Result<()> {
-    let mut line = String::with_capacity(256);
-    for (i, name) in columns.iter().enumerate() {
-        if i > 0 {
-            line.push(',');
-        }
-        let value = match row {
-            None => (*name).to_string(),
-            Some(row) => match row.iter().find(|(k, _)| k == name).map(|(_, v)| v) {
-                None | Some(Json::Null) => String::new(),
-                Some(Json::String(s)) => escape_controls(s).into_owned(),
-                Some(Json::Number(n)) => n.clone(),
-                Some(Json::Bool(b)) => b.to_string(),
-                Some(other) => escape_json(&other.to_compact()).into_owned(),
-            },
-        };
-        if value.contains([',', '"', '\r', '\n']) {
-            line.push('"');
-            line.push_str(&value.replace('"', "\"\""));
-            line.push('"');
-        } else {
-            line.push_str(&value);
-        }
-    }
-    line.push_str("\r\n");
-    out.write_all(line.as_bytes())
-}
-
-/// One table cell. Strings come from producers and operators: control characters are shown
-/// escaped so a crafted value cannot forge rows or colour the terminal.
-fn cell(v: &Json, width: usize) -> String {
-    let s = match v {
-        Json::Null => "-".to_string(),
-        Json::String(s) => escape_controls(s).into_owned(),
-        Json::Number(n) => n.clone(),
-        Json::Bool(b) => b.to_string(),
-        other => other.to_compact(),
-    };
-    if width > 1 && s.chars().count() >= width {
-        let mut t: String = s.chars().take(width - 2).collect();
-        t.push('…');
-        t
-    } else {
-        s
-    }
-}
-
-pub(super) fn write_table_row(
-    out: &mut impl Write,
-    columns: &[(&str, usize)],
-    row: Option<&Row>,
-) -> io::Result<()> {
-    let mut line = String::new();
-    for (name, width) in columns {
-        let value = match row {
-            None => name.to_uppercase(),
-            Some(row) => row
-                .iter()
-                .find(|(k, _)| k == name)
-                .map_or_else(|| "-".into(), |(_, v)| cell(v, *width)),
-        };
-        if *width == 0 {
-            line.push_str(&value);
-        } else {
-            line.push_str(&format!("{value:<width$}"));
-        }
-    }
-    writeln!(out, "{}", line.trim_end())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,44 +465,6 @@ mod tests {
         assert_eq!(
             escape_bytes(b"a\\b\xff"),
             ("a\\\\b\\xff".to_string(), "escaped")
-        );
-    }
-
-    #[test]
-    fn csv_fields_are_quoted_only_when_needed() {
-        let row: Row = vec![
-            ("a".into(), Json::String("plain".into())),
-            ("b".into(), Json::String("x,\"y\"\r\nz".into())),
-            ("c".into(), Json::Null),
-            ("d".into(), Json::Number("7".into())),
-            (
-                "e".into(),
-                Json::Object(vec![("k".into(), Json::String("v,w".into()))]),
-            ),
-        ];
-        let mut out = Vec::new();
-        write_csv_row(&mut out, &["a", "b", "c", "d", "e"], None).unwrap();
-        write_csv_row(&mut out, &["a", "b", "c", "d", "e"], Some(&row)).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "a,b,c,d,e\r\nplain,\"x,\"\"y\"\"\\r\\nz\",,7,\"{\"\"k\"\":\"\"v,w\"\"}\"\r\n"
-        );
-    }
-
-    #[test]
-    fn csv_fields_show_control_characters_escaped() {
-        let row: Row = vec![
-            ("a".into(), Json::String("ok\n1,forged\u{1b}[2J".into())),
-            (
-                "b".into(),
-                Json::Object(vec![("k".into(), Json::String("\u{202e}x".into()))]),
-            ),
-        ];
-        let mut out = Vec::new();
-        write_csv_row(&mut out, &["a", "b"], Some(&row)).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "\"ok\\n1,forged\\u001b[2J\",\"{\"\"k\"\":\"\"\\u202ex\"\"}\"\r\n"
         );
     }
 
@@ -683,14 +539,5 @@ mod tests {
         for (table, fields) in rows {
             assert_eq!(csv_columns(table), fields, "{table:?}");
         }
-    }
-
-    #[test]
-    fn table_cells_escape_control_characters() {
-        let forged = Json::String("X\n1  2026 applied\u{1b}[31m\u{7f}\u{202e}".into());
-        assert_eq!(
-            cell(&forged, 0),
-            "X\\n1  2026 applied\\u001b[31m\\u007f\\u202e"
-        );
     }
 }

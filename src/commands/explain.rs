@@ -2,7 +2,7 @@
 //! entries, the effects and quarantine records they name, and the window and source marks now.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write as _};
+use std::io::Write as _;
 use std::ops::ControlFlow;
 
 use anyhow::anyhow;
@@ -58,12 +58,9 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
         ExplainFormat::Text => story.text(&zone),
         ExplainFormat::Json => format!("{}\n", escape_json(&story.json().to_compact())),
     };
-    let mut out = io::stdout().lock();
-    dump::quiet_on_closed_pipe(
-        out.write_all(text.as_bytes())
-            .and_then(|()| out.flush())
-            .map_err(Failure::from),
-    )
+    let mut out = crate::output::stdout();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush())?;
+    Ok(())
 }
 
 /// Everything the database holds about one key.

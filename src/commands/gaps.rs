@@ -2,13 +2,13 @@
 //! sequence the audit log has seen, from one streaming pass over the log.
 
 use std::collections::HashMap;
-use std::io::{self, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::ops::ControlFlow;
 
 use super::Failure;
-use super::dump::{self, Row, write_csv_row, write_table_row};
 use crate::cli::{Format, GapsArgs};
 use crate::json::Json;
+use crate::output::{Row, write_csv_row, write_table_row};
 use crate::rangeset::RangeSet;
 use crate::store::Snapshot;
 use crate::textsafe::{escape_controls, escape_json};
@@ -44,9 +44,10 @@ pub fn run(args: &GapsArgs) -> Result<(), Failure> {
         .map(|s| (s.agency.clone(), s.source_id.clone()));
     let (_, snapshot) = super::open_existing(&args.db)?;
     let seen = collect(&snapshot, source.as_ref())?;
-    let mut out = BufWriter::new(io::stdout().lock());
-    let result = write(&seen, args.format, &mut out).and_then(|()| Ok(out.flush()?));
-    dump::quiet_on_closed_pipe(result)
+    let mut out = BufWriter::new(crate::output::stdout());
+    write(&seen, args.format, &mut out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Every position the audit log names, as merged ranges per source and epoch. "Seen" is any

@@ -47,11 +47,9 @@ fn cannot_write(dir: &std::path::Path, e: std::io::Error) -> Failure {
     )
 }
 
-/// Writes `bytes` to stdout; a closed pipe ends quietly.
+/// Writes `bytes` to stdout (a closed pipe ends the command with success, in `main`).
 fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
-    }
+    let mut out = crate::output::stdout();
+    out.write_all(bytes).and_then(|()| out.flush())?;
+    Ok(())
 }

@@ -37,7 +37,7 @@ pub fn run_schema(args: &MigrateSchemaArgs) -> Result<(), Failure> {
         format!("migrated from version {}", report.from)
     };
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "{target}: schema version {} ({what})",
         report.to
     );
@@ -94,7 +94,7 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
     }
     let meta = copy.meta()?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "copied {} into {target}: {} audit entries, {} effects, {} window entries, {} \
          quarantined, {} sources; verified: chain head {} identical, {} effects and {} \
          quarantine records match their audit entries",

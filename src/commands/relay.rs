@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::config::StoreLocation;
 use crate::json::Json;
 use crate::notify::Notifier;
+use crate::output::{Row, num, text, write_csv_row, write_table_row};
 use crate::store::relay::Parked;
 use crate::store::relay::RelayStore;
 use crate::store::tables::SinkRecord;
@@ -145,18 +146,11 @@ fn state(rec: &SinkRecord, head: u64, blocked: bool, configured: bool) -> &'stat
     }
 }
 
-fn num(n: u64) -> Json {
-    Json::Number(n.to_string())
-}
-fn text(s: &str) -> Json {
-    Json::String(s.to_string())
-}
-
 fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
     let config = super::config(db)?;
     let (_, snap) = super::open_snapshot(&config)?;
     let rows = status_rows(&snap, &config, now_ms())?;
-    let mut out = BufWriter::new(std::io::stdout().lock());
+    let mut out = BufWriter::new(crate::output::stdout());
     match format {
         StatusFormat::Json => {
             let doc = Json::Object(vec![(
@@ -353,8 +347,24 @@ fn accounting_text(a: &Json) -> Option<String> {
     ))
 }
 
+/// The fields of `parked_row`, in order: the CSV columns of `relay parked`.
+const PARKED_FIELDS: &[&str] = &[
+    "sink",
+    "offset",
+    "id",
+    "agency",
+    "source_id",
+    "parked_at",
+    "reason",
+    "response",
+    "attempts",
+    "blocking",
+    "retry_requested_at",
+    "event",
+];
+
 /// A parked event as `relay parked` prints it.
-pub fn parked_row(p: &Parked) -> Vec<(String, Json)> {
+pub fn parked_row(p: &Parked) -> Row {
     let r = &p.record;
     let event =
         crate::json::parse(r.event.as_bytes(), 256).unwrap_or(Json::String(r.event.clone()));
@@ -386,7 +396,7 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
         )));
     }
     let list = snap.sink_parked(Some(sink))?;
-    let mut out = BufWriter::new(std::io::stdout().lock());
+    let mut out = BufWriter::new(crate::output::stdout());
     let columns: &[(&str, usize)] = &[
         ("offset", 10),
         ("id", 20),
@@ -408,30 +418,15 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
             }
         }
         Format::Table => {
-            super::dump::write_table_row(&mut out, columns, None)?;
+            write_table_row(&mut out, columns, None)?;
             for p in &list {
-                super::dump::write_table_row(&mut out, columns, Some(&parked_row(p)))?;
+                write_table_row(&mut out, columns, Some(&parked_row(p)))?;
             }
         }
         Format::Csv => {
-            let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
-            writeln!(out, "{}", names.join(","))?;
+            write_csv_row(&mut out, PARKED_FIELDS, None)?;
             for p in &list {
-                let row = parked_row(p);
-                let cells: Vec<String> = names
-                    .iter()
-                    .map(|n| {
-                        let v = row
-                            .iter()
-                            .find(|(k, _)| k == n)
-                            .map_or(String::new(), |(_, v)| match v {
-                                Json::String(s) => escape_controls(s).into_owned(),
-                                other => other.to_compact(),
-                            });
-                        format!("\"{}\"", v.replace('"', "\"\""))
-                    })
-                    .collect();
-                writeln!(out, "{}", cells.join(","))?;
+                write_csv_row(&mut out, PARKED_FIELDS, Some(&parked_row(p)))?;
             }
         }
     }
@@ -467,7 +462,7 @@ fn retry(
         .relay_retry(sink, offset, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "sink {sink}: {n} parked event{} marked for retry; the running relay delivers {} within a \
          second (`relay parked` shows what is still refused)",
         if n == 1 { "" } else { "s" },
@@ -520,7 +515,7 @@ fn discard(
         .relay_discard(sink, offset, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "sink {sink}: {n} parked event{} discarded: not to be delivered, recorded in the audit \
          log; retention no longer keeps {} for the sink",
         if n == 1 { "" } else { "s" },
@@ -547,7 +542,7 @@ fn rewind(
         .relay_rewind(sink, to, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "sink {sink}: cursor moved from {} to {} (generation {}); events from offset {to} are \
          delivered again with the same ids",
         before.next,
@@ -596,7 +591,7 @@ fn skip(
         .relay_skip(sink, to, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "sink {sink}: cursor moved from {} to {} (generation {}); {} undelivered effects passed \
          over, recorded in the audit log",
         before.next,
@@ -633,7 +628,7 @@ fn forget(db: &DbArgs, sink: &str, reason: &str, operator: Option<&str>) -> Resu
         .relay_forget(sink, &operator, &reason, now_ms())
         .map_err(refused)?;
     let _ = writeln!(
-        std::io::stdout(),
+        crate::output::stdout(),
         "sink {sink} forgotten: its cursor was at offset {} ({} parked events removed); \
          retention no longer keeps effects for it",
         f.record.next,
@@ -641,4 +636,24 @@ fn forget(db: &DbArgs, sink: &str, reason: &str, operator: Option<&str>) -> Resu
     );
     store.close()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+
+    #[test]
+    fn the_parked_csv_columns_are_the_jsonl_fields_in_order() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        crate::testing::feed(&mut s, 1..=1, crate::testing::T0);
+        let (offset, record) = crate::testing::parked(&s.reader().unwrap(), 0, false);
+        let row = parked_row(&Parked {
+            sink: "cop".into(),
+            offset,
+            record,
+        });
+        let names: Vec<&str> = row.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, PARKED_FIELDS);
+    }
 }

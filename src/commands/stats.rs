@@ -3,7 +3,7 @@
 //! and can count only the audit entries retention kept: the output says when that falls
 //! short of the hour).
 
-use std::io::{self, Write};
+use std::io::Write;
 
 use super::Failure;
 use crate::cli::{StatsArgs, StatsFormat};
@@ -29,11 +29,9 @@ pub fn run(args: &StatsArgs) -> Result<(), Failure> {
         StatsFormat::Text => Stats::read(&snap, &db, now_ms())?.to_text(&zone),
         StatsFormat::Prometheus => prometheus(&config, &snap, &db)?,
     };
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
+    let mut out = crate::output::stdout();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush())?;
+    Ok(())
 }
 
 /// The store's gauges in the text format, as the metrics endpoint serves them (for

@@ -36,7 +36,7 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
                 )
             };
             let _ = writeln!(
-                std::io::stdout(),
+                crate::output::stdout(),
                 "verified {}: {} audit entries, hash chain intact {from}; {} effects each backed by their audit entry and matching its digest, no key applied twice except by operator release; {} quarantine records matching their audit entries; {}",
                 db.display(),
                 report.audit_entries,

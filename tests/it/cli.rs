@@ -355,3 +355,63 @@ fn progress_shows_on_a_terminal_only() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn csv_text_a_spreadsheet_would_evaluate_is_prefixed_and_jsonl_keeps_it_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.redb");
+    let db = db.to_str().unwrap();
+    let topic = "=HYPERLINK(\"http://evil.example\",\"open\")";
+    let line = common::msg("A", "E1", 0, 1, "{}");
+    let out = common::run_with_stdin(
+        &["ingest", "--db", db, "--topic", topic, "-"],
+        line.as_bytes(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let csv = run(&["dump-effects", "--db", db, "--format", "csv"]);
+    let csv = String::from_utf8(csv.stdout).unwrap();
+    assert!(
+        csv.contains(",\"'=HYPERLINK(\"\"http://evil.example\"\",\"\"open\"\")\","),
+        "{csv}"
+    );
+    let jsonl = run(&["dump-effects", "--db", db]);
+    let rows = rows(&jsonl.stdout);
+    assert_eq!(get(&rows[0], "topic"), &Json::String(topic.into()));
+}
+
+#[test]
+fn a_closed_standard_output_ends_every_listing_with_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.redb");
+    let db = db.to_str().unwrap();
+    let feed = sample_feed();
+    assert!(
+        run(&["ingest", "--db", db, feed.to_str().unwrap()])
+            .status
+            .success()
+    );
+    for args in [
+        &["dump-audit", "--db", db][..],
+        &["dump-effects", "--db", db, "--format", "csv"],
+        &["dump-quarantine", "--db", db, "--format", "table"],
+        &["stats", "--db", db],
+        &["gaps", "--db", db],
+        &["verify", "--db", db],
+        &["relay", "status", "--db", db],
+        &["man"],
+        &["completions", "bash"],
+    ] {
+        // The reader is gone before the command starts: its first write fails with EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(common::bin())
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("rror"), "{args:?}: {stderr}");
+    }
+}
