@@ -16,6 +16,7 @@ use replay_guard::config::Config;
 use replay_guard::relay::{Attempt, CursorAfter, Event, Failure, Sink};
 
 use super::broker::Broker;
+use super::common;
 
 /// One message as the subscriber saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,13 +111,9 @@ impl Drop for Subscriber {
     }
 }
 
-/// Polls `cond` every 20 ms until it holds; panics after `limit` naming `what`.
-pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "waited {limit:?} for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// `common::wait_until` with the limit first.
+pub fn wait_for(limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    common::wait_until(what, limit, cond);
 }
 
 /// A sink built from config text, as `run` would build it.
