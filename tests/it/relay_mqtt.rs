@@ -282,8 +282,11 @@ fn broker_restart(protocol: &str) {
     let killer = {
         let seen = sub.seen.clone();
         std::thread::spawn(move || {
+            // Early in the batch: the subscriber's count lags the broker's (its output comes
+            // through a pipe in blocks), and on a loaded machine a later mark can come after
+            // the whole batch was acknowledged.
             wait_for(Duration::from_secs(60), "the batch to start", || {
-                seen.lock().unwrap().len() >= 2_000
+                seen.lock().unwrap().len() >= 200
             });
             b.kill();
             let killed = Instant::now();
