@@ -655,6 +655,10 @@ impl<'a> Consumer<'a> {
                     self.burst = Some((broker, now_ms(), 0));
                 }
             }
+            TransportEvent::Subscribed { broker, filters } => {
+                // The integration tests wait on this line before they publish: keep its text.
+                tracing::info!(%broker, filters, "subscribed");
+            }
             TransportEvent::Disconnected { broker, error } => {
                 self.summary.reconnects += 1;
                 self.metrics.connection_lost(&broker);

@@ -33,6 +33,12 @@ pub enum TransportEvent {
         broker: String,
         error: String,
     },
+    /// The broker granted every filter of the SUBSCRIBE sent after a CONNACK: from now on
+    /// it routes the configured topics to us on this connection.
+    Subscribed {
+        broker: String,
+        filters: usize,
+    },
     /// A broker switch after `retries_per_broker` failures.
     Failover {
         from: String,
@@ -582,7 +588,10 @@ async fn poll_loop(
             Polled::SubAck(codes) => match suback_problem(&codes, &cfg.topics) {
                 // Keep polling: the service drains (commits, acks, DISCONNECT) and stops.
                 Some(problem) => TransportEvent::Fatal(problem),
-                None => continue,
+                None => TransportEvent::Subscribed {
+                    broker: cfg.brokers[broker].to_string(),
+                    filters: codes.len(),
+                },
             },
             Polled::Publish(_) if !connected => {
                 tracing::debug!(

@@ -62,7 +62,7 @@ fn backups_taken_mid_surge_verify_hold_a_prefix_of_the_record_and_restore() {
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-backup");
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     let publisher = {
         let port = broker.port;
         std::thread::spawn(move || {

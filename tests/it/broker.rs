@@ -4,7 +4,9 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::common;
 
 pub struct Broker {
     pub port: u16,
@@ -71,15 +73,29 @@ impl Broker {
     }
 
     fn wait_ready(&self) {
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "mosquitto did not listen on {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_until(
+            format!("mosquitto listens on {}", self.port),
+            Duration::from_secs(10),
+            || TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        );
+    }
+
+    /// Waits until the broker has received `n` PUBACKs from `client_id` in all; it must have
+    /// been started with `log_type all` (`start_with`), so that it logs each.
+    pub fn wait_pubacks(&self, client_id: &str, n: usize) {
+        let log = self.dir.join("mosquitto.log");
+        let needle = format!("Received PUBACK from {client_id} (");
+        let count = || common::log_from(&log, 0).matches(&needle).count();
+        common::wait_until(
+            common::lazy(|| {
+                format!(
+                    "{n} PUBACKs from {client_id} reach the broker (now {})",
+                    count()
+                )
+            }),
+            Duration::from_secs(20),
+            || count() >= n,
+        );
     }
 
     /// A handle on a broker another `Broker` owns (for publishing from another thread).
@@ -104,19 +120,11 @@ impl Broker {
         let db = self.dir.join("mosquitto.db");
         let before = std::fs::metadata(&db).and_then(|m| m.modified()).ok();
         signal(self.pid(), "USR1");
-        let start = Instant::now();
-        loop {
+        // Written to a temporary file renamed over the old one: complete once its time changed.
+        common::wait_until("a snapshot is written", Duration::from_secs(10), || {
             let now = std::fs::metadata(&db).and_then(|m| m.modified()).ok();
-            if now.is_some() && now != before {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no snapshot written"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(200)); // written via temp file + rename
+            now.is_some() && now != before
+        });
     }
 
     /// SIGKILL: the broker dies without saving anything.

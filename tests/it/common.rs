@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use replay_guard::store::{Effect, Reader};
 
@@ -50,6 +52,78 @@ pub fn logged_command(args: &[&str], log: &Path) -> Command {
         .stdout(Stdio::null())
         .stderr(log);
     cmd
+}
+
+/// How often `wait_until` and `assert_quiet` look.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Waits until `cond` holds, looking every 20 ms; fails the test after `limit`, saying what it
+/// waited for. `what` is formatted only then, so `lazy` can put a log read at that moment in.
+/// The one wait of the suite: a test waits for what it needs to have happened, never a while.
+pub fn wait_until(what: impl Display, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < limit,
+            "waited {limit:?} in vain until {what}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Watches for `d` that `happened` stays false, looking every 20 ms, and fails the test the
+/// moment it turns true: for the few places where a test must show that nothing happens for a
+/// while (nothing redelivered, nothing decided without the server, no exit).
+pub fn assert_quiet(what: impl Display, d: Duration, mut happened: impl FnMut() -> bool) {
+    let start = Instant::now();
+    loop {
+        assert!(
+            !happened(),
+            "{what}, {:?} into a quiet period of {d:?}",
+            start.elapsed()
+        );
+        let left = d.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(POLL.min(left));
+    }
+}
+
+/// A failure message made only when it is shown: `lazy(|| format!("...:\n{}", log()))`.
+pub struct Lazy<F>(F);
+
+pub fn lazy<F: Fn() -> String>(f: F) -> Lazy<F> {
+    Lazy(f)
+}
+
+impl<F: Fn() -> String> Display for Lazy<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&(self.0)())
+    }
+}
+
+/// The file at `log`, from byte `from` on (empty while it is not there).
+pub fn log_from(log: &Path, from: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.get(from..).unwrap_or_default().to_string()
+}
+
+/// Waits until `run`, logging to `log`, says after the log's first `from` bytes that `broker`
+/// (any broker if empty) granted every filter of its SUBSCRIBE: the broker routes the topics
+/// to it from then on, so what is published now reaches it.
+pub fn wait_subscribed(log: &Path, from: usize, broker: &str) {
+    let needle = format!("subscribed broker={broker}");
+    wait_until(
+        lazy(|| {
+            format!(
+                "{needle:?} is logged (a SUBACK granting every filter); log:\n{}",
+                log_from(log, from)
+            )
+        }),
+        Duration::from_secs(20),
+        || log_from(log, from).contains(&needle),
+    );
 }
 
 /// Every effect in the database, in offset order, read through a read-only handle.

@@ -168,11 +168,11 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
         crate::common::logged_command(&["relay", "--config", cfg_s], &dir.path().join("relay.log"))
             .spawn()
             .unwrap();
-    let start = std::time::Instant::now();
-    while std::fs::read_to_string(&received).map_or(0, |t| t.lines().count()) < 7 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(30));
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    crate::common::wait_until(
+        "7 events arrive",
+        std::time::Duration::from_secs(30),
+        || std::fs::read_to_string(&received).map_or(0, |t| t.lines().count()) >= 7,
+    );
     super::broker::signal(relay.id() as i32, "TERM");
     assert!(relay.wait().unwrap().success());
     assert_eq!(

@@ -240,15 +240,10 @@ fn holding_writer(db: &Path) -> (Child, std::process::ChildStdin) {
         .write_all((common::msg("Z", "Z", 0, 1, "x") + "\n").as_bytes())
         .unwrap();
     stdin.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    common::wait_until("the writer commits", Duration::from_secs(20), || {
         let out = run_bounded(&["dump-audit", "--db", s(db)]);
-        if out.status.success() && !out.stdout.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the writer never committed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        out.status.success() && !out.stdout.is_empty()
+    });
     (writer, stdin)
 }
 

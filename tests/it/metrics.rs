@@ -71,15 +71,18 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 
 /// The endpoint's samples, waiting for it to listen.
 pub fn scrape(port: u16) -> (String, BTreeMap<String, f64>) {
-    let start = Instant::now();
-    loop {
-        if let Some(text) = get(port, "/metrics") {
-            let s = samples(&text);
-            return (text, s);
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no endpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut text = None;
+    common::wait_until(
+        format!("the endpoint on {port} answers"),
+        Duration::from_secs(20),
+        || {
+            text = get(port, "/metrics");
+            text.is_some()
+        },
+    );
+    let text = text.expect("answered");
+    let s = samples(&text);
+    (text, s)
 }
 
 pub fn value(s: &BTreeMap<String, f64>, series: &str) -> f64 {
@@ -148,21 +151,23 @@ pub fn eventually<T: std::fmt::Debug>(
     what: &str,
     mut check: impl FnMut() -> (bool, T),
 ) {
-    let start = Instant::now();
-    loop {
-        let (ok, seen) = check();
-        if ok {
-            return;
-        }
-        assert!(start.elapsed() < limit, "{what}: {seen:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let seen = std::cell::RefCell::new(None);
+    common::wait_until(
+        common::lazy(|| format!("{what} ({:?})", seen.borrow())),
+        limit,
+        || {
+            let (ok, now) = check();
+            *seen.borrow_mut() = Some(now);
+            ok
+        },
+    );
 }
 
 #[test]
 fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut a = Broker::start(&dir.path().join("a"), true);
+    // A logs every packet, so the test sees the PUBACKs arrive.
+    let mut a = Broker::start_with(&dir.path().join("a"), true, "log_type all\n");
     let b_port = free_port();
     let b_url = format!("mqtt://127.0.0.1:{b_port}");
     let mut c = Consumer::new(dir.path(), &[a.url(), b_url.clone()], "v5", "rg-metrics");
@@ -197,6 +202,7 @@ fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_
         let s = scrape(port).1;
         (connected(&s, &a.url()) == 1.0, s)
     });
+    c.wait_subscribed();
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     let mut lines = events(0, 300);
     lines.push("not json".into());
@@ -278,7 +284,7 @@ fn the_endpoint_counts_what_run_decides_through_a_failover_and_prometheus_reads_
 
     // Failover: A dies, B starts from A's snapshot and replays the 301: each event a
     // duplicate, the malformed line quarantined again (it has no key to be a duplicate of).
-    std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
+    a.wait_pubacks("rg-metrics", 301);
     let b = a.kill_and_restore_into(&dir.path().join("b"), b_port);
     c.wait_decided(602, Duration::from_secs(30));
     b.publish_lines("incidents/ca", &events(300, 310), "pub-b");
@@ -325,7 +331,7 @@ fn a_metrics_port_already_taken_is_logged_and_the_feed_still_flows() {
         "{said}"
     );
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     broker.publish_lines("incidents/ca", &events(0, 50), "pub-taken");
     c.wait_decided(50, Duration::from_secs(30));
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));

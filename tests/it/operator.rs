@@ -68,7 +68,7 @@ fn release_and_discard_while_run_consumes() {
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-operator");
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     let mut first = events(0, 500);
     first.push(common::msg("CALFIRE", "E5", 1, 5, "corrected"));
     first.push("not json".into());

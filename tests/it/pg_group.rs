@@ -93,54 +93,26 @@ fn outcomes(audit: &[AuditEntry]) -> BTreeMap<Outcome, u64> {
 
 /// Waits until `done(audit entries, effects)` holds.
 fn wait_counts(dsn: &str, limit: Duration, what: &str, done: impl Fn(u64, u64) -> bool) {
-    let start = Instant::now();
-    loop {
-        if let Some((a, e)) = counts(dsn)
-            && done(a, e)
-        {
-            return;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not reached after {limit:?} (audit entries, effects) = {:?}",
-            counts(dsn)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        common::lazy(|| format!("{what} ((audit entries, effects) = {:?})", counts(dsn))),
+        limit,
+        || counts(dsn).is_some_and(|(a, e)| done(a, e)),
+    );
 }
 
-/// Waits until the audit log has not grown for `quiet`; returns (audit entries, effects).
+/// Waits until the audit log has not grown for `quiet` (the members settled: what a broker
+/// still had to redeliver was decided); returns (audit entries, effects).
 fn wait_quiet(dsn: &str, quiet: Duration, limit: Duration) -> (u64, u64) {
-    let start = Instant::now();
-    let mut last = counts(dsn);
+    let mut last: Option<(u64, u64)> = None;
     let mut since = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
+    common::wait_until("the audit log goes quiet", limit, || {
         let now = counts(dsn);
-        if let Some(n) = now
-            && last.map(|c| c.0) == Some(n.0)
-        {
-            if since.elapsed() >= quiet {
-                return n;
-            }
-        } else {
-            last = now;
-            since = Instant::now();
+        if now.is_none() || now.map(|c| c.0) != last.map(|c| c.0) {
+            (last, since) = (now, Instant::now());
         }
-        assert!(start.elapsed() < limit, "the audit log never went quiet");
-    }
-}
-
-fn wait_log(c: &Consumer, needle: &str, limit: Duration) {
-    let start = Instant::now();
-    while !c.log_text().contains(needle) {
-        assert!(
-            start.elapsed() < limit,
-            "{needle:?} not logged within {limit:?}:\n{}",
-            c.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        last.is_some() && since.elapsed() >= quiet
+    });
+    last.expect("read")
 }
 
 /// Every effect's (source, sequence) exactly once, no key twice, and the set equals `want`.
@@ -285,9 +257,8 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         m.start();
     }
     for m in &members {
-        wait_log(m, "session_present", Duration::from_secs(20));
+        m.wait_subscribed();
     }
-    std::thread::sleep(Duration::from_millis(300)); // the SUBSCRIBEs reach A
 
     // The field app: a surge of fresh events from several sources, some exact replays of
     // lines it sent before, in chunks with small sleeps.
@@ -352,9 +323,16 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         }
         if b.is_none() && progress.load(Ordering::SeqCst) >= EVENTS / 2 {
             // A saves the sessions with what is in flight for the members; they go on
-            // acknowledging to A; A dies; standby B starts from A's file and replays.
+            // deciding and acknowledging to A; A dies; standby B starts from A's file and
+            // replays.
+            let at_snapshot = counts(&dsn).map_or(0, |c| c.0);
             a.snapshot();
-            std::thread::sleep(Duration::from_millis(400));
+            wait_counts(
+                &dsn,
+                Duration::from_secs(30),
+                "the group decides more after A's snapshot",
+                |audit, _| audit >= at_snapshot + 400,
+            );
             b = Some(a.kill_and_restore_into(&dir.path().join("b"), b_port));
             failover_at = Some(counts(&dsn));
             continue;
@@ -431,7 +409,8 @@ fn three_members_on_a_shared_subscription_apply_every_event_once_through_kills_a
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!("all decided after {:?}", started.elapsed());
-    std::thread::sleep(Duration::from_millis(1000)); // late redeliveries
+    // Late redeliveries are decided before the members stop.
+    wait_quiet(&dsn, Duration::from_millis(500), Duration::from_secs(30));
     for (i, m) in members.iter_mut().enumerate() {
         assert_eq!(
             m.stop(Duration::from_secs(15)),
@@ -542,12 +521,10 @@ fn active_standby_member_b_takes_over_after_a_is_killed_and_absorbs_the_replay()
     // The standby's durable session exists from deployment on: B subscribes once and goes
     // away; from then on the broker keeps every message of the feed for it too.
     b.start();
-    wait_log(&b, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    b.wait_subscribed();
     assert_eq!(b.stop(Duration::from_secs(10)), Some(0), "{}", b.log_text());
     a.start();
-    wait_log(&a, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    a.wait_subscribed();
     let port = broker.port;
     let publisher = std::thread::spawn(move || {
         let broker = Broker::attach(port);
@@ -576,7 +553,11 @@ fn active_standby_member_b_takes_over_after_a_is_killed_and_absorbs_the_replay()
     wait_counts(&dsn, Duration::from_secs(60), "B takes over", |audit, _| {
         audit >= a_audit + TOTAL
     });
-    std::thread::sleep(Duration::from_millis(800));
+    common::assert_quiet(
+        "B got a message of its session twice",
+        Duration::from_millis(800),
+        || counts(&dsn).is_some_and(|(audit, _)| audit != a_audit + TOTAL),
+    );
     let audit = scan_audit(&dsn);
     assert_eq!(
         audit.len() as u64,
@@ -637,8 +618,7 @@ fn postgres_connections_terminated_mid_surge_through_run_lose_nothing() {
         &member_config(&dsn, &[broker.url()], "rg-term", None, "v5"),
     );
     c.start();
-    wait_log(&c, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     let port = broker.port;
     let publisher = std::thread::spawn(move || {
         let broker = Broker::attach(port);
@@ -669,7 +649,8 @@ fn postgres_connections_terminated_mid_surge_through_run_lose_nothing() {
     assert!(terminated >= 5, "only {terminated} connections terminated");
     publisher.join().unwrap();
     wait_counts(&dsn, Duration::from_secs(60), "all applied", |_, e| e >= N);
-    std::thread::sleep(Duration::from_millis(800));
+    // Retried batches are decided (duplicates) before the member stops.
+    wait_quiet(&dsn, Duration::from_millis(500), Duration::from_secs(30));
     if let Some(status) = c.exited() {
         panic!("run exited: {status}\n{}", c.log_text());
     }
@@ -855,8 +836,7 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
         ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
         ("WATCHDOG_USEC", "1000000"),
     ]);
-    wait_log(&c, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     broker.publish_lines(TOPIC, &events(0, 2_000), "pub-cut");
     wait_counts(&dsn, Duration::from_secs(30), "first commits", |_, e| {
         e >= 2_000
@@ -865,7 +845,32 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     let cut_at = Instant::now();
     // The feed goes on while the server is out of reach: the member keeps it unacknowledged.
     broker.publish_lines(TOPIC, &events(2_000, N), "pub-cut");
-    std::thread::sleep(Duration::from_secs(5));
+    // systemd (WatchdogSec) restarts a service that stops pinging: an outage of the server
+    // must not starve the watchdog, and the STATUS says why nothing is acknowledged.
+    let during = || -> Vec<String> {
+        notes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| *t > cut_at + Duration::from_secs(2))
+            .map(|(_, m)| m.clone())
+            .collect()
+    };
+    let pinged = |m: &String| {
+        m.starts_with("WATCHDOG=1") && m.contains("STATUS=PostgreSQL UNREACHABLE since")
+    };
+    common::wait_until(
+        common::lazy(|| {
+            format!(
+                "a watchdog ping with the unreachable status from 2 s into the outage on: \
+                 {:?}\nlog:\n{}",
+                during(),
+                c.log_text()
+            )
+        }),
+        Duration::from_secs(10),
+        || during().iter().filter(|m| pinged(m)).count() >= 2,
+    );
     if let Some(status) = c.exited() {
         panic!("run exited: {status}\n{}", c.log_text());
     }
@@ -875,16 +880,8 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
         "committed without the server?"
     );
     assert_eq!(gauges(), (1.0, 0.0), "unreachable, and the store unread");
-    let during: Vec<String> = notes
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(t, _)| *t > cut_at + Duration::from_secs(2))
-        .map(|(_, m)| m.clone())
-        .collect();
     proxy.restore();
     wait_counts(&dsn, Duration::from_secs(30), "all applied", |_, e| e >= N);
-    std::thread::sleep(Duration::from_millis(500));
     super::metrics::eventually(Duration::from_secs(10), "reachable again", || {
         let g = gauges();
         (g == (0.0, 1.0), g)
@@ -893,15 +890,6 @@ fn while_postgres_is_cut_off_run_keeps_pinging_the_watchdog_with_an_unreachable_
     let log = c.log_text();
     assert!(log.contains("PostgreSQL unreachable"), "{log}");
     assert!(log.contains("PostgreSQL reachable again"), "{log}");
-    // systemd (WatchdogSec) restarts a service that stops pinging: an outage of the server
-    // must not starve the watchdog, and the STATUS says why nothing is acknowledged.
-    assert!(
-        during
-            .iter()
-            .any(|m| m.starts_with("WATCHDOG=1")
-                && m.contains("STATUS=PostgreSQL UNREACHABLE since")),
-        "no watchdog ping with the unreachable status from 2 s into the outage on: {during:?}\nlog:\n{log}"
-    );
     let want: HashSet<(String, u64)> = (0..N).map(|i| (format!("E{}", i % 7), i)).collect();
     assert_exactly_once(&scan_effects(&dsn), &want);
     assert_verifies(&c.config);
@@ -936,8 +924,7 @@ fn a_postgres_connection_that_stops_answering_is_given_up_logged_and_retried_and
         ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
         ("WATCHDOG_USEC", "2000000"),
     ]);
-    wait_log(&c, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     broker.publish_lines(TOPIC, &events(0, 1_000), "pub-frozen");
     wait_counts(&dsn, Duration::from_secs(30), "first commits", |_, e| {
         e >= 1_000
@@ -947,15 +934,11 @@ fn a_postgres_connection_that_stops_answering_is_given_up_logged_and_retried_and
     let frozen_at = Instant::now();
     // The next batch's round trips reach a proxy that takes them and never answers.
     broker.publish_lines(TOPIC, &events(1_000, N), "pub-frozen");
-    let start = Instant::now();
-    while !c.log_text()[mark..].contains("PostgreSQL unreachable") {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no word of the hang 10 s after the freeze:\n{}",
-            &c.log_text()[mark..]
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until(
+        common::lazy(|| format!("the hang is logged:\n{}", &c.log_text()[mark..])),
+        Duration::from_secs(10),
+        || c.log_text()[mark..].contains("PostgreSQL unreachable"),
+    );
     let logged = frozen_at.elapsed();
     eprintln!("proxy frozen -> `PostgreSQL unreachable` logged after {logged:?}");
     let log = c.log_text()[mark..].to_string();
@@ -1051,8 +1034,7 @@ fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and
     // A first start makes the schema and the member's persistent session; then the service
     // restarts while the server is out of reach (a reboot where PostgreSQL comes up later).
     c.start();
-    wait_log(&c, "session_present", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     proxy.cut();
     let mark = c.log_text().len();
@@ -1062,15 +1044,41 @@ fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and
         ("NOTIFY_SOCKET", sock.to_str().unwrap()),
         ("WATCHDOG_USEC", "1000000"),
     ]);
-    let started = Instant::now();
-    wait_log(
-        &c,
+    c.wait_log(
         "PostgreSQL unreachable at start; retrying",
         Duration::from_secs(10),
     );
     // The feed goes on: the broker keeps it in the member's session.
     broker.publish_lines(TOPIC, &events(0, N), "pub-startwait");
-    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    let target = format!(
+        "postgresql 127.0.0.1:{}/{} schema {SCHEMA}",
+        proxy.port, db.name
+    );
+    let status = format!("STATUS=waiting for PostgreSQL at {target} since ");
+    // Pings from 1 s after READY on: the watchdog does not restart a member that waits.
+    let pings = || {
+        let during = notes.lock().unwrap().clone();
+        let ready = during.iter().find(|(_, m)| m.starts_with("READY=1"))?.0;
+        let n = during
+            .iter()
+            .filter(|(t, m)| {
+                *t > ready + Duration::from_secs(1)
+                    && m.starts_with("WATCHDOG=1")
+                    && m.contains(&status)
+            })
+            .count();
+        Some(n)
+    };
+    common::wait_until(
+        common::lazy(|| {
+            format!(
+                "two watchdog pings while waiting: {:?}",
+                notes.lock().unwrap()
+            )
+        }),
+        Duration::from_secs(10),
+        || pings().is_some_and(|n| n >= 2),
+    );
     if let Some(status) = c.exited() {
         panic!("run exited while waiting: {status}\n{}", c.log_text());
     }
@@ -1085,29 +1093,11 @@ fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and
         "the dsn was logged:\n{waiting}"
     );
     let during: Vec<(Instant, String)> = notes.lock().unwrap().clone();
-    let target = format!(
-        "postgresql 127.0.0.1:{}/{} schema {SCHEMA}",
-        proxy.port, db.name
-    );
-    let status = format!("STATUS=waiting for PostgreSQL at {target} since ");
     let ready = during
         .iter()
         .find(|(_, m)| m.starts_with("READY=1"))
         .unwrap_or_else(|| panic!("no READY=1 while waiting: {during:?}"));
     assert!(ready.1.contains(&status), "{ready:?}");
-    // Pings from 1 s after READY on: the watchdog does not restart a member that waits.
-    let pings = during
-        .iter()
-        .filter(|(t, m)| {
-            *t > ready.0 + Duration::from_secs(1)
-                && m.starts_with("WATCHDOG=1")
-                && m.contains(&status)
-        })
-        .count();
-    assert!(
-        pings >= 2,
-        "{pings} watchdog pings while waiting: {during:?}"
-    );
 
     proxy.restore();
     let opened = Instant::now();
@@ -1118,7 +1108,11 @@ fn run_started_while_postgres_is_unreachable_waits_subscribes_only_once_open_and
         "server reachable again -> first commit {first_commit:?}, all {N} applied {:?}",
         opened.elapsed()
     );
-    std::thread::sleep(Duration::from_millis(500));
+    common::assert_quiet(
+        "a delivery was decided twice",
+        Duration::from_millis(500),
+        || counts(&dsn).is_some_and(|(audit, _)| audit != N),
+    );
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     let log = c.log_text()[mark..].to_string();
     assert!(log.contains("PostgreSQL reachable again"), "{log}");
@@ -1159,12 +1153,17 @@ fn sigterm_while_run_waits_for_postgres_at_start_exits_0_at_once() {
         &member_config(&via_proxy, &[broker], "rg-startterm", None, "v5"),
     );
     c.start();
-    wait_log(
-        &c,
+    c.wait_log(
         "PostgreSQL unreachable at start; retrying",
         Duration::from_secs(10),
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    // Its 2nd and 4th attempts failed too (logged at each power of two): it waits between
+    // attempts, as it would for long.
+    common::wait_until(
+        common::lazy(|| format!("the 4th attempt fails:\n{}", c.log_text())),
+        Duration::from_secs(10),
+        || c.log_text().matches("PostgreSQL still unreachable").count() >= 2,
+    );
     assert!(c.exited().is_none(), "{}", c.log_text());
     let asked = Instant::now();
     assert_eq!(c.stop(Duration::from_secs(5)), Some(0), "{}", c.log_text());
@@ -1206,18 +1205,16 @@ fn run_fails_fast_on_a_newer_schema_and_ingest_on_an_unreachable_server() {
     );
     // A refusal is not an outage: no waiting, exit 2 (systemd restarts; the log says why).
     c.start();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = c.exited() {
-            break status;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "run waits on a newer schema:\n{}",
-            c.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut status = None;
+    common::wait_until(
+        "run exits on a newer schema",
+        Duration::from_secs(10),
+        || {
+            status = c.exited();
+            status.is_some()
+        },
+    );
+    let status = status.expect("exited");
     assert_eq!(status.code(), Some(2), "{}", c.log_text());
     let log = c.log_text();
     assert!(log.contains("schema version 99"), "{log}");

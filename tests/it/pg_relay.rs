@@ -357,21 +357,16 @@ fn cursor_and_head(dsn: &str) -> Option<(u64, u64)> {
 }
 
 fn wait_delivered(dsn: &str, head_at_least: u64, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some((c, h)) = cursor_and_head(dsn)
-            && h >= head_at_least
-            && c == h
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not delivered within {limit:?}: cursor and head {:?}",
-            cursor_and_head(dsn)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        common::lazy(|| {
+            format!(
+                "the cursor reaches a head of at least {head_at_least} (cursor and head {:?})",
+                cursor_and_head(dsn)
+            )
+        }),
+        limit,
+        || cursor_and_head(dsn).is_some_and(|(c, h)| h >= head_at_least && c == h),
+    );
 }
 
 /// Every effect of the log arrived, each with one id (the same on every arrival), and the
@@ -548,7 +543,9 @@ fn run_members_on_a_shared_subscription_deliver_what_the_group_applies_through_k
     for m in &mut members {
         m.start();
     }
-    std::thread::sleep(Duration::from_millis(800));
+    for m in &members {
+        m.wait_subscribed();
+    }
     let lines = events(0, TOTAL);
     let mut kills = 0;
     for chunk in lines.chunks(300) {
@@ -582,15 +579,11 @@ fn run_members_on_a_shared_subscription_deliver_what_the_group_applies_through_k
         }
     }
     broker.publish_lines("incidents/ca", &lines, "pub-relay-group-again");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let applied = applied();
-        if applied == Some(TOTAL) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "applied {applied:?} of {TOTAL}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_until(
+        common::lazy(|| format!("{TOTAL} are applied (now {:?})", applied())),
+        Duration::from_secs(60),
+        || applied() == Some(TOTAL),
+    );
     wait_delivered(&dsn, TOTAL, Duration::from_secs(60));
     let repeats = assert_each_effect_arrived_with_one_id(&out, TOTAL);
     for m in &mut members {

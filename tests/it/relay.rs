@@ -118,6 +118,11 @@ impl Setup {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
+    /// Waits until the `run` started last (its log starts afresh) is subscribed.
+    pub(super) fn wait_subscribed(&self) {
+        common::wait_subscribed(&self.dir.join("relay.log"), 0, "");
+    }
+
     /// Every event the receiver got, in arrival order.
     pub(super) fn received(&self) -> Vec<Json> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
@@ -130,20 +135,21 @@ impl Setup {
     }
 
     pub(super) fn wait_received(&self, ids: usize, limit: Duration) {
-        let start = Instant::now();
-        loop {
-            let got: HashSet<String> = self.received().iter().map(|e| field(e, "id")).collect();
-            if got.len() >= ids {
-                return;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "{} of {ids} events after {limit:?}; relay log:\n{}",
-                got.len(),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let got = || {
+            let ids: HashSet<String> = self.received().iter().map(|e| field(e, "id")).collect();
+            ids.len()
+        };
+        common::wait_until(
+            common::lazy(|| {
+                format!(
+                    "{ids} events arrive (now {}); relay log:\n{}",
+                    got(),
+                    self.log()
+                )
+            }),
+            limit,
+            || got() >= ids,
+        );
     }
 
     pub(super) fn status(&self, config: &Path) -> BTreeMap<String, Json> {
@@ -421,7 +427,7 @@ fn run_delivers_what_it_applies_to_its_sinks_and_stops_cleanly() {
         &mqtt_section(&broker, "rg-relay-run"),
     );
     let mut run = s.run();
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_subscribed();
     let mut lines: Vec<String> = (0..400)
         .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
         .collect();
@@ -452,11 +458,9 @@ fn a_lagging_sink_holds_retention_and_a_removed_sink_is_forgotten_only_on_comman
     s.ingest(0, 1);
     let mut relay = s.relay();
     // The cursor exists and the failure is recorded.
-    let start = Instant::now();
-    while !s.log().contains("delivery failed") {
-        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("a delivery fails", &s, || {
+        s.log().contains("delivery failed")
+    });
     assert_eq!(stop(&mut relay), Some(0));
     s.ingest(1, 40);
     // Retention would keep 5; the sink at 0 holds all 40.
@@ -580,11 +584,7 @@ fn rewind_redelivers_with_the_same_ids_and_is_audited() {
         line.contains("sink script: cursor moved from 30 to 20 (generation 1)"),
         "{line}"
     );
-    let start = Instant::now();
-    while s.received().len() < 40 {
-        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("40 events arrive", &s, || s.received().len() >= 40);
     assert_eq!(stop(&mut relay), Some(0));
     let all: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
     assert_eq!(all.len(), 40);
@@ -710,11 +710,9 @@ fn parked_events_are_listed_field_by_field_and_retry_is_audited() {
     assert!(line.contains("1 parked event marked for retry"), "{line}");
     // The relay delivers it (the exec receiver accepts everything) and drops the record.
     let mut relay = s.relay();
-    let start = Instant::now();
-    while !s.received().iter().any(|e| field(e, "id") == parked_id) {
-        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the parked event arrives", &s, || {
+        s.received().iter().any(|e| field(e, "id") == parked_id)
+    });
     s.wait_received(3, Duration::from_secs(20));
     assert_eq!(stop(&mut relay), Some(0));
     let out = stdout(&common::run(&[
@@ -828,16 +826,12 @@ pub(super) const REFUSES_13: &str = "input=$(cat)\n\
     echo 'unit E13 unknown to CAD' >&2; exit 65; fi\n\
     printf '%s\\n' \"$input\" >> \"$OUT\"";
 
-pub(super) fn wait_until(what: &str, s: &Setup, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}; relay log:\n{}",
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+pub(super) fn wait_until(what: &str, s: &Setup, cond: impl FnMut() -> bool) {
+    common::wait_until(
+        common::lazy(|| format!("{what}; relay log:\n{}", s.log())),
+        Duration::from_secs(20),
+        cond,
+    );
 }
 
 /// The sink's parked events (none before the relay made its cursor).
@@ -973,7 +967,7 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
         &mqtt_section(&broker, "rg-relay-hung"),
     );
     let mut run = s.run();
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_subscribed();
     let lines: Vec<String> = (0..300)
         .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
         .collect();

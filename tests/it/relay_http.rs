@@ -206,17 +206,7 @@ impl Receiver {
 
     /// Waits until `f` holds, at most `limit`.
     fn await_until(&self, limit: Duration, what: &str, f: impl Fn(&Log) -> bool) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.with(|l| f(l)) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "receiver: {what} did not happen within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_until(format!("receiver: {what}"), limit, || self.with(|l| f(l)));
     }
 }
 
@@ -975,15 +965,8 @@ fn text(v: &str) -> Json {
 }
 
 /// Polls `f` every 20 ms until it holds, at most `limit`.
-fn poll(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn poll(limit: Duration, what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, limit, f);
 }
 
 #[test]
@@ -1164,11 +1147,11 @@ fn a_wrong_token_blocks_the_sink_instead_of_parking_the_feed_and_the_right_one_d
         let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !status().contains("cop (http): blocked") {
-        assert!(Instant::now() < deadline, "not blocked: {}", status());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until(
+        common::lazy(|| format!("the sink is blocked: {}", status())),
+        Duration::from_secs(30),
+        || status().contains("cop (http): blocked"),
+    );
     let text = status();
     assert!(
         text.contains("cursor 0 of 9") && text.contains("HTTP 401 Unauthorized"),

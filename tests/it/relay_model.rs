@@ -202,16 +202,9 @@ fn rg(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// Polls `f` every 25 ms until it holds; panics with `what` after `PATIENCE`.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < PATIENCE,
-            "{what}: not within {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
+/// `common::wait_until` with the model's patience.
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, PATIENCE, f);
 }
 
 /// A JSON value with every object's members sorted (jsonb reorders them).
@@ -1562,27 +1555,20 @@ impl Model {
             &log,
         ));
         let run_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        wait_for("run connected", || {
+        wait_for("run subscribed", || {
             assert!(run.running(), "run exited: {}", run_log());
-            run_log().contains("connected")
+            run_log().contains("subscribed broker=")
         });
-        // The subscription may not be in place yet: a probe message, sent again until it
-        // is applied.
+        // A probe message, applied once it arrives.
         let (probe, fresh, _) = self.lines(0, 1, false);
         assert_eq!(fresh, 1);
         let want = self.stores[0].keys.len();
         let db = self.stores[0].db.clone();
         let broker = self.broker.as_ref().unwrap();
-        let deadline = Instant::now() + PATIENCE;
-        while common::effects(&db).len() < want {
-            assert!(
-                Instant::now() < deadline,
-                "probe not applied: {}",
-                run_log()
-            );
-            broker.publish_lines("incidents/a", &probe, "rg-model-pub");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        broker.publish_lines("incidents/a", &probe, "rg-model-pub");
+        wait_for("the probe is applied", || {
+            common::effects(&db).len() >= want
+        });
         let n = 1 + self.rng.below(40) as usize;
         let (lines, fresh, refused) = self.lines(0, n, true);
         let broker = self.broker.as_ref().unwrap();

@@ -4,7 +4,7 @@
 //! library, then `replay-guard relay` killed with SIGKILL and cut off from PostgreSQL.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use replay_guard::config::Config;
 use replay_guard::relay::envelope::{self, EffectView};
@@ -309,13 +309,9 @@ fn rows(pg: &PgDb) -> u64 {
     pg.sql("SELECT count(*) FROM cop_events").parse().unwrap()
 }
 
-/// Polls `f` every 10 ms until it holds; panics after `limit` naming `what`.
-fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// `common::wait_until` with the limit first.
+fn wait_until(limit: Duration, what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, limit, f);
 }
 
 #[test]

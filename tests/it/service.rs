@@ -18,6 +18,8 @@ pub struct Consumer {
     pub config: PathBuf,
     pub db: PathBuf,
     log: PathBuf,
+    /// The log's length when the process was last started: what it logged since is after it.
+    mark: usize,
     child: Option<Child>,
 }
 
@@ -41,6 +43,7 @@ impl Consumer {
             config,
             db,
             log: dir.join("rg.log"),
+            mark: 0,
             child: None,
         }
     }
@@ -55,6 +58,7 @@ impl Consumer {
             config,
             db: dir.join(format!("{name}.redb")),
             log: dir.join(format!("{name}.log")),
+            mark: 0,
             child: None,
         }
     }
@@ -79,6 +83,7 @@ impl Consumer {
     /// Starts it with extra environment variables (e.g. NOTIFY_SOCKET).
     pub fn start_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none());
+        self.mark = self.log_text().len();
         let child = common::logged_command(
             &["run", "--config", self.config.to_str().unwrap()],
             &self.log,
@@ -89,24 +94,23 @@ impl Consumer {
         self.child = Some(child);
     }
 
-    /// SIGTERM, then the exit code (which must come within `limit`).
+    /// SIGTERM, then the exit code (which must come within `limit`; else it is killed when
+    /// the consumer drops).
     pub fn stop(&mut self, limit: Duration) -> Option<i32> {
-        let mut child = self.child.take().expect("running");
+        let child = self.child.as_mut().expect("running");
         signal(child.id() as i32, "TERM");
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                panic!(
-                    "consumer did not stop within {limit:?}; log:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut status = None;
+        let log = self.log.clone();
+        common::wait_until(
+            common::lazy(|| format!("the consumer stops; log:\n{}", common::log_from(&log, 0))),
+            limit,
+            || {
+                status = child.try_wait().unwrap();
+                status.is_some()
+            },
+        );
+        self.child = None;
+        status.and_then(|s| s.code())
     }
 
     /// SIGKILL, and reap it.
@@ -120,23 +124,69 @@ impl Consumer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// What it logged since it was last started.
+    pub fn log_since_start(&self) -> String {
+        common::log_from(&self.log, self.mark)
+    }
+
+    /// Waits until `needle` is logged (since the process was last started).
+    pub fn wait_log(&self, needle: &str, limit: Duration) {
+        common::wait_until(
+            common::lazy(|| format!("{needle:?} is logged:\n{}", self.log_since_start())),
+            limit,
+            || self.log_since_start().contains(needle),
+        );
+    }
+
+    /// Waits until, since it was last started, a broker granted its subscription.
+    pub fn wait_subscribed(&self) {
+        common::wait_subscribed(&self.log, self.mark, "");
+    }
+
+    /// Waits until, since it was last started, `broker` granted its subscription.
+    pub fn wait_subscribed_to(&self, broker: &str) {
+        common::wait_subscribed(&self.log, self.mark, broker);
+    }
+
     /// Number of audit entries, once the database can be read.
     pub fn decided(&self) -> Option<u64> {
         let reader = Reader::open(&self.db).ok()?;
         Some(reader.begin().ok()?.summary().ok()?.audit_entries)
     }
 
+    /// Number of effects (applied deliveries), once the database can be read.
+    pub fn applied(&self) -> Option<u64> {
+        let reader = Reader::open(&self.db).ok()?;
+        Some(reader.begin().ok()?.summary().ok()?.effects)
+    }
+
     pub fn wait_decided(&self, at_least: u64, limit: Duration) {
-        let start = Instant::now();
-        while self.decided().unwrap_or(0) < at_least {
-            assert!(
-                start.elapsed() < limit,
-                "only {:?} of {at_least} decided after {limit:?}; log:\n{}",
-                self.decided(),
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_until(
+            common::lazy(|| {
+                format!(
+                    "{at_least} are decided (now {:?}); log:\n{}",
+                    self.decided(),
+                    self.log_text()
+                )
+            }),
+            limit,
+            || self.decided().unwrap_or(0) >= at_least,
+        );
+    }
+
+    /// Waits until `n` effects are applied (the audit count alone also counts redeliveries).
+    pub fn wait_applied(&self, n: u64, limit: Duration) {
+        common::wait_until(
+            common::lazy(|| {
+                format!(
+                    "{n} are applied (now {:?}); log:\n{}",
+                    self.applied(),
+                    self.log_text()
+                )
+            }),
+            limit,
+            || self.applied().unwrap_or(0) >= n,
+        );
     }
 
     /// Outcome counts from the audit log.
@@ -188,7 +238,7 @@ fn basic(protocol: &str) {
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], protocol, "rg-basic");
     c.start();
-    std::thread::sleep(Duration::from_millis(300)); // subscribe before publishing
+    c.wait_subscribed();
     let mut lines = events(0, 2000);
     lines.push("not json".into());
     // Same key as event 5, other content: a conflict, quarantined; the feed keeps flowing.
@@ -206,9 +256,15 @@ fn basic(protocol: &str) {
     assert_eq!(o.get(&Outcome::Malformed), Some(&1));
     assert_eq!(o.get(&Outcome::Conflict), Some(&1));
     assert_exactly_once(&c.db, &want(0, 2000));
-    // Everything was acknowledged: the kept session holds nothing for us.
+    // Everything was acknowledged: the kept session holds nothing for us. A broker sends what
+    // a resumed session holds right after its CONNACK, before our SUBACK.
     c.start();
-    std::thread::sleep(Duration::from_millis(1500));
+    c.wait_subscribed();
+    common::assert_quiet(
+        "the broker redelivered acknowledged messages",
+        Duration::from_millis(500),
+        || c.decided().is_some_and(|d| d != total),
+    );
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     assert_eq!(
         c.decided(),
@@ -231,19 +287,20 @@ fn basic_feed_is_applied_once_and_fully_acknowledged_over_mqtt311() {
 /// them, A dies, standby B starts from A's snapshot and replays them (mostly with DUP = 0).
 fn failover_replay(protocol: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let mut a = Broker::start(&dir.path().join("a"), true);
+    // A logs every packet, so the test sees our PUBACKs arrive.
+    let mut a = Broker::start_with(&dir.path().join("a"), true, "log_type all\n");
     let b_port = super::broker::free_port();
     let b_url = format!("mqtt://127.0.0.1:{b_port}");
     let mut c = Consumer::new(dir.path(), &[a.url(), b_url], protocol, "rg-failover");
     // Create the session on A, then go away keeping it.
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     a.publish_lines("incidents/ca", &events(0, 300), "pub-a");
     a.snapshot(); // 300 pending for our session in A's snapshot
     c.start();
     c.wait_decided(300, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300)); // let the PUBACKs reach A
+    a.wait_pubacks("rg-failover", 300);
     let b = a.kill_and_restore_into(&dir.path().join("b"), b_port);
     // B replays the 300 from its restored session: each is suppressed.
     c.wait_decided(600, Duration::from_secs(30));
@@ -301,7 +358,7 @@ fn consumer_killed_mid_surge_ten_times_applies_every_event_exactly_once() {
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-kill");
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     const N: u64 = 12_000;
     let publisher = {
         let lines = events(0, N);
@@ -330,9 +387,8 @@ fn consumer_killed_mid_surge_ten_times_applies_every_event_exactly_once() {
         "only {mid_surge} of 10 kills landed mid-surge"
     );
     publisher.join().unwrap();
-    c.wait_decided(N, Duration::from_secs(60));
-    // Give redeliveries of the last unacked batch time to arrive, then stop cleanly.
-    std::thread::sleep(Duration::from_millis(1000));
+    // Redeliveries after the kills are decided too: the audit count is no measure here.
+    c.wait_applied(N, Duration::from_secs(60));
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     assert_exactly_once(&c.db, &want(0, N));
 }
@@ -343,7 +399,7 @@ fn sigterm_mid_surge_exits_0_in_time_and_loses_nothing() {
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-term");
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     const N: u64 = 8_000;
     let port = broker.port;
     let publisher = std::thread::spawn(move || {
@@ -356,7 +412,11 @@ fn sigterm_mid_surge_exits_0_in_time_and_loses_nothing() {
     publisher.join().unwrap();
     c.start();
     c.wait_decided(N, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
+    common::assert_quiet(
+        "a committed delivery came back",
+        Duration::from_millis(500),
+        || c.decided().is_some_and(|d| d != N),
+    );
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     assert_exactly_once(&c.db, &want(0, N));
     // The drain acknowledged everything it had committed: nothing committed came back.
@@ -383,23 +443,16 @@ fn failover_to_a_standby_without_the_session_resubscribes_and_keeps_flowing() {
         "rg-nosession",
     );
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     a.publish_lines("incidents/ca", &events(0, 100), "pub-a");
     c.wait_decided(100, Duration::from_secs(30));
     a.kill();
     let b = Broker::start_on(&dir.path().join("b"), b_port, false);
-    let start = Instant::now();
-    while !c.log_text().contains(&format!(
-        "connected broker=mqtt://127.0.0.1:{b_port} session_present=false"
-    )) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no connection to B:\n{}",
-            c.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300)); // the SUBSCRIBE reaches B
+    c.wait_log(
+        &format!("connected broker={} session_present=false", b.url()),
+        Duration::from_secs(20),
+    );
+    c.wait_subscribed_to(&b.url());
     b.publish_lines("incidents/ca", &events(100, 200), "pub-b");
     c.wait_decided(200, Duration::from_secs(30));
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
@@ -412,7 +465,7 @@ fn a_failed_commit_stops_the_service_with_code_2_and_acknowledges_nothing_of_it(
     let broker = Broker::start(&dir.path().join("broker"), false);
     let mut c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-fail");
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0));
     for chunk in events(0, 3000).chunks(1000) {
         broker.publish_lines("incidents/ca", chunk, "pub-fail");
@@ -436,8 +489,8 @@ fn a_failed_commit_stops_the_service_with_code_2_and_acknowledges_nothing_of_it(
     );
     // Unlimited again: everything not committed before the failure comes back from the broker.
     c.start();
-    c.wait_decided(3000, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(500));
+    // Batches committed before the failure whose PUBACKs never left come back as duplicates.
+    c.wait_applied(3000, Duration::from_secs(30));
     assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
     assert_exactly_once(&c.db, &want(0, 3000));
 }
@@ -450,7 +503,7 @@ fn oversized(protocol: &str) {
     text.push_str("[feed]\nmax_payload_bytes = 1024\n");
     std::fs::write(&c.config, text).unwrap();
     c.start();
-    std::thread::sleep(Duration::from_millis(300));
+    c.wait_subscribed();
     let big = common::msg("CALFIRE", "E9", 1, 9, &"x".repeat(100_000));
     broker.publish_lines(
         "incidents/ca",

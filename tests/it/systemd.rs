@@ -218,16 +218,23 @@ fn a_password_never_appears_in_errors_or_logs() {
         ),
     )
     .unwrap();
-    let child = Command::new(common::bin())
-        .args(["run", "--config", cfg.to_str().unwrap()])
+    let log_path = dir.path().join("run.log");
+    let mut child = common::logged_command(&["run", "--config", cfg.to_str().unwrap()], &log_path)
         .env("RUST_LOG", "trace")
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Past a connection attempt, the one that would carry the password.
+    common::wait_until(
+        "a connection attempt fails",
+        std::time::Duration::from_secs(10),
+        || {
+            let log = common::log_from(&log_path, 0);
+            log.contains("connection lost") || log.contains("Connection refused")
+        },
+    );
     super::broker::signal(child.id() as i32, "TERM");
-    let out = child.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
+    child.wait().unwrap();
+    let log = common::log_from(&log_path, 0);
     assert!(
         log.contains("connection lost") || log.contains("Connection refused"),
         "{log}"

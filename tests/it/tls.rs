@@ -119,25 +119,19 @@ fn consumer_verifies_the_broker_and_authenticates_with_a_client_certificate() {
     let broker = Broker::start_with(&dir.path().join("broker"), false, &extra);
 
     let cfg = consumer_config(dir.path(), tls_port, &pki, &pki.join("ca.pem"));
-    let mut child = Command::new(common::bin())
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .stderr(Stdio::piped())
+    let log = dir.path().join("rg.log");
+    let mut child = common::logged_command(&["run", "--config", cfg.to_str().unwrap()], &log)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    common::wait_subscribed(&log, 0, "");
     let lines: Vec<String> = (0..50)
         .map(|i| common::msg("A", "S", 0, i, "tls"))
         .collect();
     broker.publish_lines("incidents/x", &lines, "pub-tls");
     let db = dir.path().join("rg.redb");
-    let start = Instant::now();
-    while decided(&db) < 50 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "nothing over TLS"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until("50 decided over TLS", Duration::from_secs(20), || {
+        decided(&db) >= 50
+    });
     super::broker::signal(child.id() as i32, "TERM");
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert_eq!(common::effects(&db).len(), 50);
@@ -150,18 +144,24 @@ fn consumer_verifies_the_broker_and_authenticates_with_a_client_certificate() {
     let dir2 = dir.path().join("c2");
     std::fs::create_dir_all(&dir2).unwrap();
     let cfg2 = consumer_config(&dir2, tls_port, &pki, &other.join("ca.pem"));
-    let child2 = Command::new(common::bin())
-        .args(["run", "--config", cfg2.to_str().unwrap()])
-        .stderr(Stdio::piped())
+    let log2 = dir2.join("rg.log");
+    let mut child2 = common::logged_command(&["run", "--config", cfg2.to_str().unwrap()], &log2)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    common::wait_until(
+        common::lazy(|| format!("the handshake fails:\n{}", common::log_from(&log2, 0))),
+        Duration::from_secs(20),
+        || common::log_from(&log2, 0).contains("connection lost"),
+    );
     broker.publish_lines("incidents/x", &lines, "pub-tls2");
-    std::thread::sleep(Duration::from_millis(500));
+    common::assert_quiet(
+        "decided a message from a broker it must not trust",
+        Duration::from_millis(500),
+        || decided(&dir2.join("rg.redb")) > 0,
+    );
     super::broker::signal(child2.id() as i32, "TERM");
-    let out = child2.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(log.contains("connection lost"), "{log}");
+    child2.wait().unwrap();
+    let log = common::log_from(&log2, 0);
     assert!(
         !log.contains("connected broker"),
         "connected to a broker it must not trust:\n{log}"
