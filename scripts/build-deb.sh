@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian package: the release binary, its man pages (one per command) and shell
-# completions generated from the binary itself, then `cargo deb` (installed if missing) with
-# the binary stripped. Prints the .deb's path.
+# completions generated from the binary itself, the book (docs/, with mdbook, installed if
+# missing), then `cargo deb` (installed if missing) with the binary stripped. Prints the
+# .deb's path.
 #
 # Usage: scripts/build-deb.sh [--no-build] [--output PATH]
 #   --no-build   package target/release/replay-guard as it is (the tests use this with
@@ -19,6 +20,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 command -v cargo-deb >/dev/null || cargo install --locked cargo-deb
+command -v mdbook >/dev/null || scripts/install-mdbook.sh
 target=${CARGO_TARGET_DIR:-target}
 [ -z "$build" ] || cargo build --release --locked
 bin="$target/release/replay-guard"
@@ -30,4 +32,7 @@ gzip -9n "$assets"/man/*.1
 "$bin" completions bash >"$assets/completions/replay-guard"
 "$bin" completions zsh >"$assets/completions/_replay-guard"
 "$bin" completions fish >"$assets/completions/replay-guard.fish"
+# The book, into the assets (the package's /usr/share/doc/replay-guard/html/), not docs/book.
+mdbook build docs --dest-dir "$(realpath "$assets")/book" >/dev/null 2>&1 ||
+    { mdbook build docs --dest-dir "$(realpath "$assets")/book"; exit 1; }
 cargo deb --no-build --strip --locked "${out[@]}" | tail -n 1

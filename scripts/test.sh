@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
 # Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client;
-# cargo-deb and cargo-deny from crates.io; Prometheus and node_exporter unpacked under target/tools),
+# cargo-deb, cargo-deny and mdbook from crates.io; Prometheus and node_exporter unpacked under
+# target/tools),
 # makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
 # runs the whole suite.
 # Extra arguments go to `cargo test` (e.g. a test name filter).
@@ -76,6 +77,8 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || install postgresql
 
 # The package test (tests/it/deb.rs) builds the .deb with cargo-deb, from crates.io.
 command -v cargo-deb >/dev/null || cargo install --locked --quiet cargo-deb
+# The book (docs/): built by .ci/run and by scripts/build-deb.sh for the package test.
+command -v mdbook >/dev/null || scripts/install-mdbook.sh
 
 # `.ci/run`'s supply-chain step (scripts/deny.sh) runs cargo-deny, from crates.io (the version
 # tried against the offline advisory snapshot).

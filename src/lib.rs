@@ -26,6 +26,8 @@ pub mod readings;
 pub mod relay;
 pub mod service;
 pub mod signals;
+#[cfg(test)]
+mod spec_vectors;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;

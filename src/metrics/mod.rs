@@ -2,7 +2,7 @@
 //! readings as gauges (`store_families`, shared with `stats --format prometheus`), and the
 //! text exposition format 0.0.4 they are served in. The only module naming the prometheus
 //! crate; the endpoint that serves them is in `endpoint.rs`. Every metric is listed, with its
-//! meaning, in the README ("Metrics").
+//! meaning, in the book (docs/src/operations/metrics.md).
 
 pub mod endpoint;
 

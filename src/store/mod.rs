@@ -1,6 +1,9 @@
-//! The redb store. `Store::commit_batch` is the one write path: it decides every message of a
-//! batch with `decide::decide` and writes window entries, effects, quarantine and audit entries
-//! in one durable write transaction. `read` holds the read-only views used by inspectors.
+//! The store, on either backend: a redb file (`Store`) or a PostgreSQL schema
+//! (`postgres::PgStore`), behind `Backend` for the feed writers. Both commit a batch through
+//! the one write path, `engine::Writer::decide_batch`: every message decided with
+//! `decide::decide`, its window entry, effect, quarantine record and audit entry written in the
+//! backend's one durable write transaction (`Tx`). `read` holds the read-only views used by
+//! inspectors, on either backend.
 
 mod audit;
 pub mod backup;

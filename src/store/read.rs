@@ -1,6 +1,7 @@
-//! Read-only views of the database for inspectors (`dump-*`, tests). They open the file in
-//! redb's `SingleWriter` mode, so they work while `run` or `ingest` is writing it, and they
-//! stream: one record in memory at a time.
+//! Read-only views of the store for inspectors (`dump-*`, `verify`, `stats`, the relay, the
+//! metrics endpoint, tests): a redb file opened read-only in the `MultiWriter` mode every handle
+//! shares, so they work while `run` or `ingest` is writing it, or a PostgreSQL schema through
+//! pooled read views. They stream: one record in memory at a time.
 
 use std::ops::ControlFlow;
 use std::path::Path;

@@ -1,5 +1,8 @@
-//! Every redb table replay-guard keeps, and the versioned postcard records stored in them.
-//! Nothing outside `store/` sees these types.
+//! Every table replay-guard keeps (redb tables, and the PostgreSQL tables holding the same
+//! bytes), and the versioned postcard records stored in them. The table constants and the
+//! record encoding are used only under `store/`; the decoded records (`EffectRecord`,
+//! `AuditRecord`, `SinkRecord`, ...) are what the read views hand to the inspectors and the
+//! relay.
 
 use std::borrow::Borrow;
 use std::marker::PhantomData;

@@ -89,6 +89,10 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
         "/usr/share/fish/vendor_completions.d/replay-guard.fish",
         "/usr/share/doc/replay-guard/README.md",
         "/usr/share/doc/replay-guard/copyright",
+        "/usr/share/doc/replay-guard/html/index.html",
+        "/usr/share/doc/replay-guard/html/commands/run.html",
+        "/usr/share/doc/replay-guard/html/spec/key-v1.html",
+        "/usr/share/doc/replay-guard/examples/feed.jsonl",
     ] {
         mode_of(path);
     }
@@ -136,6 +140,16 @@ fn the_deb_holds_the_stripped_binary_unit_conffiles_man_pages_and_completions() 
         assert!(prerm.contains(&format!("stop {unit}")), "{prerm}");
     }
     assert!(!postinst.contains("deb-systemd-invoke start"), "{postinst}");
+    // A first install says what to do next (edit the config, then enable the unit).
+    for step in [
+        "/etc/replay-guard/replay-guard.toml",
+        "systemctl enable --now replay-guard",
+    ] {
+        assert!(
+            postinst.contains(step),
+            "postinst does not print {step:?}:\n{postinst}"
+        );
+    }
 
     // Unpacked into a throwaway root.
     let root = dir.path().join("root");
@@ -263,6 +277,85 @@ fn the_deb_installs_and_runs_under_a_real_systemd() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The absolute paths under `prefix` that the README and the book name: (document, path).
+/// A path ends at the first character that cannot be part of one; trailing `.`/`,` go.
+fn doc_paths(prefix: &str) -> Vec<(String, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(prefix) {
+            let before = rest[..at].chars().last();
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "/._-".contains(c)))
+                .unwrap_or(tail.len());
+            rest = &tail[end..];
+            // Part of a longer path (e.g. /usr/local/bin/...) is not this prefix's.
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || "/._-".contains(c)) {
+                continue;
+            }
+            let path = tail[..end].trim_end_matches(['.', ',']);
+            out.push((file.display().to_string(), path.to_string()));
+        }
+    }
+    out
+}
+
+/// Every program path, unit path and documentation path the README and the book name in
+/// the package's directories is one the package installs: the `health` timer, Nagios and
+/// Icinga examples, the backup timer and the installs all call `/usr/bin/replay-guard`
+/// (a unit naming a path the package does not install fails with 203/EXEC).
+#[test]
+fn every_package_path_the_docs_name_is_one_the_package_installs() {
+    let dir = tempfile::tempdir().unwrap();
+    let deb = build_deb(dir.path());
+    let root = dir.path().join("root");
+    output(Command::new("dpkg").arg("-x").arg(&deb).arg(&root));
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for prefix in [
+        "/usr/bin/",
+        "/usr/local/bin/replay-guard",
+        "/bin/replay-guard",
+        "/usr/lib/systemd/system/",
+        "/usr/share/doc/replay-guard",
+        "/etc/replay-guard/replay-guard.toml",
+        "/etc/replay-guard/relay.toml",
+        "/etc/replay-guard/mqtt-password",
+    ] {
+        for (doc, path) in doc_paths(prefix) {
+            // A unit the examples ask the operator to write is not the package's.
+            if path.starts_with("/usr/bin/") && !path.starts_with("/usr/bin/replay-guard") {
+                continue;
+            }
+            checked += 1;
+            if !root.join(path.trim_start_matches('/')).exists() {
+                missing.push(format!("{doc}: {path}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths the docs name that the package does not install:\n{}",
+        missing.join("\n")
+    );
+    assert!(checked >= 20, "only {checked} paths checked");
 }
 
 #[test]

@@ -25,7 +25,9 @@
 //! - `verify`: passes on honest databases, catches edits, deletions, reorders, truncation.
 //! - `damage`: every page zeroed, seeded flips/truncations: one-line `database damaged`, no panic.
 //! - `deb`: the Debian package built from the binary under test, read with dpkg-deb and
-//!   unpacked into a throwaway root; `man` and `completions`.
+//!   unpacked into a throwaway root (the book under /usr/share/doc; every program path the
+//!   docs' unit and command examples name is one the package installs); `man` and
+//!   `completions`.
 //! - `demo`: the in-process failover demo exits 0 with the right pictures; reproducible by seed.
 //! - `operator`: quarantine release/discard while `run` consumes; retention; stats; compact.
 //! - `relay`: the relay core with the exec sink: failing batches, kill -9, `run` with a sink,
@@ -44,7 +46,9 @@
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and
 //!   postgres receivers; nothing lost, no id with two contents, every ledger holds.
 //!   `scripts/relay-model.sh` soaks it.
-//! - `readme`: the README's commands run as written and print what it shows.
+//! - `readme`: the README's and the book's commands run as written and print what they show
+//!   (README, then the book in SUMMARY.md order); every subcommand has a book page; every
+//!   relative link and anchor of the README and the book resolves.
 //! - `pg`: a PostgreSQL database of the test's own (harness), `psql`.
 //! - `pg_store`: the PostgreSQL store backend: the reference model, the same decisions and
 //!   chain as redb for the same feed, members committing concurrently.

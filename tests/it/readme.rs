@@ -1,16 +1,132 @@
-//! The README, followed literally: its set-up commands run (`demo`, the sample `ingest`), every
-//! `$ replay-guard …` example runs in README order against the databases it names and prints
-//! what the README shows (times, ports, temp paths and `…`-shortened hex masked), the example
-//! config passes `check-config`, and every subcommand has `--help` and a README entry. So the
-//! README cannot rot.
+//! The README and the book (`docs/src/`), followed literally: the README's set-up commands run
+//! (`demo`, the sample `ingest`), every `$ replay-guard …` example runs in order against the
+//! databases it names and prints what the text shows (times, ports, temp paths and
+//! `…`-shortened hex masked), the example config passes `check-config`, every subcommand has
+//! `--help` and a page in the book, and every relative link and `#anchor` resolves. So the
+//! documentation cannot rot.
+//!
+//! Order: the README first, then the book's pages in SUMMARY.md order, all against one set of
+//! databases. An example may build on one of an earlier page (the `stats` example counts the
+//! `quarantine release` and `quarantine discard` of the page before it), as a reader working
+//! through the book would; SUMMARY.md's order is therefore part of what is tested.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use super::common;
 
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+    read(&root().join("README.md"))
+}
+
+/// Relative link targets in `text`, outside code (fenced blocks and inline code spans).
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Drop inline code spans: text between backticks is never a link.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, part)| part)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            out.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// The book's pages in SUMMARY.md order (each link of SUMMARY.md, once).
+fn summary_pages() -> Vec<PathBuf> {
+    let src = root().join("docs/src");
+    let mut pages: Vec<PathBuf> = Vec::new();
+    for link in links(&read(&src.join("SUMMARY.md"))) {
+        let page = src.join(&link);
+        if !pages.contains(&page) {
+            pages.push(page);
+        }
+    }
+    assert!(
+        pages.len() >= 30,
+        "SUMMARY.md lists only {} pages",
+        pages.len()
+    );
+    pages
+}
+
+/// The README, then the book's pages in SUMMARY.md order: (path, text).
+fn documents() -> Vec<(PathBuf, String)> {
+    std::iter::once(root().join("README.md"))
+        .chain(summary_pages())
+        .map(|p| {
+            let text = read(&p);
+            (p, text)
+        })
+        .collect()
+}
+
+/// The anchor mdBook (and GitHub) gives a heading: lowercase; letters, digits, `-` and `_`
+/// kept, whitespace made `-`, everything else (backticks, punctuation) dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| {
+            if c.is_whitespace() {
+                Some('-')
+            } else if c.is_alphanumeric() || c == '-' || c == '_' {
+                Some(c.to_lowercase().next().unwrap_or(c))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside fenced blocks); a repeated heading
+/// gets `-1`, `-2`, … as mdBook numbers them.
+fn anchors(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        if fenced || hashes == 0 || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let base = anchor(&line[hashes..]);
+        let n = out
+            .iter()
+            .filter(|a| **a == base || a.starts_with(&format!("{base}-")))
+            .count();
+        out.push(if n == 0 { base } else { format!("{base}-{n}") });
+    }
+    out
 }
 
 /// Fenced code blocks: (info string, lines).
@@ -115,14 +231,14 @@ fn assert_output(command: &str, expected: &[String], actual: &str) {
     assert_eq!(
         got.len(),
         want.len(),
-        "`{command}` printed {} lines, README shows {}:\n{actual}",
+        "`{command}` printed {} lines, the docs show {}:\n{actual}",
         got.len(),
         want.len()
     );
     for (w, g) in want.iter().zip(&got) {
         assert!(
             matches(w, g),
-            "`{command}`: README shows\n  {w}\nbut it printed\n  {g}"
+            "`{command}`: the docs show\n  {w}\nbut it printed\n  {g}"
         );
     }
 }
@@ -174,7 +290,7 @@ impl Env {
         Some(
             Command::new(common::bin())
                 .args(&mapped)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(root())
                 .env("TMPDIR", self.dir.path())
                 .env_remove("NO_COLOR")
                 .output()
@@ -204,10 +320,7 @@ fn build_gaps_db(path: &Path) {
         feed.push_str(&common::msg("CALFIRE", "E7-AVL", 3, seq, "position"));
         feed.push('\n');
     }
-    feed.push_str(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl"))
-            .unwrap(),
-    );
+    feed.push_str(&read(&root().join("examples/feed.jsonl")));
     let out = common::run_with_stdin(
         &["ingest", "--db", path.to_str().unwrap(), "-"],
         feed.as_bytes(),
@@ -216,9 +329,10 @@ fn build_gaps_db(path: &Path) {
 }
 
 #[test]
-fn readme_commands_work_as_written_and_print_what_it_shows() {
-    let text = readme();
-    let blocks = blocks(&text);
+fn readme_and_book_commands_work_as_written_and_print_what_they_show() {
+    let docs = documents();
+    let blocks: Vec<(String, Vec<String>)> =
+        docs.iter().flat_map(|(_, text)| blocks(text)).collect();
     let dir = tempfile::tempdir().unwrap();
     let env = Env {
         sample: dir.path().join("sample.redb"),
@@ -290,7 +404,8 @@ fn readme_commands_work_as_written_and_print_what_it_shows() {
     }
     assert!(ran >= 3, "only {ran} set-up commands found");
 
-    // 2. Every `$ replay-guard …` example, in README order, with the output shown under it.
+    // 2. Every `$ replay-guard …` example, in the README's and then the book's order, with the
+    // output shown under it.
     let mut examples = 0;
     for (_, lines) in &blocks {
         let mut i = 0;
@@ -328,12 +443,23 @@ fn readme_commands_work_as_written_and_print_what_it_shows() {
             examples += 1;
         }
     }
-    assert!(examples >= 8, "only {examples} examples ran");
+    assert!(examples >= 9, "only {examples} examples ran");
 }
 
 #[test]
-fn every_subcommand_has_help_and_a_readme_entry_and_the_example_config_passes() {
-    let text = readme();
+fn every_subcommand_has_help_a_book_page_and_a_readme_line_and_the_example_config_passes() {
+    let readme = readme();
+    let titles: Vec<(PathBuf, String)> = summary_pages()
+        .into_iter()
+        .map(|p| {
+            let title = read(&p)
+                .lines()
+                .find(|l| l.starts_with("# "))
+                .unwrap_or_else(|| panic!("{} has no title", p.display()))
+                .to_string();
+            (p, title)
+        })
+        .collect();
     let help = common::run(&["--help"]);
     assert_eq!(help.status.code(), Some(0));
     let help = String::from_utf8(help.stdout).unwrap();
@@ -351,10 +477,16 @@ fn every_subcommand_has_help_and_a_readme_entry_and_the_example_config_passes() 
         let out = common::run(&[sub, "--help"]);
         assert_eq!(out.status.code(), Some(0), "{sub} --help");
         assert!(
-            text.lines()
-                .filter(|l| l.starts_with("### "))
-                .any(|l| l.contains(&format!("`{sub}"))),
-            "README has no entry for `{sub}`"
+            titles
+                .iter()
+                .any(|(p, t)| p.starts_with(root().join("docs/src/commands"))
+                    && t.contains(&format!("`{sub}"))),
+            "the book has no page for `{sub}` (a page under docs/src/commands/ in SUMMARY.md \
+             whose title names it)"
+        );
+        assert!(
+            readme.contains(&format!("`{sub}`")) || readme.contains(&format!("`{sub} ")),
+            "the README's list of commands lacks `{sub}`"
         );
     }
     for sub in ["release", "discard"] {
@@ -370,6 +502,80 @@ fn every_subcommand_has_help_and_a_readme_entry_and_the_example_config_passes() 
     );
 }
 
+/// Every relative link of README.md and of the book's pages names a file that exists, and its
+/// `#anchor` a heading of that file (or of the page itself); every page under docs/src is in
+/// SUMMARY.md. (Web links are not checked: the suite runs offline.)
+#[test]
+fn every_relative_link_and_anchor_in_the_readme_and_the_book_resolves() {
+    let src = root().join("docs/src");
+    let mut files = vec![root().join("README.md")];
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    let listed = summary_pages();
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in &files {
+        if file.starts_with(&src) && !file.ends_with("SUMMARY.md") && !listed.contains(file) {
+            broken.push(format!("{}: not in SUMMARY.md", file.display()));
+        }
+        for link in links(&read(file)) {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            let (path, fragment) = match link.split_once('#') {
+                Some((p, f)) => (p, Some(f)),
+                None => (link.as_str(), None),
+            };
+            let target = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            checked += 1;
+            if !target.exists() {
+                broken.push(format!("{}: {link}: no such file", file.display()));
+                continue;
+            }
+            if let Some(fragment) = fragment
+                && !anchors(&read(&target)).iter().any(|a| a == fragment)
+            {
+                broken.push(format!("{}: {link}: no such heading", file.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    assert!(checked >= 100, "only {checked} links checked");
+}
+
+#[test]
+fn the_link_checker_can_fail() {
+    assert_eq!(
+        anchor("`health`: monitoring (Nagios, Icinga, a systemd timer)"),
+        "health-monitoring-nagios-icinga-a-systemd-timer"
+    );
+    assert_eq!(
+        anchor("Filters, CSV and `--follow` (`dump-audit`, `dump-effects`)"),
+        "filters-csv-and---follow-dump-audit-dump-effects"
+    );
+    assert_eq!(
+        anchors("# A\n```\n# not a heading\n```\n## A\n#hashtag"),
+        ["a", "a-1"]
+    );
+    assert_eq!(
+        links("see [x](a.md#b), `[y](code.md)`, [z](https://e.org)\n```\n[w](no.md)\n```"),
+        ["a.md#b", "https://e.org"]
+    );
+}
+
 #[test]
 fn the_matcher_can_fail() {
     assert!(matches("a 12ab…,x", "a 12abff09,x"));
@@ -379,4 +585,21 @@ fn the_matcher_can_fail() {
         normalise("at 2026-11-30T06:17:47.206Z and 06:17:47.206Z on 127.0.0.1:4711 (3 s ago)"),
         "at <T> and <T> on 127.0.0.1:N (N s ago)"
     );
+}
+
+/// The metrics page names every outcome label the endpoint exposes (a series per outcome).
+#[test]
+fn the_metrics_page_lists_every_outcome_label() {
+    let page = read(&root().join("docs/src/operations/metrics.md"));
+    let row = page
+        .lines()
+        .find(|l| l.starts_with("| `replay_guard_decisions_total{outcome}`"))
+        .expect("the decisions counter's row");
+    for outcome in replay_guard::model::Outcome::ALL {
+        assert!(
+            row.contains(&format!("`{}`", outcome.as_str())),
+            "the metrics table lacks outcome {}",
+            outcome.as_str()
+        );
+    }
 }
