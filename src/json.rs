@@ -825,3 +825,165 @@ mod tests {
         assert!(matches!(v.to_canonical(), Err(JsonError::NumberRange(_))));
     }
 }
+
+/// The strict reader against serde_json, the reference reader: on documents without duplicate
+/// member names both accept and reject the same texts and read the same values, and what
+/// `to_compact` writes reads back as the same value in both.
+#[cfg(test)]
+mod vs_serde_json {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Depth both readers allow (serde_json's recursion limit is 128).
+    const DEPTH: usize = 100;
+
+    /// Our value as serde_json's (numbers through serde_json's own number reader).
+    fn to_serde(v: &Json) -> serde_json::Value {
+        match v {
+            Json::Null => serde_json::Value::Null,
+            Json::Bool(b) => serde_json::Value::Bool(*b),
+            Json::Number(n) => serde_json::from_str(n).expect("a number serde_json reads"),
+            Json::String(s) => serde_json::Value::String(s.clone()),
+            Json::Array(a) => serde_json::Value::Array(a.iter().map(to_serde).collect()),
+            Json::Object(m) => {
+                serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), to_serde(v))).collect())
+            }
+        }
+    }
+
+    /// A number whose magnitude serde_json (f64) can hold: it refuses the rest, we keep the text.
+    fn in_f64_range(v: &Json) -> bool {
+        match v {
+            Json::Number(n) => serde_json::from_str::<serde_json::Value>(n).is_ok(),
+            Json::Array(a) => a.iter().all(in_f64_range),
+            Json::Object(m) => m.iter().all(|(_, v)| in_f64_range(v)),
+            _ => true,
+        }
+    }
+
+    fn check(text: &str) -> Result<(), TestCaseError> {
+        let ours = parse(text.as_bytes(), DEPTH);
+        let theirs = serde_json::from_str::<serde_json::Value>(text);
+        match (&ours, &theirs) {
+            // serde_json keeps the last of two equal names: not comparable.
+            (Err(JsonError::DuplicateKey(_)), _) => {}
+            (Ok(v), Ok(t)) => {
+                prop_assert_eq!(&to_serde(v), t, "{:?}", text);
+                let again: serde_json::Value = serde_json::from_str(&v.to_compact())
+                    .map_err(|e| TestCaseError::fail(format!("{e}: {text:?}")))?;
+                prop_assert_eq!(&again, t, "compact of {:?}", text);
+                let reread = parse(v.to_compact().as_bytes(), DEPTH);
+                prop_assert_eq!(reread.as_ref(), Ok(v));
+            }
+            (Ok(v), Err(e)) => prop_assert!(
+                !in_f64_range(v) && e.to_string().contains("number out of range"),
+                "we accept, serde_json refuses ({e}): {text:?}"
+            ),
+            (Err(e), Ok(_)) => prop_assert!(false, "we refuse ({e}), serde_json accepts: {text:?}"),
+            (Err(_), Err(_)) => {}
+        }
+        Ok(())
+    }
+
+    /// JSON-shaped text: valid documents, then cut, doubled or with one character changed.
+    fn doc() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_string()),
+            Just("true".to_string()),
+            Just("false".to_string()),
+            "-?(0|[1-9][0-9]{0,20})(\\.[0-9]{1,8})?([eE][+-]?[0-9]{1,3})?",
+            "\"([a-zA-Z0-9 é€😀]|\\\\[\"\\\\/bfnrt]|\\\\u[0-9a-fA-F]{4}){0,8}\"",
+        ];
+        let value = leaf.prop_recursive(4, 32, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec(("[a-e]{1,2}", inner), 0..5).prop_map(|v| {
+                    let members: Vec<String> = v
+                        .into_iter()
+                        .map(|(k, v)| format!("\"{k}\" : {v}"))
+                        .collect();
+                    format!("{{ {} }}", members.join(","))
+                }),
+            ]
+        });
+        (
+            value,
+            0usize..4,
+            any::<prop::sample::Index>(),
+            prop_oneof![
+                Just(' '),
+                Just(','),
+                Just('"'),
+                Just('\\'),
+                Just('}'),
+                Just(']'),
+                Just('0'),
+                Just('e'),
+                Just('\u{1}'),
+                Just('\t')
+            ],
+        )
+            .prop_map(|(text, how, at, c)| {
+                let at = at.index(text.len() + 1);
+                let at = (0..=at)
+                    .rev()
+                    .find(|i| text.is_char_boundary(*i))
+                    .unwrap_or(0);
+                match how {
+                    0 => text,
+                    1 => text[..at].to_string(),
+                    2 => format!("{}{c}{}", &text[..at], &text[at..]),
+                    _ => format!(" {text}\n{c}"),
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn documents_read_alike(text in doc()) {
+            check(&text)?;
+        }
+
+        #[test]
+        fn any_text_is_accepted_or_refused_alike(text in "\\PC{0,24}") {
+            check(&text)?;
+        }
+    }
+
+    #[test]
+    fn the_edges_read_alike() {
+        for text in [
+            "",
+            " ",
+            "0",
+            "-0",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "1e+",
+            "+1",
+            "\"\\ud800\"",
+            "\"\\ud83d\\ude00\"",
+            "\"\\u00e9\"",
+            "[1,]",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+            "nul",
+            "\"\u{7f}\"",
+            "\"\u{1f}\"",
+            "[[[]]]",
+            "{\"\":{}}",
+            "1 2",
+            "\u{feff}1",
+            "1e400",
+            "-1e-400",
+        ] {
+            check(text).unwrap();
+        }
+    }
+}
