@@ -910,7 +910,7 @@ impl Config {
             .map(|s| ptr("digest_ignore", s))
             .collect::<Result<_, _>>()?;
         // Each ignored value named once: a repeated or nested pointer would make the removal
-        // depend on how the list is read (issue 9: "/list/0" twice removed two items).
+        // depend on how the list is read ("/list/0" twice would remove two items).
         for (i, a) in digest_ignore.iter().enumerate() {
             if let Some(b) = digest_ignore[..i].iter().find(|b| b.overlaps(a)) {
                 return Err(invalid(format!(

@@ -1,4 +1,4 @@
-//! `[relay]` and `[[sink]]`: where applied effects are delivered (issue 10). Validated here,
+//! `[relay]` and `[[sink]]`: where applied effects are delivered. Validated here,
 //! with the rest of the file, so `check-config` refuses what the relay could not use.
 
 use std::path::{Path, PathBuf};

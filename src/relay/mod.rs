@@ -1,4 +1,4 @@
-//! The relay (issue 10): the effect log as a transactional outbox, delivered to downstream
+//! The relay: the effect log as a transactional outbox, delivered to downstream
 //! systems by one task per `[[sink]]`, each with a durable cursor in the database.
 //!
 //! Delivery is at-least-once per sink; every event carries a stable id (`envelope`), so it is

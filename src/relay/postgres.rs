@@ -27,8 +27,9 @@ use crate::store::postgres::describe;
 use crate::store::postgres::tls::{HandshakeError, PgTls, parse_dsn};
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table, keyed
-/// by (store id, events table, sink name). (Before issue 20 the cursors were kept in
-/// `replay_guard_sink_cursors`, keyed by the sink's name alone; that table is not read.)
+/// by (store id, events table, sink name), so a row of another store or table is never
+/// adopted. The older `replay_guard_sink_cursors`, keyed by the sink's name alone, is never
+/// read.
 const CURSOR_TABLE: &str = "replay_guard_relay_cursors";
 
 pub struct PostgresSink {

@@ -1,4 +1,4 @@
-//! A relay sink's ledger (issue 20): how every offset below its cursor got there. Entry 0
+//! A relay sink's ledger: how every offset below its cursor got there. Entry 0
 //! says where the sink's concern starts (`Start`, or `Legacy` for a cursor older than
 //! ledgers); the entries after it partition the offsets from there up to the cursor, in
 //! order: delivered, parked, retried, or passed over by an audited action (skip, adoption of

@@ -1,4 +1,4 @@
-//! The relay's durable state (issue 10): one cursor per sink and the events a sink parked.
+//! The relay's durable state: one cursor per sink and the events a sink parked.
 //! The relay itself (`crate::relay`) lives outside the store; it reads effects with
 //! `Snapshot::scan_effects` and moves its cursor only through these transactions.
 //!

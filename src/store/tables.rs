@@ -60,7 +60,7 @@ pub const QUARANTINE_FP_BY_ID: TableDefinition<u64, &[u8; 32]> =
 /// burst number -> `BurstRecord`: failover replay bursts `run` absorbed (for `stats`).
 pub const REPLAY_BURSTS: Records<u64, BurstRecord> =
     Records::new("replay_bursts", "replay_bursts", "no");
-/// sink name -> `SinkRecord`: a relay sink's durable cursor (issue 10). Written only by
+/// sink name -> `SinkRecord`: a relay sink's durable cursor. Written only by
 /// `store::relay`.
 pub const SINK_CURSORS: Records<&str, SinkRecord> =
     Records::new("sink_cursors", "sink_cursors", "name");

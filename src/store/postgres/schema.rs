@@ -27,7 +27,7 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE {s}.sink_cursors (name text PRIMARY KEY, record bytea NOT NULL);
      CREATE TABLE {s}.sink_parked (name text NOT NULL, effect_offset bigint NOT NULL,
          record bytea NOT NULL, PRIMARY KEY (name, effect_offset));",
-    // 1 -> 2: the sinks' ledgers (issue 20).
+    // 1 -> 2: the sinks' ledgers.
     "CREATE TABLE {s}.sink_ledger (name text NOT NULL, seq bigint NOT NULL,
          record bytea NOT NULL, PRIMARY KEY (name, seq));",
 ];
