@@ -156,7 +156,7 @@ fn copy_into(
             .ok_or_else(|| META.missing("missing: not a replay-guard database"))?;
         let mut txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
         txn.set_durability(Durability::Immediate)
-            .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
+            .map_err(StoreError::Durability)?;
         txn.set_quick_repair(true);
         let mut copy = ToFile {
             from,

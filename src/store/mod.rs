@@ -160,6 +160,10 @@ pub enum StoreError {
     NeedsRecovery(PathBuf),
     #[error("storage failure: {0}")]
     Storage(redb::Error),
+    /// A write transaction could not be made durable (`Durability::Immediate`): nothing was
+    /// written; not a damaged file.
+    #[error("cannot make the write transaction durable: {0}; nothing was written")]
+    Durability(redb::SetDurabilityError),
     #[error(
         "storage failure while committing a batch: {0}; none of the batch was acknowledged \
          (committed or not, a redelivery of it is decided once after the restart) \
@@ -692,7 +696,7 @@ impl Store {
     fn begin_durable(&self) -> Result<WriteTransaction, StoreError> {
         let mut txn = self.db.get()?.begin_write().map_err(StoreError::redb)?;
         txn.set_durability(Durability::Immediate)
-            .map_err(|e| StoreError::Storage(redb::Error::Corrupted(e.to_string())))?;
+            .map_err(StoreError::Durability)?;
         txn.set_quick_repair(true);
         Ok(txn)
     }
