@@ -154,7 +154,7 @@ fn copy_into(
         let meta = META
             .read(from)?
             .ok_or_else(|| META.missing("missing: not a replay-guard database"))?;
-        let mut txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
+        let mut txn = Leak::new(db.begin_write()?);
         txn.set_durability(Durability::Immediate)
             .map_err(StoreError::Durability)?;
         txn.set_quick_repair(true);
@@ -169,10 +169,10 @@ fn copy_into(
         if let Some(identity) =
             super::identity::copied(IDENTITY.read(from)?, "backup", made_at_ms, meta.next_effect)
         {
-            let mut t = Leak::new(txn.open_table(META_TABLE).map_err(StoreError::redb)?);
+            let mut t = Leak::new(txn.open_table(META_TABLE)?);
             IDENTITY.put(&mut t, &identity, &mut Vec::new())?;
         }
-        txn.into_inner().commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit()?;
         Ok((rows, meta))
     });
     let copied = match copied {
@@ -207,13 +207,11 @@ impl CopyTable for ToFile<'_> {
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
             Err(e) => return Err(StoreError::redb(e)),
         };
-        let mut target = Leak::new(self.to.open_table(t.def).map_err(StoreError::redb)?);
+        let mut target = Leak::new(self.to.open_table(t.def)?);
         let mut n = 0;
-        for item in source.iter().map_err(StoreError::redb)? {
-            let (k, v) = item.map_err(StoreError::redb)?;
-            target
-                .insert(k.value(), v.value())
-                .map_err(StoreError::redb)?;
+        for item in source.iter()? {
+            let (k, v) = item?;
+            target.insert(k.value(), v.value())?;
             n += 1;
         }
         drop(target.into_inner());

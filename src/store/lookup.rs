@@ -36,8 +36,8 @@ impl Snapshot {
                 None => None,
             },
             None => self.guard(|txn| {
-                let ids = txn.open_table(SOURCE_IDS).map_err(StoreError::redb)?;
-                let Some(no) = ids.get((agency, source_id)).map_err(StoreError::redb)? else {
+                let ids = txn.open_table(SOURCE_IDS)?;
+                let Some(no) = ids.get((agency, source_id))? else {
                     return Ok(None);
                 };
                 let no = no.value();

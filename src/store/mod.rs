@@ -268,6 +268,26 @@ fn io_damage(io: &std::io::Error) -> Option<String> {
     }
 }
 
+/// Every redb error converts through `redb::Error` (whose `From` classifies damage), so `?`
+/// works on each redb call.
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> StoreError {
+                StoreError::from(redb::Error::from(e))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::CompactionError,
+    redb::SavepointError
+);
+
 impl From<RecordError> for StoreError {
     fn from(e: RecordError) -> Self {
         StoreError::Record(e)
@@ -595,9 +615,9 @@ impl Store {
     ) -> Result<Store, StoreError> {
         // Held in `Leak`s: a redb panic below must not run their destructors (see `guard`).
         let db = Leak::new(db);
-        let txn = Leak::new(db.begin_write().map_err(StoreError::redb)?);
+        let txn = Leak::new(db.begin_write()?);
         {
-            let mut meta = Leak::new(txn.open_table(META_TABLE).map_err(StoreError::redb)?);
+            let mut meta = Leak::new(txn.open_table(META_TABLE)?);
             match (META.get(&*meta)?, created_at_ms) {
                 (Some(m), _) => {
                     if m.schema_version != SCHEMA_VERSION {
@@ -629,13 +649,13 @@ impl Store {
                     &mut self,
                     t: WholeTable<K, V>,
                 ) -> Result<(), StoreError> {
-                    self.0.open_table(t.def).map_err(StoreError::redb)?;
+                    self.0.open_table(t.def)?;
                     Ok(())
                 }
             }
             for_each_table(&mut Create(&txn))?;
         }
-        txn.into_inner().commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit()?;
         Ok(Store {
             db: guard::Handle::new(db.into_inner()),
             opts,
@@ -694,7 +714,7 @@ impl Store {
 
     /// A durable write transaction with quick-repair on (every writer's).
     fn begin_durable(&self) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.db.get()?.begin_write().map_err(StoreError::redb)?;
+        let mut txn = self.db.get()?.begin_write()?;
         txn.set_durability(Durability::Immediate)
             .map_err(StoreError::Durability)?;
         txn.set_quick_repair(true);
@@ -713,7 +733,7 @@ impl Store {
             drop(w.into_inner().finish()?);
             report
         };
-        txn.into_inner().commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit()?;
         Ok(report)
     }
 }

@@ -82,7 +82,7 @@ impl Store {
             drop(w.into_inner().finish()?);
             d
         };
-        txn.into_inner().commit().map_err(StoreError::redb)?;
+        txn.into_inner().commit()?;
         Ok(decided)
     }
 
@@ -96,10 +96,7 @@ impl Store {
         let txn = Leak::new(self.begin_durable()?);
         {
             let mut t = Leak::new(REPLAY_BURSTS.open_mut(&txn)?);
-            let next = t
-                .last()
-                .map_err(StoreError::redb)?
-                .map_or(0, |(k, _)| k.value() + 1);
+            let next = t.last()?.map_or(0, |(k, _)| k.value() + 1);
             t.put(next, burst, &mut Vec::new())?;
         }
         txn.into_inner().commit().map_err(StoreError::redb)
@@ -449,7 +446,7 @@ fn compact_unguarded(
             error,
         },
     })?);
-    while db.compact().map_err(StoreError::redb)? {}
+    while db.compact()? {}
     drop(db.into_inner());
     Ok(CompactReport {
         before_bytes,

@@ -689,7 +689,7 @@ impl RelayStore for Store {
                 drop(tx.into_inner());
                 r
             };
-            txn.into_inner().commit().map_err(StoreError::redb)?;
+            txn.into_inner().commit()?;
             Ok(r)
         })
     }

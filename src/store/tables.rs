@@ -236,16 +236,11 @@ pub fn unlisted_tables(txn: &ReadTransaction) -> Result<Vec<String>, StoreError>
     use redb::{MultimapTableHandle as _, TableHandle as _};
     let known = table_names();
     let mut extra: Vec<String> = txn
-        .list_tables()
-        .map_err(StoreError::redb)?
+        .list_tables()?
         .map(|t| t.name().to_string())
         .filter(|n| !known.contains(n))
         .collect();
-    extra.extend(
-        txn.list_multimap_tables()
-            .map_err(StoreError::redb)?
-            .map(|t| t.name().to_string()),
-    );
+    extra.extend(txn.list_multimap_tables()?.map(|t| t.name().to_string()));
     Ok(extra)
 }
 
@@ -305,7 +300,7 @@ impl<K: KeyText, R> Records<K, R> {
 
     /// Opens the table in a read transaction.
     pub fn open(&self, txn: &ReadTransaction) -> Result<Opened<ReadOnly<K>, K, R>, StoreError> {
-        let table = txn.open_table(self.raw()).map_err(StoreError::redb)?;
+        let table = txn.open_table(self.raw())?;
         Ok(Opened {
             table,
             records: *self,
@@ -333,7 +328,7 @@ impl<K: KeyText, R> Records<K, R> {
         &self,
         txn: &'t WriteTransaction,
     ) -> Result<Writable<'t, K, R>, StoreError> {
-        let table = txn.open_table(self.raw()).map_err(StoreError::redb)?;
+        let table = txn.open_table(self.raw())?;
         Ok(Opened {
             table,
             records: *self,
@@ -411,7 +406,7 @@ where
     /// The record at `key`.
     pub fn get<'k>(&self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
         let key = key.borrow();
-        match self.table.get(key).map_err(StoreError::redb)? {
+        match self.table.get(key)? {
             Some(g) => Ok(Some(self.records.decode(key, g.value())?)),
             None => Ok(None),
         }
@@ -423,9 +418,9 @@ where
         range: impl RangeBounds<KR> + 'k,
     ) -> Result<impl DoubleEndedIterator<Item = Entry<'_, K, R>> + '_, StoreError> {
         let records = self.records;
-        let entries = self.table.range(range).map_err(StoreError::redb)?;
+        let entries = self.table.range(range)?;
         Ok(entries.map(move |item| {
-            let (k, v) = item.map_err(StoreError::redb)?;
+            let (k, v) = item?;
             let record = records.decode(&k.value(), v.value())?;
             Ok((k, record))
         }))
@@ -450,9 +445,9 @@ where
     ) -> Result<impl DoubleEndedIterator<Item = Result<(u64, H), StoreError>> + '_, StoreError>
     {
         let records = self.records;
-        let entries = self.table.range(range).map_err(StoreError::redb)?;
+        let entries = self.table.range(range)?;
         Ok(entries.map(move |item| {
-            let (k, v) = item.map_err(StoreError::redb)?;
+            let (k, v) = item?;
             Ok((k.value(), records.head(k.value(), v.value())?))
         }))
     }
@@ -471,10 +466,7 @@ where
         record: &R,
         buf: &mut Vec<u8>,
     ) -> Result<bool, StoreError> {
-        let was = self
-            .table
-            .insert(key, encode_into(record, buf))
-            .map_err(StoreError::redb)?;
+        let was = self.table.insert(key, encode_into(record, buf))?;
         Ok(was.is_some())
     }
 
@@ -482,7 +474,7 @@ where
     pub fn take<'k>(&mut self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
         let key = key.borrow();
         let records = self.records;
-        match self.table.remove(key).map_err(StoreError::redb)? {
+        match self.table.remove(key)? {
             Some(g) => Ok(Some(records.decode(key, g.value())?)),
             None => Ok(None),
         }
@@ -528,7 +520,7 @@ impl<R: Record> MetaEntry<R> {
         &self,
         t: &impl ReadableTable<&'static str, &'static [u8]>,
     ) -> Result<Option<R>, StoreError> {
-        match t.get(self.key).map_err(StoreError::redb)? {
+        match t.get(self.key)? {
             Some(g) => Ok(Some(self.decode(g.value())?)),
             None => Ok(None),
         }
@@ -536,7 +528,7 @@ impl<R: Record> MetaEntry<R> {
 
     /// The record, read in a read transaction.
     pub fn read(&self, txn: &ReadTransaction) -> Result<Option<R>, StoreError> {
-        self.get(&txn.open_table(META_TABLE).map_err(StoreError::redb)?)
+        self.get(&txn.open_table(META_TABLE)?)
     }
 
     /// Stores the record in an open meta table, encoded in `buf`.
@@ -546,8 +538,7 @@ impl<R: Record> MetaEntry<R> {
         record: &R,
         buf: &mut Vec<u8>,
     ) -> Result<(), StoreError> {
-        t.insert(self.key, encode_into(record, buf))
-            .map_err(StoreError::redb)?;
+        t.insert(self.key, encode_into(record, buf))?;
         Ok(())
     }
 
@@ -1178,11 +1169,7 @@ mod tests {
         let snap = store.reader().unwrap();
         let mut held: Vec<String> = snap
             .guard(|txn| -> Result<Vec<String>, StoreError> {
-                Ok(txn
-                    .list_tables()
-                    .map_err(StoreError::redb)?
-                    .map(|t| t.name().to_string())
-                    .collect())
+                Ok(txn.list_tables()?.map(|t| t.name().to_string()).collect())
             })
             .unwrap();
         let mut listed = table_names();

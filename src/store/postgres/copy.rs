@@ -130,8 +130,8 @@ impl CopyTable for ToPg<'_> {
             params.join(", ")
         );
         let mut cols: Vec<Col> = types.iter().map(|ty| Col::of(ty)).collect();
-        for item in table.iter().map_err(StoreError::redb)? {
-            let (k, v) = item.map_err(StoreError::redb)?;
+        for item in table.iter()? {
+            let (k, v) = item?;
             let mut i = 0;
             let mut push = |c: Cell<'_>| {
                 cols[i].push(c);
