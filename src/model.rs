@@ -196,14 +196,6 @@ impl Outcome {
         )
     }
 
-    /// Whether this outcome keeps the message in quarantine.
-    pub fn quarantines(self) -> bool {
-        matches!(
-            self,
-            Outcome::Conflict | Outcome::Stale | Outcome::Malformed
-        )
-    }
-
     /// Stable code used in stored records.
     pub(crate) fn code(self) -> u8 {
         match self {

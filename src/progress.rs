@@ -61,11 +61,6 @@ impl Progress {
             b.inc(n);
         }
     }
-
-    /// Whether anything is drawn (stderr is a terminal).
-    pub fn is_shown(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 impl Drop for Progress {

@@ -19,8 +19,6 @@ pub mod verify;
 
 use std::process::ExitCode;
 
-/// Exit code of a successful command or a clean stop.
-pub const EXIT_OK: u8 = 0;
 /// Exit code of a usage or configuration error: fix the command or the file.
 pub const EXIT_USAGE: u8 = 1;
 /// Exit code of a runtime or storage failure (systemd restarts the service on it).

@@ -167,11 +167,6 @@ impl Relay {
             None => Ok(()),
         }
     }
-
-    /// The stop trigger, for a standalone relay's signal handling.
-    pub fn stopper(&self) -> watch::Sender<bool> {
-        self.stop.clone()
-    }
 }
 
 impl Drop for Relay {
