@@ -25,12 +25,7 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         )));
     }
     let db = config.require_db()?.to_path_buf();
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
+    super::require_database(&db, "")?;
     let to = &args.to;
     let started = Instant::now();
     let spinner = crate::progress::Progress::step("copying");

@@ -9,6 +9,7 @@ use anyhow::anyhow;
 
 use super::Failure;
 use crate::config::{Config, StoreLocation};
+use crate::textsafe::escape_controls;
 
 pub fn run(path: &Path) -> Result<(), Failure> {
     let config = Config::load(path)?;
@@ -16,6 +17,26 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         StoreLocation::File(db) => format!("database {}", db.display()),
         StoreLocation::Postgres(pg) => format!("store {}, not contacted", pg.pg_config()?.target()),
     };
+    // An exec sink's program is otherwise found missing only at the first delivery.
+    for sink in &config.relay.sinks {
+        if let crate::config::SinkKind::Exec(exec) = &sink.kind
+            && let Some(why) = exec.program_problem(std::env::var_os("PATH").as_deref())
+        {
+            return Err(Failure::Usage(anyhow!(
+                "config file {}: [[sink]] {:?} command: {}: install it or fix `command` (an \
+                 argv array, no shell; a name without `/` is looked up on PATH)",
+                path.display(),
+                sink.name,
+                escape_controls(&why)
+            )));
+        }
+    }
+    let sinks: Vec<String> = config
+        .relay
+        .sinks
+        .iter()
+        .map(|s| format!("{} ({})", escape_controls(&s.name), s.kind.name()))
+        .collect();
     let metrics = config
         .metrics
         .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"));
@@ -28,12 +49,6 @@ pub fn run(path: &Path) -> Result<(), Failure> {
                 path.display()
             )));
         }
-        let sinks: Vec<String> = config
-            .relay
-            .sinks
-            .iter()
-            .map(|s| format!("{} ({})", s.name, s.kind.name()))
-            .collect();
         let _ = writeln!(
             crate::output::stdout(),
             "{}: ok for `relay` ({db}, sinks {}, source {}{metrics}; no [mqtt], so not for \
@@ -48,11 +63,16 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
         crate::output::stdout(),
-        "{}: ok ({db}, brokers {}, topics {}, protocol {:?}{})",
+        "{}: ok ({db}, brokers {}, topics {}, protocol {}, {}{})",
         path.display(),
         brokers.join(" "),
         mqtt.topics.join(" "),
         mqtt.protocol,
+        if sinks.is_empty() {
+            "no [[sink]]: effects reach no one".to_string()
+        } else {
+            format!("sinks {}", sinks.join(" "))
+        },
         metrics
     );
     Ok(())

@@ -12,12 +12,7 @@ use crate::store::{self, StoreError};
 pub fn run(args: &DbArgs) -> Result<(), Failure> {
     let config = Config::resolve(args.config.as_deref(), args.db.as_deref())?;
     let db = config.require_db()?.to_path_buf();
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
+    super::require_database(&db, "")?;
     let spinner = crate::progress::Progress::step("compacting");
     let report = store::compact(&db, config.store.cache_bytes);
     drop(spinner);

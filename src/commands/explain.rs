@@ -49,8 +49,13 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
             ),
             _ => String::new(),
         };
+        // `--epoch` defaults to 0: a source that restarted its numbering is named by epoch.
+        let hint = match (&args.source, args.epoch) {
+            (Some(s), None) => other_epochs(&snapshot, &s.agency, &s.source_id)?,
+            _ => String::new(),
+        };
         return Err(Failure::Usage(anyhow!(
-            "no audit entry has key {}{named}",
+            "no audit entry has key {}{named}{hint}",
             hex(&key)
         )));
     }
@@ -61,6 +66,31 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
     let mut out = crate::output::stdout();
     out.write_all(text.as_bytes()).and_then(|()| out.flush())?;
     Ok(())
+}
+
+/// ": source has epochs 1, 2: add --epoch E" when the audit log holds the source under
+/// epochs other than 0, else nothing.
+fn other_epochs(snapshot: &Snapshot, agency: &str, source_id: &str) -> Result<String, Failure> {
+    let mut epochs = std::collections::BTreeSet::new();
+    snapshot.scan_audit::<StoreError>(0, |e| {
+        let r = &e.record;
+        if r.agency.as_deref() == Some(agency)
+            && r.source_id.as_deref() == Some(source_id)
+            && let Some(epoch) = r.epoch.filter(|&n| n != 0)
+        {
+            epochs.insert(epoch);
+        }
+        Ok(ControlFlow::Continue(()))
+    })?;
+    if epochs.is_empty() {
+        return Ok(String::new());
+    }
+    let listed: Vec<String> = epochs.iter().map(u64::to_string).collect();
+    Ok(format!(
+        ": source has epoch{} {}: add --epoch E",
+        if epochs.len() == 1 { "" } else { "s" },
+        listed.join(", ")
+    ))
 }
 
 /// Everything the database holds about one key.

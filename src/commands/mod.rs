@@ -75,12 +75,7 @@ fn open_reader_of(
         return Ok((name, reader));
     }
     let db = config.require_db()?.to_path_buf();
-    if !db.exists() {
-        return Err(Failure::Usage(anyhow::anyhow!(
-            "database {} does not exist",
-            db.display()
-        )));
-    }
+    require_database(&db, "")?;
     let reader = crate::store::Reader::open(&db)?;
     Ok((db, reader))
 }
@@ -96,15 +91,31 @@ pub fn open_operator(config: &crate::config::Config) -> Result<crate::store::Bac
             crate::timefmt::now_ms(),
         )?),
         crate::config::StoreLocation::File(db) => {
-            if !db.exists() {
-                return Err(Failure::Usage(anyhow::anyhow!(
-                    "database {} does not exist",
-                    db.display()
-                )));
-            }
+            require_database(db, "")?;
             Backend::Redb(Store::open_operator(db, config.store.clone())?)
         }
     })
+}
+
+/// Refuses a database path that cannot be looked at: missing, or not reachable by this user
+/// (said as such, not as a missing file). `hint` follows "does not exist".
+pub(crate) fn require_database(db: &std::path::Path, hint: &str) -> Result<(), Failure> {
+    match std::fs::metadata(db) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Failure::Usage(unreachable_database(db, e.kind(), hint))),
+    }
+}
+
+fn unreachable_database(
+    db: &std::path::Path,
+    kind: std::io::ErrorKind,
+    hint: &str,
+) -> anyhow::Error {
+    if kind == std::io::ErrorKind::PermissionDenied {
+        crate::store::StoreError::Denied(db.to_path_buf()).into()
+    } else {
+        anyhow::anyhow!("database {} does not exist{hint}", db.display())
+    }
 }
 
 /// A command's failure, classified by what the operator must do about it.
@@ -161,5 +172,27 @@ impl From<crate::service::ServiceError> for Failure {
             crate::service::ServiceError::Store(e) => e.into(),
             _ => Failure::Runtime(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+    use std::path::Path;
+
+    #[test]
+    fn an_unreadable_database_path_is_reported_as_permission_denied_not_missing() {
+        let e = unreachable_database(Path::new("/x/db.redb"), ErrorKind::PermissionDenied, "");
+        let text = e.to_string();
+        assert!(text.contains("permission denied on /x/db.redb"), "{text}");
+        assert!(text.contains("as root"), "{text}");
+        assert!(!text.contains("does not exist"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_database_path_is_reported_as_missing_with_its_hint() {
+        let e = unreachable_database(Path::new("/x/db.redb"), ErrorKind::NotFound, " (hint)");
+        assert_eq!(e.to_string(), "database /x/db.redb does not exist (hint)");
     }
 }

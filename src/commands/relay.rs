@@ -71,12 +71,7 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     }
     let db = match config.location()? {
         StoreLocation::File(db) => {
-            if !db.exists() {
-                return Err(Failure::Usage(anyhow!(
-                    "database {} does not exist (`run` or `ingest` creates it)",
-                    db.display()
-                )));
-            }
+            super::require_database(db, " (`run` or `ingest` creates it)")?;
             db.display().to_string()
         }
         StoreLocation::Postgres(pg) => pg.pg_config()?.target(),

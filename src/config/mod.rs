@@ -341,6 +341,16 @@ pub enum Protocol {
     V311,
 }
 
+/// As the config writes it (`protocol = "v5"`).
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::V5 => "v5",
+            Protocol::V311 => "v3.1.1",
+        })
+    }
+}
+
 /// One broker address from `[mqtt] brokers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerUrl {

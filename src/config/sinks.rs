@@ -318,6 +318,44 @@ pub struct ExecSink {
     pub command: Vec<String>,
 }
 
+impl ExecSink {
+    /// Why the program could not be started, if so: a name with a `/` that is not an
+    /// executable file, or a bare name in no directory of `search_path` (the `PATH` the relay
+    /// inherits). `check-config` asks; `run` finds out at the first delivery.
+    pub fn program_problem(&self, search_path: Option<&std::ffi::OsStr>) -> Option<String> {
+        let program = &self.command[0];
+        if program.contains('/') {
+            return executable(Path::new(program))
+                .err()
+                .map(|why| format!("program {program:?} {why}"));
+        }
+        let dirs: Vec<PathBuf> = search_path
+            .map(|p| std::env::split_paths(p).collect())
+            .unwrap_or_default();
+        if dirs.iter().any(|d| executable(&d.join(program)).is_ok()) {
+            return None;
+        }
+        Some(format!(
+            "program {program:?} is not an executable file in any directory of PATH ({})",
+            std::env::join_paths(&dirs)
+                .map_or_else(|_| "unset".into(), |p| p.to_string_lossy().into_owned())
+        ))
+    }
+}
+
+fn executable(path: &Path) -> Result<(), &'static str> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err("cannot be reached (permission denied)")
+        }
+        Err(_) => Err("does not exist"),
+        Ok(m) if !m.is_file() => Err("is not a file"),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err("is not executable"),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// The default CloudEvents `source` when `[relay] source` is not set.
 pub fn default_source(client_id: Option<&str>) -> String {
     format!("urn:replay-guard:{}", client_id.unwrap_or("ingest"))
@@ -778,6 +816,48 @@ pub fn sql_name_problem(t: &str) -> Option<&'static str> {
 mod tests {
     use super::super::Config;
     use super::*;
+
+    fn exec(program: &str) -> ExecSink {
+        ExecSink {
+            command: vec![program.to_string(), "--batch".to_string()],
+        }
+    }
+
+    #[test]
+    fn an_exec_sink_program_must_be_an_executable_file_or_on_path() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("cop-import");
+        std::fs::write(&script, "#!/bin/sh\ncat >/dev/null\n").unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "x").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = std::ffi::OsString::from(format!("/nonexistent:{}", dir.path().display()));
+        let s = |p: &Path| p.to_str().unwrap().to_string();
+        assert_eq!(exec(&s(&script)).program_problem(None), None);
+        assert_eq!(exec("cop-import").program_problem(Some(&path)), None);
+        let missing = exec("/usr/local/bin/cop-import-missing")
+            .program_problem(None)
+            .unwrap();
+        assert!(
+            missing.contains("\"/usr/local/bin/cop-import-missing\" does not exist"),
+            "{missing}"
+        );
+        let not_exec = exec(&s(&plain)).program_problem(None).unwrap();
+        assert!(not_exec.ends_with("is not executable"), "{not_exec}");
+        let dir_named = exec(&s(dir.path())).program_problem(None).unwrap();
+        assert!(dir_named.ends_with("is not a file"), "{dir_named}");
+        let bare = exec("cop-import-missing")
+            .program_problem(Some(&path))
+            .unwrap();
+        assert!(
+            bare.contains("in any directory of PATH (/nonexistent:"),
+            "{bare}"
+        );
+        assert!(exec("plain").program_problem(Some(&path)).is_some());
+        assert!(exec("cop-import").program_problem(None).is_some());
+    }
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(text).map_err(|e| e.to_string())

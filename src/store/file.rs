@@ -68,8 +68,12 @@ fn classify(path: &Path, m: &Metadata) -> Result<Found, StoreError> {
     })
 }
 
-/// An I/O error on `path`, as an open error naming it.
+/// An I/O error on `path`, as an open error naming it; a permission problem says so and what
+/// to do, rather than how the kernel put it.
 pub(crate) fn io_error(path: &Path, e: std::io::Error) -> StoreError {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        return StoreError::Denied(path.to_path_buf());
+    }
     StoreError::Open {
         path: path.to_path_buf(),
         error: DatabaseError::Storage(redb::StorageError::Io(e)),
@@ -318,6 +322,17 @@ pub(crate) fn resolved(path: &Path) -> Result<PathBuf, StoreError> {
 mod tests {
     use super::*;
     use crate::store::{Store, StoreOptions};
+
+    #[test]
+    fn a_permission_error_on_the_file_says_permission_denied_and_what_to_do() {
+        let e = io_error(
+            Path::new("/x/db.redb"),
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        let text = e.to_string();
+        assert!(text.contains("permission denied on /x/db.redb"), "{text}");
+        assert!(text.contains("as root"), "{text}");
+    }
 
     fn holder_of(err: StoreError) -> String {
         match err {

@@ -152,6 +152,13 @@ pub enum StoreError {
     NotNew(PathBuf),
     #[error("cannot open database {path}: {error}")]
     Open { path: PathBuf, error: DatabaseError },
+    /// The file, or a directory above it, may not be read (or written) by this user.
+    #[error(
+        "permission denied on {} (the file or a directory above it): run the command as \
+         root (sudo) or as the user the service runs as",
+        .0.display()
+    )]
+    Denied(PathBuf),
     #[error(
         "{0} needs crash recovery, which a read-only open cannot do: run \
          `replay-guard ingest --db {0} /dev/null` once (it repairs the file and decides \

@@ -389,7 +389,7 @@ fn check_config_accepts_each_backend_with_each_sink_kind_as_run_and_relay_do() {
                 (
                     "run",
                     format!("{store}{feed}{sink}"),
-                    format!(": ok ({names}, brokers "),
+                    format!("protocol v5, sinks cop ({kind})"),
                 ),
                 (
                     "relay",
@@ -435,5 +435,78 @@ fn check_config_accepts_each_backend_with_each_sink_kind_as_run_and_relay_do() {
         let (code, log) = run_until_logged(&cfg, line);
         assert_eq!(code, Some(0), "{backend}: {log}");
         assert!(!log.contains("hunter2"), "{log}");
+    }
+}
+
+#[test]
+fn check_config_summary_names_run_sinks_and_the_protocol_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let sinks = "[[sink]]\nname = \"cop\"\nkind = \"exec\"\ncommand = [\"/bin/cat\"]\n\
+                 [[sink]]\nname = \"web\"\nkind = \"http\"\nurl = \"http://127.0.0.1:9/e\"\n";
+    for (protocol, extra, want) in [
+        ("v5", sinks, "protocol v5, sinks cop (exec) web (http))"),
+        (
+            "v3.1.1",
+            "",
+            "protocol v3.1.1, no [[sink]]: effects reach no one)",
+        ),
+    ] {
+        let cfg = write_config(
+            dir.path(),
+            &format!("{MQTT}protocol = {protocol:?}\n{extra}"),
+        );
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.trim_end().ends_with(want), "{said} lacks {want}");
+    }
+}
+
+#[test]
+fn check_config_refuses_an_exec_sink_whose_program_cannot_be_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("not-a-program");
+    std::fs::write(&plain, "x").unwrap();
+    let plain = plain.to_str().unwrap().to_string();
+    for (command, want) in [
+        (
+            "[\"/usr/local/bin/cop-import\", \"--batch\"]".to_string(),
+            "command: program \"/usr/local/bin/cop-import\" does not exist: install it or fix `command`".to_string(),
+        ),
+        (format!("[{plain:?}]"), format!("program {plain:?} is not executable")),
+        (
+            "[\"cop-import-nowhere\"]".to_string(),
+            "program \"cop-import-nowhere\" is not an executable file in any directory of PATH (".to_string(),
+        ),
+    ] {
+        let sink = format!("[[sink]]\nname = \"cop\"\nkind = \"exec\"\ncommand = {command}\n");
+        for body in [format!("{MQTT}{sink}"), sink.clone()] {
+            let cfg = write_config(dir.path(), &body);
+            let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{body}: {err}");
+            assert!(err.contains("[[sink]] \"cop\" command: "), "{err}");
+            assert!(err.contains(&want), "{err} lacks {want}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+    // A bare name on PATH and a shell are programs too.
+    for command in ["[\"cat\"]", "[\"sh\", \"-c\", \"cat >/dev/null\"]"] {
+        let cfg = write_config(
+            dir.path(),
+            &format!("[[sink]]\nname = \"cop\"\nkind = \"exec\"\ncommand = {command}\n"),
+        );
+        let out = common::run(&["check-config", cfg.to_str().unwrap()]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

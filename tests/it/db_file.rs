@@ -402,3 +402,65 @@ fn failed_opens_leave_no_file_behind() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(listing(dir.path()), before);
 }
+
+/// Runs the binary as `nobody` (root, which the suite runs as, bypasses file permissions).
+/// `setpriv` is util-linux's, on every Debian: a missing one fails the test, never skips it.
+fn run_as_nobody(bin: &Path, args: &[&str]) -> Output {
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("setpriv (util-linux) is needed to run the binary as another user");
+    let child = Command::new(setpriv)
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_bounded(child, args)
+}
+
+#[test]
+fn a_database_another_user_may_not_read_is_reported_as_permission_denied_not_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    // The binary must be reachable by `nobody`, whatever the checkout's modes.
+    let bin = dir.path().join("replay-guard");
+    std::fs::copy(common::bin(), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A 0600 file in a traversable directory, and one in a directory `nobody` cannot search
+    // (systemd's StateDirectoryMode=0700).
+    let open = dir.path().join("open");
+    let closed = dir.path().join("closed");
+    for (d, m) in [(&open, 0o711), (&closed, 0o700)] {
+        std::fs::create_dir(d).unwrap();
+        let db = d.join("db.redb");
+        let out = common::run(&["ingest", "--db", s(&db), &feed()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    for d in [&open, &closed] {
+        let db = d.join("db.redb");
+        for cmd in ["health", "stats", "verify", "dump-audit"] {
+            let out = run_as_nobody(&bin, &[cmd, "--db", s(&db)]);
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!out.status.success(), "{cmd} on {}: {text}", db.display());
+            assert!(
+                text.contains(&format!("permission denied on {}", db.display())),
+                "{cmd}: {text}"
+            );
+            assert!(
+                text.contains("as root (sudo) or as the user the service"),
+                "{cmd}: {text}"
+            );
+            assert!(!text.contains("does not exist"), "{cmd}: {text}");
+        }
+    }
+}

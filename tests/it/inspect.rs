@@ -1393,3 +1393,60 @@ fn since_and_until_refuse_utc_offsets_beyond_23_59() {
     ]));
     assert!(late.is_empty());
 }
+
+#[test]
+fn explain_without_epoch_names_the_epochs_the_source_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("epochs.redb");
+    let db_arg = db.to_str().unwrap();
+    ingest(
+        &db,
+        "t",
+        None,
+        &[
+            msg("A", "S", 2, 1, "x"),
+            msg("A", "S", 1, 1, "x"),
+            msg("B", "T", 7, 1, "x"),
+        ],
+    );
+    let run = |extra: &[&str]| {
+        let out = common::run(
+            &[
+                &[
+                    "explain",
+                    "--db",
+                    db_arg,
+                    "--source",
+                    "A/S",
+                    "--sequence",
+                    "1",
+                ],
+                extra,
+            ]
+            .concat(),
+        );
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let err = run(&[]);
+    assert!(
+        err.trim_end()
+            .ends_with("(A/S epoch 0 sequence 1): source has epochs 1, 2: add --epoch E"),
+        "{err}"
+    );
+    // An explicit epoch is taken as meant; a source seen only under epoch 0 needs no hint.
+    assert!(!run(&["--epoch", "3"]).contains("source has epoch"));
+    assert!(
+        explain(&[
+            "--db",
+            db_arg,
+            "--source",
+            "A/S",
+            "--sequence",
+            "1",
+            "--epoch",
+            "1"
+        ])
+        .starts_with("Event A/S epoch 1 sequence 1")
+    );
+}

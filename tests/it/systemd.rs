@@ -145,12 +145,32 @@ fn example_config_passes_check_config() {
     assert_check_config_accepts(&shipped("systemd/replay-guard.toml"), ": ok (database");
 }
 
-/// The relay's example: the database and the sinks, no [mqtt].
+/// The relay's example: the database and the sinks, no [mqtt]. Its exec sink's program is a
+/// placeholder, refused until the importer is there.
 #[test]
-fn example_relay_config_passes_check_config() {
+fn example_relay_config_passes_check_config_once_its_program_exists() {
     let relay_toml = shipped("systemd/relay.toml");
+    let out = common::run(&["check-config", relay_toml.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "[[sink]] \"cop\" command: program \"/usr/local/bin/cop-import\" does not exist: \
+             install it or fix `command`"
+        ),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let with_program = dir.path().join("relay.toml");
+    std::fs::write(
+        &with_program,
+        std::fs::read_to_string(&relay_toml)
+            .unwrap()
+            .replace("/usr/local/bin/cop-import", "/bin/cat"),
+    )
+    .unwrap();
     assert_check_config_accepts(
-        &relay_toml,
+        &with_program,
         ": ok for `relay` (database /var/lib/replay-guard/replay-guard.redb, sinks cop (exec), \
          source urn:replay-guard:replay-guard-eoc-1;",
     );
