@@ -10,7 +10,7 @@ use anyhow::anyhow;
 
 use super::Failure;
 use super::quarantine::who_and_why;
-use crate::cli::{DbArgs, Format, RelayAction, RelayArgs, StatusFormat};
+use crate::cli::{DbArgs, Format, ParkedAction, RelayAction, RelayArgs, StatusFormat};
 use crate::config::Config;
 use crate::config::StoreLocation;
 use crate::json::Json;
@@ -28,17 +28,7 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
         None => standalone(args),
         Some(RelayAction::Status { db, format }) => status(db, *format),
         Some(RelayAction::Parked { db, sink, format }) => parked(db, sink, *format),
-        Some(RelayAction::Retry(p)) => {
-            let a = &p.action;
-            retry(
-                &a.db,
-                &a.sink,
-                p.event.as_deref(),
-                p.all,
-                &a.reason,
-                a.operator.as_deref(),
-            )
-        }
+        Some(RelayAction::Retry(p)) => retry(p),
         Some(RelayAction::Rewind(m)) => {
             let a = &m.action;
             rewind(&a.db, &a.sink, m.to, &a.reason, a.operator.as_deref())
@@ -47,17 +37,7 @@ pub fn run(args: &RelayArgs) -> Result<(), Failure> {
             let a = &m.action;
             skip(&a.db, &a.sink, m.to, &a.reason, a.operator.as_deref(), *yes)
         }
-        Some(RelayAction::Discard(p)) => {
-            let a = &p.action;
-            discard(
-                &a.db,
-                &a.sink,
-                p.event.as_deref(),
-                p.all,
-                &a.reason,
-                a.operator.as_deref(),
-            )
-        }
+        Some(RelayAction::Discard(p)) => discard(p),
         Some(RelayAction::Forget(a)) => forget(&a.db, &a.sink, &a.reason, a.operator.as_deref()),
     }
 }
@@ -442,17 +422,19 @@ fn refused(e: StoreError) -> Failure {
     }
 }
 
-fn retry(
-    db: &DbArgs,
-    sink: &str,
-    event: Option<&str>,
-    all: bool,
-    reason: &str,
-    operator: Option<&str>,
-) -> Result<(), Failure> {
-    let (operator, reason) = super::quarantine::who_and_why(reason, operator)?;
-    let (_, mut store) = operator_store(db)?;
-    let offset = parked_offset(&store, sink, event, all)?;
+/// The store, the parked event named (`None`: `--all`), the operator and the reason of an
+/// action on parked events.
+fn open_parked(p: &ParkedAction) -> Result<(Backend, Option<u64>, String, String), Failure> {
+    let a = &p.action;
+    let (operator, reason) = who_and_why(&a.reason, a.operator.as_deref())?;
+    let (_, store) = operator_store(&a.db)?;
+    let offset = parked_offset(&store, &a.sink, p.event.as_deref(), p.all)?;
+    Ok((store, offset, operator, reason))
+}
+
+fn retry(p: &ParkedAction) -> Result<(), Failure> {
+    let sink = p.action.sink.as_str();
+    let (mut store, offset, operator, reason) = open_parked(p)?;
     let n = store
         .relay_retry(sink, offset, &operator, &reason, now_ms())
         .map_err(refused)?;
@@ -495,17 +477,9 @@ fn parked_offset(
     })
 }
 
-fn discard(
-    db: &DbArgs,
-    sink: &str,
-    event: Option<&str>,
-    all: bool,
-    reason: &str,
-    operator: Option<&str>,
-) -> Result<(), Failure> {
-    let (operator, reason) = who_and_why(reason, operator)?;
-    let (_, mut store) = operator_store(db)?;
-    let offset = parked_offset(&store, sink, event, all)?;
+fn discard(p: &ParkedAction) -> Result<(), Failure> {
+    let sink = p.action.sink.as_str();
+    let (mut store, offset, operator, reason) = open_parked(p)?;
     let n = store
         .relay_discard(sink, offset, &operator, &reason, now_ms())
         .map_err(refused)?;
