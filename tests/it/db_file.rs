@@ -35,7 +35,13 @@ fn run_config(dir: &Path) -> PathBuf {
 /// Runs the binary with `args` (stdin closed), killing it after 20 s: a hang fails the test
 /// instead of stalling the suite.
 fn run_bounded(args: &[&str]) -> Output {
-    let child = Command::new(common::bin())
+    spawn_bounded(Command::new(common::bin()), args)
+}
+
+/// Runs `command` with `args` appended (stdin closed, output captured), bounded as
+/// `run_bounded` is.
+fn spawn_bounded(mut command: Command, args: &[&str]) -> Output {
+    let child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -410,16 +416,11 @@ fn run_as_nobody(bin: &Path, args: &[&str]) -> Output {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("setpriv (util-linux) is needed to run the binary as another user");
-    let child = Command::new(setpriv)
+    let mut command = Command::new(setpriv);
+    command
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
-        .arg(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_bounded(child, args)
+        .arg(bin);
+    spawn_bounded(command, args)
 }
 
 #[test]

@@ -289,21 +289,8 @@ fn the_deb_installs_and_runs_under_a_real_systemd() {
 /// The absolute paths under `prefix` that the README and the book name: (document, path).
 /// A path ends at the first character that cannot be part of one; trailing `.`/`,` go.
 fn doc_paths(prefix: &str) -> Vec<(String, String)> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut files = vec![root.join("README.md")];
-    let mut dirs = vec![root.join("docs/src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                files.push(path);
-            }
-        }
-    }
     let mut out = Vec::new();
-    for file in files {
+    for file in common::doc_files() {
         let text = std::fs::read_to_string(&file).unwrap();
         let mut rest = text.as_str();
         while let Some(at) = rest.find(prefix) {

@@ -508,18 +508,7 @@ fn every_subcommand_has_help_a_book_page_and_a_readme_line_and_the_example_confi
 #[test]
 fn every_relative_link_and_anchor_in_the_readme_and_the_book_resolves() {
     let src = root().join("docs/src");
-    let mut files = vec![root().join("README.md")];
-    let mut dirs = vec![src.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                files.push(path);
-            }
-        }
-    }
+    let files = common::doc_files();
     let listed = summary_pages();
     let mut checked = 0;
     let mut broken = Vec::new();
