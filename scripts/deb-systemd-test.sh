@@ -137,8 +137,9 @@ for _ in $(seq 100); do
     grep -q quarantined <<<"$(ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed)" && break
     sleep 0.1
 done
-grep -q "message quarantined" <<<"$(ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed)" ||
-    fail "journalctl -p warning OUTCOME=malformed shows no quarantine warning"
+grep -q "message quarantined for review: malformed on incidents/CALFIRE, quarantine id [0-9]" \
+    <<<"$(ct journalctl -u replay-guard -p warning --no-pager -q OUTCOME=malformed)" ||
+    fail "journalctl -p warning OUTCOME=malformed shows no quarantine warning naming outcome, topic and id"
 entry=$(ct journalctl -u replay-guard -p warning --no-pager -q -o json OUTCOME=malformed | tail -n 1)
 case "$entry" in
     *'"PRIORITY":"4"'*'"TOPIC":"incidents/CALFIRE"'* | *'"TOPIC":"incidents/CALFIRE"'*'"PRIORITY":"4"'*)

@@ -71,6 +71,9 @@ pub struct RunSummary {
     pub failovers: u64,
 }
 
+/// How often the sd_notify STATUS follows the commits, at most.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+
 /// The largest packet the MQTT remaining-length field can express.
 const MQTT_MAX_PACKET: usize = 268_435_455;
 
@@ -130,10 +133,10 @@ fn commit_with_retry(
                     metrics.store_unreachable(true);
                     tracing::error!(
                         error = %why,
-                        "PostgreSQL unreachable: acknowledgements withheld, retrying the batch"
+                        "PostgreSQL unreachable ({why}): acknowledgements withheld, retrying the batch"
                     );
                 } else if attempts.is_power_of_two() {
-                    tracing::warn!(error = %why, attempts, "PostgreSQL still unreachable");
+                    tracing::warn!(error = %why, attempts, "PostgreSQL still unreachable after {attempts} attempts: {why}");
                 }
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(UNREACHABLE_BACKOFF.1);
@@ -155,16 +158,19 @@ fn commit_with_retry(
 
 /// One warning per message the batch quarantined (conflict, stale, malformed): each waits
 /// for a person (`dump-quarantine`, `quarantine release|discard`), so each is worth a line
-/// in `journalctl -p warning`, with its outcome, key and topic as fields.
+/// in `journalctl -p warning`, with its outcome, key and topic as fields and in its text
+/// (journald's default view shows only the text).
 fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
     for (m, d) in batch.iter().zip(&report.decided) {
         if let Some(id) = d.quarantine_id {
+            let outcome = d.outcome.as_str();
+            let topic = crate::textsafe::escape_controls(&m.topic);
             tracing::warn!(
-                outcome = d.outcome.as_str(),
+                outcome,
                 key = d.key.map(|k| k.to_hex()).unwrap_or_default(),
                 topic = %m.topic,
                 quarantine_id = id,
-                "message quarantined for review"
+                "message quarantined for review: {outcome} on {topic}, quarantine id {id}"
             );
         }
     }
@@ -211,7 +217,7 @@ impl StoreWorker {
                         }
                         Job::Burst(burst) => {
                             if let Err(e) = store.record_burst(&burst) {
-                                tracing::warn!(error = %e, "could not record the replay burst");
+                                tracing::warn!(error = %e, "could not record the replay burst: {e}");
                             }
                         }
                     }
@@ -219,7 +225,7 @@ impl StoreWorker {
                 // Every batch is durable already; a failing close leaves the file needing
                 // repair at the next open, or tells of damage.
                 if let Err(e) = store.close() {
-                    tracing::error!(error = %e, "closing the database failed");
+                    tracing::error!(error = %e, "closing the database failed: {e}");
                 }
             })?;
         Ok(StoreWorker {
@@ -373,7 +379,7 @@ fn open_store_waiting(
                             store = %target,
                             error = %why,
                             attempts,
-                            "PostgreSQL still unreachable"
+                            "PostgreSQL still unreachable at {target} after {attempts} attempts: {why}"
                         );
                     }
                     status
@@ -382,7 +388,7 @@ fn open_store_waiting(
                     tracing::error!(
                         store = %target,
                         error = %why,
-                        "PostgreSQL unreachable at start; retrying"
+                        "PostgreSQL unreachable at start; retrying ({target}: {why})"
                     );
                     metrics.store_unreachable(true);
                     // Started, as far as systemd is concerned: the outage is ridden out as one
@@ -475,7 +481,7 @@ pub fn run(
             .map_or(Duration::ZERO, |t: Instant| t.elapsed());
         let left = config.shutdown_timeout.saturating_sub(spent);
         if let Err(e) = relay.stop(left.max(Duration::from_millis(100))) {
-            tracing::error!(error = %e, "the relay stopped with an error");
+            tracing::error!(error = %e, "the relay stopped with an error: {e}");
         }
     }
     result
@@ -499,6 +505,10 @@ struct Consumer<'a> {
     /// When the shutdown began (the relay gets what is left of the timeout).
     stop_started: &'a std::cell::Cell<Option<Instant>>,
     metrics: Metrics,
+    /// When this process started counting (the STATUS counters are since then).
+    started_ms: u64,
+    /// When the last STATUS went out: refreshed after commits, at most once a second.
+    status_sent: Instant,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -538,6 +548,8 @@ impl<'a> Consumer<'a> {
             relay,
             stop_started,
             metrics,
+            started_ms: now_ms(),
+            status_sent: Instant::now(),
         }
     }
 
@@ -589,9 +601,12 @@ impl<'a> Consumer<'a> {
                     let retrying = self.worker.retrying(period + UNREACHABLE_BACKOFF.1);
                     match p.commit_started.filter(|_| p.committing.is_some()) {
                         Some(t) if t.elapsed() > period && !retrying => {
-                            tracing::warn!(waiting = ?t.elapsed(), "commit not finished: withholding the watchdog ping");
+                            tracing::warn!(waiting = ?t.elapsed(), "commit not finished after {:?}: withholding the watchdog ping", t.elapsed());
                         }
-                        _ => self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status())),
+                        _ => {
+                            self.notifier.notify(&format!("WATCHDOG=1\nSTATUS={}", self.status()));
+                            self.status_sent = Instant::now();
+                        }
                     }
                 }
             }
@@ -615,13 +630,16 @@ impl<'a> Consumer<'a> {
         } else {
             String::new()
         };
+        // This process's counts: a restart starts them again, so the line says since when
+        // (`stats` reads the store's own).
         line += &format!(
-            "applied={} duplicate={} quarantined={} reconnects={} failovers={}",
+            "applied={} duplicate={} quarantined={} reconnects={} failovers={} since {}",
             c.get(Outcome::Applied) + c.get(Outcome::AppliedLate),
             c.get(Outcome::Duplicate),
             c.get(Outcome::Conflict) + c.get(Outcome::Stale) + c.get(Outcome::Malformed),
             self.summary.reconnects,
-            self.summary.failovers
+            self.summary.failovers,
+            crate::timefmt::rfc3339_ms(self.started_ms)
         );
         if let Some(r) = self.relay {
             line.push_str("; ");
@@ -662,12 +680,12 @@ impl<'a> Consumer<'a> {
             TransportEvent::Disconnected { broker, error } => {
                 self.summary.reconnects += 1;
                 self.metrics.connection_lost(&broker);
-                tracing::warn!(%broker, %error, "connection lost; unacknowledged deliveries will be redelivered");
+                tracing::warn!(%broker, %error, "connection lost to {broker} ({error}); unacknowledged deliveries will be redelivered");
             }
             TransportEvent::Failover { from, to } => {
                 self.summary.failovers += 1;
                 self.metrics.switched();
-                tracing::warn!(%from, %to, "switching broker");
+                tracing::warn!(%from, %to, "switching broker from {from} to {to}");
             }
             TransportEvent::Closed => {}
             TransportEvent::Fatal(e) => self.fatal = Some(e),
@@ -722,6 +740,11 @@ impl<'a> Consumer<'a> {
         }
         self.summary.counts.merge(&report.counts);
         self.summary.batches += 1;
+        // Between watchdog pings (every WatchdogSec/2), `systemctl status` follows the feed.
+        if self.status_sent.elapsed() >= STATUS_EVERY {
+            self.notifier.notify(&format!("STATUS={}", self.status()));
+            self.status_sent = Instant::now();
+        }
         let dups = report.counts.get(Outcome::Duplicate);
         match &mut self.burst {
             Some((_, _, n)) if dups > 0 => *n += dups,

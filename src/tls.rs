@@ -116,7 +116,7 @@ pub fn system_roots() -> Result<RootCertStore, String> {
         ));
     }
     for e in &errors {
-        tracing::warn!(error = %e, "reading the system trust store: skipped");
+        tracing::warn!(error = %e, "reading the system trust store: skipped ({e})");
     }
     tracing::debug!(anchors = roots.len(), unusable, "system trust store read");
     Ok(roots)

@@ -100,7 +100,7 @@ impl Endpoint {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        tracing::error!(error = %e, "metrics endpoint: cannot start its runtime");
+                        tracing::error!(error = %e, "metrics endpoint: cannot start its runtime: {e}");
                         return;
                     }
                 };
@@ -134,10 +134,10 @@ async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Rece
             Err(e) => {
                 refused += 1;
                 if refused == 1 {
-                    tracing::error!(%listen, error = %e, "metrics endpoint: cannot listen; the feed goes on, retrying every 30 s");
+                    tracing::error!(%listen, error = %e, "metrics endpoint: cannot listen on {listen} ({e}); the feed goes on, retrying every 30 s");
                 } else if refused.is_power_of_two() {
                     // Fewer and fewer lines: an address that never binds must not flood the log.
-                    tracing::warn!(%listen, error = %e, attempts = refused, "metrics endpoint: still cannot listen");
+                    tracing::warn!(%listen, error = %e, attempts = refused, "metrics endpoint: still cannot listen on {listen} after {refused} attempts: {e}");
                 }
             }
         }
@@ -166,7 +166,7 @@ async fn serve(listen: SocketAddr, scrape: Arc<Scrape>, mut stopped: watch::Rece
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of descriptors, say: wait rather than spin.
-                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                    tracing::warn!(error = %e, "metrics endpoint: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -325,7 +325,7 @@ impl Scrape {
             }
             Err(why) => {
                 if !was {
-                    tracing::warn!(error = %why, "metrics endpoint: cannot read the store; scrapes carry replay_guard_store_readable 0");
+                    tracing::warn!(error = %why, "metrics endpoint: cannot read the store ({why}); scrapes carry replay_guard_store_readable 0");
                 }
                 None
             }

@@ -388,7 +388,7 @@ pub fn encode(families: &[MetricFamily]) -> String {
     let mut text = String::new();
     // Fails only on a family without metrics or with a mistyped one; ours are built above.
     if let Err(e) = TextEncoder::new().encode_utf8(families, &mut text) {
-        tracing::error!(error = %e, "encoding the metrics failed");
+        tracing::error!(error = %e, "encoding the metrics failed: {e}");
     }
     text
 }

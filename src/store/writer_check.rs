@@ -163,7 +163,8 @@ pub fn check_writer_open(path: &Path) -> Result<(), StoreError> {
     }
     tracing::warn!(
         path = %path.display(),
-        "the writer-side check saw the file change under it three times: skipped"
+        "the writer-side check saw {} change under it three times: skipped",
+        path.display()
     );
     Ok(())
 }

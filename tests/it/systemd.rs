@@ -300,6 +300,12 @@ fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
         got.iter().any(|m| m.contains("STATUS=applied=0")),
         "{got:?}"
     );
+    // The counters are this process's: the line says since when (a restart starts them again).
+    assert!(
+        got.iter()
+            .any(|m| m.contains("STATUS=applied=0") && m.contains(" failovers=0 since 20")),
+        "{got:?}"
+    );
     // The sinks' lag rides on the same STATUS line.
     assert!(
         got.iter()
