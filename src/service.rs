@@ -31,7 +31,8 @@ pub enum ServiceError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Runtime(String),
-    #[error("relay: {0}")]
+    /// Its text already says what failed (a `relay: ` prefix would print it twice in a chain).
+    #[error(transparent)]
     Relay(#[from] RelayError),
     /// The PostgreSQL server did not answer when the store was opened (`run` waits instead).
     #[error(

@@ -158,6 +158,22 @@ impl From<crate::store::StoreError> for Failure {
     }
 }
 
+/// A sink that another process already delivers is a configuration conflict (two configs
+/// name it): exit 1, which systemd does not restart in a loop.
+impl From<crate::relay::RelayError> for Failure {
+    fn from(e: crate::relay::RelayError) -> Self {
+        use crate::relay::RelayError;
+        match e {
+            RelayError::Config(_)
+            | RelayError::Store(crate::store::StoreError::SinkBusy { .. }) => {
+                Failure::Usage(e.into())
+            }
+            RelayError::Store(e) => e.into(),
+            other => Failure::Runtime(other.into()),
+        }
+    }
+}
+
 /// Output errors: a closed pipe (`| head`) ends the command quietly; others are failures.
 impl From<std::io::Error> for Failure {
     fn from(e: std::io::Error) -> Self {
@@ -169,6 +185,7 @@ impl From<crate::service::ServiceError> for Failure {
     fn from(e: crate::service::ServiceError) -> Self {
         match e {
             crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
+            crate::service::ServiceError::Relay(r) => r.into(),
             crate::service::ServiceError::Store(e) => e.into(),
             _ => Failure::Runtime(e.into()),
         }

@@ -59,11 +59,7 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     let stop = crate::signals::stop_flag().map_err(|e| {
         Failure::Runtime(anyhow::Error::new(e).context("cannot install signal handlers"))
     })?;
-    let relay = crate::relay::spawn(&config, None, None)
-        .map_err(|e| match e {
-            crate::relay::RelayError::Config(m) => Failure::Usage(anyhow!(m)),
-            other => Failure::Runtime(other.into()),
-        })?
+    let relay = crate::relay::spawn(&config, None, None)?
         .ok_or_else(|| Failure::Usage(anyhow!("no [[sink]] in the config")))?;
     tracing::info!(%db, sinks = config.relay.sinks.len(), "relay started");
     // The store's gauges (the sinks' lag and parked events among them); no feed counters.

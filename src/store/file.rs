@@ -211,10 +211,28 @@ pub(crate) fn lock_sinks(path: &Path, names: &[&str]) -> Result<SinkLocks, Store
             return Err(StoreError::SinkBusy {
                 path: path.to_path_buf(),
                 sink: (*name).to_string(),
+                by: sink_holder(&held.0),
             });
         }
     }
     Ok(SinkLocks { _held: held })
+}
+
+/// Who delivers a sink whose byte is locked, as far as the holder bytes tell: this process
+/// holding the feed lock means a standalone `relay` has it; another feed writer may be the
+/// one (its config has the sink) or not (a standalone `relay` beside it).
+fn sink_holder(b: &FileBackend) -> String {
+    match find_holder(b) {
+        Ok(Some(pid)) if pid == u64::from(std::process::id()) => {
+            "a standalone `relay` (replay-guard-relay.service, or one started by hand)".into()
+        }
+        Ok(Some(pid)) if pid > 0 => format!(
+            "another process: the `run` on this database{} if its config has this [[sink]], \
+             else a standalone `relay`",
+            describe(Some(pid))
+        ),
+        _ => super::SINK_BUSY_BY.into(),
+    }
 }
 
 /// Takes the feed byte on `backend`, a new database file being created under its temporary

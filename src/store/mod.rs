@@ -120,6 +120,10 @@ impl Default for StoreOptions {
     }
 }
 
+/// `SinkBusy`'s other deliverer when nothing more is known.
+pub(crate) const SINK_BUSY_BY: &str =
+    "another process (a `run` whose config has this [[sink]], or a standalone `relay`)";
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// `holder` is empty or " (PID n: command)".
@@ -128,11 +132,17 @@ pub enum StoreError {
          meanwhile)"
     )]
     Busy { path: PathBuf, holder: String },
+    /// `by` names the other deliverer as far as it is known, "another process (…)".
     #[error(
-        "sink {sink:?} of {path} is already delivered by another process (a `run` whose \
-         config has this [[sink]], or a standalone `relay`): each sink runs in one place"
+        "sink {sink:?} of {path} is already delivered by {by}: each sink runs in one place; \
+         remove this [[sink]] from one of the two configs (the service's or the relay unit's) \
+         or stop the other process"
     )]
-    SinkBusy { path: PathBuf, sink: String },
+    SinkBusy {
+        path: PathBuf,
+        sink: String,
+        by: String,
+    },
     #[error(
         "{path} is a {kind}, not a database file: give the path of a database (or of a new \
          one to create); nothing was changed"

@@ -1008,11 +1008,19 @@ fn a_sink_is_delivered_by_one_process_at_a_time() {
     let mut first = s.relay();
     s.wait_received(5, Duration::from_secs(20));
     let out = common::run(&["relay", "--config", s.config.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
+    // A sink named in two configs is a configuration conflict: exit 1 (systemd does not
+    // restart the unit in a loop on it), with the fix said once.
+    assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("sink \"script\" of")
-            && err.contains("is already delivered by another process"),
+            && err.contains("is already delivered by another process")
+            && err.contains("remove this [[sink]] from one of the two configs"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("each sink runs in one place").count(),
+        1,
         "{err}"
     );
     // Nor may a running sink be forgotten (it would make its cursor again at once).
@@ -1208,4 +1216,46 @@ fn a_failing_exec_programs_huge_stderr_is_kept_short_escaped_and_counted() {
         "{log}"
     );
     assert!(!log.contains('\u{1b}'), "{log}");
+}
+
+#[test]
+fn run_refuses_a_sink_a_standalone_relay_delivers_naming_it_and_the_fix_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        "",
+        &mqtt_section(&broker, "rg-relay-twice"),
+    );
+    s.ingest(0, 3);
+    let mut relay = s.relay();
+    s.wait_received(3, Duration::from_secs(20));
+    let mut run = s.run();
+    let status = run.wait().unwrap();
+    let log = s.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("sink \"script\" of")
+            && log.contains("is already delivered by a standalone `relay`")
+            && log.contains("remove this [[sink]] from one of the two configs"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("each sink runs in one place").count(),
+        1,
+        "{log}"
+    );
+    // And the relay, started second beside a `run` that has the sink, names that `run`.
+    assert_eq!(stop(&mut relay), Some(0));
+    let mut run = s.run();
+    s.wait_subscribed();
+    let out = common::run(&["relay", "--config", s.config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("the `run` on this database (PID {}", run.id())),
+        "{err}"
+    );
+    assert_eq!(stop(&mut run), Some(0));
 }

@@ -733,6 +733,7 @@ impl Tx for PgTx<'_> {
             Err(StoreError::SinkBusy {
                 path: self.conn.target().into(),
                 sink: name.to_string(),
+                by: super::super::SINK_BUSY_BY.into(),
             })
         }
     }
@@ -748,6 +749,7 @@ impl Tx for PgTx<'_> {
             Err(StoreError::SinkBusy {
                 path: self.conn.target().into(),
                 sink: name.to_string(),
+                by: super::super::SINK_BUSY_BY.into(),
             })
         }
     }
