@@ -6,22 +6,17 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{
-    BrokerUrl, ConfigError, MAX_PASSWORD_BYTES, Protocol, REDACTED_QUERY, Range, RawProtocol,
-    Secret, TlsFiles, in_range, read_bounded, redact_query, redact_url, tls_files,
+use super::ConfigError;
+use super::limits::{
+    KEEP_ALIVE_SECONDS, MAX_AUTHORIZATION_BYTES, MAX_DSN_BYTES, MAX_TEXT, SINK_BACKOFF_INITIAL_MS,
+    SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_TIMEOUT_MS,
+    in_range, read_bounded,
 };
-
-pub const SINK_BATCH_MAX: Range = 1..=10_000;
-pub const SINK_LINGER_MS: Range = 0..=60_000;
-pub const SINK_MAX_IN_FLIGHT: Range = 1..=1_000;
-pub const SINK_BACKOFF_INITIAL_MS: Range = 10..=60_000;
-/// The lower end is `backoff_initial_ms`.
-pub const SINK_BACKOFF_MAX_MS: u64 = 3_600_000;
-pub const SINK_TIMEOUT_MS: Range = 100..=600_000;
-/// Longest `[relay] source` and sink topic template.
-const MAX_TEXT: usize = 4096;
-/// Largest `dsn_file` read.
-pub(super) const MAX_DSN_BYTES: u64 = 16 * 1024;
+use super::mqtt::{Protocol, TlsFiles, read_password, tls_files};
+use super::raw::RawProtocol;
+use super::redact::Secret;
+use super::topics::topic_template_problem;
+use super::url::{BrokerUrl, HttpUrl};
 
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -173,120 +168,6 @@ pub struct MqttSink {
     pub credentials: Option<(String, Secret)>,
     pub tls: Option<TlsFiles>,
     pub keep_alive: Duration,
-}
-
-/// An `http://` or `https://` URL, split. Its query may carry a token, so it is kept as a
-/// `Secret`: `Display` (every log line, error and status naming the URL) shows it as
-/// `?<redacted>`, and only `request_target` hands it out, for the request line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpUrl {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    /// The path, starting with `/`, without the query.
-    pub path: String,
-    /// What follows the `?`, if the URL has one.
-    query: Option<Secret>,
-}
-
-impl std::fmt::Display for HttpUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let scheme = if self.tls { "https" } else { "http" };
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        write!(f, "{scheme}://{host}:{}{}", self.port, self.path)?;
-        if self.query.is_some() {
-            write!(f, "?{REDACTED_QUERY}")?;
-        }
-        Ok(())
-    }
-}
-
-impl HttpUrl {
-    /// The request target: the path and the query, as sent on the request line.
-    pub fn request_target(&self) -> String {
-        match &self.query {
-            None => self.path.clone(),
-            Some(q) => format!("{}?{}", self.path, q.expose()),
-        }
-    }
-
-    /// Parses `s`; errors quote it with any user info and query hidden.
-    pub fn parse(s: &str) -> Result<HttpUrl, String> {
-        let shown = redact_query(&redact_url(s));
-        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
-            (true, r)
-        } else if let Some(r) = s.strip_prefix("http://") {
-            (false, r)
-        } else {
-            // No scheme: `redact_query` would not know where a query starts.
-            let shown: String = shown.split(['?', '#']).next().unwrap_or("").into();
-            return Err(format!("url {shown:?} must start with http:// or https://"));
-        };
-        let (authority, path) = match rest.find(['/', '?', '#']) {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        if authority.contains('@') {
-            return Err(format!(
-                "url {shown:?}: a user name or password in the URL is not accepted (it would be \
-                 logged); a token belongs in authorization_file"
-            ));
-        }
-        let (path, query) = match path.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (path, None),
-        };
-        let path = if path.is_empty() { "/" } else { path };
-        let bad = |t: &str| t.contains('#') || t.chars().any(|c| c.is_ascii_control() || c == ' ');
-        if bad(path) || query.is_some_and(bad) {
-            return Err(format!(
-                "url {shown:?}: the path and query may not hold a fragment, spaces or control \
-                 characters"
-            ));
-        }
-        let default_port = if tls { 443 } else { 80 };
-        let (host, port) = if let Some(r) = authority.strip_prefix('[') {
-            let (h, after) = r
-                .split_once(']')
-                .ok_or_else(|| format!("url {shown:?}: unclosed '['"))?;
-            match after.strip_prefix(':') {
-                Some(p) => (h.to_string(), Some(p)),
-                None if after.is_empty() => (h.to_string(), None),
-                None => {
-                    return Err(format!(
-                        "url {shown:?}: unexpected {after:?} after the host"
-                    ));
-                }
-            }
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (authority.to_string(), None),
-            }
-        };
-        if host.is_empty() {
-            return Err(format!("url {shown:?}: no host"));
-        }
-        let port = match port {
-            None => default_port,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("url {shown:?}: bad port {p:?}"))?,
-        };
-        Ok(HttpUrl {
-            tls,
-            host,
-            port,
-            path: path.to_string(),
-            query: query.map(|q| Secret(q.to_string())),
-        })
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -527,7 +408,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                     .as_deref()
                     .ok_or_else(|| invalid("broker is required (mqtt:// or mqtts://)".into()))?,
             )
-            .map_err(&invalid)?;
+            .map_err(|e| invalid(e.to_string()))?;
             let client_id = r.client_id.clone().unwrap_or_default();
             if client_id.is_empty() || client_id.len() > 256 {
                 return Err(invalid(
@@ -539,11 +420,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                 return Err(invalid(format!("topic {why}")));
             }
             let keep_alive = r.keep_alive_seconds.unwrap_or(30);
-            in_range(
-                &key("keep_alive_seconds"),
-                keep_alive,
-                super::KEEP_ALIVE_SECONDS,
-            )?;
+            in_range(&key("keep_alive_seconds"), keep_alive, KEEP_ALIVE_SECONDS)?;
             let tls = tls_files(
                 r.ca_file.as_ref(),
                 r.client_cert_file.as_ref(),
@@ -554,12 +431,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             let credentials = match (&r.username, &r.password_file) {
                 (None, None) => None,
                 (Some(user), Some(path)) => {
-                    let text = read_bounded(path, MAX_PASSWORD_BYTES)
-                        .map_err(|e| invalid(format!("password_file {}: {e}", path.display())))?;
-                    Some((
-                        user.clone(),
-                        Secret(text.trim_end_matches(['\r', '\n']).to_string()),
-                    ))
+                    Some((user.clone(), read_password(path).map_err(&invalid)?))
                 }
                 _ => {
                     return Err(invalid("username and password_file go together".into()));
@@ -567,10 +439,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             };
             SinkKind::Mqtt(MqttSink {
                 broker,
-                protocol: match r.protocol.unwrap_or_default() {
-                    RawProtocol::V5 => Protocol::V5,
-                    RawProtocol::V311 => Protocol::V311,
-                },
+                protocol: r.protocol.unwrap_or_default().into(),
                 client_id,
                 topic,
                 credentials,
@@ -584,7 +453,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                     .as_deref()
                     .ok_or_else(|| invalid("url is required (http:// or https://)".into()))?,
             )
-            .map_err(&invalid)?;
+            .map_err(|e| invalid(e.to_string()))?;
             if let Some(ca) = &r.ca_file {
                 readable("ca_file", ca)?;
             }
@@ -693,9 +562,6 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
     })
 }
 
-/// Largest `authorization_file` read: a long JWT fits, `/dev/zero` does not.
-const MAX_AUTHORIZATION_BYTES: u64 = 16 * 1024;
-
 /// The `Authorization` value of http sink `sink`: read from `file`, else from
 /// `$CREDENTIALS_DIRECTORY/SINK-authorization` when systemd handed that credential over
 /// (`LoadCredential=`; found as `[mqtt]`'s `mqtt-password` is), else none. One line of
@@ -759,36 +625,6 @@ fn is_loopback(host: &str) -> bool {
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The placeholders a sink topic may hold.
-pub const TOPIC_PLACEHOLDERS: [&str; 3] = ["{agency}", "{source_id}", "{topic}"];
-
-fn topic_template_problem(t: &str) -> Option<String> {
-    if t.is_empty() {
-        return Some("is required, e.g. \"cop/{agency}/{source_id}\"".into());
-    }
-    if t.len() > MAX_TEXT {
-        return Some(format!("is longer than {MAX_TEXT} bytes"));
-    }
-    if t.contains(['#', '+', '\0']) {
-        return Some("may not hold '#', '+' or NUL (it is a topic name, not a filter)".into());
-    }
-    let mut rest = t;
-    while let Some(i) = rest.find('{') {
-        let tail = &rest[i..];
-        match TOPIC_PLACEHOLDERS.iter().find(|p| tail.starts_with(**p)) {
-            Some(p) => rest = &tail[p.len()..],
-            None => {
-                return Some(format!(
-                    "has an unknown placeholder at {:?}: use {}",
-                    tail.chars().take(16).collect::<String>(),
-                    TOPIC_PLACEHOLDERS.join(", ")
-                ));
-            }
-        }
-    }
-    None
 }
 
 /// A PostgreSQL table name replay-guard will put in SQL unquoted: `name` or `schema.name`,
@@ -1035,7 +871,7 @@ start = "head"
             "http://[::1/?k=hunter2",
             "http://:80/?k=hunter2",
         ] {
-            let e = HttpUrl::parse(url).unwrap_err();
+            let e = HttpUrl::parse(url).unwrap_err().to_string();
             assert!(!e.contains("hunter2"), "{url}: {e}");
             let e = parse(&format!(
                 "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = {url:?}\n"
