@@ -197,11 +197,15 @@ pub(super) fn mqtt_from_raw(m: RawMqtt) -> Result<MqttConfig, ConfigError> {
     let credentials = match &m.username {
         None => None,
         Some(user) => {
-            let from_systemd = std::env::var_os("CREDENTIALS_DIRECTORY")
+            let credentials_dir = std::env::var_os("CREDENTIALS_DIRECTORY");
+            let from_systemd = credentials_dir
+                .as_ref()
                 .map(|d| PathBuf::from(d).join("mqtt-password"));
-            let path = m.password_file.clone().or(from_systemd.filter(|p| p.exists())).ok_or_else(|| {
-                invalid("username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password".into())
-            })?;
+            let path = m
+                .password_file
+                .clone()
+                .or(from_systemd.filter(|p| p.exists()))
+                .ok_or_else(|| invalid(no_password(credentials_dir.is_some())))?;
             Some((user.clone(), read_password(&path).map_err(invalid)?))
         }
     };
@@ -301,5 +305,22 @@ mod tests {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+}
+
+/// Why a `username` has no password, and how to check the unit's setup from a shell: outside
+/// systemd there is no `$CREDENTIALS_DIRECTORY`, and the packaged unit's
+/// `LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password` hands over that file.
+fn no_password(under_systemd: bool) -> String {
+    if under_systemd {
+        "username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password \
+         (the unit's LoadCredential=mqtt-password:FILE names no readable file?)"
+            .into()
+    } else {
+        "username is set but there is no password_file, and $CREDENTIALS_DIRECTORY (where \
+         systemd hands the unit its mqtt-password credential) is not set outside systemd: to \
+         check the packaged unit's setup from a shell, run `sudo CREDENTIALS_DIRECTORY=/etc/\
+         replay-guard replay-guard check-config FILE`, or set password_file"
+            .into()
     }
 }

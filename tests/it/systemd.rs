@@ -319,3 +319,44 @@ fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
     }
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(0));
 }
+
+/// The documented `username` setup (the password as the unit's `mqtt-password` credential)
+/// checked from a shell: without systemd's `$CREDENTIALS_DIRECTORY` the error says how to
+/// check it, and pointing the variable at the credential's directory passes.
+#[test]
+fn check_config_of_a_username_outside_systemd_says_how_to_check_the_units_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[store]\npath = \"/tmp/x.redb\"\n[mqtt]\nbrokers = [\"mqtt://h\"]\nclient_id = \"c\"\n\
+         topics = [\"t\"]\nusername = \"rg\"\n",
+    )
+    .unwrap();
+    let check = |credentials: Option<&Path>| {
+        let mut cmd = Command::new(common::bin());
+        cmd.args(["check-config", cfg.to_str().unwrap()]);
+        match credentials {
+            Some(d) => cmd.env("CREDENTIALS_DIRECTORY", d),
+            None => cmd.env_remove("CREDENTIALS_DIRECTORY"),
+        };
+        cmd.output().unwrap()
+    };
+    let out = check(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not set outside systemd")
+            && err.contains("CREDENTIALS_DIRECTORY=/etc/replay-guard replay-guard check-config"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one-line error: {err}");
+    std::fs::write(dir.path().join("mqtt-password"), "secret\n").unwrap();
+    let out = check(Some(dir.path()));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
