@@ -564,8 +564,8 @@ impl<'a> Consumer<'a> {
         // connections loop on reconnect). The broker's message_size_limit bounds memory.
         let max_packet = MQTT_MAX_PACKET;
         let (ev_tx, mut events) = mpsc::unbounded_channel();
-        let (handle, poller) =
-            transport::start(mqtt, max_packet, ev_tx).map_err(ServiceError::Config)?;
+        let (handle, poller) = transport::start(mqtt, max_packet, ev_tx)
+            .map_err(|e| ServiceError::Config(e.to_string()))?;
         let mut p = Pipeline {
             open: Vec::new(),
             first_at: None,
@@ -585,7 +585,7 @@ impl<'a> Consumer<'a> {
                 }
                 ev = events.recv() => match ev {
                     Some(TransportEvent::Fatal(e)) => {
-                        self.fatal = Some(e);
+                        self.fatal = Some(e.to_string());
                         break;
                     }
                     Some(ev) => self.on_event(ev, &mut p),
@@ -689,7 +689,7 @@ impl<'a> Consumer<'a> {
                 tracing::warn!(%from, %to, "switching broker from {from} to {to}");
             }
             TransportEvent::Closed => {}
-            TransportEvent::Fatal(e) => self.fatal = Some(e),
+            TransportEvent::Fatal(e) => self.fatal = Some(e.to_string()),
         }
     }
 

@@ -1,5 +1,7 @@
 //! The MQTT side, and the only module that names rumqttc: options, subscribe, the poll loop,
-//! broker failover, and acknowledgements guarded by connection generation.
+//! broker failover, and acknowledgements guarded by connection generation. The rules (which
+//! broker, how long to wait, which delivery and which ack belong to the connection) are
+//! `session`'s; `poll_loop` is the driver that does the I/O they ask for.
 //!
 //! The poll loop runs as its own task and is never cancelled mid-poll. Every connection loss
 //! bumps a generation counter before the loop awaits anything again; an acknowledgement is sent
@@ -10,7 +12,9 @@
 //! runtime, so nothing can run between rumqttc's clean-up and the generation bump.
 
 pub mod publish;
+mod session;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,6 +24,8 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::{BrokerUrl, MqttConfig, Protocol, Secret, TlsFiles};
+use session::{AckQueue, Action, Input, Plan, QOS0, Report, Session, Stamped};
+pub use session::{AckStats, TransportError, backoff};
 
 /// What the poll loop reports to the service.
 #[derive(Debug)]
@@ -31,7 +37,7 @@ pub enum TransportEvent {
     },
     Disconnected {
         broker: String,
-        error: String,
+        error: TransportError,
     },
     /// The broker granted every filter of the SUBSCRIBE sent after a CONNACK: from now on
     /// it routes the configured topics to us on this connection.
@@ -49,7 +55,7 @@ pub enum TransportEvent {
     Closed,
     /// A configuration the broker will not serve (a refused subscription): `run` must stop
     /// with this one-line message rather than stay up receiving nothing.
-    Fatal(String),
+    Fatal(TransportError),
 }
 
 /// One PUBLISH received, to be decided and then acknowledged.
@@ -66,6 +72,12 @@ pub struct Delivery {
 pub struct AckToken {
     generation: u64,
     publish: PubRef,
+}
+
+impl Stamped for AckToken {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
 }
 
 #[derive(Debug)]
@@ -94,25 +106,9 @@ pub struct TransportHandle {
     /// Deliveries handed to the service and not yet released (decided and committed).
     backlog: Arc<AtomicUsize>,
     room: Arc<Notify>,
-    /// The poll loop stops reading while `backlog` is at this (`STALL_WINDOWS` receive
-    /// maximums): a broker that ignores our Receive Maximum then waits on TCP instead of
-    /// filling our memory. It still polls once per half keep-alive, so pings go on.
-    limit: usize,
-    /// PUBACKs of committed deliveries that did not fit in rumqttc's request queue yet, in
-    /// delivery order: queued as the poll loop drains it, never dropped (a dropped PUBACK
-    /// leaves the message in flight at the broker until a reconnect, and a broker whose
-    /// in-flight window is full of them stops delivering).
-    pending: Arc<Mutex<std::collections::VecDeque<AckToken>>>,
-}
-
-/// Counts of one `ack` call.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct AckStats {
-    pub sent: usize,
-    /// Deliveries of an earlier connection: the broker redelivers them.
-    pub stale: usize,
-    /// The request queue was full: kept, in order, and queued as it drains.
-    pub deferred: usize,
+    /// PUBACKs of committed deliveries that did not fit in rumqttc's request queue yet,
+    /// queued as the poll loop drains it.
+    pending: Arc<Mutex<AckQueue<AckToken>>>,
 }
 
 impl TransportHandle {
@@ -122,21 +118,7 @@ impl TransportHandle {
         let current = self.generation.load(Ordering::SeqCst);
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut stats = AckStats::default();
-        flush(&client, &mut pending, current);
-        for t in tokens {
-            if t.generation != current {
-                stats.stale += 1;
-                continue;
-            }
-            if pending.is_empty() && try_ack(&client, &t) {
-                stats.sent += 1;
-            } else {
-                stats.deferred += 1;
-                pending.push_back(t);
-            }
-        }
-        stats
+        pending.ack(tokens, current, |t| try_ack(&client, t))
     }
 
     /// Queues deferred PUBACKs that now fit (the poll loop calls this after each poll).
@@ -144,7 +126,7 @@ impl TransportHandle {
         let current = self.generation.load(Ordering::SeqCst);
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        flush(&client, &mut pending, current);
+        pending.flush(current, |t| try_ack(&client, t));
     }
 
     /// Marks `n` deliveries as decided and committed, letting the poll loop read more.
@@ -162,12 +144,23 @@ impl TransportHandle {
     pub fn disconnect(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.room.notify_one();
-        self.flush_deferred();
+        let current = self.generation.load(Ordering::SeqCst);
         let client = self.client.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = match &*client {
-            Client::V311(c) => c.try_disconnect().is_ok(),
-            Client::V5(c) => c.try_disconnect().is_ok(),
-        };
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.disconnect(
+            current,
+            |t| try_ack(&client, t),
+            || {
+                let _ = match &*client {
+                    Client::V311(c) => c.try_disconnect().is_ok(),
+                    Client::V5(c) => c.try_disconnect().is_ok(),
+                };
+            },
+        );
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 }
 
@@ -176,21 +169,6 @@ fn try_ack(client: &Client, t: &AckToken) -> bool {
         (Client::V311(c), PubRef::V311(p)) => c.try_ack(p).is_ok(),
         (Client::V5(c), PubRef::V5(p)) => c.try_ack(p).is_ok(),
         _ => false,
-    }
-}
-
-/// Queues deferred PUBACKs, oldest first, until the request queue is full again. Those of an
-/// earlier connection are dropped: the broker redelivers their messages.
-fn flush(client: &Client, pending: &mut std::collections::VecDeque<AckToken>, current: u64) {
-    while let Some(t) = pending.front() {
-        if t.generation != current {
-            pending.pop_front();
-            continue;
-        }
-        if !try_ack(client, t) {
-            return;
-        }
-        pending.pop_front();
     }
 }
 
@@ -211,13 +189,13 @@ pub(crate) struct Endpoint<'a> {
 }
 
 impl Endpoint<'_> {
-    fn transport(&self) -> Result<Option<rumqttc::Transport>, String> {
+    fn transport(&self) -> Result<Option<rumqttc::Transport>, TransportError> {
         if !self.broker.tls {
             return Ok(None);
         }
-        let tls = self
-            .tls
-            .ok_or_else(|| format!("an mqtts:// broker needs {} ca_file", self.section))?;
+        let tls = self.tls.ok_or_else(|| TransportError::MissingCa {
+            section: self.section.to_string(),
+        })?;
         // Our own rustls config, not rumqttc's `TlsConfiguration::Simple`: that one is built
         // with `ClientConfig::builder()`, which needs a process-default crypto provider.
         let identity = match (&tls.client_cert_file, &tls.client_key_file) {
@@ -227,7 +205,8 @@ impl Endpoint<'_> {
             ]),
             _ => None,
         };
-        let client = crate::tls::verifying_client((&tls.ca_file, "ca_file"), identity)?;
+        let client = crate::tls::verifying_client((&tls.ca_file, "ca_file"), identity)
+            .map_err(TransportError::Tls)?;
         Ok(Some(rumqttc::Transport::tls_with_config(
             rumqttc::TlsConfiguration::Rustls(Arc::new(client)),
         )))
@@ -241,7 +220,7 @@ impl Endpoint<'_> {
     }
 
     /// MQTT 5 options: address, keep-alive, credentials and TLS; the caller adds the rest.
-    pub(crate) fn options_v5(&self) -> Result<v5::MqttOptions, String> {
+    pub(crate) fn options_v5(&self) -> Result<v5::MqttOptions, TransportError> {
         let mut o = v5::MqttOptions::new(self.client_id, &self.broker.host, self.broker.port);
         o.set_keep_alive(self.keep_alive());
         if let Some((user, pass)) = self.credentials {
@@ -254,7 +233,7 @@ impl Endpoint<'_> {
     }
 
     /// MQTT 3.1.1 options: address, keep-alive, credentials and TLS; the caller adds the rest.
-    pub(crate) fn options_v311(&self) -> Result<rumqttc::MqttOptions, String> {
+    pub(crate) fn options_v311(&self) -> Result<rumqttc::MqttOptions, TransportError> {
         let mut o = rumqttc::MqttOptions::new(self.client_id, &self.broker.host, self.broker.port);
         o.set_keep_alive(self.keep_alive());
         if let Some((user, pass)) = self.credentials {
@@ -271,7 +250,7 @@ fn build(
     cfg: &MqttConfig,
     broker: &BrokerUrl,
     max_packet: usize,
-) -> Result<(Client, Loop), String> {
+) -> Result<(Client, Loop), TransportError> {
     let cap = request_capacity(cfg);
     let endpoint = Endpoint {
         broker,
@@ -317,12 +296,8 @@ enum Polled {
     Publish(Delivery),
     DisconnectSent,
     Other,
-    Error(String),
+    Error(TransportError),
 }
-
-/// Why a subscription granted at QoS 0 is as bad as a refused one.
-const QOS0: &str = "granted only at QoS 0, whose deliveries carry no acknowledgement: the \
-                    broker would drop what replay-guard never committed; allow QoS 1 for it";
 
 async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
     match l {
@@ -333,7 +308,9 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                         session_present: a.session_present,
                     }
                 } else {
-                    Polled::Error(format!("broker refused the connection: {:?}", a.code))
+                    Polled::Error(TransportError::Refused {
+                        code: format!("{:?}", a.code),
+                    })
                 }
             }
             Ok(v5::Event::Incoming(v5::Incoming::SubAck(a))) => Polled::SubAck(
@@ -359,7 +336,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
             }),
             Ok(v5::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => Polled::DisconnectSent,
             Ok(_) => Polled::Other,
-            Err(e) => Polled::Error(e.to_string()),
+            Err(e) => Polled::Error(TransportError::Lost(e.to_string())),
         },
         Loop::V311(l) => match l.poll().await {
             Ok(rumqttc::Event::Incoming(rumqttc::Incoming::ConnAck(a))) => {
@@ -368,7 +345,9 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                         session_present: a.session_present,
                     }
                 } else {
-                    Polled::Error(format!("broker refused the connection: {:?}", a.code))
+                    Polled::Error(TransportError::Refused {
+                        code: format!("{:?}", a.code),
+                    })
                 }
             }
             Ok(rumqttc::Event::Incoming(rumqttc::Incoming::SubAck(a))) => Polled::SubAck(
@@ -397,7 +376,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
             }
             Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => Polled::DisconnectSent,
             Ok(_) => Polled::Other,
-            Err(e) => Polled::Error(e.to_string()),
+            Err(e) => Polled::Error(TransportError::Lost(e.to_string())),
         },
     }
 }
@@ -417,7 +396,7 @@ impl Loop {
 /// Subscribes to every filter in one SUBSCRIBE, so its SUBACK lists them in `topics` order.
 /// MQTT 5 asks for retained messages only for subscriptions the session does not hold yet
 /// (Retain Handling 1); a 3.1.1 broker re-sends them, and the engine absorbs them as replays.
-fn subscribe(client: &Client, topics: &[String]) -> Result<(), String> {
+fn subscribe(client: &Client, topics: &[String]) -> Result<(), TransportError> {
     let queued = match client {
         Client::V5(c) => c
             .try_subscribe_many(topics.iter().map(|t| {
@@ -435,29 +414,8 @@ fn subscribe(client: &Client, topics: &[String]) -> Result<(), String> {
             )
             .map_err(|e| e.to_string()),
     };
-    queued.map_err(|e| format!("cannot queue the SUBSCRIBE for [mqtt] topics: {e}"))
+    queued.map_err(TransportError::Subscribe)
 }
-
-/// The one-line error for a SUBACK that refused (or downgraded) some of `topics`, if any.
-fn suback_problem(codes: &[Option<String>], topics: &[String]) -> Option<String> {
-    let (i, why) = codes
-        .iter()
-        .enumerate()
-        .find_map(|(i, c)| c.as_ref().map(|why| (i, why)))?;
-    let topic = topics.get(i).map_or("?", String::as_str);
-    Some(format!(
-        "the broker did not grant the subscription to {topic:?} at QoS 1: {why}; check [mqtt] \
-         topics and the broker's ACL for this client"
-    ))
-}
-
-/// How many receive windows of deliveries may await their commit before the poll loop stops
-/// reading. Not one: a session resumed after a reconnect is redelivered past the window
-/// (Mosquitto resends its queue too), and rumqttc checks the keep-alive only when its buffer
-/// of up to 10 read packets is empty, so a loop that stalls with packets buffered goes a
-/// keep-alive without a ping answered and loses the connection (seen with three members on a
-/// loaded PostgreSQL: a redelivery, a stall and a lost connection every 12 s).
-const STALL_WINDOWS: usize = 4;
 
 /// Starts the poll loop on the current runtime. Events go to `events`; the loop ends after
 /// `disconnect()` or when `events` is closed.
@@ -465,7 +423,7 @@ pub fn start(
     cfg: MqttConfig,
     max_packet: usize,
     events: UnboundedSender<TransportEvent>,
-) -> Result<(TransportHandle, tokio::task::JoinHandle<()>), String> {
+) -> Result<(TransportHandle, tokio::task::JoinHandle<()>), TransportError> {
     let (client, eventloop) = build(&cfg, &cfg.brokers[0], max_packet)?;
     let handle = TransportHandle {
         client: Arc::new(Mutex::new(client)),
@@ -473,8 +431,7 @@ pub fn start(
         stopping: Arc::new(AtomicBool::new(false)),
         backlog: Arc::new(AtomicUsize::new(0)),
         room: Arc::new(Notify::new()),
-        limit: usize::from(cfg.receive_maximum) * STALL_WINDOWS,
-        pending: Arc::new(Mutex::new(std::collections::VecDeque::new())),
+        pending: Arc::new(Mutex::new(AckQueue::new())),
     };
     let h = handle.clone();
     let task = tokio::spawn(poll_loop(cfg, max_packet, eventloop, h, events));
@@ -488,27 +445,23 @@ async fn poll_loop(
     handle: TransportHandle,
     events: UnboundedSender<TransportEvent>,
 ) {
-    let mut broker = 0usize;
-    // Failures on the current broker (for failover) and since the last CONNACK (for backoff:
-    // a failover does not reset it, so `retries_per_broker = 0` cannot make a tight loop).
-    let mut failures = 0u32;
-    let mut attempts = 0u32;
-    // Between a connection error and the next CONNACK no delivery is genuine: a PUBLISH then
-    // is a leftover of the broken connection (second guard beside `discard_leftovers`).
-    let mut connected = false;
+    let mut session = Session::new(Plan {
+        brokers: cfg.brokers.len(),
+        retries_per_broker: cfg.retries_per_broker,
+        backoff_initial: cfg.backoff_initial,
+        backoff_max: cfg.backoff_max,
+        keep_alive: cfg.keep_alive,
+        receive_maximum: cfg.receive_maximum,
+        topics: cfg.topics.clone(),
+    });
     loop {
-        // Backpressure: wait for room before reading more deliveries, but poll at least every
-        // half keep-alive: rumqttc sends PINGREQ and reads PINGRESP only inside `poll`, and a
-        // commit that takes longer than the keep-alive (a loaded PostgreSQL, members queued on
-        // its lock) must not cost the connection, or the broker redelivers the whole window
-        // and the next commit is as slow again. Such a poll reads at most one delivery more.
-        let stalled_until = tokio::time::Instant::now() + cfg.keep_alive / 2;
-        while handle.backlog.load(Ordering::SeqCst) >= handle.limit
-            && !handle.stopping.load(Ordering::SeqCst)
-        {
+        // Backpressure: a broker that ignores our Receive Maximum waits on TCP instead of
+        // filling our memory; the wait ends at the latest after `longest_stall`, and such a
+        // poll reads at most one delivery more.
+        let stalled_until = tokio::time::Instant::now() + session.longest_stall();
+        while session.must_wait_for_room(handle.backlog.load(Ordering::SeqCst), handle.stopping()) {
             let room = handle.room.notified();
-            if handle.backlog.load(Ordering::SeqCst) < handle.limit
-                || handle.stopping.load(Ordering::SeqCst)
+            if !session.must_wait_for_room(handle.backlog.load(Ordering::SeqCst), handle.stopping())
             {
                 break;
             }
@@ -517,117 +470,137 @@ async fn poll_loop(
                 () = tokio::time::sleep_until(stalled_until) => break,
             }
         }
-        let generation = handle.generation.load(Ordering::SeqCst);
+        let generation = session.generation();
         let polled = poll_once(&mut eventloop, generation).await;
         handle.flush_deferred();
-        // No await between a connection error and the generation bump (see module docs).
-        let event = match polled {
+        let mut delivery = None;
+        let input = match polled {
             Polled::Error(error) => {
                 eventloop.discard_leftovers();
-                handle.generation.fetch_add(1, Ordering::SeqCst);
-                connected = false;
-                if handle.stopping.load(Ordering::SeqCst) {
-                    let _ = events.send(TransportEvent::Closed);
-                    return;
+                Input::Lost {
+                    error,
+                    stopping: handle.stopping(),
                 }
-                failures = failures.saturating_add(1);
-                attempts = attempts.saturating_add(1);
-                let name = cfg.brokers[broker].to_string();
-                if events
-                    .send(TransportEvent::Disconnected {
-                        broker: name.clone(),
-                        error,
-                    })
-                    .is_err()
-                {
-                    return;
+            }
+            Polled::ConnAck { session_present } => Input::ConnAck { session_present },
+            Polled::SubAck(codes) => Input::SubAck(codes),
+            Polled::Publish(d) => {
+                delivery = Some(d);
+                Input::Publish { generation }
+            }
+            Polled::DisconnectSent => Input::DisconnectSent {
+                stopping: handle.stopping(),
+            },
+            Polled::Other => continue,
+        };
+        let mut todo = VecDeque::from(session.handle(input));
+        // No await between a connection error and the generation bump (see module docs).
+        handle
+            .generation
+            .store(session.generation(), Ordering::SeqCst);
+        while let Some(action) = todo.pop_front() {
+            match action {
+                Action::Subscribe => {
+                    let queued = subscribe(
+                        &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
+                        &cfg.topics,
+                    );
+                    if let Err(e) = queued {
+                        let _ = events.send(TransportEvent::Fatal(e));
+                    }
                 }
-                if failures > cfg.retries_per_broker && cfg.brokers.len() > 1 {
-                    let next = (broker + 1) % cfg.brokers.len();
+                Action::Report(report) => {
+                    let best_effort = matches!(report, Report::Failover { .. });
+                    if events.send(event(&cfg, report)).is_err() && !best_effort {
+                        return;
+                    }
+                }
+                Action::Prepare { broker: next } => {
                     match build(&cfg, &cfg.brokers[next], max_packet) {
                         Ok((client, l)) => {
                             *handle.client.lock().unwrap_or_else(PoisonError::into_inner) = client;
                             eventloop = l;
-                            broker = next;
-                            failures = 0;
-                            let to = cfg.brokers[next].to_string();
-                            let _ = events.send(TransportEvent::Failover { from: name, to });
+                            for a in session
+                                .handle(Input::Switched { to: next })
+                                .into_iter()
+                                .rev()
+                            {
+                                todo.push_front(a);
+                            }
                         }
                         Err(e) => {
                             tracing::error!(broker = %cfg.brokers[next], error = %e, "cannot prepare broker")
                         }
                     }
                 }
-                // Every reconnect attempt, to the same broker or the next, waits first.
-                let wait = backoff(cfg.backoff_initial, cfg.backoff_max, attempts);
-                if !wait_unless_stopping(&handle, wait).await {
+                Action::Wait(wait) => {
+                    if !wait_unless_stopping(&handle, wait).await {
+                        let _ = events.send(TransportEvent::Closed);
+                        return;
+                    }
+                }
+                Action::Deliver => {
+                    if let Some(d) = delivery.take() {
+                        handle.backlog.fetch_add(1, Ordering::SeqCst);
+                        if events.send(TransportEvent::Delivery(d)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Action::DropLeftover => {
+                    tracing::debug!(
+                        "dropped a delivery read before a reconnect; the broker redelivers it"
+                    );
+                }
+                Action::ProtocolDisconnect => {
+                    tracing::warn!(broker = %cfg.brokers[session.broker()], "client-side disconnect after a protocol error");
+                }
+                Action::Close { drain } => {
+                    if drain {
+                        // rumqttc reports DISCONNECT once it is queued, before its write
+                        // buffer (with the last PUBACKs ahead of it) reaches the socket: keep
+                        // polling until the broker closes the connection, as it must after
+                        // DISCONNECT, or a short while.
+                        let flush = async {
+                            while !matches!(
+                                poll_once(&mut eventloop, generation).await,
+                                Polled::Error(_)
+                            ) {}
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
+                    }
                     let _ = events.send(TransportEvent::Closed);
                     return;
                 }
-                continue;
             }
-            Polled::ConnAck { session_present } => {
-                failures = 0;
-                attempts = 0;
-                connected = true;
-                // On every connect, session or not: a kept session may predate a change of
-                // `topics`, or lack a subscription the broker refused before, and would
-                // otherwise leave us receiving nothing on it without a word.
-                let queued = subscribe(
-                    &handle.client.lock().unwrap_or_else(PoisonError::into_inner),
-                    &cfg.topics,
-                );
-                if let Err(e) = queued {
-                    let _ = events.send(TransportEvent::Fatal(e));
-                }
-                TransportEvent::Connected {
-                    broker: cfg.brokers[broker].to_string(),
-                    session_present,
-                }
-            }
-            Polled::SubAck(codes) => match suback_problem(&codes, &cfg.topics) {
-                // Keep polling: the service drains (commits, acks, DISCONNECT) and stops.
-                Some(problem) => TransportEvent::Fatal(problem),
-                None => TransportEvent::Subscribed {
-                    broker: cfg.brokers[broker].to_string(),
-                    filters: codes.len(),
-                },
-            },
-            Polled::Publish(_) if !connected => {
-                tracing::debug!(
-                    "dropped a delivery read before a reconnect; the broker redelivers it"
-                );
-                continue;
-            }
-            Polled::Publish(d) => {
-                handle.backlog.fetch_add(1, Ordering::SeqCst);
-                TransportEvent::Delivery(d)
-            }
-            Polled::DisconnectSent if handle.stopping.load(Ordering::SeqCst) => {
-                // rumqttc reports DISCONNECT once it is queued, before its write buffer (with
-                // the last PUBACKs ahead of it) reaches the socket: keep polling until the
-                // broker closes the connection, as it must after DISCONNECT, or a short while.
-                let flush = async {
-                    while !matches!(
-                        poll_once(&mut eventloop, generation).await,
-                        Polled::Error(_)
-                    ) {}
-                };
-                let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
-                let _ = events.send(TransportEvent::Closed);
-                return;
-            }
-            // rumqttc disconnects on its own after a protocol error: treat it as a lost
-            // connection (the next poll reconnects), not as the end of the service.
-            Polled::DisconnectSent => {
-                tracing::warn!(broker = %cfg.brokers[broker], "client-side disconnect after a protocol error");
-                continue;
-            }
-            Polled::Other => continue,
-        };
-        if events.send(event).is_err() {
-            return;
         }
+    }
+}
+
+/// The service's event for `report`, brokers by name.
+fn event(cfg: &MqttConfig, report: Report) -> TransportEvent {
+    let name = |i: usize| cfg.brokers[i].to_string();
+    match report {
+        Report::Connected {
+            broker,
+            session_present,
+        } => TransportEvent::Connected {
+            broker: name(broker),
+            session_present,
+        },
+        Report::Disconnected { broker, error } => TransportEvent::Disconnected {
+            broker: name(broker),
+            error,
+        },
+        Report::Subscribed { broker, filters } => TransportEvent::Subscribed {
+            broker: name(broker),
+            filters,
+        },
+        Report::Failover { from, to } => TransportEvent::Failover {
+            from: name(from),
+            to: name(to),
+        },
+        Report::Fatal(e) => TransportEvent::Fatal(e),
     }
 }
 
@@ -647,13 +620,6 @@ async fn wait_unless_stopping(handle: &TransportHandle, wait: Duration) -> bool 
     false
 }
 
-/// How long to wait between connection attempts: doubling from `initial`, capped at `max`.
-pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    initial
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(max)
-}
-
 /// Publishes `payloads` to `topic` at QoS 1 over MQTT 3.1.1, in order, and returns once the
 /// broker has acknowledged every one (a field feed for `demo` and tests).
 pub async fn publish_all(
@@ -661,7 +627,7 @@ pub async fn publish_all(
     client_id: &str,
     topic: &str,
     payloads: Vec<Vec<u8>>,
-) -> Result<(), String> {
+) -> Result<(), TransportError> {
     let mut o = rumqttc::MqttOptions::new(client_id, &broker.host, broker.port);
     o.set_clean_session(true)
         .set_keep_alive(Duration::from_secs(30));
@@ -685,7 +651,12 @@ pub async fn publish_all(
         match eventloop.poll().await {
             Ok(rumqttc::Event::Incoming(rumqttc::Incoming::PubAck(_))) => acked += 1,
             Ok(_) => {}
-            Err(e) => return Err(format!("publishing to {broker}: {e}")),
+            Err(e) => {
+                return Err(TransportError::Publish {
+                    broker: broker.to_string(),
+                    why: e.to_string(),
+                });
+            }
         }
     }
     if let Ok(client) = sender.await {

@@ -23,7 +23,7 @@ use rumqttc::v5;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
 use tokio::sync::mpsc;
 
-use super::Endpoint;
+use super::{Endpoint, TransportError};
 use crate::config::{MqttSink, Protocol};
 
 /// The CloudEvents structured-mode content type, sent as an MQTT 5 property.
@@ -313,7 +313,7 @@ impl Publisher {
                 Err(e) => {
                     return Published {
                         acked: 0,
-                        failure: Some(PublishError::Connection(e)),
+                        failure: Some(PublishError::Connection(e.to_string())),
                     };
                 }
             }
@@ -349,7 +349,7 @@ impl Publisher {
                     }
                 }
                 if let Err(e) = queue(&conn.client, m) {
-                    progress.fail(next, PublishError::Connection(e));
+                    progress.fail(next, PublishError::Connection(e.to_string()));
                     stop = next;
                     break;
                 }
@@ -429,7 +429,7 @@ impl Publisher {
         }
     }
 
-    async fn connect(&self) -> Result<Connection, String> {
+    async fn connect(&self) -> Result<Connection, TransportError> {
         let s = &self.sink;
         let endpoint = Endpoint {
             broker: &s.broker,
@@ -481,11 +481,13 @@ impl Publisher {
                 tracing::debug!(broker = %s.broker, window = conn.window, "sink connected");
                 Ok(conn)
             }
-            Some(Report::Lost(e)) => Err(format!("connecting to {}: {e}", s.broker)),
-            _ => Err(format!(
-                "connecting to {}: no CONNACK before the connection ended",
-                s.broker
-            )),
+            Some(Report::Lost(why)) => Err(TransportError::Connect {
+                broker: s.broker.to_string(),
+                why,
+            }),
+            _ => Err(TransportError::NoConnAck {
+                broker: s.broker.to_string(),
+            }),
         }
     }
 
@@ -512,7 +514,7 @@ fn message_digest(m: &Message<'_>) -> u64 {
     h.finish()
 }
 
-fn queue(client: &Client, m: Message<'_>) -> Result<(), String> {
+fn queue(client: &Client, m: Message<'_>) -> Result<(), TransportError> {
     let payload = m.payload.as_bytes().to_vec();
     match client {
         Client::V5(c) => c
@@ -527,10 +529,10 @@ fn queue(client: &Client, m: Message<'_>) -> Result<(), String> {
                     ..PublishProperties::default()
                 },
             )
-            .map_err(|e| format!("cannot queue a PUBLISH: {e}")),
+            .map_err(|e| TransportError::Queue(e.to_string())),
         Client::V311(c) => c
             .try_publish(m.topic, rumqttc::QoS::AtLeastOnce, false, payload)
-            .map_err(|e| format!("cannot queue a PUBLISH: {e}")),
+            .map_err(|e| TransportError::Queue(e.to_string())),
     }
 }
 
