@@ -9,7 +9,8 @@
 //!
 //! A sink is driven through `Sink::deliver`: it is handed a batch of events in effect-offset
 //! order and says how many of them, from the front, were delivered, and what went wrong with
-//! the next one. The runner (`runner`) owns the cursor, backoff, parking and shutdown.
+//! the next one. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
+//! the rules of `state`, which does no I/O.
 
 pub mod envelope;
 mod exec;
@@ -17,6 +18,7 @@ mod http;
 mod mqtt;
 mod postgres;
 mod runner;
+mod state;
 
 use std::time::Duration;
 
@@ -24,7 +26,8 @@ use crate::config::{Config, SinkConfig, SinkKind, Start};
 use crate::store::StoreError;
 use crate::store::relay::{RelayStore, StartAt};
 
-pub use runner::{BLOCKED, FAILING, Relay, RelayError, SinkStatus, Wake, spawn};
+pub use runner::{Relay, RelayError, Wake, spawn};
+pub use state::{BLOCKED, FAILING, SinkStatus};
 
 /// What a sink's last error says of its condition: `Some("failing")` (its task ended and is
 /// being restarted), `Some("blocked")` (its receiver refuses every event), else `None` (an

@@ -14,22 +14,19 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::envelope::{self, EffectView};
-use super::{Attempt, CursorAfter, Event, Failure, Sink};
+use super::state::{
+    self, Adopted, Adoption, Block, FAILING, FlushDue, Jitter, Park, Phase, Retried, SinkState,
+    SinkStatus, Step,
+};
+use super::{Attempt, CursorAfter, Event, Sink};
 use crate::config::StoreLocation;
 use crate::config::{Config, OnPoison, SinkConfig};
 use crate::metrics::Metrics;
 use crate::store::postgres::PgStore;
 use crate::store::relay::{CursorWrite, Parked, RelayStore};
-use crate::store::tables::{LedgerKind, ParkedRecord, SinkRecord};
+use crate::store::tables::LedgerKind;
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
-
-/// How a sink's last error starts when the sink is failing: its task ended and is being
-/// restarted (`relay status`, `health` and the metrics read it from the cursor record).
-pub const FAILING: &str = "failing: ";
-/// How a sink's last error starts when every event is refused the same way and the sink is
-/// held at the first of them instead of parking the feed.
-pub const BLOCKED: &str = "blocked: ";
 
 /// Longest a delivered cursor position waits in memory before it is written.
 const CURSOR_FLUSH: Duration = Duration::from_millis(200);
@@ -50,8 +47,28 @@ pub enum RelayError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Config(String),
-    #[error("{0}")]
-    Runtime(String),
+    /// The relay's thread or runtime (`what`) could not be started.
+    #[error("cannot start the relay {what}: {error}")]
+    Start {
+        what: &'static str,
+        error: std::io::Error,
+    },
+    /// A task of the relay's runtime (`what`) ended without an answer: it panicked or was
+    /// cancelled.
+    #[error("{what}: {error}")]
+    Task {
+        what: &'static str,
+        error: tokio::task::JoinError,
+    },
+    #[error("the relay thread panicked")]
+    ThreadPanicked,
+    /// The relay's runtime panicked while it was being stopped.
+    #[error("the relay panicked: {0}")]
+    Panicked(String),
+    #[error("relay store lock poisoned")]
+    StoreLockPoisoned,
+    #[error("relay store closed")]
+    StoreClosed,
 }
 
 /// What wakes the sinks: `run`'s store thread bumps it after every commit that applied
@@ -77,24 +94,6 @@ impl Default for Wake {
     }
 }
 
-/// One sink as the service reports it (sd_notify STATUS, logs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SinkStatus {
-    pub name: String,
-    pub state: &'static str,
-    /// The first effect offset not yet delivered or parked.
-    pub next: u64,
-    /// The next effect offset the log will write.
-    pub head: u64,
-    pub last_error: Option<String>,
-}
-
-impl SinkStatus {
-    pub fn lag(&self) -> u64 {
-        self.head.saturating_sub(self.next)
-    }
-}
-
 /// The running relay: a thread with one task per sink.
 pub struct Relay {
     stop: watch::Sender<bool>,
@@ -111,13 +110,11 @@ impl Relay {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// `sinks: NAME lag N (state), ...` for sd_notify STATUS.
+    /// `sinks: NAME lag=N [age=Ss] STATE, ...` for sd_notify STATUS: the lag `relay status`
+    /// reports, in events and the age of the oldest undelivered one.
     pub fn status_line(&self) -> String {
-        let parts: Vec<String> = self
-            .status()
-            .iter()
-            .map(|s| format!("{} lag={} {}", s.name, s.lag(), s.state))
-            .collect();
+        let now = now_ms();
+        let parts: Vec<String> = self.status().iter().map(|s| s.line(now)).collect();
         format!("sinks: {}", parts.join(", "))
     }
 
@@ -152,18 +149,14 @@ impl Relay {
             );
             return Ok(());
         }
-        thread
-            .join()
-            .map_err(|_| RelayError::Runtime("the relay thread panicked".into()))?
+        thread.join().map_err(|_| RelayError::ThreadPanicked)?
     }
 
     /// Waits until the relay stops on its own (a fatal error), or `stop` is requested by the
     /// caller's `until` future returning.
     pub fn join(mut self) -> Result<(), RelayError> {
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|_| RelayError::Runtime("the relay thread panicked".into()))?,
+            Some(t) => t.join().map_err(|_| RelayError::ThreadPanicked)?,
             None => Ok(()),
         }
     }
@@ -263,7 +256,10 @@ pub fn spawn(
             }
             r
         })
-        .map_err(|e| RelayError::Runtime(format!("cannot start the relay thread: {e}")))?;
+        .map_err(|error| RelayError::Start {
+            what: "thread",
+            error,
+        })?;
     Ok(Some(Relay {
         stop: stop_tx,
         hard: hard_tx,
@@ -287,7 +283,10 @@ fn run_supervised(
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| RelayError::Runtime(format!("cannot start the relay runtime: {e}")))?;
+            .map_err(|error| RelayError::Start {
+                what: "runtime",
+                error,
+            })?;
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             rt.block_on(run_all(
                 shared.clone(),
@@ -304,7 +303,7 @@ fn run_supervised(
                 let why = panic_text(&*panic);
                 tracing::error!(error = %why, "the relay's runtime panicked; starting it again after a backoff");
                 if *stop.borrow() {
-                    return Err(RelayError::Runtime(format!("the relay panicked: {why}")));
+                    return Err(RelayError::Panicked(why));
                 }
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -342,16 +341,15 @@ impl Shared {
     ) -> Result<R, RelayError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
-            let mut g = store
-                .lock()
-                .map_err(|_| RelayError::Runtime("relay store lock poisoned".into()))?;
-            let s = g
-                .as_mut()
-                .ok_or_else(|| RelayError::Runtime("relay store closed".into()))?;
+            let mut g = store.lock().map_err(|_| RelayError::StoreLockPoisoned)?;
+            let s = g.as_mut().ok_or(RelayError::StoreClosed)?;
             f(s).map_err(RelayError::from)
         })
         .await
-        .map_err(|e| RelayError::Runtime(format!("relay store task: {e}")))?
+        .map_err(|error| RelayError::Task {
+            what: "relay store task",
+            error,
+        })?
     }
 
     /// Runs a read on a fresh snapshot on the blocking pool.
@@ -365,7 +363,10 @@ impl Shared {
             f(&snap).map_err(RelayError::from)
         })
         .await
-        .map_err(|e| RelayError::Runtime(format!("relay read task: {e}")))?
+        .map_err(|error| RelayError::Task {
+            what: "relay read task",
+            error,
+        })?
     }
 
     fn set_status(&self, idx: usize, f: impl FnOnce(&mut SinkStatus)) {
@@ -410,16 +411,7 @@ async fn run_all(
     }
     let wake = wake.subscribe();
     if let Ok(mut st) = shared.status.lock() {
-        *st = sinks
-            .iter()
-            .map(|c| SinkStatus {
-                name: c.name.clone(),
-                state: "starting",
-                next: 0,
-                head: 0,
-                last_error: None,
-            })
-            .collect();
+        *st = sinks.iter().map(|c| SinkStatus::new(&c.name)).collect();
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (idx, cfg) in sinks.into_iter().enumerate() {
@@ -435,7 +427,10 @@ async fn run_all(
     }
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {
-        let r = done.map_err(|e| RelayError::Runtime(format!("a sink task failed: {e}")));
+        let r = done.map_err(|error| RelayError::Task {
+            what: "a sink task failed",
+            error,
+        });
         if let Err(e) | Ok(Err(e)) = r
             && first_error.is_none()
         {
@@ -459,18 +454,15 @@ struct TaskContext {
 impl TaskContext {
     fn task(&self) -> Result<SinkTask, RelayError> {
         Ok(SinkTask {
-            rng: seed(&self.cfg.name),
+            jitter: Jitter::seeded(&self.cfg.name, nanos_now()),
             sink: Sink::new(&self.cfg).map_err(RelayError::Config)?,
+            state: SinkState::new(self.cfg.on_poison == OnPoison::Block),
             ctx: self.clone(),
-            rec: None,
             store_id: None,
-            next: 0,
-            parked: Vec::new(),
             flushed_at: Instant::now(),
             error_noted_at: None,
+            lag_read_at: None,
             standby: false,
-            refusals: None,
-            blocked: None,
             reloaded_at: None,
         })
     }
@@ -499,7 +491,7 @@ async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
         }
         let error = format!("{FAILING}{why}; restarting it");
         ctx.shared.set_status(ctx.idx, |s| {
-            s.state = "failing";
+            s.state = Phase::Failing;
             s.last_error = Some(error.clone());
         });
         let noted = ctx
@@ -521,42 +513,32 @@ async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
     }
 }
 
-fn seed(name: &str) -> u64 {
-    let t = std::time::SystemTime::now()
+/// The clock's nanoseconds, the jitter's seed.
+fn nanos_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let h = crate::key::sha256(&[name.as_bytes(), &t.to_le_bytes()]);
-    u64::from_le_bytes(h[..8].try_into().unwrap_or([1; 8])) | 1
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The driver of one sink: reads effects, delivers them, writes cursors and parked events,
+/// sleeps and wakes; what to do after each attempt and write is `state`'s to say.
 struct SinkTask {
     ctx: TaskContext,
     sink: Sink,
-    /// The cursor as last written (or read).
-    rec: Option<SinkRecord>,
-    /// Delivered or parked up to here (ahead of `rec.next` until the next flush).
-    next: u64,
-    /// Parked since the last flush (written with it).
-    parked: Vec<(u64, ParkedRecord)>,
+    /// The cursor, the parked events not yet written and the run of failures.
+    state: SinkState,
     flushed_at: Instant,
     error_noted_at: Option<Instant>,
-    rng: u64,
+    /// When the lag shown in the status was last read while the cursor stood still.
+    lag_read_at: Option<Instant>,
+    jitter: Jitter,
     /// Another member holds the sink (PostgreSQL): this task waits to take over.
     standby: bool,
     /// The store's id (`store::identity`), read when the sink registers.
     store_id: Option<[u8; 16]>,
-    /// The events refused with one class (`Failure::Refused`) and parked one after the other,
-    /// while nothing has been delivered since: the class, and each event's offset and source.
-    refusals: Option<(String, Vec<Refusal>)>,
-    /// The class of refusal that refuses every event: the sink is blocked until an attempt
-    /// delivers something.
-    blocked: Option<String>,
     /// When operator actions were last looked for (`follow_operators`).
     reloaded_at: Option<Instant>,
 }
-
-/// An event refused and parked: its offset and its source (agency, source id).
-type Refusal = (u64, (String, String));
 
 /// How a wait ended.
 #[derive(PartialEq, Eq)]
@@ -598,17 +580,16 @@ impl SinkTask {
                         tracing::info!(sink = %self.ctx.cfg.name, "another member delivers this sink; standing by");
                         self.standby = true;
                     }
-                    self.rec = None;
-                    self.forget_progress();
-                    self.status("standby", None);
+                    self.state.stand_by();
+                    self.status(Phase::Standby, None);
                     if self.sleep(RELOAD_EVERY).await == Woken::Stop {
                         break Ok(());
                     }
                 }
                 Err(e) => {
                     tracing::error!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff");
-                    self.status("failing", Some(e.to_string()));
-                    let wait = self.jitter(backoff);
+                    self.status(Phase::Failing, Some(e.to_string()));
+                    let wait = self.jitter.full(backoff);
                     if self.sleep(wait).await == Woken::Stop {
                         break Err(e);
                     }
@@ -624,7 +605,7 @@ impl SinkTask {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.sink.close()).await;
         self.ctx
             .shared
-            .set_status(self.ctx.idx, |s| s.state = "stopped");
+            .set_status(self.ctx.idx, |s| s.state = Phase::Stopped);
         r.and(flushed)
     }
 
@@ -639,7 +620,8 @@ impl SinkTask {
             self.follow_operators().await?;
             let (blocked, mut batch) = self.read_batch().await?;
             if blocked {
-                self.status("blocked", None);
+                self.status(Phase::Blocked, None);
+                self.refresh_lag(false).await;
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
@@ -648,7 +630,7 @@ impl SinkTask {
             }
             if batch.is_empty() {
                 self.flush(true).await?;
-                self.status("idle", None);
+                self.status(Phase::Idle, None);
                 if self.wait(RELOAD_EVERY).await == Woken::Stop {
                     return Ok(());
                 }
@@ -663,9 +645,9 @@ impl SinkTask {
                     batch = more;
                 }
             }
-            self.status("delivering", None);
+            self.status(Phase::Delivering, None);
             self.deliver(&batch).await?;
-            if self.flushed_at.elapsed() >= CURSOR_FLUSH || !self.parked.is_empty() {
+            if self.flushed_at.elapsed() >= CURSOR_FLUSH || self.state.has_parked() {
                 self.flush(false).await?;
             }
         }
@@ -682,14 +664,6 @@ impl SinkTask {
         self.retry_requested().await?;
         self.reloaded_at = Some(Instant::now());
         Ok(())
-    }
-
-    /// Forgets what this task held in memory about the cursor's past (parks not yet written,
-    /// a run of refusals, a block): after the cursor is read anew, all of it is derived again.
-    fn forget_progress(&mut self) {
-        self.parked.clear();
-        self.refusals = None;
-        self.blocked = None;
     }
 
     async fn register(&mut self) -> Result<(), RelayError> {
@@ -722,17 +696,15 @@ impl SinkTask {
         } else {
             tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink started");
         }
-        self.forget_progress();
-        self.next = rec.next;
-        self.rec = Some(rec);
+        self.state.registered(rec);
         Ok(())
     }
 
     /// A sink that keeps its cursor beside its data (postgres), for this store and its table,
-    /// committed with its rows, is adopted: backwards (the sink's store was restored from a
-    /// backup: what it lacks is delivered again), and forwards as far as the rows are really
-    /// there (checked by id). An operator's rewind made since (a newer generation here) wins
-    /// over it. Either way the move is audited.
+    /// committed with its rows, is adopted (`state::adoption`): backwards (the sink's store
+    /// was restored from a backup: what it lacks is delivered again), and forwards as far as
+    /// the rows are really there (checked by id). An operator's rewind made since (a newer
+    /// generation here) wins over it. Either way the move is audited.
     async fn adopt_sink_cursor(&mut self) -> Result<(), RelayError> {
         let Some(store) = self.store_id else {
             return Ok(());
@@ -747,9 +719,10 @@ impl SinkTask {
             match stored {
                 Ok(c) => break c,
                 Err(e) => {
-                    self.status("connecting", Some(e.clone()));
+                    self.status(Phase::Connecting, Some(e.clone()));
+                    self.refresh_lag(false).await;
                     self.note_error(&e).await?;
-                    let wait = self.jitter(backoff);
+                    let wait = self.jitter.full(backoff);
                     if self.sleep(wait).await == Woken::Stop {
                         return Ok(());
                     }
@@ -757,66 +730,68 @@ impl SinkTask {
                 }
             }
         };
-        let (Some(c), Some(rec)) = (stored, self.rec.clone()) else {
+        let (Some(c), Some(rec)) = (stored, self.state.rec().cloned()) else {
             return Ok(());
         };
-        if c.generation != rec.generation || c.next_after == rec.next {
-            return Ok(());
-        }
-        let mut to = c.next_after;
-        if to < rec.next {
-            // A row from before this cursor was made (the sink forgotten and added again, or
-            // started at the head): it says nothing of what this cursor delivered.
-            let name = self.name().to_string();
-            let start = self
-                .ctx
-                .shared
-                .read(move |s| {
-                    Ok(s.sink_ledger(&name)?
-                        .first()
-                        .filter(|(_, e)| e.kind == LedgerKind::Start.code())
-                        .map(|(_, e)| e.from))
-                })
-                .await?;
-            if start.is_some_and(|st| to < st) {
-                tracing::info!(sink = %self.ctx.cfg.name, stored = to, start = ?start, "the sink's own cursor row is older than this cursor: not adopted");
-                return Ok(());
-            }
-        }
-        if to > rec.next {
-            // Forward: only as far as the events' rows are in the sink's table.
-            let (from, limit) = (rec.next, to.min(rec.next + ADOPT_CHECK_MAX));
-            let ids = self
-                .ctx
-                .shared
-                .read(move |s| {
-                    let mut ids = Vec::new();
-                    s.scan_effects::<StoreError>(from, |e| {
-                        if e.offset >= limit {
-                            return Ok(std::ops::ControlFlow::Break(()));
-                        }
-                        let r = &e.record;
-                        ids.push(envelope::event_id(&r.key, r.released, &r.payload));
-                        Ok(std::ops::ControlFlow::Continue(()))
-                    })?;
-                    Ok(ids)
-                })
-                .await?;
-            let held = match self.sink.holds_prefix(&ids).await {
-                Ok(n) => n as u64,
-                Err(e) => {
-                    tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+        let to = match state::adoption(store, &rec, &c, ADOPT_CHECK_MAX) {
+            Adoption::Keep => return Ok(()),
+            Adoption::Back { to } => {
+                // A row from before this cursor was made (the sink forgotten and added
+                // again, or started at the head) says nothing of what this cursor delivered.
+                let name = self.name().to_string();
+                let start = self
+                    .ctx
+                    .shared
+                    .read(move |s| {
+                        Ok(s.sink_ledger(&name)?
+                            .first()
+                            .filter(|(_, e)| e.kind == LedgerKind::Start.code())
+                            .map(|(_, e)| e.from))
+                    })
+                    .await?;
+                if !state::back_allowed(to, start) {
+                    tracing::info!(sink = %self.ctx.cfg.name, stored = to, start = ?start, "the sink's own cursor row is older than this cursor: not adopted");
                     return Ok(());
                 }
-            };
-            if rec.next + held < to {
-                tracing::warn!(sink = %self.ctx.cfg.name, stored = to, held_to = rec.next + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
+                to
             }
-            to = rec.next + held;
-            if to == rec.next {
-                return Ok(());
+            Adoption::Forward {
+                from,
+                check_to,
+                stored,
+            } => {
+                let ids = self
+                    .ctx
+                    .shared
+                    .read(move |s| {
+                        let mut ids = Vec::new();
+                        s.scan_effects::<StoreError>(from, |e| {
+                            if e.offset >= check_to {
+                                return Ok(std::ops::ControlFlow::Break(()));
+                            }
+                            let r = &e.record;
+                            ids.push(envelope::event_id(&r.key, r.released, &r.payload));
+                            Ok(std::ops::ControlFlow::Continue(()))
+                        })?;
+                        Ok(ids)
+                    })
+                    .await?;
+                let held = match self.sink.holds_prefix(&ids).await {
+                    Ok(n) => n as u64,
+                    Err(e) => {
+                        tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+                        return Ok(());
+                    }
+                };
+                if from + held < stored {
+                    tracing::warn!(sink = %self.ctx.cfg.name, stored, held_to = from + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
+                }
+                match state::forward_to(from, held) {
+                    Some(to) => to,
+                    None => return Ok(()),
+                }
             }
-        }
+        };
         let name = self.name().to_string();
         let held_by = self.sink.cursor_home();
         let w = self
@@ -830,50 +805,26 @@ impl SinkTask {
         {
             tracing::error!(sink = %self.ctx.cfg.name, lacked_from = to, kept_from = r.next, "the sink's own store lacks effects that retention has removed here: they cannot be delivered again (see the audit log)");
         }
-        if let CursorWrite::Done(r) = &w {
-            // Also backwards: a sink store restored from a backup gets what it lacks.
-            self.next = r.next;
-        }
-        self.adopt(w);
+        // Also backwards: a sink store restored from a backup gets what it lacks.
+        let adopted = self.state.adopt_from(w);
+        self.adopted(adopted);
         Ok(())
     }
 
-    /// `adopt` for a write that moved the cursor back (`unpark`).
-    fn adopt_back(&mut self, w: CursorWrite) {
-        match w {
-            CursorWrite::Done(r) => {
-                self.next = r.next;
-                self.rec = Some(r);
-            }
-            other => self.adopt(other),
-        }
+    /// Follows a cursor write's outcome (`SinkState::adopt`).
+    fn adopt(&mut self, w: CursorWrite) {
+        let adopted = self.state.adopt(w);
+        self.adopted(adopted);
     }
 
-    fn adopt(&mut self, w: CursorWrite) {
-        match w {
-            CursorWrite::Done(r)
-                if self
-                    .rec
-                    .as_ref()
-                    .is_some_and(|o| o.generation != r.generation) =>
-            {
-                // Written, but an operator had rewound meanwhile: deliver from there.
-                self.adopt(CursorWrite::Moved(Some(r)));
+    fn adopted(&self, adopted: Adopted) {
+        match adopted {
+            Adopted::Written => {}
+            Adopted::MovedByOperator { next, generation } => {
+                tracing::info!(sink = %self.ctx.cfg.name, next, generation, "cursor moved by an operator: delivering from there");
             }
-            CursorWrite::Done(r) => {
-                self.next = self.next.max(r.next);
-                self.rec = Some(r);
-            }
-            CursorWrite::Moved(Some(r)) => {
-                tracing::info!(sink = %self.ctx.cfg.name, next = r.next, generation = r.generation, "cursor moved by an operator: delivering from there");
-                self.forget_progress();
-                self.next = r.next;
-                self.rec = Some(r);
-            }
-            CursorWrite::Moved(None) => {
+            Adopted::Forgotten => {
                 tracing::warn!(sink = %self.ctx.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
-                self.rec = None;
-                self.forget_progress();
             }
         }
     }
@@ -881,59 +832,87 @@ impl SinkTask {
     /// Writes the cursor if it moved (or parked something), or when `always` and unwritten
     /// progress exists. A cursor moved meanwhile by an operator is adopted instead.
     async fn flush(&mut self, always: bool) -> Result<(), RelayError> {
-        let Some(rec) = self.rec.clone() else {
-            return self.register().await;
-        };
-        if self.next == rec.next && self.parked.is_empty() {
-            return Ok(());
-        }
-        if !always && self.flushed_at.elapsed() < CURSOR_FLUSH && self.parked.is_empty() {
-            return Ok(());
-        }
+        let (generation, from, to) =
+            match self
+                .state
+                .flush_due(always, self.flushed_at.elapsed(), CURSOR_FLUSH)
+            {
+                FlushDue::Register => return self.register().await,
+                FlushDue::Nothing => return Ok(()),
+                FlushDue::Write {
+                    generation,
+                    from,
+                    to,
+                } => (generation, from, to),
+            };
         let name = self.name().to_string();
-        let (from, to, parked) = (rec.next, self.next, std::mem::take(&mut self.parked));
+        let parked = self.state.take_parked();
         let kept = parked.clone();
         let w = match self
             .ctx
             .shared
-            .write(move |s| s.advance_sink(&name, rec.generation, from, to, &parked, now_ms()))
+            .write(move |s| s.advance_sink(&name, generation, from, to, &parked, now_ms()))
             .await
         {
             Ok(w) => w,
             Err(e) => {
                 // Not written: the parked events must go with the next write that succeeds.
-                self.parked = kept;
+                self.state.restore_parked(kept);
                 return Err(e);
             }
         };
         self.flushed_at = Instant::now();
         self.adopt(w);
-        let head = self
+        self.refresh_lag(true).await;
+        Ok(())
+    }
+
+    /// Reads the log's head and when the effect at the cursor was received into the sink's
+    /// status (as `relay status` computes its lag); `force`: whatever the last read, else at
+    /// most every RELOAD_EVERY. A failed read leaves the last figures.
+    async fn refresh_lag(&mut self, force: bool) {
+        if !force && self.lag_read_at.is_some_and(|t| t.elapsed() < RELOAD_EVERY) {
+            return;
+        }
+        self.lag_read_at = Some(Instant::now());
+        let next = self.state.next();
+        let read = self
             .ctx
             .shared
-            .read(|s| Ok(s.meta()?.next_effect))
-            .await
-            .unwrap_or(0);
-        let next = self.next;
-        self.ctx.shared.set_status(self.ctx.idx, |s| {
-            s.next = next;
-            s.head = head;
-        });
-        Ok(())
+            .read(move |s| {
+                let head = s.meta()?.next_effect;
+                let oldest = if head > next {
+                    s.effect(next)?.map(|e| e.record.received_at_ms)
+                } else {
+                    None
+                };
+                Ok((head, oldest))
+            })
+            .await;
+        match read {
+            Ok((head, oldest)) => self
+                .ctx
+                .shared
+                .set_status(self.ctx.idx, |s| s.read_lag(next, head, oldest)),
+            Err(e) => {
+                tracing::debug!(sink = %self.ctx.cfg.name, error = %e, "could not read the sink's lag");
+                self.ctx.shared.set_status(self.ctx.idx, |s| s.next = next);
+            }
+        }
     }
 
     async fn reload_if_moved(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
         let stored = self.ctx.shared.read(move |s| s.sink_cursor(&name)).await?;
-        let Some(rec) = self.rec.clone() else {
+        let Some(generation) = self.state.generation() else {
             return self.register().await;
         };
         match stored {
             None => self.adopt(CursorWrite::Moved(None)),
-            Some(s) if s.generation != rec.generation => self.adopt(CursorWrite::Moved(Some(s))),
+            Some(s) if s.generation != generation => self.adopt(CursorWrite::Moved(Some(s))),
             Some(_) => {}
         }
-        if self.rec.is_none() {
+        if self.state.rec().is_none() {
             self.register().await?;
         }
         Ok(())
@@ -984,14 +963,7 @@ impl SinkTask {
                 self.retry_failed(&p, why).await?;
                 continue;
             };
-            // A blocking event's delivery moves the cursor past it (the postgres sink stores
-            // that with the row).
-            let after = if p.record.blocking {
-                self.next.max(p.offset + 1)
-            } else {
-                self.next
-            };
-            let cursor = self.cursor_after(after);
+            let cursor = self.cursor_after(self.state.retry_cursor(p.offset, p.record.blocking));
             let generation = cursor.generation;
             let Some(attempt) = self
                 .abortable_deliver(std::slice::from_ref(&ev), cursor)
@@ -1010,29 +982,23 @@ impl SinkTask {
                 if p.record.blocking
                     && let CursorWrite::Done(r) = &w
                 {
-                    self.next = self.next.max(r.next);
+                    self.state.advance_to(r.next);
                 }
                 self.adopt(w);
             } else {
-                let why = match attempt.failure {
-                    Some(
-                        Failure::Poison { reason, response }
-                        | Failure::Refused {
-                            reason, response, ..
-                        },
-                    ) => format!("{reason}: {response}"),
-                    Some(Failure::Retry { error, .. }) => {
+                match Retried::of(attempt.failure) {
+                    Retried::NotYet(error) => {
                         // Transient (a 503, a lost connection): the request stands and is
                         // tried again on the next round, about a second later.
                         tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again");
-                        self.status("retrying", Some(error.clone()));
+                        self.status(Phase::Retrying, Some(error.clone()));
                         self.note_error(&error).await?;
-                        continue;
                     }
-                    None => "not delivered".into(),
-                };
-                tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
-                self.retry_failed(&p, why).await?;
+                    Retried::Refused(why) => {
+                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
+                        self.retry_failed(&p, why).await?;
+                    }
+                }
             }
         }
         Ok(())
@@ -1055,7 +1021,7 @@ impl SinkTask {
     fn cursor_after(&self, next_after: u64) -> CursorAfter {
         CursorAfter {
             store: self.store_id.unwrap_or_default(),
-            generation: self.rec.as_ref().map_or(0, |r| r.generation),
+            generation: self.state.generation().unwrap_or(0),
             next_after,
         }
     }
@@ -1063,7 +1029,7 @@ impl SinkTask {
     /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
     /// cursor, and else the next batch from it.
     async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
-        let (from, max) = (self.next, self.ctx.cfg.batch_max);
+        let (from, max) = (self.state.next(), self.ctx.cfg.batch_max);
         let source = self.ctx.shared.source.clone();
         let name = self.name().to_string();
         self.ctx
@@ -1099,14 +1065,15 @@ impl SinkTask {
             .await
     }
 
-    /// Delivers `batch` until all of it is delivered or parked, or the relay stops.
+    /// Delivers `batch` until all of it is delivered or parked, or the relay stops; after
+    /// each attempt, does what `SinkState::attempt` says.
     async fn deliver(&mut self, batch: &[Event]) -> Result<(), RelayError> {
         let mut i = 0;
-        let mut failures: u32 = 0;
+        self.state.begin_batch();
         // A cursor write below may find that an operator moved the cursor (`relay rewind`):
         // the rest of this batch is then not ours to deliver.
-        let generation = self.rec.as_ref().map(|r| r.generation);
-        let moved = |t: &SinkTask| t.rec.as_ref().map(|r| r.generation) != generation;
+        let generation = self.state.generation();
+        let moved = |t: &SinkTask| t.state.generation() != generation;
         while i < batch.len() {
             let rest = &batch[i..];
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
@@ -1114,86 +1081,39 @@ impl SinkTask {
             else {
                 return Ok(());
             };
-            let delivered = delivered.min(rest.len());
-            if delivered > 0 {
-                i += delivered;
-                self.next = batch[i - 1].offset + 1;
-                failures = 0;
-                self.refusals = None;
-                if let Some(class) = self.blocked.take() {
-                    tracing::info!(sink = %self.ctx.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
-                }
+            let attempted = self.state.attempt(rest, delivered, failure);
+            i += attempted.delivered;
+            if let Some(class) = attempted.unblocked {
+                tracing::info!(sink = %self.ctx.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
             }
-            match failure {
-                None if i < batch.len() && delivered == 0 => {
-                    // A sink that delivers nothing and says nothing: treat as a retry.
-                    failures += 1;
-                    if self
-                        .back_off(failures, None, "the sink delivered nothing", "retrying")
-                        .await
+            match attempted.step {
+                Step::Go => {}
+                Step::End => return Ok(()),
+                Step::BackOff {
+                    failures,
+                    after,
+                    error,
+                    state,
+                } => {
+                    if self.back_off(failures, after, &error, state).await
                         || self.followed(moved).await?
                     {
                         return Ok(());
                     }
                 }
-                None => {}
-                Some(Failure::Retry { error, after }) => {
-                    failures += 1;
-                    if self.back_off(failures, after, &error, "retrying").await
-                        || self.followed(moved).await?
-                    {
-                        return Ok(());
-                    }
-                }
-                Some(Failure::Poison { reason, response }) => {
-                    self.refusals = None;
+                Step::Park(park) => {
                     let Some(ev) = batch.get(i) else {
                         return Ok(());
                     };
-                    if self.park(ev, reason, response, failures).await? || moved(self) {
+                    if self.park(&park, ev).await? || moved(self) {
                         return Ok(());
                     }
+                    self.state.passed(park);
                     i += 1;
-                    failures = 0;
                 }
-                Some(Failure::Refused {
-                    class,
-                    reason,
-                    response,
-                }) => {
-                    let Some(ev) = batch.get(i) else {
-                        return Ok(());
-                    };
-                    let source = (ev.agency.clone(), ev.source_id.clone());
-                    if self.blocked.as_ref() == Some(&class) {
-                        failures += 1;
-                        let error = format!(
-                            "{BLOCKED}{reason}; every event is refused this way, so none is \
-                             parked: fix the receiver (the sink keeps trying)"
-                        );
-                        if self.back_off(failures, None, &error, "blocked").await
-                            || self.followed(moved).await?
-                        {
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                    let mut run = match self.refusals.take() {
-                        Some((c, run)) if c == class => run,
-                        _ => Vec::new(),
-                    };
-                    if let Some((_, other)) = run.iter().find(|(_, src)| *src != source) {
-                        let other = other.clone();
-                        self.block(ev, &run, other, &class, &reason).await?;
-                        return Ok(());
-                    }
-                    if self.park(ev, reason, response, failures).await? || moved(self) {
-                        return Ok(());
-                    }
-                    run.push((ev.offset, source));
-                    self.refusals = Some((class, run));
-                    i += 1;
-                    failures = 0;
+                Step::Block(block) => {
+                    self.block(&block).await?;
+                    return Ok(());
                 }
             }
         }
@@ -1207,90 +1127,43 @@ impl SinkTask {
         Ok(moved(self))
     }
 
-    /// Parks `ev`, refused for good (`on_poison = "block"`: the cursor waits at it). `true`
-    /// when the rest of the batch is not to be delivered now (the sink blocks at it).
-    async fn park(
-        &mut self,
-        ev: &Event,
-        reason: String,
-        response: String,
-        failures: u32,
-    ) -> Result<bool, RelayError> {
-        let blocking = self.ctx.cfg.on_poison == OnPoison::Block;
-        tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&reason), blocking, "event refused for good: parked");
-        let record = ParkedRecord {
-            parked_at_ms: now_ms(),
-            id: ev.id.clone(),
-            key: ev.key,
-            agency: ev.agency.clone(),
-            source_id: ev.source_id.clone(),
-            topic: ev.topic.clone(),
-            reason: reason.chars().take(1024).collect(),
-            response: response.chars().take(2048).collect(),
-            attempts: u64::from(failures) + 1,
-            blocking,
-            retry_requested_at_ms: None,
-            event: ev.json.clone(),
-        };
-        self.parked.push((ev.offset, record));
-        if blocking {
-            // The cursor stays at the event until an operator acts.
-            self.flush(true).await?;
-            return Ok(true);
-        }
-        self.next = ev.offset + 1;
+    /// Parks `ev` as `park` says and writes the cursor with it (`on_poison = "block"`: the
+    /// cursor waits at it). `true` when the rest of the batch is not to be delivered now (the
+    /// sink blocks at it).
+    async fn park(&mut self, park: &Park, ev: &Event) -> Result<bool, RelayError> {
+        tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&park.reason), blocking = park.blocking, "event refused for good: parked");
+        let blocking = self.state.park(park, ev, now_ms());
         self.flush(true).await?;
-        Ok(false)
+        Ok(blocking)
     }
 
-    /// The same refusal (`class`) met `ev` right after the events of `run` were parked for
-    /// it one after the other, one of them (`other`) of another source than `ev`: the
-    /// receiver refuses every event, not these. They are taken back out of the parked events
-    /// (the cursor returns to the first) and the sink holds there, retrying with backoff,
-    /// until the receiver accepts events again.
-    async fn block(
-        &mut self,
-        ev: &Event,
-        run: &[Refusal],
-        other: (String, String),
-        class: &str,
-        reason: &str,
-    ) -> Result<(), RelayError> {
-        let mut at = ev.offset;
-        let first = run.first().map_or(ev.offset, |(o, _)| *o);
-        let contiguous = run
-            .iter()
-            .enumerate()
-            .all(|(k, (o, _))| *o == first + k as u64)
-            && first + run.len() as u64 == ev.offset;
-        if contiguous
-            && first < ev.offset
-            && let Some(rec) = self.rec.clone()
+    /// The receiver refuses every event (`Step::Block`): the events parked for it right
+    /// before are taken back out of the parked events (the cursor returns to the first) and
+    /// the sink holds there, retrying with backoff, until the receiver accepts events again.
+    async fn block(&mut self, block: &Block) -> Result<(), RelayError> {
+        let mut at = block.offset;
+        if let Some((first, to)) = block.take_back
+            && let Some(generation) = self.state.generation()
         {
             let name = self.name().to_string();
-            let to = ev.offset;
             let w = self
                 .ctx
                 .shared
-                .write(move |s| s.unpark(&name, rec.generation, first, to, now_ms()))
+                .write(move |s| s.unpark(&name, generation, first, to, now_ms()))
                 .await?;
             if let CursorWrite::Done(r) = &w
                 && r.next == first
             {
                 at = first;
             }
-            self.adopt_back(w);
+            let adopted = self.state.adopt_back(w);
+            self.adopted(adopted);
         }
-        self.blocked = Some(class.to_string());
-        let error = format!(
-            "{BLOCKED}{reason}; events of different sources ({}/{} and {}/{}, up to offset {}) \
-             were refused the same way, so the receiver refuses every event: nothing is \
-             parked, the sink waits at offset {at} and keeps trying; fix the receiver",
-            other.0, other.1, ev.agency, ev.source_id, ev.offset
-        );
-        tracing::error!(sink = %self.ctx.cfg.name, offset = at, %class, error = %super::terminal_safe(&error), "relay sink blocked");
+        self.state.block(block.class.clone());
+        let error = block.error(at);
+        tracing::error!(sink = %self.ctx.cfg.name, offset = at, class = %block.class, error = %super::terminal_safe(&error), "relay sink blocked");
         self.error_noted_at = None;
-        self.back_off(1, None, &error, "blocked").await;
+        self.back_off(1, None, &error, Phase::Blocked).await;
         Ok(())
     }
 
@@ -1300,16 +1173,13 @@ impl SinkTask {
         failures: u32,
         after: Option<Duration>,
         error: &str,
-        state: &'static str,
+        state: Phase,
     ) -> bool {
-        let cap = self
-            .ctx
-            .cfg
-            .backoff_initial
-            .saturating_mul(1u32 << failures.min(20))
-            .min(self.ctx.cfg.backoff_max);
-        let wait = self.jitter(cap).max(after.unwrap_or_default());
+        let (initial, max) = (self.ctx.cfg.backoff_initial, self.ctx.cfg.backoff_max);
+        let wait = self.jitter.backoff(initial, max, failures, after);
         tracing::warn!(sink = %self.ctx.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying");
+        // The lag shown while failing is the log's, not the one of the last cursor write.
+        self.refresh_lag(false).await;
         self.status(state, Some(error.to_string()));
         if let Err(e) = self.note_error(error).await {
             tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not record the sink's error");
@@ -1319,15 +1189,6 @@ impl SinkTask {
             tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not write the cursor");
         }
         self.sleep(wait).await == Woken::Stop
-    }
-
-    /// Full jitter: uniform in [0, cap].
-    fn jitter(&mut self, cap: Duration) -> Duration {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let ms = cap.as_millis() as u64;
-        Duration::from_millis(if ms == 0 { 0 } else { self.rng % (ms + 1) })
     }
 
     /// Records that the retry of parked event `p` did not deliver it: it stays parked, `why`
@@ -1359,15 +1220,11 @@ impl SinkTask {
             .await
     }
 
-    fn status(&self, state: &'static str, error: Option<String>) {
-        let next = self.next;
-        self.ctx.shared.set_status(self.ctx.idx, |s| {
-            s.state = state;
-            s.next = next;
-            if error.is_some() || state == "idle" {
-                s.last_error = error;
-            }
-        });
+    fn status(&self, state: Phase, error: Option<String>) {
+        let next = self.state.next();
+        self.ctx
+            .shared
+            .set_status(self.ctx.idx, |s| s.enter(state, next, error));
     }
 
     /// Sleeps `d` unless the relay stops first.

@@ -445,6 +445,46 @@ fn run_delivers_what_it_applies_to_its_sinks_and_stops_cleanly() {
 }
 
 #[test]
+fn the_relays_notify_status_tells_a_retrying_sinks_lag_as_relay_status_does() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat > /dev/null\nexit 1", "", "");
+    s.ingest(0, 20);
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut relay = common::logged_command(
+        &["relay", "--config", s.config.to_str().unwrap()],
+        &s.dir.join("relay.log"),
+    )
+    .env("NOTIFY_SOCKET", &sock_path)
+    .env("WATCHDOG_USEC", "200000")
+    .spawn()
+    .unwrap();
+    // The receiver refuses every batch: the sink retries from offset 0, 20 events behind,
+    // and its STATUS says so (not the lag of a cursor write that never happened).
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !got
+        .iter()
+        .any(|m: &String| m.contains("sinks: script lag=20 age=") && m.contains("s retrying"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no STATUS with the retrying sink's lag: {got:?}\n{}",
+            s.log()
+        );
+        let n = sock.recv(&mut buf).expect("no notification within 10 s");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["script"], "lag_events"), "20");
+    assert_eq!(stop(&mut relay), Some(0), "{}", s.log());
+}
+
+#[test]
 fn a_lagging_sink_holds_retention_and_a_removed_sink_is_forgotten_only_on_command() {
     let dir = tempfile::tempdir().unwrap();
     let retention = "[window]\nmax_entries = 2\n[retention]\neffects_max_entries = 5\n";
