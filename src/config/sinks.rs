@@ -485,7 +485,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                 tracing::warn!(
                     sink = %name,
                     url = %url,
-                    "the Authorization value goes in clear over http://: use https://"
+                    "the Authorization value of sink {name} goes in clear over http:// ({url}): use https://"
                 );
             }
             SinkKind::Http(HttpSink {
@@ -613,7 +613,8 @@ fn warn_if_shared(sink: &str, path: &Path) {
                 sink = %sink,
                 file = %path.display(),
                 mode = %format!("{mode:04o}"),
-                "authorization_file may be read or written by others than its owner: chmod 0600 it"
+                "authorization_file {} of sink {sink} may be read or written by others than its owner (mode {mode:04o}): chmod 0600 it",
+                path.display()
             );
         }
     }

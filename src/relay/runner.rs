@@ -252,7 +252,7 @@ pub fn spawn(
                 && let Some(s) = g.take()
                 && let Err(e) = s.close()
             {
-                tracing::warn!(error = %e, db = %db.display(), "closing the relay's database handle");
+                tracing::warn!(error = %e, db = %db.display(), "closing the relay's database handle {}: {e}", db.display());
             }
             r
         })
@@ -301,7 +301,7 @@ fn run_supervised(
             Ok(r) => return r,
             Err(panic) => {
                 let why = panic_text(&*panic);
-                tracing::error!(error = %why, "the relay's runtime panicked; starting it again after a backoff");
+                tracing::error!(error = %why, "the relay's runtime panicked ({why}); starting it again after a backoff");
                 if *stop.borrow() {
                     return Err(RelayError::Panicked(why));
                 }
@@ -485,7 +485,7 @@ async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
             Err(e) => format!("its task ended: {e}"),
         };
         let name = ctx.cfg.name.clone();
-        tracing::error!(sink = %name, error = %super::terminal_safe(&why), "relay sink failed; restarting it after a backoff");
+        tracing::error!(sink = %name, error = %super::terminal_safe(&why), "relay sink failed; restarting it after a backoff: sink {name}: {}", super::terminal_safe(&why));
         if let Some(m) = &ctx.shared.metrics {
             m.sink_restarted(&name, 1);
         }
@@ -499,7 +499,7 @@ async fn supervise(ctx: TaskContext) -> Result<(), RelayError> {
             .write(move |s| s.note_sink_error(&name, &error, now_ms()))
             .await;
         if let Err(e) = noted {
-            tracing::warn!(sink = %ctx.cfg.name, error = %e, "could not record the sink's failure");
+            tracing::warn!(sink = %ctx.cfg.name, error = %e, "could not record the failure of sink {}: {e}", ctx.cfg.name);
         }
         let mut stop = ctx.stop.clone();
         if *stop.borrow() {
@@ -587,7 +587,7 @@ impl SinkTask {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff");
+                    tracing::error!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e.to_string()), "relay sink failed; restarting it after a backoff: sink {}: {}", self.ctx.cfg.name, super::terminal_safe(&e.to_string()));
                     self.status(Phase::Failing, Some(e.to_string()));
                     let wait = self.jitter.full(backoff);
                     if self.sleep(wait).await == Woken::Stop {
@@ -779,12 +779,12 @@ impl SinkTask {
                 let held = match self.sink.holds_prefix(&ids).await {
                     Ok(n) => n as u64,
                     Err(e) => {
-                        tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the sink's own store; its cursor is not adopted (what it holds is delivered again, and not stored twice)");
+                        tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the own store of sink {} ({}); its cursor is not adopted (what it holds is delivered again, and not stored twice)", self.ctx.cfg.name, super::terminal_safe(&e));
                         return Ok(());
                     }
                 };
                 if from + held < stored {
-                    tracing::warn!(sink = %self.ctx.cfg.name, stored, held_to = from + held, "the sink's own cursor is ahead of the events its table holds: adopting it only as far as they go");
+                    tracing::warn!(sink = %self.ctx.cfg.name, stored, held_to = from + held, "the own cursor of sink {} ({stored}) is ahead of the events its table holds: adopting it only as far as they go ({})", self.ctx.cfg.name, from + held);
                 }
                 match state::forward_to(from, held) {
                     Some(to) => to,
@@ -803,7 +803,7 @@ impl SinkTask {
         if let CursorWrite::Done(r) = &w
             && r.next > to
         {
-            tracing::error!(sink = %self.ctx.cfg.name, lacked_from = to, kept_from = r.next, "the sink's own store lacks effects that retention has removed here: they cannot be delivered again (see the audit log)");
+            tracing::error!(sink = %self.ctx.cfg.name, lacked_from = to, kept_from = r.next, "the own store of sink {} lacks effects {to}..{} that retention has removed here: they cannot be delivered again (see the audit log)", self.ctx.cfg.name, r.next);
         }
         // Also backwards: a sink store restored from a backup gets what it lacks.
         let adopted = self.state.adopt_from(w);
@@ -824,7 +824,7 @@ impl SinkTask {
                 tracing::info!(sink = %self.ctx.cfg.name, next, generation, "cursor moved by an operator: delivering from there");
             }
             Adopted::Forgotten => {
-                tracing::warn!(sink = %self.ctx.cfg.name, "the sink's cursor was forgotten while it ran: registering it again");
+                tracing::warn!(sink = %self.ctx.cfg.name, "the cursor of sink {} was forgotten while it ran: registering it again", self.ctx.cfg.name);
             }
         }
     }
@@ -959,7 +959,7 @@ impl SinkTask {
                      it was parked is not sent",
                     p.offset
                 );
-                tracing::error!(sink = %self.ctx.cfg.name, offset = p.offset, "{why}");
+                tracing::error!(sink = %self.ctx.cfg.name, offset = p.offset, "sink {}, offset {}: {why}", self.ctx.cfg.name, p.offset);
                 self.retry_failed(&p, why).await?;
                 continue;
             };
@@ -990,12 +990,12 @@ impl SinkTask {
                     Retried::NotYet(error) => {
                         // Transient (a 503, a lost connection): the request stands and is
                         // tried again on the next round, about a second later.
-                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again");
+                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&error), "retried parked event not delivered yet; trying again: sink {}, offset {}: {}", self.ctx.cfg.name, p.offset, super::terminal_safe(&error));
                         self.status(Phase::Retrying, Some(error.clone()));
                         self.note_error(&error).await?;
                     }
                     Retried::Refused(why) => {
-                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked");
+                        tracing::warn!(sink = %self.ctx.cfg.name, offset = p.offset, error = %super::terminal_safe(&why), "retried parked event refused again; it stays parked: sink {}, offset {}: {}", self.ctx.cfg.name, p.offset, super::terminal_safe(&why));
                         self.retry_failed(&p, why).await?;
                     }
                 }
@@ -1012,7 +1012,7 @@ impl SinkTask {
         tokio::select! {
             a = self.sink.deliver(batch, cursor) => Some(a),
             _ = hard.wait_for(|h| *h) => {
-                tracing::warn!(sink = %self.ctx.cfg.name, "shutdown timeout: abandoning the delivery in progress");
+                tracing::warn!(sink = %self.ctx.cfg.name, "shutdown timeout: abandoning the delivery in progress to sink {}", self.ctx.cfg.name);
                 None
             }
         }
@@ -1131,7 +1131,7 @@ impl SinkTask {
     /// cursor waits at it). `true` when the rest of the batch is not to be delivered now (the
     /// sink blocks at it).
     async fn park(&mut self, park: &Park, ev: &Event) -> Result<bool, RelayError> {
-        tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&park.reason), blocking = park.blocking, "event refused for good: parked");
+        tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&park.reason), blocking = park.blocking, "event refused for good: parked: sink {}, offset {}, id {}: {}", self.ctx.cfg.name, ev.offset, ev.id, super::terminal_safe(&park.reason));
         let blocking = self.state.park(park, ev, now_ms());
         self.flush(true).await?;
         Ok(blocking)
@@ -1161,7 +1161,7 @@ impl SinkTask {
         }
         self.state.block(block.class.clone());
         let error = block.error(at);
-        tracing::error!(sink = %self.ctx.cfg.name, offset = at, class = %block.class, error = %super::terminal_safe(&error), "relay sink blocked");
+        tracing::error!(sink = %self.ctx.cfg.name, offset = at, class = %block.class, error = %super::terminal_safe(&error), "relay sink blocked: sink {} at offset {at} ({}): {}", self.ctx.cfg.name, block.class, super::terminal_safe(&error));
         self.error_noted_at = None;
         self.back_off(1, None, &error, Phase::Blocked).await;
         Ok(())
@@ -1177,16 +1177,16 @@ impl SinkTask {
     ) -> bool {
         let (initial, max) = (self.ctx.cfg.backoff_initial, self.ctx.cfg.backoff_max);
         let wait = self.jitter.backoff(initial, max, failures, after);
-        tracing::warn!(sink = %self.ctx.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying");
+        tracing::warn!(sink = %self.ctx.cfg.name, attempt = failures, wait_ms = wait.as_millis() as u64, error = %super::terminal_safe(error), "delivery failed; retrying: sink {}, attempt {failures}, in {} ms: {}", self.ctx.cfg.name, wait.as_millis(), super::terminal_safe(error));
         // The lag shown while failing is the log's, not the one of the last cursor write.
         self.refresh_lag(false).await;
         self.status(state, Some(error.to_string()));
         if let Err(e) = self.note_error(error).await {
-            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not record the sink's error");
+            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not record the error of sink {}: {e}", self.ctx.cfg.name);
         }
         // Progress made before the failure is written now, not after the backoff.
         if let Err(e) = self.flush(true).await {
-            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not write the cursor");
+            tracing::warn!(sink = %self.ctx.cfg.name, error = %e, "could not write the cursor of sink {}: {e}", self.ctx.cfg.name);
         }
         self.sleep(wait).await == Woken::Stop
     }

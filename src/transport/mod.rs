@@ -529,7 +529,7 @@ async fn poll_loop(
                             }
                         }
                         Err(e) => {
-                            tracing::error!(broker = %cfg.brokers[next], error = %e, "cannot prepare broker")
+                            tracing::error!(broker = %cfg.brokers[next], error = %e, "cannot prepare broker {}: {e}", cfg.brokers[next])
                         }
                     }
                 }
@@ -553,7 +553,7 @@ async fn poll_loop(
                     );
                 }
                 Action::ProtocolDisconnect => {
-                    tracing::warn!(broker = %cfg.brokers[session.broker()], "client-side disconnect after a protocol error");
+                    tracing::warn!(broker = %cfg.brokers[session.broker()], "client-side disconnect after a protocol error on {}", cfg.brokers[session.broker()]);
                 }
                 Action::Close { drain } => {
                     if drain {
