@@ -281,7 +281,10 @@ fn accounting_text(a: &Json) -> Option<String> {
     let Json::Object(m) = a else { return None };
     let get = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v);
     if let Some(Json::String(p)) = get("problem") {
-        return Some(format!("ACCOUNTING DOES NOT HOLD: {p} (`verify` fails)"));
+        return Some(format!(
+            "ACCOUNTING DOES NOT HOLD: {} (`verify` fails)",
+            escape_controls(p)
+        ));
     }
     let n = |k: &str| match get(k) {
         Some(Json::Number(v)) => v.clone(),

@@ -274,14 +274,16 @@ fn write_csv(out: &mut impl Write, fields: impl Iterator<Item = String>) -> io::
 }
 
 /// One table cell. Strings come from producers and operators: control characters are shown
-/// escaped so a crafted value cannot forge rows or colour the terminal.
+/// escaped so a crafted value cannot forge rows or colour the terminal; nested JSON (an
+/// effect's message) is compact JSON text with the characters JSON leaves raw (DEL, C1, the
+/// separators, bidi controls) written `\uXXXX`, as jsonl writes them.
 fn cell(v: &Json, width: usize) -> String {
     let s = match v {
         Json::Null => "-".to_string(),
         Json::String(s) => escape_controls(s).into_owned(),
         Json::Number(n) => n.clone(),
         Json::Bool(b) => b.to_string(),
-        other => other.to_compact(),
+        other => escape_json(&other.to_compact()).into_owned(),
     };
     if width > 1 && s.chars().count() >= width {
         let mut t: String = s.chars().take(width - 2).collect();
@@ -425,6 +427,18 @@ mod tests {
         assert_eq!(
             cell(&forged, 0),
             "X\\n1  2026 applied\\u001b[31m\\u007f\\u202e"
+        );
+    }
+
+    #[test]
+    fn table_cells_of_nested_json_escape_what_json_leaves_raw() {
+        let message = Json::Object(vec![(
+            "note".into(),
+            text("\u{202e}abc\u{2028}\u{85}\u{7f}\n é"),
+        )]);
+        assert_eq!(
+            cell(&message, 0),
+            "{\"note\":\"\\u202eabc\\u2028\\u0085\\u007f\\n é\"}"
         );
     }
 
