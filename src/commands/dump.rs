@@ -120,7 +120,7 @@ pub fn dump_from<W: Write>(
                 topic: &r.topic,
             });
             next = e.index + 1;
-            emit(printer, keep.then(|| AuditRow(&e)), stop)
+            emit(printer, keep.then_some(AuditRow(&e)), stop)
         }),
         Table::Effects => txn.scan_effects(from, |e| {
             let r = &e.record;

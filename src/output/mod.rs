@@ -143,7 +143,7 @@ impl<'z, W: Write> Printer<'z, W> {
         }
         match self.format {
             Format::Csv => write_csv(&mut self.out, values.iter().map(csv_field)),
-            _ => {
+            Format::Jsonl | Format::Table => {
                 let cells = R::TABLE
                     .iter()
                     .map(|(name, width)| {
@@ -165,10 +165,6 @@ impl<'z, W: Write> Printer<'z, W> {
                 self.table_line::<R>(cells)
             }
         }
-    }
-
-    pub fn format(&self) -> Format {
-        self.format
     }
 
     /// The writer, for lines a listing adds between records (`gaps`' table summaries).
