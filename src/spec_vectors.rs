@@ -13,6 +13,7 @@ use crate::decide::{self, OutOfOrder, Seen, SourceMarks};
 use crate::json::{self, Json, Pointer};
 use crate::key::{derive_key, message_digest};
 use crate::model::{Digest, Message, Outcome, Position, Source, hex, parse_hex32};
+use crate::output::num;
 use crate::relay::envelope::{EffectView, envelope, event_id};
 use crate::store::tables::AuditRecord;
 use crate::store::{Store, StoreOptions, WindowPolicy, audit_body_fields, audit_entry_hash};
@@ -76,10 +77,6 @@ fn opt<T>(v: Option<&Json>, f: impl Fn(&Json) -> T) -> Option<T> {
         None | Some(Json::Null) => None,
         Some(v) => Some(f(v)),
     }
-}
-
-fn num(n: u64) -> Json {
-    Json::Number(n.to_string())
 }
 
 fn string(s: impl Into<String>) -> Json {

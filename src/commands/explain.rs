@@ -8,11 +8,12 @@ use std::ops::ControlFlow;
 use anyhow::anyhow;
 
 use super::Failure;
-use super::dump;
 use crate::cli::{ExplainArgs, ExplainFormat};
 use crate::json::Json;
 use crate::key::derive_key;
 use crate::model::{Outcome, Position, Source, hex};
+use crate::output::rows::{AuditRow, EffectRow, QuarantineRow};
+use crate::output::{Record, num};
 use crate::store::lookup::PositionState;
 use crate::store::{AuditEntry, Effect, QuarantineEntry, Snapshot, StoreError};
 use crate::textsafe::{escape_controls, escape_json};
@@ -361,7 +362,6 @@ impl Story {
     }
 
     fn json(&self) -> Json {
-        let num = |n: u64| Json::Number(n.to_string());
         let pos = |p: Position| {
             Json::Object(vec![
                 ("epoch".into(), num(p.epoch)),
@@ -381,7 +381,7 @@ impl Story {
             .audit
             .iter()
             .map(|e| {
-                let mut row = dump::audit_row(e);
+                let mut row = AuditRow(e).fields();
                 // The JSON form is UTC throughout, its sentences too.
                 row.push(("story".into(), Json::String(self.sentence(e, &Zone::utc()))));
                 Json::Object(row)
@@ -400,7 +400,7 @@ impl Story {
                 Json::Array(
                     self.effects
                         .values()
-                        .map(|e| Json::Object(dump::effect_row(e)))
+                        .map(|e| Json::Object(EffectRow::new(e).fields()))
                         .collect(),
                 ),
             ),
@@ -409,7 +409,7 @@ impl Story {
                 Json::Array(
                     self.quarantine
                         .values()
-                        .map(|q| Json::Object(dump::quarantine_row(q)))
+                        .map(|q| Json::Object(QuarantineRow::new(q).fields()))
                         .collect(),
                 ),
             ),

@@ -7,35 +7,15 @@ use std::ops::ControlFlow;
 
 use super::Failure;
 use crate::cli::{Format, GapsArgs};
-use crate::json::Json;
-use crate::output::{Row, write_csv_row, write_table_row};
+use crate::output::Printer;
+use crate::output::rows::GapRow;
 use crate::rangeset::RangeSet;
 use crate::store::Snapshot;
-use crate::textsafe::{escape_controls, escape_json};
+use crate::textsafe::escape_controls;
+use crate::timefmt::Zone;
 
 /// Seen sequences per (agency, source_id, epoch).
 type Seen = HashMap<(String, String, u64), RangeSet>;
-
-const COLUMNS: &[(&str, usize)] = &[
-    ("agency", 14),
-    ("source_id", 14),
-    ("epoch", 7),
-    ("lowest", 11),
-    ("highest", 11),
-    ("missing_from", 14),
-    ("missing_to", 12),
-    ("missing_count", 0),
-];
-const CSV_COLUMNS: &[&str] = &[
-    "agency",
-    "source_id",
-    "epoch",
-    "lowest",
-    "highest",
-    "missing_from",
-    "missing_to",
-    "missing_count",
-];
 
 pub fn run(args: &GapsArgs) -> Result<(), Failure> {
     let source = args
@@ -44,10 +24,7 @@ pub fn run(args: &GapsArgs) -> Result<(), Failure> {
         .map(|s| (s.agency.clone(), s.source_id.clone()));
     let (_, snapshot) = super::open_existing(&args.db)?;
     let seen = collect(&snapshot, source.as_ref())?;
-    let mut out = BufWriter::new(crate::output::stdout());
-    write(&seen, args.format, &mut out)?;
-    out.flush()?;
-    Ok(())
+    write(&seen, args.format, BufWriter::new(crate::output::stdout()))
 }
 
 /// Every position the audit log names, as merged ranges per source and epoch. "Seen" is any
@@ -72,15 +49,11 @@ pub fn collect(snapshot: &Snapshot, only: Option<&(String, String)>) -> Result<S
 }
 
 /// The gap rows in (agency, source_id, epoch) order; `table` adds a summary line per group.
-pub fn write(seen: &Seen, format: Format, out: &mut impl Write) -> Result<(), Failure> {
+pub fn write(seen: &Seen, format: Format, out: impl Write) -> Result<(), Failure> {
     let mut groups: Vec<_> = seen.iter().collect();
     groups.sort_by(|a, b| a.0.cmp(b.0));
-    match format {
-        Format::Jsonl => {}
-        Format::Table => write_table_row(out, COLUMNS, None)?,
-        Format::Csv => write_csv_row(out, CSV_COLUMNS, None)?,
-    }
-    let num = |n: u64| Json::Number(n.to_string());
+    let zone = Zone::utc();
+    let mut printer = Printer::start::<GapRow>(format, &zone, out)?;
     for ((agency, source_id, epoch), set) in groups {
         let (Some(lowest), Some(highest)) = (set.min(), set.max()) else {
             continue;
@@ -90,21 +63,15 @@ pub fn write(seen: &Seen, format: Format, out: &mut impl Write) -> Result<(), Fa
         for (from, to) in set.gaps() {
             holes += 1;
             missing += to - from + 1;
-            let row: Row = vec![
-                ("agency".into(), Json::String(agency.clone())),
-                ("source_id".into(), Json::String(source_id.clone())),
-                ("epoch".into(), num(*epoch)),
-                ("lowest".into(), num(lowest)),
-                ("highest".into(), num(highest)),
-                ("missing_from".into(), num(from)),
-                ("missing_to".into(), num(to)),
-                ("missing_count".into(), num(to - from + 1)),
-            ];
-            match format {
-                Format::Jsonl => writeln!(out, "{}", escape_json(&Json::Object(row).to_compact()))?,
-                Format::Table => write_table_row(out, COLUMNS, Some(&row))?,
-                Format::Csv => write_csv_row(out, CSV_COLUMNS, Some(&row))?,
-            }
+            printer.print(&GapRow {
+                agency,
+                source_id,
+                epoch: *epoch,
+                lowest,
+                highest,
+                missing_from: from,
+                missing_to: to,
+            })?;
         }
         if format == Format::Table {
             let verdict = if holes == 0 {
@@ -116,12 +83,13 @@ pub fn write(seen: &Seen, format: Format, out: &mut impl Write) -> Result<(), Fa
                 )
             };
             writeln!(
-                out,
+                printer.out(),
                 "# {} epoch {epoch}: sequences {lowest}..{highest}, {} seen, {verdict}",
                 escape_controls(&format!("{agency}/{source_id}")),
                 set.len()
             )?;
         }
     }
+    printer.flush()?;
     Ok(())
 }

@@ -310,7 +310,7 @@ pub fn unknown(why: &str) -> ExitCode {
 
 fn print_line(line: &str) {
     // A closed stdout cannot be told about; the exit code still says it.
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 

@@ -40,7 +40,7 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
     if let Some(offset) = decided.effect_offset {
         line.push_str(&format!(", effect #{offset} (released: true)"));
     }
-    let _ = writeln!(std::io::stdout(), "{line}");
+    let _ = writeln!(crate::output::stdout(), "{line}");
     // After the line: the resolution is committed whatever closing the file meets.
     store.close()?;
     Ok(())

@@ -15,13 +15,14 @@ use crate::config::Config;
 use crate::config::StoreLocation;
 use crate::json::Json;
 use crate::notify::Notifier;
-use crate::output::{Row, num, text, write_csv_row, write_table_row};
+use crate::output::rows::{ParkedRow, SinkStatusRow};
+use crate::output::{Printer, Record, num, text};
 use crate::store::relay::Parked;
 use crate::store::relay::RelayStore;
 use crate::store::tables::SinkRecord;
 use crate::store::{Backend, Snapshot, StoreError};
 use crate::textsafe::{escape_controls, escape_json};
-use crate::timefmt::{now_ms, rfc3339_ms};
+use crate::timefmt::{Zone, now_ms};
 
 pub fn run(args: &RelayArgs) -> Result<(), Failure> {
     match &args.action {
@@ -126,7 +127,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
         StatusFormat::Json => {
             let doc = Json::Object(vec![(
                 "sinks".into(),
-                Json::Array(rows.into_iter().map(Json::Object).collect()),
+                Json::Array(rows.iter().map(|r| Json::Object(r.fields())).collect()),
             )]);
             writeln!(out, "{}", escape_json(&doc.to_compact()))?;
         }
@@ -135,6 +136,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                 writeln!(out, "no sinks: none configured, none with a cursor")?;
             }
             for row in rows {
+                let row = row.fields();
                 let get = |k: &str| {
                     row.iter()
                         .find(|(n, _)| n == k)
@@ -184,7 +186,7 @@ pub fn status_rows(
     snap: &Snapshot,
     config: &Config,
     now_ms: u64,
-) -> Result<Vec<Vec<(String, Json)>>, StoreError> {
+) -> Result<Vec<SinkStatusRow>, StoreError> {
     let head = snap.meta()?.next_effect;
     let parked = snap.sink_parked(None)?;
     let mut rows = Vec::new();
@@ -196,59 +198,46 @@ pub fn status_rows(
             .iter()
             .any(|p| p.offset == rec.next && p.record.blocking);
         let lag = crate::readings::SinkLag::of(snap, head, (name, rec), &parked, now_ms)?;
-        rows.push(vec![
-            ("sink".into(), text(name)),
-            ("kind".into(), text(&rec.kind)),
-            ("configured".into(), Json::Bool(configured)),
-            ("state".into(), text(state(rec, head, blocked, configured))),
-            ("cursor".into(), num(rec.next)),
-            ("head".into(), num(head)),
-            ("lag_events".into(), num(lag.events)),
-            ("lag_seconds".into(), num(lag.age_s)),
-            ("parked".into(), num(lag.parked)),
-            (
-                "retry_requested".into(),
-                num(mine
-                    .iter()
-                    .filter(|p| p.record.retry_requested_at_ms.is_some())
-                    .count() as u64),
-            ),
-            ("delivered".into(), num(rec.delivered)),
-            ("generation".into(), num(rec.generation)),
-            ("advanced_at".into(), text(&rfc3339_ms(rec.advanced_at_ms))),
-            (
-                "last_error".into(),
-                rec.last_error.as_ref().map_or(Json::Null, |(_, e)| text(e)),
-            ),
-            (
-                "last_error_at".into(),
-                rec.last_error
-                    .as_ref()
-                    .map_or(Json::Null, |(t, _)| text(&rfc3339_ms(*t))),
-            ),
-            ("accounting".into(), accounting_json(snap, name, rec)?),
-        ]);
+        rows.push(SinkStatusRow {
+            sink: name.clone(),
+            kind: rec.kind.clone(),
+            configured,
+            state: state(rec, head, blocked, configured),
+            cursor: Some(rec.next),
+            head,
+            lag_events: Some(lag.events),
+            lag_seconds: Some(lag.age_s),
+            parked: lag.parked,
+            retry_requested: mine
+                .iter()
+                .filter(|p| p.record.retry_requested_at_ms.is_some())
+                .count() as u64,
+            delivered: rec.delivered,
+            generation: Some(rec.generation),
+            advanced_at_ms: Some(rec.advanced_at_ms),
+            last_error: rec.last_error.clone(),
+            accounting: accounting_json(snap, name, rec)?,
+        });
     }
     for s in &config.relay.sinks {
         if cursors.iter().all(|(n, _)| n != &s.name) {
-            rows.push(vec![
-                ("sink".into(), text(&s.name)),
-                ("kind".into(), text(s.kind.name())),
-                ("configured".into(), Json::Bool(true)),
-                ("state".into(), text("not_started")),
-                ("cursor".into(), Json::Null),
-                ("head".into(), num(head)),
-                ("lag_events".into(), Json::Null),
-                ("lag_seconds".into(), Json::Null),
-                ("parked".into(), num(0)),
-                ("retry_requested".into(), num(0)),
-                ("delivered".into(), num(0)),
-                ("generation".into(), Json::Null),
-                ("advanced_at".into(), Json::Null),
-                ("last_error".into(), Json::Null),
-                ("last_error_at".into(), Json::Null),
-                ("accounting".into(), Json::Null),
-            ]);
+            rows.push(SinkStatusRow {
+                sink: s.name.clone(),
+                kind: s.kind.name().to_string(),
+                configured: true,
+                state: "not_started",
+                cursor: None,
+                head,
+                lag_events: None,
+                lag_seconds: None,
+                parked: 0,
+                retry_requested: 0,
+                delivered: 0,
+                generation: None,
+                advanced_at_ms: None,
+                last_error: None,
+                accounting: Json::Null,
+            });
         }
     }
     Ok(rows)
@@ -288,7 +277,10 @@ fn accounting_text(a: &Json) -> Option<String> {
     let Json::Object(m) = a else { return None };
     let get = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v);
     if let Some(Json::String(p)) = get("problem") {
-        return Some(format!("ACCOUNTING DOES NOT HOLD: {p} (`verify` fails)"));
+        return Some(format!(
+            "ACCOUNTING DOES NOT HOLD: {} (`verify` fails)",
+            escape_controls(p)
+        ));
     }
     let n = |k: &str| match get(k) {
         Some(Json::Number(v)) => v.clone(),
@@ -318,47 +310,6 @@ fn accounting_text(a: &Json) -> Option<String> {
     ))
 }
 
-/// The fields of `parked_row`, in order: the CSV columns of `relay parked`.
-const PARKED_FIELDS: &[&str] = &[
-    "sink",
-    "offset",
-    "id",
-    "agency",
-    "source_id",
-    "parked_at",
-    "reason",
-    "response",
-    "attempts",
-    "blocking",
-    "retry_requested_at",
-    "event",
-];
-
-/// A parked event as `relay parked` prints it.
-pub fn parked_row(p: &Parked) -> Row {
-    let r = &p.record;
-    let event =
-        crate::json::parse(r.event.as_bytes(), 256).unwrap_or(Json::String(r.event.clone()));
-    vec![
-        ("sink".into(), text(&p.sink)),
-        ("offset".into(), num(p.offset)),
-        ("id".into(), text(&r.id)),
-        ("agency".into(), text(&r.agency)),
-        ("source_id".into(), text(&r.source_id)),
-        ("parked_at".into(), text(&rfc3339_ms(r.parked_at_ms))),
-        ("reason".into(), text(&r.reason)),
-        ("response".into(), text(&r.response)),
-        ("attempts".into(), num(r.attempts)),
-        ("blocking".into(), Json::Bool(r.blocking)),
-        (
-            "retry_requested_at".into(),
-            r.retry_requested_at_ms
-                .map_or(Json::Null, |t| text(&rfc3339_ms(t))),
-        ),
-        ("event".into(), event),
-    ]
-}
-
 fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
     let (_, snap) = super::open_existing(db)?;
     if snap.sink_cursor(sink)?.is_none() {
@@ -367,41 +318,13 @@ fn parked(db: &DbArgs, sink: &str, format: Format) -> Result<(), Failure> {
         )));
     }
     let list = snap.sink_parked(Some(sink))?;
-    let mut out = BufWriter::new(crate::output::stdout());
-    let columns: &[(&str, usize)] = &[
-        ("offset", 10),
-        ("id", 20),
-        ("agency", 12),
-        ("source_id", 14),
-        ("parked_at", 25),
-        ("attempts", 8),
-        ("blocking", 8),
-        ("reason", 40),
-    ];
-    match format {
-        Format::Jsonl => {
-            for p in &list {
-                writeln!(
-                    out,
-                    "{}",
-                    escape_json(&Json::Object(parked_row(p)).to_compact())
-                )?;
-            }
-        }
-        Format::Table => {
-            write_table_row(&mut out, columns, None)?;
-            for p in &list {
-                write_table_row(&mut out, columns, Some(&parked_row(p)))?;
-            }
-        }
-        Format::Csv => {
-            write_csv_row(&mut out, PARKED_FIELDS, None)?;
-            for p in &list {
-                write_csv_row(&mut out, PARKED_FIELDS, Some(&parked_row(p)))?;
-            }
-        }
+    let zone = Zone::utc();
+    let out = BufWriter::new(crate::output::stdout());
+    let mut printer = Printer::start::<ParkedRow>(format, &zone, out)?;
+    for p in &list {
+        printer.print(&ParkedRow(p))?;
     }
-    out.flush()?;
+    printer.flush()?;
     Ok(())
 }
 
@@ -613,12 +536,15 @@ mod tests {
         let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
         crate::testing::feed(&mut s, 1..=1, crate::testing::T0);
         let (offset, record) = crate::testing::parked(&s.reader().unwrap(), 0, false);
-        let row = parked_row(&Parked {
+        let parked = Parked {
             sink: "cop".into(),
             offset,
             record,
-        });
+        };
+        let row = ParkedRow(&parked).fields();
         let names: Vec<&str> = row.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, PARKED_FIELDS);
+        assert_eq!(names, ParkedRow::COLUMNS);
+        assert_eq!(row[11].0, "event");
+        assert!(matches!(row[11].1, Json::Object(_)), "{:?}", row[11].1);
     }
 }

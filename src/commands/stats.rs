@@ -9,9 +9,10 @@ use super::Failure;
 use crate::cli::{StatsArgs, StatsFormat};
 use crate::json::Json;
 use crate::model::{Outcome, OutcomeCounts, hex};
+use crate::output::{num, text, time};
 use crate::store::Snapshot;
 use crate::textsafe::{escape_controls, escape_json};
-use crate::timefmt::{Zone, now_ms, rfc3339_ms};
+use crate::timefmt::{Zone, now_ms};
 
 const HOUR_MS: u64 = 3_600_000;
 /// Sources listed by the text form (JSON lists all).
@@ -154,9 +155,6 @@ impl Stats {
     }
 
     fn to_json(&self) -> Json {
-        let num = |n: u64| Json::Number(n.to_string());
-        let text = |s: &str| Json::String(s.to_string());
-        let time = |ms: u64| Json::String(rfc3339_ms(ms));
         let counts = |c: &OutcomeCounts| {
             let mut fields = vec![("total".to_string(), num(c.total()))];
             fields.extend(Outcome::ALL.iter().map(|o| (o.to_string(), num(c.get(*o)))));

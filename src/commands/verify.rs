@@ -45,7 +45,7 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
                 counts.join(" ")
             );
             for sink in &report.sinks {
-                let _ = writeln!(std::io::stdout(), "{}", sink_line(sink));
+                let _ = writeln!(crate::output::stdout(), "{}", sink_line(sink));
             }
             Ok(())
         }
