@@ -40,24 +40,68 @@ pub enum ServiceError {
          the server answers"
     )]
     Unreachable { target: String, why: String },
+    /// A second signal cut the drain short.
+    #[error(
+        "stopped at once by a second signal: what was not acknowledged is redelivered by the \
+         broker, and a sink's delivery in progress is made again after the restart"
+    )]
+    Forced,
+}
+
+/// How far a shutdown request has gone: a graceful drain, then (a second signal) at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stop {
+    Running,
+    /// Commit what is open, flush its acks, let the sinks finish, within the timeout.
+    Drain,
+    /// Abandon what is in progress: nothing uncommitted was acknowledged, so the broker
+    /// redelivers it; a sink's attempt in progress is delivered again after the restart.
+    Now,
+}
+
+/// Asks a `Shutdown` to stop; `signals` holds it in `run`, tests and the demo hold it directly.
+pub struct Trigger(watch::Sender<Stop>);
+
+impl Trigger {
+    pub fn drain(&self) {
+        self.0.send_if_modified(|s| {
+            let asked = *s == Stop::Running;
+            if asked {
+                *s = Stop::Drain;
+            }
+            asked
+        });
+    }
+    pub fn now(&self) {
+        self.0.send_replace(Stop::Now);
+    }
 }
 
 /// A shutdown request that can be awaited; `Shutdown::new` also returns its trigger.
 #[derive(Clone)]
-pub struct Shutdown(watch::Receiver<bool>);
+pub struct Shutdown(watch::Receiver<Stop>);
 
 impl Shutdown {
-    pub fn new() -> (watch::Sender<bool>, Shutdown) {
-        let (tx, rx) = watch::channel(false);
-        (tx, Shutdown(rx))
+    pub fn new() -> (Trigger, Shutdown) {
+        let (tx, rx) = watch::channel(Stop::Running);
+        (Trigger(tx), Shutdown(rx))
     }
-    async fn requested(&mut self) {
-        while !*self.0.borrow_and_update() {
+    async fn reached(&mut self, level: Stop) {
+        while *self.0.borrow_and_update() < level {
             if self.0.changed().await.is_err() {
                 // The trigger is gone: nobody can ask for shutdown any more.
                 std::future::pending::<()>().await;
             }
         }
+    }
+    async fn requested(&mut self) {
+        self.reached(Stop::Drain).await;
+    }
+    async fn forced(&mut self) {
+        self.reached(Stop::Now).await;
+    }
+    fn is_forced(&self) -> bool {
+        *self.0.borrow() == Stop::Now
     }
 }
 
@@ -258,6 +302,15 @@ impl StoreWorker {
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job::Burst(burst));
         }
+    }
+}
+
+impl StoreWorker {
+    /// Stops feeding the store thread and lets it go without waiting for it.
+    fn detach(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        self.jobs.take();
+        self.thread.take();
     }
 }
 
@@ -472,20 +525,25 @@ pub fn run(
             &started_stop,
             metrics,
         )
-        .run(mqtt, shutdown),
+        .run(mqtt, shutdown.clone()),
     );
     notifier.notify("STOPPING=1");
     if let Some(relay) = relay {
-        // What the feed committed while draining is delivered in what is left of the timeout.
+        // What the feed committed while draining is delivered in what is left of the timeout,
+        // unless a second signal cuts it short.
         let spent = started_stop
             .get()
             .map_or(Duration::ZERO, |t: Instant| t.elapsed());
         let left = config.shutdown_timeout.saturating_sub(spent);
-        if let Err(e) = relay.stop(left.max(Duration::from_millis(100))) {
+        let cut = || shutdown.is_forced();
+        if let Err(e) = relay.stop_or_cut(left.max(Duration::from_millis(100)), &cut) {
             tracing::error!(error = %e, "the relay stopped with an error: {e}");
         }
     }
-    result
+    match result {
+        Ok(_) if shutdown.is_forced() => Err(ServiceError::Forced),
+        other => other,
+    }
 }
 
 struct Consumer<'a> {
@@ -613,7 +671,8 @@ impl<'a> Consumer<'a> {
             }
             self.maybe_commit(&mut p, false);
         }
-        self.drain(p, &handle, &mut events, poller).await?;
+        self.drain(p, &handle, &mut events, poller, &mut shutdown)
+            .await?;
         match self.fatal.take() {
             Some(e) => Err(ServiceError::Config(e)),
             None => Ok(self.summary),
@@ -784,6 +843,7 @@ impl<'a> Consumer<'a> {
         handle: &TransportHandle,
         events: &mut mpsc::UnboundedReceiver<TransportEvent>,
         poller: tokio::task::JoinHandle<()>,
+        shutdown: &mut Shutdown,
     ) -> Result<(), ServiceError> {
         self.notifier.notify("STOPPING=1");
         self.stop_started.set(Some(Instant::now()));
@@ -814,11 +874,20 @@ impl<'a> Consumer<'a> {
             }
             Ok::<(), ServiceError>(())
         };
-        match tokio::time::timeout_at(deadline, work).await {
-            Ok(r) => r?,
-            Err(_) => tracing::warn!(
-                "shutdown timeout reached; unacknowledged deliveries will be redelivered"
-            ),
+        tokio::select! {
+            r = tokio::time::timeout_at(deadline, work) => match r {
+                Ok(r) => r?,
+                Err(_) => tracing::warn!(
+                    "shutdown timeout reached; unacknowledged deliveries will be redelivered"
+                ),
+            },
+            () = shutdown.forced() => {
+                poller.abort();
+                // A commit in progress may be stuck on the disk: the store thread is left to
+                // the process's exit rather than joined.
+                self.worker.detach();
+                return Err(ServiceError::Forced);
+            }
         }
         poller.abort();
         tracing::info!(summary = %self.status(), "stopped");

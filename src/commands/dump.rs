@@ -4,7 +4,6 @@
 
 use std::io::{BufWriter, Write};
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Failure;
@@ -13,6 +12,7 @@ use crate::filter::{Candidate, Filter, effect_outcome};
 use crate::model::Outcome;
 use crate::output::rows::{AuditRow, EffectRow, QuarantineRow};
 use crate::output::{Printer, Record};
+use crate::signals::StopFlag;
 use crate::store::{Reader, Snapshot};
 use crate::timefmt::{Zone, now_ms};
 
@@ -47,7 +47,7 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
         Table::Effects => Printer::start::<EffectRow>(args.format, &zone, out),
         Table::Quarantine => Printer::start::<QuarantineRow>(args.format, &zone, out),
     }?;
-    follow(&reader, table, &filter, from, stop.as_deref(), &mut printer)
+    follow(&reader, table, &filter, from, stop.as_ref(), &mut printer)
 }
 
 /// How long after `--until` `--follow` keeps looking for entries stamped before it.
@@ -61,7 +61,7 @@ pub fn follow<W: Write>(
     table: Table,
     filter: &Filter,
     from: u64,
-    stop: Option<&AtomicBool>,
+    stop: Option<&StopFlag>,
     printer: &mut Printer<'_, W>,
 ) -> Result<(), Failure> {
     let mut next = from;
@@ -86,13 +86,13 @@ pub fn follow<W: Write>(
         }
         let mut waited = Duration::ZERO;
         while waited < FOLLOW_POLL {
-            if stop.load(Ordering::Relaxed) {
+            if stop.requested() {
                 return Ok(());
             }
             std::thread::sleep(STOP_CHECK);
             waited += STOP_CHECK;
         }
-        if stop.load(Ordering::Relaxed) {
+        if stop.requested() {
             return Ok(());
         }
     }
@@ -105,7 +105,7 @@ pub fn dump_from<W: Write>(
     table: Table,
     filter: &Filter,
     from: u64,
-    stop: Option<&AtomicBool>,
+    stop: Option<&StopFlag>,
     printer: &mut Printer<'_, W>,
 ) -> Result<u64, Failure> {
     let mut next = from;
@@ -162,12 +162,12 @@ pub fn dump_from<W: Write>(
 fn emit<W: Write>(
     printer: &mut Printer<'_, W>,
     record: Option<impl Record>,
-    stop: Option<&AtomicBool>,
+    stop: Option<&StopFlag>,
 ) -> Result<ControlFlow<()>, Failure> {
     if let Some(record) = record {
         printer.print(&record)?;
     }
-    Ok(if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+    Ok(if stop.is_some_and(StopFlag::requested) {
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())

@@ -125,6 +125,8 @@ pub enum Failure {
     Runtime(anyhow::Error),
     /// `verify` found tampering or a broken invariant.
     Violation(anyhow::Error),
+    /// A second SIGTERM/SIGINT cut the drain short.
+    Forced(anyhow::Error),
 }
 
 impl Failure {
@@ -133,11 +135,15 @@ impl Failure {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Runtime(_) => EXIT_FAILURE,
             Failure::Violation(_) => EXIT_VIOLATION,
+            Failure::Forced(_) => EXIT_FORCED,
         })
     }
     pub fn error(&self) -> &anyhow::Error {
         match self {
-            Failure::Usage(e) | Failure::Runtime(e) | Failure::Violation(e) => e,
+            Failure::Usage(e)
+            | Failure::Runtime(e)
+            | Failure::Violation(e)
+            | Failure::Forced(e) => e,
         }
     }
 }
@@ -186,6 +192,7 @@ impl From<crate::service::ServiceError> for Failure {
         match e {
             crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
             crate::service::ServiceError::Relay(r) => r.into(),
+            crate::service::ServiceError::Forced => Failure::Forced(e.into()),
             crate::service::ServiceError::Store(e) => e.into(),
             _ => Failure::Runtime(e.into()),
         }

@@ -3,7 +3,6 @@
 //! `forget`.
 
 use std::io::{BufWriter, Write as _};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
@@ -71,7 +70,7 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     notifier.notify("READY=1\nSTATUS=relay started");
     let watchdog = Notifier::watchdog_interval();
     let mut last_status = Instant::now();
-    while !stop.load(Ordering::Relaxed) && relay.is_running() {
+    while !stop.requested() && relay.is_running() {
         std::thread::sleep(Duration::from_millis(50));
         if last_status.elapsed() >= watchdog.unwrap_or(Duration::from_secs(5)) {
             last_status = Instant::now();
@@ -93,8 +92,15 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     }
     tracing::info!("stopping the relay");
     relay
-        .stop(config.shutdown_timeout)
-        .map_err(|e| Failure::Runtime(e.into()))
+        .stop_or_cut(config.shutdown_timeout, &|| stop.forced())
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    if stop.forced() {
+        return Err(Failure::Forced(anyhow!(
+            "stopped at once by a second signal: a delivery in progress is made again after \
+             the restart"
+        )));
+    }
+    Ok(())
 }
 
 /// The state a sink is in, as far as the database tells.

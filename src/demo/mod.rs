@@ -186,7 +186,7 @@ impl Naive {
 
 /// The real service (`replay-guard run`) on its own thread.
 struct Guard {
-    shutdown: tokio::sync::watch::Sender<bool>,
+    shutdown: crate::service::Trigger,
     thread: Option<std::thread::JoinHandle<Result<crate::service::RunSummary, String>>>,
 }
 
@@ -219,7 +219,7 @@ impl Guard {
     }
 
     fn finish(mut self) -> Result<crate::service::RunSummary, DemoError> {
-        let _ = self.shutdown.send(true);
+        self.shutdown.drain();
         self.thread
             .take()
             .ok_or_else(|| failed("the service had already stopped"))?

@@ -125,19 +125,34 @@ impl Relay {
 
     /// Asks every sink to finish its attempt in progress, write its cursor and stop, and waits
     /// at most `timeout` for them.
-    pub fn stop(mut self, timeout: Duration) -> Result<(), RelayError> {
+    pub fn stop(self, timeout: Duration) -> Result<(), RelayError> {
+        self.stop_or_cut(timeout, &|| false)
+    }
+
+    /// `stop`, unless `cut` turns true meanwhile (a second signal): then attempts in progress
+    /// are abandoned at once and the cursors written within half a second.
+    pub fn stop_or_cut(
+        mut self,
+        timeout: Duration,
+        cut: &dyn Fn() -> bool,
+    ) -> Result<(), RelayError> {
         let _ = self.stop.send(true);
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
         // Most of the time for attempts to finish; the rest to abandon them and write cursors.
         let soft = Instant::now() + timeout.mul_f64(0.8);
-        while !thread.is_finished() && Instant::now() < soft {
+        while !thread.is_finished() && Instant::now() < soft && !cut() {
             std::thread::sleep(Duration::from_millis(10));
         }
         if !thread.is_finished() {
             let _ = self.hard.send(true);
-            let deadline = Instant::now() + timeout.mul_f64(0.2).max(Duration::from_millis(500));
+            let rest = if cut() {
+                Duration::from_millis(500)
+            } else {
+                timeout.mul_f64(0.2).max(Duration::from_millis(500))
+            };
+            let deadline = Instant::now() + rest;
             while !thread.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }

@@ -1299,3 +1299,78 @@ fn run_refuses_a_sink_a_standalone_relay_delivers_naming_it_and_the_fix_once() {
     );
     assert_eq!(stop(&mut run), Some(0));
 }
+
+/// A second SIGTERM goes through the same shutdown channel as the first: the wait for a hung
+/// sink is cut short, its program killed, its cursor left where it was, and the process exits
+/// 3 (not 0 after the shutdown timeout); for `run` and the standalone `relay` alike.
+#[test]
+fn a_second_sigterm_abandons_a_hung_sink_at_once_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("broker"), false);
+    let pidfile = dir.path().join("hung.pid");
+    let s = setup(
+        dir.path(),
+        "cat >> \"$OUT\"",
+        &format!(
+            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
+             timeout_ms = 600000\n",
+            pidfile.to_str().unwrap()
+        ),
+        &mqtt_section(&broker, "rg-relay-twice-term"),
+    );
+    let hung_program = || -> i32 {
+        wait_until("the hung sink's program runs", &s, || {
+            std::fs::read_to_string(&pidfile).is_ok_and(|p| p.ends_with('\n'))
+        });
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        std::fs::remove_file(&pidfile).unwrap();
+        pid.trim().parse().unwrap()
+    };
+    let gone = |pid: i32| {
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z "))
+    };
+    // The second signal is sent once the first was handled (two pending ones would merge).
+    let twice = |child: &mut Child| {
+        let before = s.log().matches("shutdown requested").count();
+        signal(child.id() as i32, "TERM");
+        wait_until("the first signal is logged", &s, || {
+            s.log().matches("shutdown requested").count() > before
+        });
+        signal(child.id() as i32, "TERM");
+        child.wait().unwrap().code()
+    };
+    let mut run = s.run();
+    s.wait_subscribed();
+    let lines: Vec<String> = (0..30)
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .collect();
+    broker.publish_lines("incidents/ems", &lines, "pub-relay-twice-term");
+    s.wait_received(30, Duration::from_secs(30));
+    let pid = hung_program();
+    assert_eq!(twice(&mut run), Some(3), "{}", s.log());
+    assert!(
+        s.log().contains("second signal: stopping at once"),
+        "{}",
+        s.log()
+    );
+    assert!(
+        s.log().contains("stopped at once by a second signal"),
+        "{}",
+        s.log()
+    );
+    common::wait_until("the hung program is killed", Duration::from_secs(5), || {
+        gone(pid)
+    });
+    // The standalone relay: the same.
+    let mut relay = s.relay();
+    let pid = hung_program();
+    assert_eq!(twice(&mut relay), Some(3), "{}", s.log());
+    common::wait_until("the hung program is killed", Duration::from_secs(5), || {
+        gone(pid)
+    });
+    let st = s.status(&s.config);
+    assert_eq!(field(&st["hung"], "cursor"), "0");
+    assert_eq!(field(&st["script"], "cursor"), "30");
+}
