@@ -250,8 +250,8 @@ impl Record for ParkedRow<'_> {
         ("agency", 12),
         ("source_id", 14),
         ("parked_at", 25),
-        ("attempts", 8),
-        ("blocking", 8),
+        ("attempts", 10),
+        ("blocking", 10),
         ("reason", 40),
     ];
     const TIMES: &'static [&'static str] = &["parked_at"];
@@ -499,6 +499,22 @@ mod tests {
             missing_from: 3,
             missing_to: 4,
         });
+    }
+
+    /// A padded column as wide as its name would run its header into the next one.
+    #[test]
+    fn every_padded_table_column_is_wider_than_its_header() {
+        fn wide<R: Record>() {
+            for (name, width) in R::TABLE {
+                assert!(*width == 0 || *width > name.len(), "{name}: {width}");
+            }
+        }
+        wide::<AuditRow<'_>>();
+        wide::<EffectRow<'_>>();
+        wide::<QuarantineRow<'_>>();
+        wide::<ParkedRow<'_>>();
+        wide::<SinkStatusRow>();
+        wide::<GapRow<'_>>();
     }
 
     #[test]
