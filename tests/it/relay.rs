@@ -989,6 +989,27 @@ fn on_poison_block_stops_the_sink_at_the_event_until_an_operator_acts() {
     assert_eq!(field(&s.status(&s.config)["script"], "state"), "caught_up");
 }
 
+/// A config with sink "script" (accepts everything) and sink "hung", whose program records
+/// its pid in `pidfile` and sleeps far past the shutdown timeout, fed by `broker`.
+fn hung_setup(dir: &Path, broker: &Broker, client_id: &str, pidfile: &Path) -> Setup {
+    setup(
+        dir,
+        "cat >> \"$OUT\"",
+        &format!(
+            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
+             timeout_ms = 600000\n",
+            pidfile.to_str().unwrap()
+        ),
+        &mqtt_section(broker, client_id),
+    )
+}
+
+/// Whether process `pid` has ended (or is a zombie its parent has yet to reap).
+fn gone(pid: i32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| st.contains(") Z "))
+}
+
 #[test]
 fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
     let dir = tempfile::tempdir().unwrap();
@@ -996,16 +1017,7 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
     let pidfile = dir.path().join("hung.pid");
     // "hung" never finishes a batch (its program sleeps far past the shutdown timeout and
     // records its pid); "script" accepts everything.
-    let s = setup(
-        dir.path(),
-        "cat >> \"$OUT\"",
-        &format!(
-            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
-             timeout_ms = 600000\n",
-            pidfile.to_str().unwrap()
-        ),
-        &mqtt_section(&broker, "rg-relay-hung"),
-    );
+    let s = hung_setup(dir.path(), &broker, "rg-relay-hung", &pidfile);
     let mut run = s.run();
     s.wait_subscribed();
     let lines: Vec<String> = (0..300)
@@ -1029,12 +1041,7 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
         "{:?}",
         started.elapsed()
     );
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.contains(") Z ")),
-        "the hung sink's program outlived the service"
-    );
+    assert!(gone(pid), "the hung sink's program outlived the service");
     let st = s.status(&s.config);
     assert_eq!(field(&st["hung"], "cursor"), "0");
     assert_eq!(field(&st["script"], "cursor"), "300");
@@ -1308,16 +1315,7 @@ fn a_second_sigterm_abandons_a_hung_sink_at_once_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(&dir.path().join("broker"), false);
     let pidfile = dir.path().join("hung.pid");
-    let s = setup(
-        dir.path(),
-        "cat >> \"$OUT\"",
-        &format!(
-            "[[sink]]\nname = \"hung\"\nkind = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n\
-             timeout_ms = 600000\n",
-            pidfile.to_str().unwrap()
-        ),
-        &mqtt_section(&broker, "rg-relay-twice-term"),
-    );
+    let s = hung_setup(dir.path(), &broker, "rg-relay-twice-term", &pidfile);
     let hung_program = || -> i32 {
         wait_until("the hung sink's program runs", &s, || {
             std::fs::read_to_string(&pidfile).is_ok_and(|p| p.ends_with('\n'))
@@ -1325,11 +1323,6 @@ fn a_second_sigterm_abandons_a_hung_sink_at_once_and_exits_3() {
         let pid = std::fs::read_to_string(&pidfile).unwrap();
         std::fs::remove_file(&pidfile).unwrap();
         pid.trim().parse().unwrap()
-    };
-    let gone = |pid: i32| {
-        !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.contains(") Z "))
     };
     // The second signal is sent once the first was handled (two pending ones would merge).
     let twice = |child: &mut Child| {
