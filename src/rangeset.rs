@@ -11,6 +11,7 @@ pub struct RangeSet {
 }
 
 impl RangeSet {
+    #[cfg(test)]
     pub fn new() -> RangeSet {
         RangeSet::default()
     }
@@ -43,6 +44,7 @@ impl RangeSet {
         }
     }
 
+    #[cfg(test)]
     pub fn contains(&self, x: u64) -> bool {
         self.ranges
             .range(..=x)
@@ -55,10 +57,6 @@ impl RangeSet {
         self.members
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-
     pub fn min(&self) -> Option<u64> {
         self.ranges.keys().next().copied()
     }
@@ -68,6 +66,7 @@ impl RangeSet {
     }
 
     /// The member ranges, ascending, as inclusive `(start, end)`.
+    #[cfg(test)]
     pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(s, e)| (*s, *e))
     }

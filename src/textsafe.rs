@@ -31,11 +31,6 @@ pub fn escape_controls(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// `s` as it may be printed (`escape_controls`), owned.
-pub fn printable(s: &str) -> String {
-    escape_controls(s).into_owned()
-}
-
 /// The printable form of the longest prefix of `bytes` (UTF-8 or not: a byte that is not is
 /// shown `\xNN`) that fits in `max` characters, and how many bytes of `bytes` it shows. The
 /// rule is `escape_controls`'s (a backslash is doubled only when something in `bytes` is

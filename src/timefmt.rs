@@ -245,6 +245,7 @@ pub fn parse_duration_ms(value: &str) -> Result<u64, String> {
 }
 
 /// `parse_time_spec` resolved at once (`TimeSpec::resolve`).
+#[cfg(test)]
 pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
     parse_time_spec(value)?.resolve(now_ms, zone)
 }

@@ -2,7 +2,7 @@
 //! (`values`): a command receives a zone, a time, a source or a threshold, never its text. No
 //! I/O.
 
-pub mod values;
+pub(crate) mod values;
 
 use std::path::PathBuf;
 

@@ -26,14 +26,13 @@ mod url;
 
 pub use limits::*;
 pub use mqtt::{MqttConfig, Protocol, TlsFiles};
-pub use redact::{REDACTED_QUERY, Secret, redact_query};
+pub use redact::Secret;
 pub use sinks::{
     ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SinkConfig, SinkKind, Start,
-    sink_name_problem, sql_name_problem,
 };
-pub use store::{DEFAULT_PG_SCHEMA, PostgresStore, StoreBackend, StoreLocation};
-pub use topics::{MAX_TOPIC_FILTER_BYTES, TOPIC_PLACEHOLDERS, topic_filter_problem};
-pub use url::{BrokerUrl, HttpUrl, UrlError, UrlProblem};
+pub use store::{StoreBackend, StoreLocation};
+pub use topics::TOPIC_PLACEHOLDERS;
+pub use url::{BrokerUrl, HttpUrl};
 
 use mqtt::mqtt_from_raw;
 use raw::{RawConfig, RawMetrics, RawOutOfOrder};

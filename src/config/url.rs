@@ -47,6 +47,7 @@ pub struct UrlError {
 
 impl UrlError {
     /// What is wrong, without the quoted URL.
+    #[cfg(test)]
     pub fn problem(&self) -> &UrlProblem {
         &self.problem
     }

@@ -42,9 +42,6 @@ impl Script {
             + self.after_autosave.len()
             + self.after_failover.len()
     }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// splitmix64: deterministic for a seed, no dependency.

@@ -7,7 +7,7 @@
 //! checks its own result: it succeeds only if every event was applied exactly once.
 
 mod broker;
-pub mod feed;
+pub(crate) mod feed;
 
 /// The broker's packet codec check, for the fuzz target and its regression inputs.
 #[doc(hidden)]

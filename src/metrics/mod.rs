@@ -4,7 +4,7 @@
 //! crate; the endpoint that serves them is in `endpoint.rs`. Every metric is listed, with its
 //! meaning, in the book (docs/src/operations/metrics.md).
 
-pub mod endpoint;
+pub(crate) mod endpoint;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //! a tab or a CR) is prefixed with `'`, as is one already starting with `'`, so removing
 //! one leading `'` gives the value back. Numbers and booleans are never prefixed.
 
-pub mod rows;
+pub(crate) mod rows;
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};

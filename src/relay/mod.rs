@@ -27,7 +27,7 @@ use crate::store::StoreError;
 use crate::store::relay::{RelayStore, StartAt};
 
 pub use runner::{Relay, RelayError, Wake, spawn};
-pub use state::{BLOCKED, FAILING, SinkStatus};
+pub use state::{BLOCKED, FAILING};
 
 /// What a sink's last error says of its condition: `Some("failing")` (its task ended and is
 /// being restarted), `Some("blocked")` (its receiver refuses every event), else `None` (an

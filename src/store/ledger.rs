@@ -260,6 +260,7 @@ pub struct Accounting {
 
 impl Accounting {
     /// Offsets below the cursor the ledger accounts for.
+    #[cfg(test)]
     pub fn total(&self) -> u64 {
         self.delivered + self.parked + self.retried + self.skipped + self.adopted + self.discarded
     }

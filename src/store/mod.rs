@@ -6,14 +6,14 @@
 //! inspectors, on either backend.
 
 mod audit;
-pub mod backup;
+pub(crate) mod backup;
 mod engine;
 mod file;
 pub use file::{DiskSpace, SinkLocks, disk_space};
 mod guard;
-pub mod identity;
-pub mod ledger;
-pub mod lookup;
+pub(crate) mod identity;
+pub(crate) mod ledger;
+pub(crate) mod lookup;
 mod operator;
 pub mod postgres;
 mod read;
@@ -21,7 +21,7 @@ mod redb_tx;
 pub mod relay;
 mod retention;
 pub mod tables;
-pub mod tx;
+pub(crate) mod tx;
 pub mod verify;
 mod writer_check;
 
@@ -35,12 +35,14 @@ use redb::{
 use crate::decide::OutOfOrder;
 use crate::model::{IdempotencyKey, Outcome, OutcomeCounts};
 pub use crate::wire::Incoming;
-pub use audit::{body_fields as audit_body_fields, entry_hash as audit_entry_hash};
+pub use audit::body_fields as audit_body_fields;
+#[cfg(test)]
+pub(crate) use audit::entry_hash as audit_entry_hash;
 use engine::Writer;
 use guard::Leak;
 pub use guard::install_panic_hook;
-pub use operator::{CompactReport, Resolution, compact};
-pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot, StoreSummary};
+pub use operator::{Resolution, compact};
+pub use read::{AuditEntry, Effect, QuarantineEntry, Reader, Snapshot};
 use redb_tx::RedbTx;
 pub use retention::{LogRetention, PruneCounts, RetentionPolicy};
 use tables::*;
@@ -702,10 +704,6 @@ impl Store {
         guard::catch(move || db.close())?.map_err(|e| StoreError::from(redb::Error::from(e)))
     }
 
-    pub fn options(&self) -> &StoreOptions {
-        &self.opts
-    }
-
     /// A read view of this store (the same views `Reader` gives another process).
     pub fn reader(&self) -> Result<Snapshot, StoreError> {
         self.db
@@ -781,13 +779,6 @@ impl Backend {
         match self {
             Backend::Redb(s) => s.reader(),
             Backend::Postgres(s) => Ok(Snapshot::postgres(s.view()?)),
-        }
-    }
-
-    pub fn options(&self) -> &StoreOptions {
-        match self {
-            Backend::Redb(s) => s.options(),
-            Backend::Postgres(s) => s.options(),
         }
     }
 

@@ -15,7 +15,7 @@ use super::postgres::PgConfig;
 use super::postgres::view::{PgView, ViewPool};
 use super::tables::*;
 use super::{StoreError, builder};
-use crate::model::{Digest, IdempotencyKey, Outcome, OutcomeCounts};
+use crate::model::{Outcome, OutcomeCounts};
 
 /// A read-only handle that follows a live writer's commits.
 pub struct Reader {
@@ -139,12 +139,6 @@ pub struct AuditEntry {
 impl AuditEntry {
     pub fn outcome(&self) -> Option<Outcome> {
         Outcome::from_code(self.record.outcome)
-    }
-    pub fn key(&self) -> Option<IdempotencyKey> {
-        self.record.key.map(IdempotencyKey::from_bytes)
-    }
-    pub fn digest(&self) -> Option<Digest> {
-        self.record.digest.map(Digest::from_bytes)
     }
     /// Whether `hash` matches the entry's content and `prev_hash`.
     pub fn hash_is_valid(&self) -> bool {

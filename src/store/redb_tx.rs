@@ -246,14 +246,6 @@ impl Tx for RedbTx<'_> {
         super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked, floor)
     }
 
-    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
-        IDENTITY.get(&self.meta)
-    }
-
-    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
-        IDENTITY.put(&mut self.meta, identity, &mut self.buf)
-    }
-
     fn ledger(
         &mut self,
         name: &str,

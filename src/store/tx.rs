@@ -11,7 +11,7 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 use super::StoreError;
 use super::tables::{
     AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, StoreIdentity, WindowRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -98,10 +98,6 @@ pub trait Tx {
     /// parked below it, by a version before parked events held retention, holds nothing).
     /// Retention keeps every effect from there on.
     fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError>;
-
-    /// The store's identity (`None` in a store made before ids existed).
-    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError>;
-    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError>;
 
     /// The relay's cursor of sink `name`.
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError>;
@@ -274,12 +270,6 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
         (**self).lowest_cursor(floor)
-    }
-    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
-        (**self).identity()
-    }
-    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
-        (**self).put_identity(identity)
     }
     fn ledger(
         &mut self,

@@ -11,7 +11,7 @@
 //! redelivers, which the engine suppresses as duplicates. The service runs on a current-thread
 //! runtime, so nothing can run between rumqttc's clean-up and the generation bump.
 
-pub mod publish;
+pub(crate) mod publish;
 mod session;
 
 use std::collections::VecDeque;
@@ -25,7 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::{BrokerUrl, MqttConfig, Protocol, Secret, TlsFiles};
 use session::{AckQueue, Action, Input, Plan, QOS0, Report, Session, Stamped};
-pub use session::{AckStats, TransportError, backoff};
+pub use session::{AckStats, TransportError};
 
 /// What the poll loop reports to the service.
 #[derive(Debug)]

@@ -25,9 +25,9 @@ use tokio::sync::mpsc;
 
 use super::{Endpoint, TransportError};
 use crate::config::{MqttSink, Protocol};
+// The CloudEvents structured-mode content type, sent as an MQTT 5 property.
+use crate::relay::envelope::CONTENT_TYPE;
 
-/// The CloudEvents structured-mode content type, sent as an MQTT 5 property.
-pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 /// Most publishes in flight on one connection (less if the broker's receive maximum is less).
 const WINDOW_MAX: u16 = 512;
 /// The largest packet MQTT can express (remaining length 268,435,455 + 5 header bytes).

@@ -10,9 +10,9 @@
 //! (and the relay's postgres sink).
 
 mod conn;
-pub mod copy;
-pub mod schema;
-pub mod tls;
+pub(crate) mod copy;
+pub(crate) mod schema;
+pub(crate) mod tls;
 mod tx;
 pub mod view;
 
@@ -52,14 +52,6 @@ impl PgStore {
             opts,
             conn: None,
         }
-    }
-
-    pub fn options(&self) -> &StoreOptions {
-        &self.opts
-    }
-
-    pub fn config(&self) -> &PgConfig {
-        &self.cfg
     }
 
     /// Makes a connection if there is none or it was lost.

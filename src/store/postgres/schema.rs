@@ -89,7 +89,6 @@ pub struct Sql {
     pub fp_by_id: String,
     pub fp_by_id_upsert: String,
     pub fp_by_id_delete: String,
-    pub cursors_all: String,
     pub cursor: String,
     pub cursor_upsert: String,
     pub cursor_delete: String,
@@ -196,7 +195,6 @@ impl Sql {
                  ON CONFLICT (id) DO UPDATE SET fp = EXCLUDED.fp",
             ),
             fp_by_id_delete: f("DELETE FROM {s}.quarantine_fp_by_id WHERE id = ANY($1::bigint[])"),
-            cursors_all: f("SELECT name, record FROM {s}.sink_cursors"),
             cursor: f("SELECT record FROM {s}.sink_cursors WHERE name = $1"),
             cursor_upsert: f(
                 "INSERT INTO {s}.sink_cursors (name, record) VALUES ($1, $2) \

@@ -607,15 +607,6 @@ impl Tx for PgTx<'_> {
         Ok(low)
     }
 
-    fn identity(&mut self) -> Result<Option<StoreIdentity>, StoreError> {
-        self.meta_record(IDENTITY)
-    }
-
-    fn put_identity(&mut self, identity: &StoreIdentity) -> Result<(), StoreError> {
-        self.set_meta(IDENTITY, identity);
-        Ok(())
-    }
-
     fn ledger(
         &mut self,
         name: &str,
