@@ -165,6 +165,7 @@ impl From<crate::relay::RelayError> for Failure {
         use crate::relay::RelayError;
         match e {
             RelayError::Config(_)
+            | RelayError::Sink(_)
             | RelayError::Store(crate::store::StoreError::SinkBusy { .. }) => {
                 Failure::Usage(e.into())
             }
