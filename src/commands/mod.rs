@@ -185,7 +185,9 @@ impl From<std::io::Error> for Failure {
 impl From<crate::service::ServiceError> for Failure {
     fn from(e: crate::service::ServiceError) -> Self {
         match e {
-            crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
+            crate::service::ServiceError::Config(_)
+            | crate::service::ServiceError::NoMqtt
+            | crate::service::ServiceError::Transport(_) => Failure::Usage(e.into()),
             crate::service::ServiceError::Relay(r) => r.into(),
             crate::service::ServiceError::Store(e) => e.into(),
             _ => Failure::Runtime(e.into()),
