@@ -233,6 +233,23 @@ pub(super) fn read_password(path: &Path) -> Result<Secret, String> {
     Ok(Secret(text.trim_end_matches(['\r', '\n']).to_string()))
 }
 
+/// Why a `username` has no password, and how to check the unit's setup from a shell: outside
+/// systemd there is no `$CREDENTIALS_DIRECTORY`, and the packaged unit's
+/// `LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password` hands over that file.
+fn no_password(under_systemd: bool) -> String {
+    if under_systemd {
+        "username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password \
+         (the unit's LoadCredential=mqtt-password:FILE names no readable file?)"
+            .into()
+    } else {
+        "username is set but there is no password_file, and $CREDENTIALS_DIRECTORY (where \
+         systemd hands the unit its mqtt-password credential) is not set outside systemd: to \
+         check the packaged unit's setup from a shell, run `sudo CREDENTIALS_DIRECTORY=/etc/\
+         replay-guard replay-guard check-config FILE`, or set password_file"
+            .into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,22 +322,5 @@ mod tests {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
-    }
-}
-
-/// Why a `username` has no password, and how to check the unit's setup from a shell: outside
-/// systemd there is no `$CREDENTIALS_DIRECTORY`, and the packaged unit's
-/// `LoadCredential=mqtt-password:/etc/replay-guard/mqtt-password` hands over that file.
-fn no_password(under_systemd: bool) -> String {
-    if under_systemd {
-        "username is set but there is no password_file nor $CREDENTIALS_DIRECTORY/mqtt-password \
-         (the unit's LoadCredential=mqtt-password:FILE names no readable file?)"
-            .into()
-    } else {
-        "username is set but there is no password_file, and $CREDENTIALS_DIRECTORY (where \
-         systemd hands the unit its mqtt-password credential) is not set outside systemd: to \
-         check the packaged unit's setup from a shell, run `sudo CREDENTIALS_DIRECTORY=/etc/\
-         replay-guard replay-guard check-config FILE`, or set password_file"
-            .into()
     }
 }
