@@ -4,7 +4,7 @@
 
 use crate::cli::FilterArgs;
 use crate::model::Outcome;
-use crate::timefmt::{TimeSpec, Zone};
+use crate::timefmt::{TimeError, TimeSpec, Zone};
 
 /// A time flag that cannot be resolved (a zoneless time without `--tz`); one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -12,7 +12,7 @@ use crate::timefmt::{TimeSpec, Zone};
 pub struct FilterError {
     flag: &'static str,
     value: String,
-    why: String,
+    why: TimeError,
 }
 
 /// Which entries to print: every present condition must hold; `outcomes` match if any does.

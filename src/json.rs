@@ -476,7 +476,7 @@ impl Pointer {
         self.tokens.iter().zip(&other.tokens).all(|(a, b)| a == b)
     }
 
-    pub fn parse(s: &str) -> Result<Pointer, String> {
+    pub fn parse(s: &str) -> Result<Pointer, PointerError> {
         if s.is_empty() {
             return Ok(Pointer {
                 text: String::new(),
@@ -484,9 +484,7 @@ impl Pointer {
             });
         }
         let Some(rest) = s.strip_prefix('/') else {
-            return Err(format!(
-                "JSON pointer {s:?} must be empty or start with '/'"
-            ));
+            return Err(PointerError::NoLeadingSlash(s.to_string()));
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -497,7 +495,7 @@ impl Pointer {
                     match chars.next() {
                         Some('0') => t.push('~'),
                         Some('1') => t.push('/'),
-                        _ => return Err(format!("JSON pointer {s:?} has a bad '~' escape")),
+                        _ => return Err(PointerError::BadEscape(s.to_string())),
                     }
                 } else {
                     t.push(c);
@@ -510,6 +508,16 @@ impl Pointer {
             tokens,
         })
     }
+}
+
+/// Why a JSON pointer (RFC 6901) as written cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PointerError {
+    #[error("JSON pointer {0:?} must be empty or start with '/'")]
+    NoLeadingSlash(String),
+    /// A `~` not followed by `0` or `1`.
+    #[error("JSON pointer {0:?} has a bad '~' escape")]
+    BadEscape(String),
 }
 
 /// Writes a JSON string with JCS escaping: `\"`, `\\`, `\b \f \n \r \t`, other controls as

@@ -25,8 +25,17 @@ use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
 /// Why `run` stopped other than by a clean shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("{0}")]
-    Config(String),
+    /// The configuration names a store that cannot be used as configured.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// `run` needs the broker to read from.
+    #[error("`run` needs an [mqtt] section")]
+    NoMqtt,
+    /// The MQTT client cannot be set up from the configuration, or the broker refuses us
+    /// for good (CONNACK failure, a SUBACK not granting a topic at QoS 1): no restart mends
+    /// either, so it is a configuration error like `Config`.
+    #[error(transparent)]
+    Transport(#[from] transport::TransportError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -327,14 +336,13 @@ impl Drop for StoreWorker {
 /// Opens the feed writer's store: the redb file, or the PostgreSQL schema (created or migrated
 /// on the way). Returns what to call it in messages.
 pub fn open_store(config: &Config) -> Result<(PathBuf, Backend), ServiceError> {
-    let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
-    match config.location().map_err(config_err)? {
+    match config.location()? {
         crate::config::StoreLocation::File(db) => {
             let store = Store::open(db, config.store.clone(), now_ms())?;
             Ok((db.to_path_buf(), Backend::Redb(store)))
         }
         crate::config::StoreLocation::Postgres(pg) => {
-            let cfg = pg.pg_config().map_err(config_err)?;
+            let cfg = pg.pg_config()?;
             let name = PathBuf::from(cfg.target());
             let store =
                 PgStore::open(cfg, config.store.clone(), now_ms()).map_err(|e| match e {
@@ -360,10 +368,9 @@ fn open_store_waiting(
     notifier: &Notifier,
     metrics: &Metrics,
 ) -> Result<Option<(PathBuf, Backend)>, ServiceError> {
-    let config_err = |e: crate::config::ConfigError| ServiceError::Config(e.to_string());
-    let pg = match config.location().map_err(config_err)? {
+    let pg = match config.location()? {
         crate::config::StoreLocation::File(_) => return open_store(config).map(Some),
-        crate::config::StoreLocation::Postgres(pg) => pg.pg_config().map_err(config_err)?,
+        crate::config::StoreLocation::Postgres(pg) => pg.pg_config()?,
     };
     let target = pg.target();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -483,10 +490,7 @@ pub fn run(
     mut shutdown: Shutdown,
     notifier: &Notifier,
 ) -> Result<RunSummary, ServiceError> {
-    let mqtt = config
-        .mqtt
-        .clone()
-        .ok_or_else(|| ServiceError::Config("`run` needs an [mqtt] section".into()))?;
+    let mqtt = config.mqtt.clone().ok_or(ServiceError::NoMqtt)?;
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let metrics = Metrics::new(brokers.iter().map(String::as_str));
     // Served from the start: a scrape while PostgreSQL is waited for says so.
@@ -559,7 +563,7 @@ struct Consumer<'a> {
     /// and recorded once the burst ends.
     burst: Option<(String, u64, u64)>,
     /// A configuration error the broker reported (a refused subscription): drain, then stop.
-    fatal: Option<String>,
+    fatal: Option<transport::TransportError>,
     relay: Option<&'a Relay>,
     /// When the shutdown began (the relay gets what is left of the timeout).
     stop_started: &'a std::cell::Cell<Option<Instant>>,
@@ -622,8 +626,7 @@ impl<'a> Consumer<'a> {
         // connections loop on reconnect). The broker's message_size_limit bounds memory.
         let max_packet = MQTT_MAX_PACKET;
         let (ev_tx, mut events) = mpsc::unbounded_channel();
-        let (handle, poller) = transport::start(mqtt, max_packet, ev_tx)
-            .map_err(|e| ServiceError::Config(e.to_string()))?;
+        let (handle, poller) = transport::start(mqtt, max_packet, ev_tx)?;
         let mut p = Pipeline {
             open: Vec::new(),
             first_at: None,
@@ -643,7 +646,7 @@ impl<'a> Consumer<'a> {
                 }
                 ev = events.recv() => match ev {
                     Some(TransportEvent::Fatal(e)) => {
-                        self.fatal = Some(e.to_string());
+                        self.fatal = Some(e);
                         break;
                     }
                     Some(ev) => self.on_event(ev, &mut p),
@@ -674,7 +677,7 @@ impl<'a> Consumer<'a> {
         self.drain(p, &handle, &mut events, poller, &mut shutdown)
             .await?;
         match self.fatal.take() {
-            Some(e) => Err(ServiceError::Config(e)),
+            Some(e) => Err(ServiceError::Transport(e)),
             None => Ok(self.summary),
         }
     }
@@ -748,7 +751,7 @@ impl<'a> Consumer<'a> {
                 tracing::warn!(%from, %to, "switching broker from {from} to {to}");
             }
             TransportEvent::Closed => {}
-            TransportEvent::Fatal(e) => self.fatal = Some(e.to_string()),
+            TransportEvent::Fatal(e) => self.fatal = Some(e),
         }
     }
 

@@ -158,6 +158,37 @@ fn one_line(e: &jiff::Error) -> String {
     e.to_string().replace(['\n', '\r'], " ")
 }
 
+/// Why an operator-typed time or duration cannot be used; one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    /// A civil time, and no `--tz` to read it in.
+    #[error("missing time zone: add Z or an offset like +02:00, or name the zone with --tz")]
+    MissingZone,
+    /// jiff's words (on one line) for a time it cannot read or place.
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("neither a time nor a duration")]
+    NeitherTimeNorDuration,
+    #[error("a duration before now cannot be negative")]
+    NegativeDuration,
+    /// Years, months and weeks have no fixed length.
+    #[error("give the duration in days, hours, minutes or seconds")]
+    CalendarUnits,
+    #[error("duration too large")]
+    DurationTooLarge,
+    /// Hours above 23 (jiff reads up to 25:59:59), which could only be a typing error.
+    #[error("UTC offset {0} is out of range: RFC 3339 allows -23:59 to +23:59")]
+    OffsetOutOfRange(jiff::tz::Offset),
+    #[error("before 1970")]
+    Before1970,
+}
+
+impl From<&jiff::Error> for TimeError {
+    fn from(e: &jiff::Error) -> TimeError {
+        TimeError::Unreadable(one_line(e))
+    }
+}
+
 /// An operator-typed instant, as typed, before the clock and the zone are known: RFC 3339 with
 /// `Z` or an offset (any fraction, rounded *up* to the millisecond so `>= since` and `< until`
 /// on stored millisecond times mean what they do on the exact instant); a civil date or
@@ -177,19 +208,15 @@ pub enum TimeSpec {
 impl TimeSpec {
     /// Unix milliseconds: a duration counts back from `now_ms`; a civil time is read in `zone`
     /// and refused without one. The error is one line saying why.
-    pub fn resolve(&self, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+    pub fn resolve(&self, now_ms: u64, zone: Option<&Zone>) -> Result<u64, TimeError> {
         match self {
             TimeSpec::At(ms) => Ok(*ms),
             TimeSpec::Ago(back) => Ok(now_ms.saturating_sub(*back)),
             TimeSpec::Civil(civil) => {
-                let Some(zone) = zone else {
-                    return Err(
-                        "missing time zone: add Z or an offset like +02:00, or name \
-                                the zone with --tz"
-                            .into(),
-                    );
-                };
-                let zoned = civil.to_zoned(zone.tz.clone()).map_err(|e| one_line(&e))?;
+                let zone = zone.ok_or(TimeError::MissingZone)?;
+                let zoned = civil
+                    .to_zoned(zone.tz.clone())
+                    .map_err(|e| TimeError::from(&e))?;
                 ceil_ms(zoned.timestamp())
             }
         }
@@ -207,7 +234,7 @@ impl std::fmt::Display for TimeSpec {
 }
 
 /// The `TimeSpec` an operator typed; the error is one line saying why.
-pub fn parse_time_spec(value: &str) -> Result<TimeSpec, String> {
+pub fn parse_time_spec(value: &str) -> Result<TimeSpec, TimeError> {
     let b = value.as_bytes();
     let looks_like_date = b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-';
     if looks_like_date {
@@ -221,38 +248,38 @@ pub fn parse_time_spec(value: &str) -> Result<TimeSpec, String> {
         return value
             .parse::<DateTime>()
             .map(TimeSpec::Civil)
-            .map_err(|_| one_line(&ts_err));
+            .map_err(|_| TimeError::from(&ts_err));
     }
     parse_duration_ms(value).map(TimeSpec::Ago)
 }
 
 /// A duration in milliseconds, in jiff's friendly (`90s`, `1h30m`, `2 days`) or ISO 8601
 /// (`PT1H`) form, in days (24 h) and smaller units; never negative.
-pub fn parse_duration_ms(value: &str) -> Result<u64, String> {
+pub fn parse_duration_ms(value: &str) -> Result<u64, TimeError> {
     let span: Span = value
         .parse()
-        .map_err(|_| "neither a time nor a duration".to_string())?;
+        .map_err(|_| TimeError::NeitherTimeNorDuration)?;
     if span.is_negative() {
-        return Err("a duration before now cannot be negative".into());
+        return Err(TimeError::NegativeDuration);
     }
     if span.get_years() != 0 || span.get_months() != 0 || span.get_weeks() != 0 {
-        return Err("give the duration in days, hours, minutes or seconds".into());
+        return Err(TimeError::CalendarUnits);
     }
     let back: SignedDuration = span
         .to_duration(SpanRelativeTo::days_are_24_hours())
-        .map_err(|e| one_line(&e))?;
-    u64::try_from(back.as_millis()).map_err(|_| "duration too large".to_string())
+        .map_err(|e| TimeError::from(&e))?;
+    u64::try_from(back.as_millis()).map_err(|_| TimeError::DurationTooLarge)
 }
 
 /// `parse_time_spec` resolved at once (`TimeSpec::resolve`).
 #[cfg(test)]
-pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, String> {
+pub fn parse_instant(value: &str, now_ms: u64, zone: Option<&Zone>) -> Result<u64, TimeError> {
     parse_time_spec(value)?.resolve(now_ms, zone)
 }
 
 /// Refuses a UTC offset RFC 3339 does not allow (hours above 23; jiff reads up to 25:59:59
 /// and already refuses minutes above 59), which could only be a typing error.
-fn rfc3339_offset(value: &str) -> Result<(), String> {
+fn rfc3339_offset(value: &str) -> Result<(), TimeError> {
     let Some(offset) = Pieces::parse(value)
         .ok()
         .and_then(|p| p.to_numeric_offset())
@@ -262,14 +289,12 @@ fn rfc3339_offset(value: &str) -> Result<(), String> {
     if offset.seconds().unsigned_abs() < 24 * 3600 {
         return Ok(());
     }
-    Err(format!(
-        "UTC offset {offset} is out of range: RFC 3339 allows -23:59 to +23:59"
-    ))
+    Err(TimeError::OffsetOutOfRange(offset))
 }
 
-fn ceil_ms(ts: Timestamp) -> Result<u64, String> {
+fn ceil_ms(ts: Timestamp) -> Result<u64, TimeError> {
     let ns = ts.as_nanosecond();
-    u64::try_from((ns + 999_999).div_euclid(1_000_000)).map_err(|_| "before 1970".to_string())
+    u64::try_from((ns + 999_999).div_euclid(1_000_000)).map_err(|_| TimeError::Before1970)
 }
 
 #[cfg(test)]
@@ -336,10 +361,10 @@ mod tests {
             "2026-11-30T02:52:14-25:59",
             "2026-11-30T02:52:14+23:60",
         ] {
-            let e = at(bad).expect_err(bad);
+            let e = at(bad).expect_err(bad).to_string();
             assert!(!e.contains('\n'), "{e}");
         }
-        let e = at("2026-11-30T02:52:14+25:00").unwrap_err();
+        let e = at("2026-11-30T02:52:14+25:00").unwrap_err().to_string();
         assert!(e.contains("RFC 3339 allows -23:59 to +23:59"), "{e}");
     }
 

@@ -5,14 +5,75 @@
 //! config (no process-wide default provider is assumed or installed, so nothing can panic for
 //! lack of one). rustls-native-certs is named only here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_rustls::rustls::client::WantsClientCert;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
-use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::pem::{self, PemObject};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ClientConfig, ConfigBuilder, InconsistentKeys, RootCertStore};
+
+/// Why a TLS client could not be set up. Each file comes with the setting that names it
+/// (`setting`: "ca_file", "sslrootcert", ...), so the message says which line to fix.
+/// No variant is a `source` of another error: each message already quotes its cause, and
+/// `main` prints an error's chain.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The provider offers none of the protocol versions asked for.
+    #[error("TLS set-up: {0}")]
+    Setup(rustls::Error),
+    /// A PEM file could not be read or parsed.
+    #[error("{setting} {}: {error}", path.display())]
+    Pem {
+        setting: &'static str,
+        path: PathBuf,
+        error: pem::Error,
+    },
+    /// A certificate of a CA file cannot be a trust anchor.
+    #[error("{setting} {}: {error}", path.display())]
+    Anchor {
+        setting: &'static str,
+        path: PathBuf,
+        error: Box<rustls::Error>,
+    },
+    /// A certificate file holds no certificate.
+    #[error("{setting} {}: no PEM certificate in it", path.display())]
+    NoCertificate {
+        setting: &'static str,
+        path: PathBuf,
+    },
+    /// The operating system's trust store holds no usable CA certificate; `errors` are the
+    /// files it could not read.
+    #[error(
+        "the system trust store holds no usable CA certificate{}: install the \
+         distribution's CA bundle (ca-certificates), or give ca_file",
+        if errors.is_empty() { String::new() } else { format!(" ({})", errors.join("; ")) }
+    )]
+    EmptySystemStore { errors: Vec<String> },
+    /// The private key is not the client certificate's.
+    #[error(
+        "{key_setting} {} is not the private key of {cert_setting} {} (the two are not a \
+         pair): give the key the certificate was issued for",
+        key.display(),
+        cert.display()
+    )]
+    KeyMismatch {
+        cert_setting: &'static str,
+        cert: PathBuf,
+        key_setting: &'static str,
+        key: PathBuf,
+    },
+    /// rustls refused the client certificate and key for another reason.
+    #[error("{cert_setting} {} / {key_setting} {}: {error}", cert.display(), key.display())]
+    Identity {
+        cert_setting: &'static str,
+        cert: PathBuf,
+        key_setting: &'static str,
+        key: PathBuf,
+        error: Box<rustls::Error>,
+    },
+}
 
 /// The crypto provider of every rustls client replay-guard makes: ring (the build links no
 /// other; see README "TLS").
@@ -24,9 +85,9 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// CA file, authenticating with a certificate chain and key if `identity` names them. Each
 /// file comes with the setting that names it, for the errors.
 pub fn verifying_client(
-    (ca_file, ca_key): (&Path, &str),
-    identity: Option<[(&Path, &str); 2]>,
-) -> Result<ClientConfig, String> {
+    (ca_file, ca_key): (&Path, &'static str),
+    identity: Option<[(&Path, &'static str); 2]>,
+) -> Result<ClientConfig, TlsError> {
     client_trusting(roots(ca_file, ca_key)?, identity)
 }
 
@@ -34,11 +95,11 @@ pub fn verifying_client(
 /// certificate chain and key if `identity` names them (as `verifying_client`).
 pub fn client_trusting(
     roots: RootCertStore,
-    identity: Option<[(&Path, &str); 2]>,
-) -> Result<ClientConfig, String> {
+    identity: Option<[(&Path, &'static str); 2]>,
+) -> Result<ClientConfig, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?
+        .map_err(TlsError::Setup)?
         .with_root_certificates(roots);
     match identity {
         None => Ok(builder.with_no_client_auth()),
@@ -52,44 +113,54 @@ pub fn client_trusting(
 /// pair is refused when it loads rather than at the first handshake.
 pub fn with_identity(
     builder: ConfigBuilder<ClientConfig, WantsClientCert>,
-    (cert, cert_key): (&Path, &str),
-    (key, key_key): (&Path, &str),
-) -> Result<ClientConfig, String> {
+    (cert, cert_key): (&Path, &'static str),
+    (key, key_key): (&Path, &'static str),
+) -> Result<ClientConfig, TlsError> {
     let (chain, private) = identity(cert, key, cert_key, key_key)?;
     builder
         .with_client_auth_cert(chain, private)
-        .map_err(|e| match e {
-            rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => format!(
-                "{key_key} {} is not the private key of {cert_key} {} (the two are not a \
-                 pair): give the key the certificate was issued for",
-                key.display(),
-                cert.display()
-            ),
-            e => format!(
-                "{cert_key} {} / {key_key} {}: {e}",
-                cert.display(),
-                key.display()
-            ),
+        .map_err(|error| match error {
+            rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
+                TlsError::KeyMismatch {
+                    cert_setting: cert_key,
+                    cert: cert.to_path_buf(),
+                    key_setting: key_key,
+                    key: key.to_path_buf(),
+                }
+            }
+            error => TlsError::Identity {
+                cert_setting: cert_key,
+                cert: cert.to_path_buf(),
+                key_setting: key_key,
+                key: key.to_path_buf(),
+                error: Box::new(error),
+            },
         })
 }
 
 /// Every certificate in the PEM file `path` as a trust anchor; `key` names the setting in
 /// errors ("ca_file", "sslrootcert"). An empty file is an error.
-pub fn roots(path: &Path, key: &str) -> Result<RootCertStore, String> {
+pub fn roots(path: &Path, key: &'static str) -> Result<RootCertStore, TlsError> {
+    let pem = |error| TlsError::Pem {
+        setting: key,
+        path: path.to_path_buf(),
+        error,
+    };
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{key} {}: {e}", path.display()))?;
-    for cert in certs {
-        let cert = cert.map_err(|e| format!("{key} {}: {e}", path.display()))?;
+    for cert in CertificateDer::pem_file_iter(path).map_err(pem)? {
         roots
-            .add(cert)
-            .map_err(|e| format!("{key} {}: {e}", path.display()))?;
+            .add(cert.map_err(pem)?)
+            .map_err(|error| TlsError::Anchor {
+                setting: key,
+                path: path.to_path_buf(),
+                error: Box::new(error),
+            })?;
     }
     if roots.is_empty() {
-        return Err(format!(
-            "{key} {}: no PEM certificate in it",
-            path.display()
-        ));
+        return Err(TlsError::NoCertificate {
+            setting: key,
+            path: path.to_path_buf(),
+        });
     }
     Ok(roots)
 }
@@ -99,21 +170,13 @@ pub fn roots(path: &Path, key: &str) -> Result<RootCertStore, String> {
 /// `SSL_CERT_FILE` / `SSL_CERT_DIR` when either is set. Used only by an https `http` sink
 /// without `ca_file`. Certificates that cannot be used are skipped (files it could not read
 /// are logged); a store with none usable is an error.
-pub fn system_roots() -> Result<RootCertStore, String> {
+pub fn system_roots() -> Result<RootCertStore, TlsError> {
     let found = rustls_native_certs::load_native_certs();
     let mut roots = RootCertStore::empty();
     let (_, unusable) = roots.add_parsable_certificates(found.certs);
     let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
     if roots.is_empty() {
-        let why = if errors.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", errors.join("; "))
-        };
-        return Err(format!(
-            "the system trust store holds no usable CA certificate{why}: install the \
-             distribution's CA bundle (ca-certificates), or give ca_file"
-        ));
+        return Err(TlsError::EmptySystemStore { errors });
     }
     for e in &errors {
         tracing::warn!(error = %e, "reading the system trust store: skipped ({e})");
@@ -127,20 +190,27 @@ pub fn system_roots() -> Result<RootCertStore, String> {
 pub fn identity(
     cert: &Path,
     key: &Path,
-    cert_key: &str,
-    key_key: &str,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    cert_key: &'static str,
+    key_key: &'static str,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{cert_key} {}: {e}", cert.display()))?;
+        .map_err(|error| TlsError::Pem {
+            setting: cert_key,
+            path: cert.to_path_buf(),
+            error,
+        })?;
     if chain.is_empty() {
-        return Err(format!(
-            "{cert_key} {}: no PEM certificate in it",
-            cert.display()
-        ));
+        return Err(TlsError::NoCertificate {
+            setting: cert_key,
+            path: cert.to_path_buf(),
+        });
     }
-    let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("{key_key} {}: {e}", key.display()))?;
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|error| TlsError::Pem {
+        setting: key_key,
+        path: key.to_path_buf(),
+        error,
+    })?;
     Ok((chain, private))
 }
 
@@ -150,12 +220,12 @@ pub fn identity(
 pub fn check_identity(
     cert: &Path,
     key: &Path,
-    cert_key: &str,
-    key_key: &str,
-) -> Result<(), String> {
+    cert_key: &'static str,
+    key_key: &'static str,
+) -> Result<(), TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?
+        .map_err(TlsError::Setup)?
         .with_root_certificates(RootCertStore::empty());
     with_identity(builder, (cert, cert_key), (key, key_key)).map(drop)
 }

@@ -171,6 +171,7 @@ impl From<crate::relay::RelayError> for Failure {
         use crate::relay::RelayError;
         match e {
             RelayError::Config(_)
+            | RelayError::Sink(_)
             | RelayError::Store(crate::store::StoreError::SinkBusy { .. }) => {
                 Failure::Usage(e.into())
             }
@@ -190,7 +191,9 @@ impl From<std::io::Error> for Failure {
 impl From<crate::service::ServiceError> for Failure {
     fn from(e: crate::service::ServiceError) -> Self {
         match e {
-            crate::service::ServiceError::Config(_) => Failure::Usage(e.into()),
+            crate::service::ServiceError::Config(_)
+            | crate::service::ServiceError::NoMqtt
+            | crate::service::ServiceError::Transport(_) => Failure::Usage(e.into()),
             crate::service::ServiceError::Relay(r) => r.into(),
             crate::service::ServiceError::Forced => Failure::Forced(e.into()),
             crate::service::ServiceError::Store(e) => e.into(),

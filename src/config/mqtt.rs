@@ -89,7 +89,7 @@ pub(super) fn tls_files(
         (None, None) => None,
         _ => return Err("client_cert_file and client_key_file go together".into()),
     };
-    crate::tls::verifying_client((ca, "ca_file"), identity)?;
+    crate::tls::verifying_client((ca, "ca_file"), identity).map_err(|e| e.to_string())?;
     Ok(Some(TlsFiles {
         ca_file: ca.clone(),
         client_cert_file: cert.cloned(),

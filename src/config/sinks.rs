@@ -470,7 +470,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                     readable("client_cert_file", cert)?;
                     readable("client_key_file", key)?;
                     crate::tls::check_identity(cert, key, "client_cert_file", "client_key_file")
-                        .map_err(&invalid)?;
+                        .map_err(|e| invalid(e.to_string()))?;
                     Some((cert.clone(), key.clone()))
                 }
                 _ => {
@@ -514,7 +514,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
                 return Err(invalid("the dsn is empty".into()));
             }
             // sslmode and the certificate files, checked here as the store's are.
-            crate::store::postgres::tls::parse_dsn(&dsn).map_err(invalid)?;
+            crate::store::postgres::tls::parse_dsn(&dsn).map_err(|e| invalid(e.to_string()))?;
             let table = r
                 .table
                 .clone()

@@ -39,7 +39,7 @@ impl PostgresStore {
     pub fn pg_config(&self) -> Result<crate::store::postgres::PgConfig, ConfigError> {
         crate::store::postgres::PgConfig::parse(self.dsn.expose(), &self.schema)
             .map(|c| c.with_statement_timeout(self.statement_timeout))
-            .map_err(ConfigError::Invalid)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 }
 
@@ -97,7 +97,8 @@ pub(super) fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError>
             if let Some(why) = crate::store::postgres::schema::schema_name_problem(&schema) {
                 return Err(invalid(format!("schema {schema:?} {why}")));
             }
-            crate::store::postgres::PgConfig::parse(&dsn, &schema).map_err(invalid)?;
+            crate::store::postgres::PgConfig::parse(&dsn, &schema)
+                .map_err(|e| invalid(e.to_string()))?;
             let timeout = crate::store::postgres::DEFAULT_STATEMENT_TIMEOUT;
             let timeout_ms = raw
                 .statement_timeout_ms

@@ -243,11 +243,8 @@ async fn respond(
             let read = tokio::task::spawn_blocking(move || s.read_store());
             let readings = match tokio::time::timeout(READ_TIMEOUT, read).await {
                 Ok(Ok(r)) => scrape.note(r),
-                Ok(Err(_)) => scrape.note(Err("the store read panicked".into())),
-                Err(_) => scrape.note(Err(format!(
-                    "no answer from the store within {} s",
-                    READ_TIMEOUT.as_secs()
-                ))),
+                Ok(Err(_)) => scrape.note(Err(ReadError::Panicked)),
+                Err(_) => scrape.note(Err(ReadError::Timeout)),
             };
             let body = super::scrape(scrape.live.as_ref(), readings.as_ref());
             text(StatusCode::OK, body, super::CONTENT_TYPE)
@@ -265,16 +262,29 @@ async fn respond(
     }
 }
 
+/// Why a scrape has no readings of the store: its gauges then say it is not readable.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// A read on the blocking pool outlived its scrape and still holds the reader.
+    #[error("an earlier store read has not returned for {secs} s")]
+    Stuck { secs: u64 },
+    #[error("the store read panicked")]
+    Panicked,
+    #[error("no answer from the store within {} s", READ_TIMEOUT.as_secs())]
+    Timeout,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 impl Scrape {
-    fn read_store(&self) -> Result<Readings, String> {
+    fn read_store(&self) -> Result<Readings, ReadError> {
         use std::sync::atomic::Ordering;
         let since = self.reading_since.load(Ordering::Relaxed);
         let limit = u64::try_from(READ_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
         if since > 0 && now_ms().saturating_sub(since) > limit {
-            return Err(format!(
-                "an earlier store read has not returned for {} s",
-                now_ms().saturating_sub(since) / 1000
-            ));
+            return Err(ReadError::Stuck {
+                secs: now_ms().saturating_sub(since) / 1000,
+            });
         }
         let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         self.reading_since.store(now_ms().max(1), Ordering::Relaxed);
@@ -283,7 +293,7 @@ impl Scrape {
         result
     }
 
-    fn read_locked(&self, reader: &mut Option<Reader>) -> Result<Readings, String> {
+    fn read_locked(&self, reader: &mut Option<Reader>) -> Result<Readings, ReadError> {
         let read = |reader: &Reader| -> Result<Readings, StoreError> {
             let snap = reader.begin()?;
             let db = self.config.db_path.clone().unwrap_or_default();
@@ -296,7 +306,7 @@ impl Scrape {
         if result.is_err() {
             *reader = None;
         }
-        result.map_err(|e| e.to_string())
+        Ok(result?)
     }
 
     fn open(&self) -> Result<Reader, StoreError> {
@@ -313,7 +323,7 @@ impl Scrape {
     }
 
     /// Logs a failing read once (and its recovery), and passes the readings on.
-    fn note(&self, r: Result<Readings, String>) -> Option<Readings> {
+    fn note(&self, r: Result<Readings, ReadError>) -> Option<Readings> {
         use std::sync::atomic::Ordering;
         let was = self.failing.swap(r.is_err(), Ordering::Relaxed);
         match r {

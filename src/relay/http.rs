@@ -93,6 +93,52 @@ impl Drop for Conn {
     }
 }
 
+/// Why the sink cannot be made from its configuration, or a request could not be sent or
+/// its response read. The sink's url prints its query redacted.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    // Urls are kept as printed: the query redacted.
+    #[error("url {url}: the path and query are not a request target: {error}")]
+    RequestTarget {
+        url: String,
+        error: hyper::http::uri::InvalidUri,
+    },
+    #[error("url {url}: the host cannot be sent in a Host header")]
+    HostHeader { url: String },
+    #[error("the authorization_file value cannot be sent in a header")]
+    AuthorizationHeader,
+    /// A character outside printable ASCII (`sf_string`).
+    #[error("{0:?} cannot be carried by a Structured Field string (printable ASCII only)")]
+    NotSfString(char),
+    /// The TLS client could not be made from `ca_file`, the system's trust store or the
+    /// client certificate.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("connecting to {url}: {error}")]
+    Connect { url: String, error: std::io::Error },
+    #[error("{url}: not a TLS server name: {error}")]
+    ServerName {
+        url: String,
+        error: pki_types::InvalidDnsNameError,
+    },
+    #[error("TLS handshake with {url}: {error}")]
+    TlsHandshake { url: String, error: std::io::Error },
+    #[error("HTTP/1.1 handshake: {}", chain(.0))]
+    Handshake(hyper::Error),
+    #[error("no connection")]
+    NoConnection,
+    #[error("POST {url}: the connection closed at once")]
+    ClosedAtOnce { url: String },
+    #[error("POST {url}: {}", chain(.error))]
+    Send { url: String, error: hyper::Error },
+    #[error("POST {url}: {status_line}, then reading the body: {}", chain(.error))]
+    Body {
+        url: String,
+        status_line: String,
+        error: hyper::Error,
+    },
+}
+
 /// How a status is handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
@@ -115,7 +161,7 @@ pub fn classify(status: u16) -> Class {
 /// draft-ietf-httpapi-idempotency-key-header gives the key: in double quotes, `\` and `"`
 /// escaped with `\`. Only printable ASCII (0x20..=0x7E) can be carried; anything else is
 /// refused, not dropped or replaced.
-pub fn sf_string(value: &str) -> Result<String, String> {
+pub fn sf_string(value: &str) -> Result<String, HttpError> {
     let mut out = String::with_capacity(value.len() + 2);
     out.push('"');
     for c in value.chars() {
@@ -125,11 +171,7 @@ pub fn sf_string(value: &str) -> Result<String, String> {
                 out.push(c);
             }
             ' '..='~' => out.push(c),
-            _ => {
-                return Err(format!(
-                    "{c:?} cannot be carried by a Structured Field string (printable ASCII only)"
-                ));
-            }
+            _ => return Err(HttpError::NotSfString(c)),
         }
     }
     out.push('"');
@@ -256,12 +298,15 @@ impl HttpSink {
         cfg: &HttpConfig,
         timeout: Duration,
         max_in_flight: usize,
-    ) -> Result<HttpSink, String> {
+    ) -> Result<HttpSink, HttpError> {
         let url = cfg.url.clone();
         let path: Uri = url
             .request_target()
             .parse()
-            .map_err(|e| format!("url {url}: the path and query are not a request target: {e}"))?;
+            .map_err(|error| HttpError::RequestTarget {
+                url: url.to_string(),
+                error,
+            })?;
         let default_port = if url.tls { 443 } else { 80 };
         let host = if url.host.contains(':') {
             format!("[{}]", url.host)
@@ -273,15 +318,15 @@ impl HttpSink {
         } else {
             format!("{host}:{}", url.port)
         };
-        let host = HeaderValue::from_str(&host)
-            .map_err(|_| format!("url {url}: the host cannot be sent in a Host header"))?;
+        let host = HeaderValue::from_str(&host).map_err(|_| HttpError::HostHeader {
+            url: url.to_string(),
+        })?;
         let authorization = match &cfg.authorization {
             None => None,
             Some(a) => {
                 // The config allows printable ASCII only, which a header value always takes.
-                let mut v = HeaderValue::from_str(a.expose()).map_err(|_| {
-                    "the authorization_file value cannot be sent in a header".to_string()
-                })?;
+                let mut v = HeaderValue::from_str(a.expose())
+                    .map_err(|_| HttpError::AuthorizationHeader)?;
                 v.set_sensitive(true);
                 Some(v)
             }
@@ -308,7 +353,7 @@ impl HttpSink {
     pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
         let tls = match self.tls_connector() {
             Ok(t) => t,
-            Err(e) => return Attempt::retry(0, e),
+            Err(e) => return Attempt::retry(0, e.to_string()),
         };
         if self.max_in_flight > 1 {
             return self.deliver_concurrently(batch, tls).await;
@@ -433,7 +478,7 @@ impl HttpSink {
     }
 
     /// The TLS client for an `https://` url, made once.
-    fn tls_connector(&mut self) -> Result<Option<TlsConnector>, String> {
+    fn tls_connector(&mut self) -> Result<Option<TlsConnector>, HttpError> {
         if !self.target.url.tls {
             return Ok(None);
         }
@@ -455,7 +500,7 @@ async fn post(
 ) -> Result<(), Failure> {
     let key = sf_string(&ev.id).map_err(|e| Failure::Poison {
         reason: "the event id cannot be an Idempotency-Key".into(),
-        response: e,
+        response: e.to_string(),
     })?;
     let key = HeaderValue::from_str(&key).map_err(|e| Failure::Poison {
         reason: "the event id cannot be an Idempotency-Key".into(),
@@ -484,7 +529,10 @@ async fn post(
         Ok(Ok(r)) => r,
         Ok(Err(error)) => {
             *conn = None;
-            return Err(Failure::Retry { error, after: None });
+            return Err(Failure::Retry {
+                error: error.to_string(),
+                after: None,
+            });
         }
         Err(_) => {
             // The request may be half-written or its answer half-read: the connection is of
@@ -560,7 +608,7 @@ async fn exchange(
     tls: Option<&TlsConnector>,
     conn: &mut Option<Conn>,
     req: Request<Full<Bytes>>,
-) -> Result<Reply, String> {
+) -> Result<Reply, HttpError> {
     let mut req = req;
     let mut fresh = false;
     loop {
@@ -570,12 +618,14 @@ async fn exchange(
             fresh = true;
         }
         let Some(c) = conn.as_mut() else {
-            return Err("no connection".into());
+            return Err(HttpError::NoConnection);
         };
         if c.send.ready().await.is_err() {
             *conn = None;
             if fresh {
-                return Err(format!("POST {}: the connection closed at once", t.url));
+                return Err(HttpError::ClosedAtOnce {
+                    url: t.url.to_string(),
+                });
             }
             continue;
         }
@@ -585,7 +635,12 @@ async fn exchange(
                 *conn = None;
                 match e.take_message() {
                     Some(unsent) if !fresh => req = unsent,
-                    _ => return Err(format!("POST {}: {}", t.url, chain(e.error()))),
+                    _ => {
+                        return Err(HttpError::Send {
+                            url: t.url.to_string(),
+                            error: e.into_error(),
+                        });
+                    }
                 }
             }
         }
@@ -598,7 +653,7 @@ async fn read(
     t: &Target,
     conn: &mut Option<Conn>,
     resp: Response<Incoming>,
-) -> Result<Reply, String> {
+) -> Result<Reply, HttpError> {
     let status = resp.status();
     let phrase = resp
         .extensions()
@@ -616,12 +671,10 @@ async fn read(
     let mut kept = Vec::new();
     let mut read = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            format!(
-                "POST {}: {status_line}, then reading the body: {}",
-                t.url,
-                chain(&e)
-            )
+        let frame = frame.map_err(|error| HttpError::Body {
+            url: t.url.to_string(),
+            status_line: status_line.clone(),
+            error,
         })?;
         if let Ok(data) = frame.into_data() {
             let room = RESPONSE_KEPT.saturating_sub(kept.len());
@@ -641,33 +694,43 @@ async fn read(
     })
 }
 
-async fn connect(t: &Target, tls: Option<&TlsConnector>) -> Result<Conn, String> {
+async fn connect(t: &Target, tls: Option<&TlsConnector>) -> Result<Conn, HttpError> {
     let tcp = TcpStream::connect((t.url.host.as_str(), t.url.port))
         .await
-        .map_err(|e| format!("connecting to {}: {e}", t.url))?;
+        .map_err(|error| HttpError::Connect {
+            url: t.url.to_string(),
+            error,
+        })?;
     // Each request is written whole; Nagle would only hold its tail back.
     let _ = tcp.set_nodelay(true);
     tracing::debug!(url = %t.url, "http sink connected");
     let Some(tls) = tls else {
         return handshake(tcp).await;
     };
-    let name = pki_types::ServerName::try_from(t.url.host.clone())
-        .map_err(|e| format!("{}: not a TLS server name: {e}", t.url))?;
+    let name = pki_types::ServerName::try_from(t.url.host.clone()).map_err(|error| {
+        HttpError::ServerName {
+            url: t.url.to_string(),
+            error,
+        }
+    })?;
     let stream = tls
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS handshake with {}: {e}", t.url))?;
+        .map_err(|error| HttpError::TlsHandshake {
+            url: t.url.to_string(),
+            error,
+        })?;
     handshake(stream).await
 }
 
 /// Starts HTTP/1.1 on `io` and spawns the task that drives it.
-async fn handshake<S>(io: S) -> Result<Conn, String>
+async fn handshake<S>(io: S) -> Result<Conn, HttpError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (send, conn) = http1::handshake(Io(io))
         .await
-        .map_err(|e| format!("HTTP/1.1 handshake: {}", chain(&e)))?;
+        .map_err(HttpError::Handshake)?;
     let task = tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %chain(&e), "http sink connection ended");
@@ -685,7 +748,7 @@ where
 fn tls_connector(
     ca_file: Option<&Path>,
     identity: Option<&(PathBuf, PathBuf)>,
-) -> Result<TlsConnector, String> {
+) -> Result<TlsConnector, HttpError> {
     let identity = identity.map(|(cert, key)| {
         [
             (cert.as_path(), "client_cert_file"),

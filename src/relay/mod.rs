@@ -24,8 +24,11 @@ use std::time::Duration;
 
 use crate::config::{Config, SinkConfig, SinkKind, Start};
 use crate::store::StoreError;
+use crate::store::postgres::tls::DsnError;
 use crate::store::relay::{RelayStore, StartAt};
 
+pub use http::HttpError;
+pub use postgres::PgSinkError;
 pub use runner::{Relay, RelayError, Wake, spawn};
 pub use state::{BLOCKED, FAILING};
 
@@ -70,6 +73,21 @@ pub fn declare_sinks(store: &mut impl RelayStore, config: &Config) -> Result<(),
     store
         .declare_sinks(&sinks, crate::timefmt::now_ms())
         .map(drop)
+}
+
+/// Why a sink cannot be made from its configuration, or could not answer the runner's
+/// questions about its own store (retried, and shown as the sink's last error).
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The `http` sink's url or header values cannot be sent.
+    #[error("sink {sink:?}: {error}")]
+    Http { sink: String, error: HttpError },
+    /// The `postgres` sink's dsn cannot be used.
+    #[error("sink {sink:?}: {error}")]
+    Dsn { sink: String, error: DsnError },
+    /// The `postgres` sink could not connect, make its tables or read its own cursor.
+    #[error(transparent)]
+    Postgres(#[from] PgSinkError),
 }
 
 /// One event offered to a sink.
@@ -161,15 +179,22 @@ pub enum Sink {
 
 impl Sink {
     /// Builds the sink from its validated configuration; no I/O yet.
-    pub fn new(cfg: &SinkConfig) -> Result<Sink, String> {
+    pub fn new(cfg: &SinkConfig) -> Result<Sink, SinkError> {
         match &cfg.kind {
             SinkKind::Exec(e) => Ok(Sink::Exec(exec::ExecSink::new(e, cfg.timeout))),
             SinkKind::Mqtt(m) => Ok(Sink::Mqtt(mqtt::MqttSink::new(m, cfg.timeout))),
             SinkKind::Http(h) => http::HttpSink::new(h, cfg.timeout, cfg.max_in_flight)
                 .map(|s| Sink::Http(Box::new(s)))
-                .map_err(|e| format!("sink {:?}: {e}", cfg.name)),
+                .map_err(|error| SinkError::Http {
+                    sink: cfg.name.clone(),
+                    error,
+                }),
             SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
-                .map(|s| Sink::Postgres(Box::new(s))),
+                .map(|s| Sink::Postgres(Box::new(s)))
+                .map_err(|error| SinkError::Dsn {
+                    sink: cfg.name.clone(),
+                    error,
+                }),
         }
     }
 
@@ -186,20 +211,23 @@ impl Sink {
 
     /// The cursor this sink keeps beside its data for `store`, which the runner adopts on
     /// start (`None`: the sink keeps none, or none for this store). Connects if needed.
-    pub async fn stored_cursor(&mut self, store: [u8; 16]) -> Result<Option<CursorAfter>, String> {
+    pub async fn stored_cursor(
+        &mut self,
+        store: [u8; 16],
+    ) -> Result<Option<CursorAfter>, SinkError> {
         match self {
             Sink::Exec(_) => Ok(None),
             Sink::Http(_) => Ok(None),
-            Sink::Postgres(s) => s.stored_cursor(store).await,
+            Sink::Postgres(s) => Ok(s.stored_cursor(store).await?),
             Sink::Mqtt(_) => Ok(None),
         }
     }
 
     /// How many of `ids`, from the front, the sink's own store holds (a sink with a cursor
     /// of its own: before the runner passes over events on the strength of that cursor).
-    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, String> {
+    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, SinkError> {
         match self {
-            Sink::Postgres(s) => s.holds_prefix(ids).await,
+            Sink::Postgres(s) => Ok(s.holds_prefix(ids).await?),
             _ => Ok(0),
         }
     }

@@ -24,7 +24,7 @@ use tokio_postgres::{Client, Statement};
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::PostgresSink as PostgresConfig;
 use crate::store::postgres::describe;
-use crate::store::postgres::tls::{HandshakeError, PgTls, parse_dsn};
+use crate::store::postgres::tls::{DsnError, HandshakeError, PgTls, parse_dsn};
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table, keyed
 /// by (store id, events table, sink name), so a row of another store or table is never
@@ -55,6 +55,58 @@ struct Conn {
     events_table: String,
 }
 
+/// Why the sink could not connect, make its tables or read its own cursor: retried, and
+/// shown as the sink's last error. Server errors are `describe_safely`'s words, which never
+/// quote a row.
+#[derive(Debug, thiserror::Error)]
+pub enum PgSinkError {
+    /// A certificate or host name was refused in the TLS handshake: no retry can mend it.
+    #[error(
+        "TLS to PostgreSQL ({server}) refused: {error}: a configuration error, not an outage \
+         (fix the sink's dsn: host, sslrootcert, sslcert/sslkey; or the server's certificate)"
+    )]
+    TlsRefused { server: String, error: String },
+    #[error("connecting to PostgreSQL ({server}): {error}")]
+    Connect { server: String, error: String },
+    #[error("connecting to PostgreSQL ({server}): no answer in time (timeout_ms)")]
+    ConnectTimeout { server: String },
+    /// A round trip outlived the attempt's deadline.
+    #[error("PostgreSQL did not answer in time (timeout_ms)")]
+    Timeout,
+    /// The server or the connection failed a statement.
+    #[error("{0}")]
+    Server(String),
+    #[error("cannot resolve table {table}: {error}")]
+    Resolve { table: String, error: String },
+    #[error("creating {table}: {error}")]
+    Create { table: String, error: String },
+    #[error("creating {table}: timed out")]
+    CreateTimeout { table: String },
+    /// The cursor row is not of the shape replay-guard makes.
+    #[error(
+        "the cursor row of sink {sink:?} in {cursor_table} cannot be read ({error}): the table \
+         is not the one replay-guard makes (next_offset and generation bigint); drop or fix it"
+    )]
+    CursorShape {
+        sink: String,
+        cursor_table: String,
+        error: String,
+    },
+    #[error(
+        "the cursor row of sink {sink:?} in {cursor_table} holds a negative value (next_offset \
+         {next}, generation {generation}): delete the row to let replay-guard's own cursor \
+         decide"
+    )]
+    NegativeCursor {
+        sink: String,
+        cursor_table: String,
+        next: i64,
+        generation: i64,
+    },
+    #[error("no PostgreSQL connection")]
+    NoConnection,
+}
+
 /// Why a transaction failed.
 enum PgError {
     /// The server refused the data itself (SQLSTATE classes 22 data exception and 54 program
@@ -75,9 +127,8 @@ impl PostgresSink {
         name: &str,
         cfg: &PostgresConfig,
         timeout: Duration,
-    ) -> Result<PostgresSink, String> {
-        let (mut config, tls) =
-            parse_dsn(cfg.dsn.expose()).map_err(|e| format!("sink {name:?}: {e}"))?;
+    ) -> Result<PostgresSink, DsnError> {
+        let (mut config, tls) = parse_dsn(cfg.dsn.expose())?;
         if config.get_application_name().is_none() {
             config.application_name(format!("replay-guard sink {name}"));
         }
@@ -145,7 +196,10 @@ impl PostgresSink {
 
     /// The cursor row of this sink for `store` and its table, making the tables if they are
     /// missing.
-    pub async fn stored_cursor(&mut self, store: [u8; 16]) -> Result<Option<CursorAfter>, String> {
+    pub async fn stored_cursor(
+        &mut self,
+        store: [u8; 16],
+    ) -> Result<Option<CursorAfter>, PgSinkError> {
         let deadline = Instant::now() + self.timeout;
         let (name, cursor_table) = (self.name.clone(), self.cursor_table.clone());
         let store_id = crate::model::hex(&store);
@@ -160,13 +214,10 @@ impl PostgresSink {
             let Some(row) = row else {
                 return Ok(None);
             };
-            let shape = |e: tokio_postgres::Error| {
-                format!(
-                    "the cursor row of sink {name:?} in {cursor_table} cannot be read ({}): \
-                     the table is not the one replay-guard makes (next_offset and generation \
-                     bigint); drop or fix it",
-                    describe_safely(&e)
-                )
+            let shape = |e: tokio_postgres::Error| PgSinkError::CursorShape {
+                sink: name.clone(),
+                cursor_table: cursor_table.clone(),
+                error: describe_safely(&e),
             };
             let next = row.try_get::<_, i64>(0).map_err(shape)?;
             let generation = row.try_get::<_, i64>(1).map_err(shape)?;
@@ -176,12 +227,12 @@ impl PostgresSink {
                     generation,
                     next_after,
                 })),
-                _ => Err(format!(
-                    "the cursor row of sink {:?} in {} holds a negative value \
-                     (next_offset {next}, generation {generation}): delete the row to let \
-                     replay-guard's own cursor decide",
-                    name, cursor_table
-                )),
+                _ => Err(PgSinkError::NegativeCursor {
+                    sink: name.clone(),
+                    cursor_table: cursor_table.clone(),
+                    next,
+                    generation,
+                }),
             }
         }
         .await;
@@ -192,7 +243,7 @@ impl PostgresSink {
     }
 
     /// How many of `ids`, from the front, are in the events table.
-    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, String> {
+    pub async fn holds_prefix(&mut self, ids: &[String]) -> Result<usize, PgSinkError> {
         let deadline = Instant::now() + self.timeout;
         let r = async {
             let conn = self.connected(deadline).await?;
@@ -203,7 +254,7 @@ impl PostgresSink {
                 for row in rows {
                     let id = row
                         .try_get::<_, String>(0)
-                        .map_err(|e| describe_safely(&e))?;
+                        .map_err(|e| PgSinkError::Server(describe_safely(&e)))?;
                     found.insert(id);
                 }
                 for id in chunk {
@@ -278,7 +329,10 @@ impl PostgresSink {
         let store_id = crate::model::hex(&cursor.store);
         let timeout_ms = self.timeout.as_millis();
         let name = self.name.clone();
-        let conn = self.connected(deadline).await.map_err(PgError::Other)?;
+        let conn = self
+            .connected(deadline)
+            .await
+            .map_err(|e| PgError::Other(e.to_string()))?;
         let work = async {
             let tx = conn.client.transaction().await?;
             tx.execute(
@@ -304,7 +358,7 @@ impl PostgresSink {
     }
 
     /// The live connection, or a new one (tables made, statements prepared).
-    async fn connected(&mut self, deadline: Instant) -> Result<&mut Conn, String> {
+    async fn connected(&mut self, deadline: Instant) -> Result<&mut Conn, PgSinkError> {
         if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.conn = None;
         }
@@ -313,37 +367,30 @@ impl PostgresSink {
             tracing::info!(sink = %self.name, table = %self.table, "connected to PostgreSQL");
             self.conn = Some(conn);
         }
-        self.conn
-            .as_mut()
-            .ok_or_else(|| "no PostgreSQL connection".to_string())
+        self.conn.as_mut().ok_or(PgSinkError::NoConnection)
     }
 
-    async fn connect(&self, deadline: Instant) -> Result<Conn, String> {
+    async fn connect(&self, deadline: Instant) -> Result<Conn, PgSinkError> {
         let (client, connection) =
             match timeout_at(deadline, self.config.connect(self.tls.clone())).await {
                 Ok(Ok(c)) => c,
                 // Not an outage: retried (a sink cannot stop the process), but said plainly.
                 Ok(Err(e)) if HandshakeError::refusal_in(&e).is_some() => {
-                    return Err(format!(
-                        "TLS to PostgreSQL ({}) refused: {}: a configuration error, not an \
-                         outage (fix the sink's dsn: host, sslrootcert, sslcert/sslkey; or the \
-                         server's certificate)",
-                        self.server(),
-                        describe(&e)
-                    ));
+                    return Err(PgSinkError::TlsRefused {
+                        server: self.server(),
+                        error: describe(&e),
+                    });
                 }
                 Ok(Err(e)) => {
-                    return Err(format!(
-                        "connecting to PostgreSQL ({}): {}",
-                        self.server(),
-                        describe(&e)
-                    ));
+                    return Err(PgSinkError::Connect {
+                        server: self.server(),
+                        error: describe(&e),
+                    });
                 }
                 Err(_) => {
-                    return Err(format!(
-                        "connecting to PostgreSQL ({}): no answer in time (timeout_ms)",
-                        self.server()
-                    ));
+                    return Err(PgSinkError::ConnectTimeout {
+                        server: self.server(),
+                    });
                 }
             };
         let name = self.name.clone();
@@ -394,13 +441,12 @@ impl PostgresSink {
             ),
         )
         .await?;
-        let events_table = resolved.try_get::<_, String>(0).map_err(|e| {
-            format!(
-                "cannot resolve table {}: {}",
-                self.table,
-                describe_safely(&e)
-            )
-        })?;
+        let events_table = resolved
+            .try_get::<_, String>(0)
+            .map_err(|e| PgSinkError::Resolve {
+                table: self.table.clone(),
+                error: describe_safely(&e),
+            })?;
         let upsert_cursor = timed(
             deadline,
             client.prepare_typed(
@@ -454,7 +500,7 @@ impl PostgresSink {
     /// needs no CREATE privilege). Two sinks creating the same table at once can collide in
     /// the catalog (unique_violation on pg_type, duplicate_table, or duplicate_object for the
     /// row type): the loser tries again (at most twice) and then sees the table.
-    async fn create_tables(&self, client: &Client, deadline: Instant) -> Result<(), String> {
+    async fn create_tables(&self, client: &Client, deadline: Instant) -> Result<(), PgSinkError> {
         let ddl = [
             (
                 self.table.as_str(),
@@ -505,9 +551,16 @@ impl PostgresSink {
                         tracing::debug!(sink = %self.name, %table, "concurrent CREATE TABLE; trying again");
                     }
                     Ok(Err(e)) => {
-                        return Err(format!("creating {table}: {}", describe_safely(&e)));
+                        return Err(PgSinkError::Create {
+                            table: table.to_string(),
+                            error: describe_safely(&e),
+                        });
                     }
-                    Err(_) => return Err(format!("creating {table}: timed out")),
+                    Err(_) => {
+                        return Err(PgSinkError::CreateTimeout {
+                            table: table.to_string(),
+                        });
+                    }
                 }
             }
         }
@@ -556,10 +609,10 @@ fn pg_int(n: u64) -> i64 {
 async fn timed<T>(
     deadline: Instant,
     f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, String> {
+) -> Result<T, PgSinkError> {
     match timeout_at(deadline, f).await {
-        Ok(r) => r.map_err(|e| describe_safely(&e)),
-        Err(_) => Err("PostgreSQL did not answer in time (timeout_ms)".into()),
+        Ok(r) => r.map_err(|e| PgSinkError::Server(describe_safely(&e))),
+        Err(_) => Err(PgSinkError::Timeout),
     }
 }
 

@@ -45,8 +45,12 @@ const ADOPT_CHECK_MAX: u64 = 100_000;
 pub enum RelayError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("{0}")]
-    Config(String),
+    /// The configuration names a store that cannot be opened as configured.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A `[[sink]]` cannot be made from its configuration.
+    #[error(transparent)]
+    Sink(#[from] super::SinkError),
     /// The relay's thread or runtime (`what`) could not be started.
     #[error("cannot start the relay {what}: {error}")]
     Start {
@@ -202,7 +206,7 @@ pub fn spawn(
     }
     // Each sink is built here once to refuse a bad one at start; its task builds its own.
     for cfg in &config.relay.sinks {
-        Sink::new(cfg).map_err(RelayError::Config)?;
+        Sink::new(cfg)?;
     }
     let sinks = config.relay.sinks.clone();
     if let Some(m) = metrics {
@@ -215,9 +219,7 @@ pub fn spawn(
         ..config.store.clone()
     };
     let names: Vec<&str> = config.relay.sinks.iter().map(|s| s.name.as_str()).collect();
-    let location = config
-        .location()
-        .map_err(|e| RelayError::Config(e.to_string()))?;
+    let location = config.location()?;
     let (db, locks, store, reader) = match location {
         StoreLocation::File(db) => {
             let locks = crate::store::relay::lock_sinks(db, &names)?;
@@ -226,9 +228,7 @@ pub fn spawn(
             (db.to_path_buf(), Some(locks), Backend::Redb(store), reader)
         }
         StoreLocation::Postgres(pg) => {
-            let cfg = pg
-                .pg_config()
-                .map_err(|e| RelayError::Config(e.to_string()))?;
+            let cfg = pg.pg_config()?;
             let store = PgStore::open(cfg.clone(), opts, now_ms())?;
             let (reader, _) = Reader::postgres(cfg.clone())?;
             (
@@ -470,7 +470,7 @@ impl TaskContext {
     fn task(&self) -> Result<SinkTask, RelayError> {
         Ok(SinkTask {
             jitter: Jitter::seeded(&self.cfg.name, nanos_now()),
-            sink: Sink::new(&self.cfg).map_err(RelayError::Config)?,
+            sink: Sink::new(&self.cfg)?,
             state: SinkState::new(self.cfg.on_poison == OnPoison::Block),
             ctx: self.clone(),
             store_id: None,
@@ -734,6 +734,7 @@ impl SinkTask {
             match stored {
                 Ok(c) => break c,
                 Err(e) => {
+                    let e = e.to_string();
                     self.status(Phase::Connecting, Some(e.clone()));
                     self.refresh_lag(false).await;
                     self.note_error(&e).await?;
@@ -794,6 +795,7 @@ impl SinkTask {
                 let held = match self.sink.holds_prefix(&ids).await {
                     Ok(n) => n as u64,
                     Err(e) => {
+                        let e = e.to_string();
                         tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the own store of sink {} ({}); its cursor is not adopted (what it holds is delivered again, and not stored twice)", self.ctx.cfg.name, super::terminal_safe(&e));
                         return Ok(());
                     }

@@ -206,7 +206,7 @@ impl Endpoint<'_> {
             _ => None,
         };
         let client = crate::tls::verifying_client((&tls.ca_file, "ca_file"), identity)
-            .map_err(TransportError::Tls)?;
+            .map_err(|e| TransportError::Tls(e.to_string()))?;
         Ok(Some(rumqttc::Transport::tls_with_config(
             rumqttc::TlsConfiguration::Rustls(Arc::new(client)),
         )))

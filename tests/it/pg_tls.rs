@@ -223,7 +223,8 @@ fn pki(ca_name: &str) -> tempfile::TempDir {
 /// Opens the store over `dsn`, and says whether the server sees that session encrypted.
 fn open_store(server: &PgServer, dsn: &str) -> Result<bool, String> {
     let app = format!("rg_tls_{}", free_port());
-    let cfg = PgConfig::parse(&format!("{dsn} application_name={app}"), "replay_guard")?;
+    let cfg = PgConfig::parse(&format!("{dsn} application_name={app}"), "replay_guard")
+        .map_err(|e| e.to_string())?;
     let store = PgStore::open(cfg, StoreOptions::default(), 1_000).map_err(|e| e.to_string())?;
     let ssl = server.ssl_of(&app);
     drop(store);

@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 
 use tokio_postgres::{Client, Row, Statement};
 
-use super::tls::{HandshakeError, PgTls, parse_dsn};
+use super::tls::{DsnError, HandshakeError, PgTls, parse_dsn};
 use crate::store::StoreError;
 
 /// The connection settings, parsed once; never printed (the dsn may hold a password).
@@ -54,7 +54,7 @@ impl PgConfig {
     /// Parses `dsn` (key=value or a postgres:// URL, with libpq's `sslmode`, `sslrootcert`,
     /// `sslcert`, `sslkey`) and reads the certificate files it names. The error never quotes
     /// the dsn.
-    pub fn parse(dsn: &str, schema: &str) -> Result<PgConfig, String> {
+    pub fn parse(dsn: &str, schema: &str) -> Result<PgConfig, DsnError> {
         let (mut config, tls) = parse_dsn(dsn)?;
         if config.get_application_name().is_none() {
             config.application_name("replay-guard");

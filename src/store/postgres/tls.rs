@@ -45,6 +45,52 @@ pub enum SslMode {
     VerifyFull,
 }
 
+/// Why a dsn cannot be used. Never quotes the dsn (it may hold a password): names the key,
+/// the mode and the files.
+#[derive(Debug, thiserror::Error)]
+pub enum DsnError {
+    #[error(
+        "sslmode=allow is not supported: use disable, prefer, require, verify-ca or verify-full"
+    )]
+    AllowMode,
+    #[error("sslmode={0:?} is not one of disable, prefer, require, verify-ca, verify-full")]
+    UnknownMode(String),
+    /// tokio-postgres refused the rest of the dsn (`describe`d).
+    #[error("the postgres dsn is not understood: {0}")]
+    NotUnderstood(String),
+    #[error(
+        "sslmode={mode} needs host= (the name the server's certificate is checked against), \
+         not only hostaddr"
+    )]
+    NoHostName { mode: &'static str },
+    #[error(
+        "sslmode={mode}: host {} is a Unix socket, which PostgreSQL never encrypts: use \
+         sslmode=disable for it",
+        socket.display()
+    )]
+    UnixSocket { mode: &'static str, socket: PathBuf },
+    #[error(
+        "sslmode={mode}: sslrootcert=system is not supported (replay-guard reads no system \
+         trust store): name the CA certificates' PEM file"
+    )]
+    SystemRoots { mode: &'static str },
+    #[error(
+        "sslmode={mode} needs sslrootcert=FILE in the dsn (the CA certificates, PEM): \
+         replay-guard reads no system trust store"
+    )]
+    NoRootCert { mode: &'static str },
+    /// rustls cannot verify with the anchors of `sslrootcert`.
+    #[error("sslrootcert {}: {error}", path.display())]
+    Verifier {
+        path: PathBuf,
+        error: rustls::client::VerifierBuilderError,
+    },
+    #[error("sslcert and sslkey go together: give both or neither")]
+    HalfIdentity,
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+}
+
 /// The dsn's TLS keys, taken out of it (sans-IO).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsKeys {
@@ -56,7 +102,7 @@ pub struct TlsKeys {
 
 /// Splits `dsn` (`key=value` pairs or a `postgres[ql]://` URL) into the dsn tokio-postgres
 /// parses and the TLS keys it does not. Errors never quote the dsn.
-pub fn split_dsn(dsn: &str) -> Result<(String, TlsKeys), String> {
+pub fn split_dsn(dsn: &str) -> Result<(String, TlsKeys), DsnError> {
     let dsn = dsn.trim();
     let url = dsn.starts_with("postgres://") || dsn.starts_with("postgresql://");
     let pairs = if url { url_pairs(dsn) } else { kv_pairs(dsn) };
@@ -91,25 +137,15 @@ pub fn split_dsn(dsn: &str) -> Result<(String, TlsKeys), String> {
     Ok((rest, keys))
 }
 
-fn ssl_mode(v: &str) -> Result<SslMode, String> {
+fn ssl_mode(v: &str) -> Result<SslMode, DsnError> {
     Ok(match v {
         "disable" => SslMode::Disable,
         "prefer" => SslMode::Prefer,
         "require" => SslMode::Require,
         "verify-ca" => SslMode::VerifyCa,
         "verify-full" => SslMode::VerifyFull,
-        "allow" => {
-            return Err(
-                "sslmode=allow is not supported: use disable, prefer, require, \
-                        verify-ca or verify-full"
-                    .into(),
-            );
-        }
-        _ => {
-            return Err(format!(
-                "sslmode={v:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            ));
-        }
+        "allow" => return Err(DsnError::AllowMode),
+        _ => return Err(DsnError::UnknownMode(v.to_string())),
     })
 }
 
@@ -192,14 +228,11 @@ fn percent_decode(s: &str) -> String {
 
 /// Parses `dsn` for tokio-postgres and makes its TLS connector (reading `sslrootcert`,
 /// `sslcert`, `sslkey`). Errors name the files and the mode, never the dsn.
-pub fn parse_dsn(dsn: &str) -> Result<(tokio_postgres::Config, PgTls), String> {
+pub fn parse_dsn(dsn: &str) -> Result<(tokio_postgres::Config, PgTls), DsnError> {
     let (rest, keys) = split_dsn(dsn)?;
-    let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-        format!(
-            "the postgres dsn is not understood: {}",
-            super::describe(&e)
-        )
-    })?;
+    let mut config: tokio_postgres::Config = rest
+        .parse()
+        .map_err(|e| DsnError::NotUnderstood(super::describe(&e)))?;
     config.ssl_mode(match keys.mode {
         SslMode::Disable => PgSslMode::Disable,
         SslMode::Prefer => PgSslMode::Prefer,
@@ -208,21 +241,17 @@ pub fn parse_dsn(dsn: &str) -> Result<(tokio_postgres::Config, PgTls), String> {
     let name = mode_name(keys.mode);
     if keys.mode != SslMode::Disable && keys.mode != SslMode::Prefer {
         if config.get_hosts().is_empty() {
-            return Err(format!(
-                "sslmode={name} needs host= (the name the server's certificate is checked \
-                 against), not only hostaddr"
-            ));
+            return Err(DsnError::NoHostName { mode: name });
         }
         if let Some(Host::Unix(p)) = config
             .get_hosts()
             .iter()
             .find(|h| matches!(h, Host::Unix(_)))
         {
-            return Err(format!(
-                "sslmode={name}: host {} is a Unix socket, which PostgreSQL never encrypts: \
-                 use sslmode=disable for it",
-                p.display()
-            ));
+            return Err(DsnError::UnixSocket {
+                mode: name,
+                socket: p.clone(),
+            });
         }
     }
     Ok((config, PgTls::new(&keys)?))
@@ -248,7 +277,7 @@ pub struct PgTls {
 }
 
 impl PgTls {
-    fn new(keys: &TlsKeys) -> Result<PgTls, String> {
+    fn new(keys: &TlsKeys) -> Result<PgTls, DsnError> {
         let name = mode_name(keys.mode);
         if keys.mode == SslMode::Disable {
             return Ok(PgTls {
@@ -259,10 +288,7 @@ impl PgTls {
         let provider = crate::tls::provider();
         let verifier: Arc<dyn ServerCertVerifier> = match &keys.rootcert {
             Some(p) if p.as_os_str() == "system" => {
-                return Err(format!(
-                    "sslmode={name}: sslrootcert=system is not supported (replay-guard reads \
-                     no system trust store): name the CA certificates' PEM file"
-                ));
+                return Err(DsnError::SystemRoots { mode: name });
             }
             Some(p) => {
                 let roots = Arc::new(crate::tls::roots(p, "sslrootcert")?);
@@ -273,7 +299,10 @@ impl PgTls {
                         provider.clone(),
                     )
                     .build()
-                    .map_err(|e| format!("sslrootcert {}: {e}", p.display()))?
+                    .map_err(|error| DsnError::Verifier {
+                        path: p.clone(),
+                        error,
+                    })?
                 } else {
                     Arc::new(NoHostName {
                         roots: Some(roots),
@@ -282,10 +311,7 @@ impl PgTls {
                 }
             }
             None if matches!(keys.mode, SslMode::VerifyCa | SslMode::VerifyFull) => {
-                return Err(format!(
-                    "sslmode={name} needs sslrootcert=FILE in the dsn (the CA certificates, \
-                     PEM): replay-guard reads no system trust store"
-                ));
+                return Err(DsnError::NoRootCert { mode: name });
             }
             None => Arc::new(NoHostName {
                 roots: None,
@@ -294,7 +320,7 @@ impl PgTls {
         };
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS set-up: {e}"))?
+            .map_err(crate::tls::TlsError::Setup)?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
         let mut client = match (&keys.cert, &keys.key) {
@@ -302,7 +328,7 @@ impl PgTls {
             (Some(c), Some(k)) => {
                 crate::tls::with_identity(builder, (c, "sslcert"), (k, "sslkey"))?
             }
-            _ => return Err("sslcert and sslkey go together: give both or neither".into()),
+            _ => return Err(DsnError::HalfIdentity),
         };
         // What libpq 17 sends, and what PostgreSQL 17 requires with sslnegotiation=direct.
         client.alpn_protocols = vec![b"postgresql".to_vec()];
@@ -689,6 +715,7 @@ mod tests {
             let Err(e) = parse_dsn(dsn) else {
                 panic!("{dsn} was accepted")
             };
+            let e = e.to_string();
             assert!(e.contains(want), "{dsn}: {e}");
             assert!(!e.contains("hunter2"), "{e}");
         }
