@@ -1047,6 +1047,21 @@ fn a_hung_sink_holds_up_neither_the_feed_nor_another_sink_nor_the_shutdown() {
     assert_eq!(field(&st["script"], "cursor"), "300");
 }
 
+/// The refusal of sink "script" delivered elsewhere: who has it, the fix, all said once.
+fn assert_sink_conflict(text: &str, by: &str) {
+    assert!(
+        text.contains("sink \"script\" of")
+            && text.contains(&format!("is already delivered by {by}"))
+            && text.contains("remove this [[sink]] from one of the two configs"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("each sink runs in one place").count(),
+        1,
+        "{text}"
+    );
+}
+
 #[test]
 fn a_sink_is_delivered_by_one_process_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -1058,18 +1073,7 @@ fn a_sink_is_delivered_by_one_process_at_a_time() {
     // A sink named in two configs is a configuration conflict: exit 1 (systemd does not
     // restart the unit in a loop on it), with the fix said once.
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("sink \"script\" of")
-            && err.contains("is already delivered by another process")
-            && err.contains("remove this [[sink]] from one of the two configs"),
-        "{err}"
-    );
-    assert_eq!(
-        err.matches("each sink runs in one place").count(),
-        1,
-        "{err}"
-    );
+    assert_sink_conflict(&String::from_utf8_lossy(&out.stderr), "another process");
     // Nor may a running sink be forgotten (it would make its cursor again at once).
     let removed = dir.path().join("removed.toml");
     std::fs::write(
@@ -1282,17 +1286,7 @@ fn run_refuses_a_sink_a_standalone_relay_delivers_naming_it_and_the_fix_once() {
     let status = run.wait().unwrap();
     let log = s.log();
     assert_eq!(status.code(), Some(1), "{log}");
-    assert!(
-        log.contains("sink \"script\" of")
-            && log.contains("is already delivered by a standalone `relay`")
-            && log.contains("remove this [[sink]] from one of the two configs"),
-        "{log}"
-    );
-    assert_eq!(
-        log.matches("each sink runs in one place").count(),
-        1,
-        "{log}"
-    );
+    assert_sink_conflict(&log, "a standalone `relay`");
     // And the relay, started second beside a `run` that has the sink, names that `run`.
     assert_eq!(stop(&mut relay), Some(0));
     let mut run = s.run();
