@@ -50,7 +50,12 @@ pub fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
         .spawn()
         .expect("spawn replay-guard");
     let mut sin = child.stdin.take().unwrap();
-    sin.write_all(stdin).unwrap();
+    // A command that fails before reading its input (an unreachable server) closes the pipe:
+    // what it printed and its exit code are the result, not this write.
+    match sin.write_all(stdin) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.unwrap(),
+    }
     drop(sin);
     child.wait_with_output().unwrap()
 }
