@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::ConfigError;
 use super::limits::{
-    KEEP_ALIVE_SECONDS, MAX_AUTHORIZATION_BYTES, MAX_DSN_BYTES, MAX_TEXT, SINK_BACKOFF_INITIAL_MS,
+    KEEP_ALIVE_SECONDS, MAX_AUTHORIZATION_BYTES, MAX_TEXT, SINK_BACKOFF_INITIAL_MS,
     SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_TIMEOUT_MS,
     in_range, read_bounded,
 };
@@ -496,23 +496,13 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             })
         }
         RawKind::Postgres => {
-            let dsn = match (&r.dsn, &r.dsn_file) {
-                (Some(d), None) => d.clone(),
-                (None, Some(p)) => read_bounded(p, MAX_DSN_BYTES)
-                    .map_err(|e| invalid(format!("dsn_file {}: {e}", p.display())))?
-                    .trim()
-                    .to_string(),
-                _ => {
-                    return Err(invalid(
-                        "give exactly one of dsn and dsn_file (a dsn with a password belongs \
-                         in dsn_file)"
-                            .into(),
-                    ));
-                }
-            };
-            if dsn.is_empty() {
-                return Err(invalid("the dsn is empty".into()));
-            }
+            let dsn = super::store::read_dsn(
+                r.dsn.as_ref(),
+                r.dsn_file.as_deref(),
+                "give exactly one of dsn and dsn_file (a dsn with a password belongs \
+                         in dsn_file)",
+            )
+            .map_err(&invalid)?;
             // sslmode and the certificate files, checked here as the store's are.
             crate::store::postgres::tls::parse_dsn(&dsn).map_err(|e| invalid(e.to_string()))?;
             let table = r

@@ -73,23 +73,13 @@ pub(super) fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError>
                         .into(),
                 ));
             }
-            let dsn = match (&raw.dsn, &raw.dsn_file) {
-                (Some(d), None) => d.clone(),
-                (None, Some(p)) => read_bounded(p, MAX_DSN_BYTES)
-                    .map_err(|e| invalid(format!("dsn_file {}: {e}", p.display())))?
-                    .trim()
-                    .to_string(),
-                _ => {
-                    return Err(invalid(
-                        "backend = \"postgres\" needs exactly one of dsn and dsn_file (a dsn \
-                         with a password belongs in dsn_file)"
-                            .into(),
-                    ));
-                }
-            };
-            if dsn.is_empty() {
-                return Err(invalid("the dsn is empty".into()));
-            }
+            let dsn = read_dsn(
+                raw.dsn.as_ref(),
+                raw.dsn_file.as_deref(),
+                "backend = \"postgres\" needs exactly one of dsn and dsn_file (a dsn \
+                         with a password belongs in dsn_file)",
+            )
+            .map_err(invalid)?;
             let schema = raw
                 .schema
                 .clone()
@@ -115,6 +105,27 @@ pub(super) fn store_backend(raw: &RawStore) -> Result<StoreBackend, ConfigError>
             }))
         }
     }
+}
+
+/// The dsn given inline or in `file` (read bounded, trimmed): exactly one of them, not empty.
+/// `neither_or_both` says why otherwise.
+pub(super) fn read_dsn(
+    dsn: Option<&String>,
+    file: Option<&Path>,
+    neither_or_both: &str,
+) -> Result<String, String> {
+    let dsn = match (dsn, file) {
+        (Some(d), None) => d.clone(),
+        (None, Some(p)) => read_bounded(p, MAX_DSN_BYTES)
+            .map_err(|e| format!("dsn_file {}: {e}", p.display()))?
+            .trim()
+            .to_string(),
+        _ => return Err(neither_or_both.to_string()),
+    };
+    if dsn.is_empty() {
+        return Err("the dsn is empty".into());
+    }
+    Ok(dsn)
 }
 
 #[cfg(test)]
