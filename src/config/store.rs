@@ -199,4 +199,36 @@ mod tests {
         .unwrap();
         assert_eq!(c.relay.sinks.len(), 1);
     }
+
+    #[test]
+    fn a_dsn_comes_inline_or_from_its_file_trimmed_exactly_one_and_not_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dsn");
+        std::fs::write(&file, "host=h user=u password=p\n").unwrap();
+        let inline = "host=x".to_string();
+        assert_eq!(
+            super::read_dsn(Some(&inline), None, "one").unwrap(),
+            "host=x"
+        );
+        assert_eq!(
+            super::read_dsn(None, Some(&file), "one").unwrap(),
+            "host=h user=u password=p"
+        );
+        assert_eq!(
+            super::read_dsn(Some(&inline), Some(&file), "one"),
+            Err("one".into())
+        );
+        assert_eq!(super::read_dsn(None, None, "one"), Err("one".into()));
+        std::fs::write(&file, " \n").unwrap();
+        assert_eq!(
+            super::read_dsn(None, Some(&file), "one"),
+            Err("the dsn is empty".into())
+        );
+        let missing = dir.path().join("none");
+        assert!(
+            super::read_dsn(None, Some(&missing), "one")
+                .unwrap_err()
+                .starts_with(&format!("dsn_file {}: ", missing.display()))
+        );
+    }
 }
