@@ -31,22 +31,31 @@ pub struct SinkLag {
 }
 
 impl SinkLag {
-    /// Sink `name` with cursor `rec` against the log's `head`; `parked` holds every sink's
-    /// parked events (`Snapshot::sink_parked(None)`). Also `relay status`'s figures.
+    /// Sink `name` with cursor `rec` against the head of the log it delivers (`meta`'s);
+    /// `parked` holds every sink's parked events (`Snapshot::sink_parked(None)`). Also `relay
+    /// status`'s figures.
     pub fn of(
         snap: &Snapshot,
-        head: u64,
+        meta: &crate::store::tables::Meta,
         (name, rec): (&str, &SinkRecord),
         parked: &[Parked],
         now: u64,
     ) -> Result<SinkLag, StoreError> {
-        let events = head.saturating_sub(rec.next);
-        let age_s = if events == 0 {
-            0
+        let audit = rec.stream() == Some(crate::store::tables::Stream::Audit);
+        let head = if audit {
+            meta.next_audit
         } else {
-            snap.effect(rec.next)?
-                .map_or(0, |e| now.saturating_sub(e.record.received_at_ms) / 1000)
+            meta.next_effect
         };
+        let events = head.saturating_sub(rec.next);
+        let received = if events == 0 {
+            None
+        } else if audit {
+            snap.audit_entry(rec.next)?.map(|e| e.record.recorded_at_ms)
+        } else {
+            snap.effect(rec.next)?.map(|e| e.record.received_at_ms)
+        };
+        let age_s = received.map_or(0, |t| now.saturating_sub(t) / 1000);
         Ok(SinkLag {
             name: name.to_string(),
             events,
@@ -139,7 +148,7 @@ impl Readings {
         let sinks = snap
             .sink_cursors()?
             .iter()
-            .map(|(name, rec)| SinkLag::of(snap, meta.next_effect, (name, rec), &parked, now))
+            .map(|(name, rec)| SinkLag::of(snap, &meta, (name, rec), &parked, now))
             .collect::<Result<_, _>>()?;
         let disk = if snap.is_postgres() {
             None

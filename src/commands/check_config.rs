@@ -35,7 +35,18 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         .relay
         .sinks
         .iter()
-        .map(|s| format!("{} ({})", escape_controls(&s.name), s.kind.name()))
+        .map(|s| {
+            // An effects sink as before; an audit sink says so, with its selection.
+            let stream = match (s.stream, &s.outcomes) {
+                (crate::store::tables::Stream::Effects, _) => String::new(),
+                (_, None) => ", audit stream".into(),
+                (_, Some(o)) => format!(
+                    ", audit stream: {}",
+                    o.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(" ")
+                ),
+            };
+            format!("{} ({}{stream})", escape_controls(&s.name), s.kind.name())
+        })
         .collect();
     let metrics = config
         .metrics

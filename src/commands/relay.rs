@@ -18,7 +18,7 @@ use crate::output::rows::{ParkedRow, SinkStatusRow};
 use crate::output::{Printer, Record, num, text};
 use crate::store::relay::Parked;
 use crate::store::relay::RelayStore;
-use crate::store::tables::SinkRecord;
+use crate::store::tables::{SinkRecord, Stream};
 use crate::store::{Backend, Snapshot, StoreError};
 use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{Zone, now_ms};
@@ -152,15 +152,18 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                             other => other.to_compact(),
                         })
                 };
+                let audit = get("stream") == "audit";
                 writeln!(
                     out,
-                    "{} ({}): {} — cursor {} of {}, lag {} events / {} s, parked {}, delivered {}",
+                    "{} ({}{}): {} — cursor {} of {}, lag {} {} / {} s, parked {}, delivered {}",
                     get("sink"),
                     get("kind"),
+                    if audit { ", audit log" } else { "" },
                     get("state"),
                     get("cursor"),
                     get("head"),
                     get("lag_events"),
+                    if audit { "entries" } else { "events" },
                     get("lag_seconds"),
                     get("parked"),
                     get("delivered"),
@@ -193,20 +196,29 @@ pub fn status_rows(
     config: &Config,
     now_ms: u64,
 ) -> Result<Vec<SinkStatusRow>, StoreError> {
-    let head = snap.meta()?.next_effect;
+    let meta = snap.meta()?;
     let parked = snap.sink_parked(None)?;
     let mut rows = Vec::new();
     let cursors = snap.sink_cursors()?;
     for (name, rec) in &cursors {
+        let stream = rec.stream();
+        let head = match stream {
+            Some(Stream::Audit) => meta.next_audit,
+            _ => meta.next_effect,
+        };
         let configured = config.relay.sink(name).is_some();
         let mine: Vec<&Parked> = parked.iter().filter(|p| &p.sink == name).collect();
         let blocked = mine
             .iter()
             .any(|p| p.offset == rec.next && p.record.blocking);
-        let lag = crate::readings::SinkLag::of(snap, head, (name, rec), &parked, now_ms)?;
+        let lag = crate::readings::SinkLag::of(snap, &meta, (name, rec), &parked, now_ms)?;
         rows.push(SinkStatusRow {
             sink: name.clone(),
             kind: rec.kind.clone(),
+            stream: stream.map_or_else(
+                || format!("unknown ({})", rec.stream),
+                |s| s.as_str().into(),
+            ),
             configured,
             state: state(rec, head, blocked, configured),
             cursor: Some(rec.next),
@@ -230,10 +242,14 @@ pub fn status_rows(
             rows.push(SinkStatusRow {
                 sink: s.name.clone(),
                 kind: s.kind.name().to_string(),
+                stream: s.stream.as_str().into(),
                 configured: true,
                 state: "not_started",
                 cursor: None,
-                head,
+                head: match s.stream {
+                    Stream::Audit => meta.next_audit,
+                    Stream::Effects => meta.next_effect,
+                },
                 lag_events: None,
                 lag_seconds: None,
                 parked: 0,
@@ -262,6 +278,7 @@ fn accounting_json(snap: &Snapshot, name: &str, rec: &SinkRecord) -> Result<Json
             ("skipped".into(), num(a.skipped)),
             ("adopted".into(), num(a.adopted)),
             ("discarded".into(), num(a.discarded)),
+            ("not_selected".into(), num(a.not_selected)),
             (
                 "recorded_since".into(),
                 text(if a.unrecorded {
@@ -302,9 +319,14 @@ fn accounting_text(a: &Json) -> Option<String> {
         }
         _ => "",
     };
+    let not_selected = match n("not_selected").as_str() {
+        "0" => String::new(),
+        k => format!(", {k} not selected by outcomes"),
+    };
     Some(format!(
         "accounted: offsets {} to {}{since}: {} delivered, {} parked, {} delivered after retry, \
-         {} skipped by an operator, {} discarded by an operator, {} found in the sink's own store",
+         {} skipped by an operator, {} discarded by an operator, {} found in the sink's own \
+         store{not_selected}",
         n("from"),
         n("to"),
         n("delivered"),

@@ -11,8 +11,15 @@ use crate::json::Json;
 use crate::model::{Outcome, OutcomeCounts, hex};
 use crate::output::{num, text, time};
 use crate::store::Snapshot;
+use crate::store::tables::{SinkRecord, Stream};
 use crate::textsafe::{escape_controls, escape_json};
 use crate::timefmt::{Zone, now_ms};
+
+/// Whether sink `r` delivers the audit log (its lag counts audit entries, and it holds the
+/// audit log's retention, not the effect log's).
+fn is_audit(r: &SinkRecord) -> bool {
+    r.stream() == Some(Stream::Audit)
+}
 
 const HOUR_MS: u64 = 3_600_000;
 /// Sources listed by the text form (JSON lists all).
@@ -132,7 +139,16 @@ impl Stats {
             || self.audit_first_at_ms.is_some_and(|t| t < since)
     }
 
-    /// The sink that holds retention back, if any: the one needing the lowest offset (its
+    /// The head of the log sink `r` delivers.
+    fn head_of(&self, r: &SinkRecord) -> u64 {
+        if is_audit(r) {
+            self.audit_next
+        } else {
+            self.head
+        }
+    }
+
+    /// The effects sink that holds retention back, if any: the one needing the lowest offset (its
     /// cursor, or an event it parked), when that is below the window (effects the window no
     /// longer needs are kept for it); how many, and the parked event's offset if that is
     /// what holds them.
@@ -141,6 +157,7 @@ impl Stats {
             .sinks
             .iter()
             .zip(&self.parked_low)
+            .filter(|((_, r), _)| !is_audit(r))
             .min_by_key(|((_, r), p)| p.map_or(r.next, |p| p.min(r.next)))?;
         let needed = parked.map_or(rec.next, |p| p.min(rec.next));
         let floor = self.marks.effects_floor.max(needed);
@@ -272,7 +289,7 @@ impl Stats {
                                         ("sink", text(n)),
                                         ("kind", text(&r.kind)),
                                         ("cursor", num(r.next)),
-                                        ("lag_events", num(self.head.saturating_sub(r.next))),
+                                        ("lag_events", num(self.head_of(r).saturating_sub(r.next))),
                                     ])
                                 })
                                 .collect(),
@@ -474,12 +491,13 @@ impl Stats {
                 .iter()
                 .map(|(n, r)| {
                     format!(
-                        "{} ({}) at {} of {}, lag {}",
+                        "{} ({}{}) at {} of {}, lag {}",
                         escape_controls(n),
                         escape_controls(&r.kind),
+                        if is_audit(r) { ", audit log" } else { "" },
                         r.next,
-                        self.head,
-                        self.head.saturating_sub(r.next)
+                        self.head_of(r),
+                        self.head_of(r).saturating_sub(r.next)
                     )
                 })
                 .collect();

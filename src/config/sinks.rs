@@ -17,6 +17,8 @@ use super::raw::RawProtocol;
 use super::redact::Secret;
 use super::topics::topic_template_problem;
 use super::url::{BrokerUrl, HttpUrl};
+use crate::model::Outcome;
+use crate::store::tables::Stream;
 
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -60,6 +62,8 @@ pub(super) struct RawSink {
     on_poison: RawPoison,
     #[serde(default)]
     start: RawStart,
+    stream: Option<String>,
+    outcomes: Option<Vec<String>>,
     batch_max: Option<u64>,
     linger_ms: Option<u64>,
     max_in_flight: Option<u64>,
@@ -126,6 +130,10 @@ pub struct SinkConfig {
     pub name: String,
     pub on_poison: OnPoison,
     pub start: Start,
+    /// The log the sink delivers (`stream`, default the effect log).
+    pub stream: Stream,
+    /// An audit sink's `outcomes`: the audit entries it delivers (`None`: every one).
+    pub outcomes: Option<Vec<Outcome>>,
     /// Most events handed to the sink at once.
     pub batch_max: usize,
     /// How long a sink waits for a batch to fill after its first event.
@@ -316,6 +324,8 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
     let name = r.name.clone();
     let invalid = |m: String| ConfigError::Invalid(format!("[[sink]] {name:?}: {m}"));
     let key = |k: &str| format!("[[sink]] {name:?} {k}");
+    let (stream, outcomes) =
+        stream_from_raw(r.stream.as_deref(), r.outcomes.as_deref()).map_err(&invalid)?;
     let kind = r.kind;
     let kind_name = match kind {
         RawKind::Mqtt => "mqtt",
@@ -542,6 +552,8 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             RawStart::Beginning => Start::Beginning,
             RawStart::Head => Start::Head,
         },
+        stream,
+        outcomes,
         batch_max: usize::try_from(batch_max).unwrap_or(usize::MAX),
         linger: Duration::from_millis(linger_ms),
         max_in_flight: usize::try_from(max_in_flight).unwrap_or(usize::MAX),
@@ -550,6 +562,64 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         timeout: Duration::from_millis(timeout_ms),
         kind,
     })
+}
+
+/// A sink's `stream` and `outcomes` as written: `outcomes` only on an audit sink, each a
+/// known outcome, none twice, not empty.
+fn stream_from_raw(
+    stream: Option<&str>,
+    outcomes: Option<&[String]>,
+) -> Result<(Stream, Option<Vec<Outcome>>), String> {
+    let stream = match stream {
+        None | Some("effects") => Stream::Effects,
+        Some("audit") => Stream::Audit,
+        Some(other) => {
+            let shown: String = other.chars().take(64).collect();
+            return Err(format!(
+                "stream {shown:?} is not one of \"effects\" (the effect log, the default) and \
+                 \"audit\" (the audit log)"
+            ));
+        }
+    };
+    let Some(names) = outcomes else {
+        return Ok((stream, None));
+    };
+    if stream != Stream::Audit {
+        return Err(
+            "outcomes selects audit entries: it needs stream = \"audit\" (an effects sink \
+             delivers every applied effect)"
+                .into(),
+        );
+    }
+    let valid = || {
+        Outcome::ALL
+            .iter()
+            .map(|o| o.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if names.is_empty() {
+        return Err(format!(
+            "outcomes is empty: name at least one of {}, or leave the key out to deliver \
+             every audit entry",
+            valid()
+        ));
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let Some(o) = Outcome::parse(n) else {
+            let shown: String = n.chars().take(64).collect();
+            return Err(format!(
+                "outcomes names {shown:?}, which is not an outcome: valid are {}",
+                valid()
+            ));
+        };
+        if out.contains(&o) {
+            return Err(format!("outcomes names {n:?} twice"));
+        }
+        out.push(o);
+    }
+    Ok((stream, Some(out)))
 }
 
 /// The `Authorization` value of http sink `sink`: read from `file`, else from

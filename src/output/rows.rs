@@ -283,6 +283,8 @@ impl Record for ParkedRow<'_> {
 pub struct SinkStatusRow {
     pub sink: String,
     pub kind: String,
+    /// The log it delivers: `effects` or `audit`.
+    pub stream: String,
     pub configured: bool,
     pub state: &'static str,
     pub cursor: Option<u64>,
@@ -304,6 +306,7 @@ impl Record for SinkStatusRow {
     const COLUMNS: &'static [&'static str] = &[
         "sink",
         "kind",
+        "stream",
         "configured",
         "state",
         "cursor",
@@ -324,6 +327,7 @@ impl Record for SinkStatusRow {
         vec![
             text(&self.sink),
             text(&self.kind),
+            text(&self.stream),
             Json::Bool(self.configured),
             text(self.state),
             opt_num(self.cursor),

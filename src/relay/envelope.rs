@@ -8,14 +8,24 @@
 //! - a released quarantine message: the hex key, `.`, and the first 16 hex digits of the
 //!   SHA-256 of its payload bytes. A release never applies content already applied under
 //!   its key, so no two effects share an id.
+//!
+//! An audit sink's event (`audit_envelope`, type `org.replay-guard.decision.v1`) is one audit
+//! entry: its id is the entry's index, `-`, and the first 16 hex digits of its chain hash, and
+//! its `data` the entry exactly as `dump-audit --format jsonl` prints it (chain link included).
 
-use crate::json::{self, write_string};
+use crate::json::{self, Json, write_string};
 use crate::key::sha256;
+use crate::model::Outcome;
 use crate::model::{hex, hex_into};
+use crate::output::Record as _;
+use crate::output::rows::AuditRow;
+use crate::store::AuditEntry;
 use crate::timefmt::rfc3339_ms;
 
-/// The CloudEvents `type` of every event.
+/// The CloudEvents `type` of every event of the effect log.
 pub const EVENT_TYPE: &str = "org.replay-guard.effect.v1";
+/// The CloudEvents `type` of every event of the audit log.
+pub const DECISION_TYPE: &str = "org.replay-guard.decision.v1";
 /// The media type of a structured-mode event.
 pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 
@@ -109,6 +119,44 @@ pub fn envelope(source: &str, e: &EffectView<'_>) -> String {
             out.push('"');
         }
     }
+    out.push('}');
+    out
+}
+
+/// The event id of the audit entry at `index` whose chain hash is `hash`: stable (the entry
+/// never changes) and unique (one entry per index; the hash tells a store's history from
+/// another's).
+pub fn audit_event_id(index: u64, hash: &[u8; 32]) -> String {
+    format!("{index}-{}", &hex(hash)[..16])
+}
+
+/// The audit entry `entry` as one line of compact JSON (CloudEvents, structured mode).
+/// `data` is the entry as `dump-audit --format jsonl` prints it: its hashed fields, then
+/// `prev_hash` and `hash`, so a receiver can check that the entries it got link up.
+pub fn audit_envelope(source: &str, entry: &AuditEntry) -> String {
+    let r = &entry.record;
+    let outcome = Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str);
+    let data = Json::Object(AuditRow(entry).fields()).to_compact();
+    let mut out = String::with_capacity(data.len() + 384);
+    out.push_str("{\"specversion\":\"1.0\",\"id\":");
+    write_string(&mut out, &audit_event_id(entry.index, &r.hash));
+    out.push_str(",\"source\":");
+    write_string(&mut out, source);
+    out.push_str(",\"type\":\"");
+    out.push_str(DECISION_TYPE);
+    out.push('"');
+    if let (Some(agency), Some(source_id)) = (&r.agency, &r.source_id) {
+        out.push_str(",\"subject\":");
+        write_string(&mut out, &format!("{agency}/{source_id}"));
+    }
+    out.push_str(",\"time\":\"");
+    out.push_str(&rfc3339_ms(r.recorded_at_ms));
+    out.push_str("\",\"datacontenttype\":\"application/json\"");
+    out.push_str(&format!(
+        ",\"rgindex\":\"{}\",\"rgoutcome\":\"{outcome}\",\"data\":",
+        entry.index
+    ));
+    out.push_str(&data);
     out.push('}');
     out
 }

@@ -23,9 +23,12 @@ mod state;
 use std::time::Duration;
 
 use crate::config::{Config, SinkConfig, SinkKind, Start};
+use crate::model::{Outcome, hex};
+use crate::store::AuditEntry;
 use crate::store::StoreError;
 use crate::store::postgres::tls::DsnError;
 use crate::store::relay::{RelayStore, StartAt};
+use crate::store::tables::{EffectRecord, Stream};
 
 pub use http::HttpError;
 pub use postgres::PgSinkError;
@@ -64,11 +67,11 @@ pub fn start_at(start: Start) -> StartAt {
 /// commits, so retention keeps from then on every effect a configured sink has yet to
 /// deliver, however late its relay starts or however long it keeps failing.
 pub fn declare_sinks(store: &mut impl RelayStore, config: &Config) -> Result<(), StoreError> {
-    let sinks: Vec<(&str, &str, StartAt)> = config
+    let sinks: Vec<(&str, &str, Stream, StartAt)> = config
         .relay
         .sinks
         .iter()
-        .map(|s| (s.name.as_str(), s.kind.name(), start_at(s.start)))
+        .map(|s| (s.name.as_str(), s.kind.name(), s.stream, start_at(s.start)))
         .collect();
     store
         .declare_sinks(&sinks, crate::timefmt::now_ms())
@@ -93,17 +96,95 @@ pub enum SinkError {
 /// One event offered to a sink.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
-    /// The effect's offset in the log.
+    /// The effect's offset in the log (an audit sink's: the audit entry's index).
     pub offset: u64,
-    /// The CloudEvents id (`envelope::event_id`).
+    /// The CloudEvents id (`envelope::event_id`, `envelope::audit_event_id`).
     pub id: String,
+    /// The key (all zeros for an audit entry that names none).
     pub key: [u8; 32],
     pub agency: String,
     pub source_id: String,
-    /// The MQTT topic the message arrived on.
+    /// The MQTT topic the message arrived on (a relay action's entry: the sink's name).
     pub topic: String,
     /// The CloudEvents envelope, one line of compact JSON (`envelope::envelope`).
     pub json: String,
+    /// What the event records, for sinks that frame it themselves (`syslog`): the decision's
+    /// outcome (`applied` for an effect of the effect log) ...
+    pub outcome: String,
+    /// ... and its named values, in this order, each present only when known:
+    /// `key` (hex), `source` (`agency/source_id`), `sequence`, `epoch`, `outcome`, `reason`,
+    /// `effect_offset`, `entry_hash` (hex).
+    pub fields: Vec<(&'static str, String)>,
+}
+
+impl Event {
+    /// The event of the effect at `offset` (the effect log's), under CloudEvents `source`.
+    pub fn of_effect(source: &str, offset: u64, r: &EffectRecord) -> Event {
+        let outcome = if r.released {
+            Outcome::Released
+        } else if r.late {
+            Outcome::AppliedLate
+        } else {
+            Outcome::Applied
+        };
+        let fields = vec![
+            ("key", hex(&r.key)),
+            ("source", format!("{}/{}", r.agency, r.source_id)),
+            ("sequence", r.sequence.to_string()),
+            ("epoch", r.epoch.to_string()),
+            ("outcome", outcome.as_str().to_string()),
+            ("effect_offset", offset.to_string()),
+        ];
+        Event {
+            offset,
+            id: envelope::event_id(&r.key, r.released, &r.payload),
+            key: r.key,
+            agency: r.agency.clone(),
+            source_id: r.source_id.clone(),
+            topic: r.topic.clone(),
+            json: envelope::envelope(source, &envelope::EffectView::of(offset, r)),
+            outcome: outcome.as_str().to_string(),
+            fields,
+        }
+    }
+
+    /// The event of audit entry `entry` (an audit sink's), under CloudEvents `source`.
+    pub fn of_audit(source: &str, entry: &AuditEntry) -> Event {
+        let r = &entry.record;
+        let outcome = Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str);
+        let mut fields = Vec::with_capacity(8);
+        if let Some(k) = &r.key {
+            fields.push(("key", hex(k)));
+        }
+        if let (Some(a), Some(s)) = (&r.agency, &r.source_id) {
+            fields.push(("source", format!("{a}/{s}")));
+        }
+        if let Some(s) = r.sequence {
+            fields.push(("sequence", s.to_string()));
+        }
+        if let Some(e) = r.epoch {
+            fields.push(("epoch", e.to_string()));
+        }
+        fields.push(("outcome", outcome.to_string()));
+        if !r.reason.is_empty() {
+            fields.push(("reason", r.reason.clone()));
+        }
+        if let Some(o) = r.effect_offset {
+            fields.push(("effect_offset", o.to_string()));
+        }
+        fields.push(("entry_hash", hex(&r.hash)));
+        Event {
+            offset: entry.index,
+            id: envelope::audit_event_id(entry.index, &r.hash),
+            key: r.key.unwrap_or_default(),
+            agency: r.agency.clone().unwrap_or_default(),
+            source_id: r.source_id.clone().unwrap_or_default(),
+            topic: r.topic.clone(),
+            json: envelope::audit_envelope(source, entry),
+            outcome: outcome.to_string(),
+            fields,
+        }
+    }
 }
 
 /// Why the event after the delivered prefix was not delivered.
@@ -189,12 +270,14 @@ impl Sink {
                     sink: cfg.name.clone(),
                     error,
                 }),
-            SinkKind::Postgres(p) => postgres::PostgresSink::new(&cfg.name, p, cfg.timeout)
-                .map(|s| Sink::Postgres(Box::new(s)))
-                .map_err(|error| SinkError::Dsn {
-                    sink: cfg.name.clone(),
-                    error,
-                }),
+            SinkKind::Postgres(p) => {
+                postgres::PostgresSink::new(&cfg.name, cfg.stream, p, cfg.timeout)
+                    .map(|s| Sink::Postgres(Box::new(s)))
+                    .map_err(|error| SinkError::Dsn {
+                        sink: cfg.name.clone(),
+                        error,
+                    })
+            }
         }
     }
 

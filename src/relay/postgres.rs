@@ -5,7 +5,9 @@
 //! of either side.
 //!
 //! The cursor row is keyed by the replay-guard store's id, the events table (as PostgreSQL
-//! resolves it) and the sink's name: a row written for another store or table is never read.
+//! resolves it) and the sink's name (an audit sink's as `NAME@audit`, a name no effects sink
+//! can have): a row written for another store, table or stream is never read. An audit sink's
+//! rows hold the audit index in `effect_offset`.
 //! The runner adopts the row on start (`stored_cursor`), and passes over offsets on its
 //! strength only as far as the rows are actually in the table (`holds_prefix`).
 //!
@@ -25,6 +27,7 @@ use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::PostgresSink as PostgresConfig;
 use crate::store::postgres::describe;
 use crate::store::postgres::tls::{DsnError, HandshakeError, PgTls, parse_dsn};
+use crate::store::tables::Stream;
 
 /// The table holding every postgres sink's cursor, in the schema of the sink's table, keyed
 /// by (store id, events table, sink name), so a row of another store or table is never
@@ -33,8 +36,10 @@ use crate::store::postgres::tls::{DsnError, HandshakeError, PgTls, parse_dsn};
 const CURSOR_TABLE: &str = "replay_guard_relay_cursors";
 
 pub struct PostgresSink {
-    /// The sink's name: its cursor row's key.
+    /// The sink's name.
     name: String,
+    /// Its cursor row's key: the name, with `@audit` for an audit sink.
+    cursor_key: String,
     config: tokio_postgres::Config,
     tls: PgTls,
     /// The events table, as validated (`[a-z_][a-z0-9_]*`, optionally schema-qualified).
@@ -107,6 +112,15 @@ pub enum PgSinkError {
     NoConnection,
 }
 
+/// The key of sink `name`'s cursor row: an effects sink's is its name (as before streams
+/// existed), an audit sink's `NAME@audit`, so neither ever adopts the other's cursor.
+fn cursor_key(name: &str, stream: Stream) -> String {
+    match stream {
+        Stream::Effects => name.to_string(),
+        Stream::Audit => format!("{name}@audit"),
+    }
+}
+
 /// Why a transaction failed.
 enum PgError {
     /// The server refused the data itself (SQLSTATE classes 22 data exception and 54 program
@@ -125,6 +139,7 @@ impl PostgresSink {
     /// Parses the dsn; no I/O. The error never quotes the dsn (it may hold a password).
     pub fn new(
         name: &str,
+        stream: Stream,
         cfg: &PostgresConfig,
         timeout: Duration,
     ) -> Result<PostgresSink, DsnError> {
@@ -141,6 +156,7 @@ impl PostgresSink {
         };
         Ok(PostgresSink {
             name: name.to_string(),
+            cursor_key: cursor_key(name, stream),
             config,
             tls,
             table: cfg.table.clone(),
@@ -201,7 +217,7 @@ impl PostgresSink {
         store: [u8; 16],
     ) -> Result<Option<CursorAfter>, PgSinkError> {
         let deadline = Instant::now() + self.timeout;
-        let (name, cursor_table) = (self.name.clone(), self.cursor_table.clone());
+        let (name, cursor_table) = (self.cursor_key.clone(), self.cursor_table.clone());
         let store_id = crate::model::hex(&store);
         let r = async {
             let conn = self.connected(deadline).await?;
@@ -328,7 +344,7 @@ impl PostgresSink {
         let (next, generation) = (pg_int(cursor.next_after), pg_int(cursor.generation));
         let store_id = crate::model::hex(&cursor.store);
         let timeout_ms = self.timeout.as_millis();
-        let name = self.name.clone();
+        let name = self.cursor_key.clone();
         let conn = self
             .connected(deadline)
             .await

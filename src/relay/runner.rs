@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::envelope::{self, EffectView};
+use super::envelope;
 use super::state::{
     self, Adopted, Adoption, Block, FAILING, FlushDue, Jitter, Park, Phase, Retried, SinkState,
     SinkStatus, Step,
@@ -24,7 +24,7 @@ use crate::config::{Config, OnPoison, SinkConfig};
 use crate::metrics::Metrics;
 use crate::store::postgres::PgStore;
 use crate::store::relay::{CursorWrite, Parked, RelayStore};
-use crate::store::tables::LedgerKind;
+use crate::store::tables::{LedgerKind, Stream};
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
 
@@ -410,7 +410,13 @@ async fn run_all(
         tokio::spawn(async move {
             let mut last = None;
             loop {
-                let head = s.read(|snap| Ok(snap.meta()?.next_effect)).await;
+                // Both logs: an audit sink follows entries that applied nothing.
+                let head = s
+                    .read(|snap| {
+                        let m = snap.meta()?;
+                        Ok((m.next_effect, m.next_audit))
+                    })
+                    .await;
                 if let Ok(h) = head
                     && last != Some(h)
                 {
@@ -479,6 +485,7 @@ impl TaskContext {
             lag_read_at: None,
             standby: false,
             reloaded_at: None,
+            not_selected: std::collections::BTreeSet::new(),
         })
     }
 }
@@ -553,6 +560,46 @@ struct SinkTask {
     store_id: Option<[u8; 16]>,
     /// When operator actions were last looked for (`follow_operators`).
     reloaded_at: Option<Instant>,
+    /// An audit sink's: entries its `outcomes` passes over, read but not yet below a written
+    /// cursor (each goes into the ledger with the cursor write that passes it).
+    not_selected: std::collections::BTreeSet<u64>,
+}
+
+/// What `read_batch` found.
+struct Read {
+    /// An event parked with `on_poison = "block"` holds the cursor.
+    blocked: bool,
+    /// The next batch.
+    events: Vec<Event>,
+    /// The position after the last one read (an audit sink's not selected included).
+    scanned_to: u64,
+}
+
+/// Calls `f` with each position of `stream`'s log from `from` and the id of its event, or
+/// `None` for an audit entry `selection` (outcome codes) does not select, until it breaks.
+fn scan_log(
+    snap: &crate::store::Snapshot,
+    stream: Stream,
+    from: u64,
+    mut f: impl FnMut(u64, Option<String>) -> std::ops::ControlFlow<()>,
+    selection: &Option<Vec<u8>>,
+) -> Result<(), StoreError> {
+    match stream {
+        Stream::Effects => snap.scan_effects::<StoreError>(from, |e| {
+            let r = &e.record;
+            Ok(f(
+                e.offset,
+                Some(envelope::event_id(&r.key, r.released, &r.payload)),
+            ))
+        }),
+        Stream::Audit => snap.scan_audit::<StoreError>(from, |e| {
+            let selected = selection
+                .as_ref()
+                .is_none_or(|s| s.contains(&e.record.outcome));
+            let id = selected.then(|| envelope::audit_event_id(e.index, &e.record.hash));
+            Ok(f(e.index, id))
+        }),
+    }
 }
 
 /// How a wait ended.
@@ -633,7 +680,11 @@ impl SinkTask {
                 return Ok(());
             }
             self.follow_operators().await?;
-            let (blocked, mut batch) = self.read_batch().await?;
+            let Read {
+                blocked,
+                events: mut batch,
+                scanned_to,
+            } = self.read_batch().await?;
             if blocked {
                 self.status(Phase::Blocked, None);
                 self.refresh_lag(false).await;
@@ -641,6 +692,12 @@ impl SinkTask {
                     return Ok(());
                 }
                 self.reloaded_at = None;
+                continue;
+            }
+            if batch.is_empty() && scanned_to > self.state.next() {
+                // Only entries this audit sink does not select: passed over, accounted.
+                self.state.advance_to(scanned_to);
+                self.flush(true).await?;
                 continue;
             }
             if batch.is_empty() {
@@ -655,7 +712,7 @@ impl SinkTask {
                 if self.sleep(self.ctx.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
-                let (_, more) = self.read_batch().await?;
+                let more = self.read_batch().await?.events;
                 if more.len() > batch.len() {
                     batch = more;
                 }
@@ -683,11 +740,11 @@ impl SinkTask {
 
     async fn register(&mut self) -> Result<(), RelayError> {
         let (name, kind) = (self.name().to_string(), self.ctx.cfg.kind.name());
-        let start = super::start_at(self.ctx.cfg.start);
+        let (start, stream) = (super::start_at(self.ctx.cfg.start), self.ctx.cfg.stream);
         let rec = self
             .ctx
             .shared
-            .write(move |s| s.register_sink(&name, kind, start, now_ms()))
+            .write(move |s| s.register_sink_on(&name, kind, stream, start, now_ms()))
             .await?;
         if self.store_id.is_none() {
             let identity = self.ctx.shared.read(|s| s.identity()).await?;
@@ -776,24 +833,36 @@ impl SinkTask {
                 check_to,
                 stored,
             } => {
-                let ids = self
+                // The events the sink would hold from `from`, by position (an audit sink's
+                // selected entries only).
+                let (stream, selection) = (self.ctx.cfg.stream, self.selection());
+                let events = self
                     .ctx
                     .shared
                     .read(move |s| {
-                        let mut ids = Vec::new();
-                        s.scan_effects::<StoreError>(from, |e| {
-                            if e.offset >= check_to {
-                                return Ok(std::ops::ControlFlow::Break(()));
-                            }
-                            let r = &e.record;
-                            ids.push(envelope::event_id(&r.key, r.released, &r.payload));
-                            Ok(std::ops::ControlFlow::Continue(()))
-                        })?;
-                        Ok(ids)
+                        let mut events = Vec::new();
+                        scan_log(
+                            s,
+                            stream,
+                            from,
+                            |pos, id| {
+                                if pos >= check_to {
+                                    return std::ops::ControlFlow::Break(());
+                                }
+                                if let Some(id) = id {
+                                    events.push((pos, id));
+                                }
+                                std::ops::ControlFlow::Continue(())
+                            },
+                            &selection,
+                        )?;
+                        Ok(events)
                     })
                     .await?;
+                let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
                 let held = match self.sink.holds_prefix(&ids).await {
-                    Ok(n) => n as u64,
+                    // Up to the first event it lacks (or all that was checked).
+                    Ok(n) => events.get(n).map_or(check_to, |(pos, _)| *pos) - from,
                     Err(e) => {
                         let e = e.to_string();
                         tracing::warn!(sink = %self.ctx.cfg.name, error = %super::terminal_safe(&e), "cannot check the own store of sink {} ({}); its cursor is not adopted (what it holds is delivered again, and not stored twice)", self.ctx.cfg.name, super::terminal_safe(&e));
@@ -865,13 +934,20 @@ impl SinkTask {
         let name = self.name().to_string();
         let parked = self.state.take_parked();
         let kept = parked.clone();
+        let passed: Vec<u64> = self.not_selected.range(from..to).copied().collect();
         let w = match self
             .ctx
             .shared
-            .write(move |s| s.advance_sink(&name, generation, from, to, &parked, now_ms()))
+            .write(move |s| {
+                s.advance_sink_passing(&name, generation, from, to, &parked, &passed, now_ms())
+            })
             .await
         {
-            Ok(w) => w,
+            Ok(w) => {
+                // Below a written cursor: accounted for, or (after a rewind) read again.
+                self.not_selected = self.not_selected.split_off(&to);
+                w
+            }
             Err(e) => {
                 // Not written: the parked events must go with the next write that succeeds.
                 self.state.restore_parked(kept);
@@ -892,16 +968,18 @@ impl SinkTask {
             return;
         }
         self.lag_read_at = Some(Instant::now());
-        let next = self.state.next();
+        let (next, stream) = (self.state.next(), self.ctx.cfg.stream);
         let read = self
             .ctx
             .shared
             .read(move |s| {
-                let head = s.meta()?.next_effect;
-                let oldest = if head > next {
-                    s.effect(next)?.map(|e| e.record.received_at_ms)
-                } else {
+                let head = s.log_head(stream)?;
+                let oldest = if head <= next {
                     None
+                } else if stream == Stream::Audit {
+                    s.audit_entry(next)?.map(|e| e.record.recorded_at_ms)
+                } else {
+                    s.effect(next)?.map(|e| e.record.received_at_ms)
                 };
                 Ok((head, oldest))
             })
@@ -941,6 +1019,7 @@ impl SinkTask {
     async fn retry_requested(&mut self) -> Result<(), RelayError> {
         let name = self.name().to_string();
         let source = self.ctx.shared.source.clone();
+        let stream = self.ctx.cfg.stream;
         let wanted = self
             .ctx
             .shared
@@ -950,18 +1029,14 @@ impl SinkTask {
                     if p.record.retry_requested_at_ms.is_none() {
                         continue;
                     }
-                    let event = s.effect(p.offset)?.map(|e| {
-                        let r = &e.record;
-                        Event {
-                            offset: e.offset,
-                            id: envelope::event_id(&r.key, r.released, &r.payload),
-                            key: r.key,
-                            agency: r.agency.clone(),
-                            source_id: r.source_id.clone(),
-                            topic: r.topic.clone(),
-                            json: envelope::envelope(&source, &EffectView::of(e.offset, r)),
-                        }
-                    });
+                    let event = match stream {
+                        Stream::Effects => s
+                            .effect(p.offset)?
+                            .map(|e| Event::of_effect(&source, e.offset, &e.record)),
+                        Stream::Audit => s
+                            .audit_entry(p.offset)?
+                            .map(|e| Event::of_audit(&source, &e)),
+                    };
                     out.push((p, event));
                 }
                 Ok(out)
@@ -970,11 +1045,16 @@ impl SinkTask {
         for (p, ev) in wanted {
             let Some(ev) = ev else {
                 let why = format!(
-                    "not retried: effect {} is no longer in the log (retention removed it \
-                     before this version kept the effects of parked events), so the event \
+                    "not retried: {} {} is no longer in the {} log (retention removed it \
+                     before this version kept what parked events need), so the event \
                      cannot be rebuilt from a record `verify` proves, and the copy kept when \
                      it was parked is not sent",
-                    p.offset
+                    match stream {
+                        Stream::Effects => "effect",
+                        Stream::Audit => "audit entry",
+                    },
+                    p.offset,
+                    stream.as_str()
                 );
                 tracing::error!(sink = %self.ctx.cfg.name, offset = p.offset, "sink {}, offset {}: {why}", self.ctx.cfg.name, p.offset);
                 self.retry_failed(&p, why).await?;
@@ -1043,43 +1123,86 @@ impl SinkTask {
         }
     }
 
+    /// An audit sink's `outcomes` (`None`: every entry; always `None` for an effects sink).
+    fn selection(&self) -> Option<Vec<u8>> {
+        self.ctx
+            .cfg
+            .outcomes
+            .as_ref()
+            .map(|o| o.iter().map(|o| o.code()).collect())
+    }
+
     /// From one snapshot: whether an event parked with `on_poison = "block"` holds the
-    /// cursor, and else the next batch from it.
-    async fn read_batch(&self) -> Result<(bool, Vec<Event>), RelayError> {
+    /// cursor, and else the next batch from it. An audit sink's entries that its `outcomes`
+    /// does not select are noted (`not_selected`), not offered.
+    async fn read_batch(&mut self) -> Result<Read, RelayError> {
         let (from, max) = (self.state.next(), self.ctx.cfg.batch_max);
         let source = self.ctx.shared.source.clone();
         let name = self.name().to_string();
-        self.ctx
+        let (stream, selection) = (self.ctx.cfg.stream, self.selection());
+        let (read, passed) = self
+            .ctx
             .shared
             .read(move |snap| {
                 if snap
                     .sink_parked_at(&name, from)?
                     .is_some_and(|p| p.blocking)
                 {
-                    return Ok((true, Vec::new()));
+                    return Ok((
+                        Read {
+                            blocked: true,
+                            events: Vec::new(),
+                            scanned_to: from,
+                        },
+                        Vec::new(),
+                    ));
                 }
-                let mut out = Vec::with_capacity(max.min(1024));
-                snap.scan_effects::<StoreError>(from, |e| {
-                    let r = &e.record;
-                    let view = EffectView::of(e.offset, r);
-                    out.push(Event {
-                        offset: e.offset,
-                        id: envelope::event_id(&r.key, r.released, &r.payload),
-                        key: r.key,
-                        agency: r.agency.clone(),
-                        source_id: r.source_id.clone(),
-                        topic: r.topic.clone(),
-                        json: envelope::envelope(&source, &view),
-                    });
-                    Ok(if out.len() >= max {
+                let mut events = Vec::with_capacity(max.min(1024));
+                let mut passed = Vec::new();
+                let mut scanned_to = from;
+                // Entries passed over count too, so one batch reads a bounded stretch.
+                let scan_max = max.saturating_mul(16).max(1024);
+                let mut scanned = 0;
+                let mut push = |pos: u64, ev: Option<Event>| {
+                    scanned_to = pos + 1;
+                    scanned += 1;
+                    match ev {
+                        Some(ev) => events.push(ev),
+                        None => passed.push(pos),
+                    }
+                    if events.len() >= max || scanned >= scan_max {
                         std::ops::ControlFlow::Break(())
                     } else {
                         std::ops::ControlFlow::Continue(())
-                    })
-                })?;
-                Ok((false, out))
+                    }
+                };
+                match stream {
+                    Stream::Effects => snap.scan_effects::<StoreError>(from, |e| {
+                        Ok(push(
+                            e.offset,
+                            Some(Event::of_effect(&source, e.offset, &e.record)),
+                        ))
+                    })?,
+                    Stream::Audit => snap.scan_audit::<StoreError>(from, |e| {
+                        let selected = selection
+                            .as_ref()
+                            .is_none_or(|s| s.contains(&e.record.outcome));
+                        let ev = selected.then(|| Event::of_audit(&source, &e));
+                        Ok(push(e.index, ev))
+                    })?,
+                }
+                Ok((
+                    Read {
+                        blocked: false,
+                        events,
+                        scanned_to,
+                    },
+                    passed,
+                ))
             })
-            .await
+            .await?;
+        self.not_selected.extend(passed);
+        Ok(read)
     }
 
     /// Delivers `batch` until all of it is delivered or parked, or the relay stops; after

@@ -686,6 +686,8 @@ mod tests {
             source_id: source.into(),
             topic: "t".into(),
             json: "{}".into(),
+            outcome: "applied".into(),
+            fields: Vec::new(),
         }
     }
 
@@ -700,6 +702,7 @@ mod tests {
             parked: 0,
             last_error: None,
             ledger_len: 1,
+            stream: 0,
         }
     }
 

@@ -61,6 +61,9 @@ pub(super) struct Writer<T: Tx> {
     /// The lowest relay sink cursor (read only when retention prunes effects): retention
     /// never removes an effect a sink has not delivered or parked.
     pub(super) lowest_cursor: Option<u64>,
+    /// The lowest audit sink cursor (read only when retention prunes the audit log): retention
+    /// never removes an audit entry an audit sink has not delivered or parked.
+    pub(super) lowest_audit_cursor: Option<u64>,
 }
 
 pub(super) fn pos_pair(p: Position) -> (u64, u64) {
@@ -126,13 +129,20 @@ impl<T: Tx> Writer<T> {
         };
         let lowest_cursor = if opts.retention.effects.is_active() {
             let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
-            tx.lowest_cursor(floor)?
+            tx.lowest_cursor(Stream::Effects, floor)?
+        } else {
+            None
+        };
+        let lowest_audit_cursor = if opts.retention.audit.is_active() {
+            let floor = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+            tx.lowest_cursor(Stream::Audit, floor)?
         } else {
             None
         };
         Ok(Writer {
             tx,
             lowest_cursor,
+            lowest_audit_cursor,
             opts: opts.clone(),
             meta,
             names: HashMap::new(),

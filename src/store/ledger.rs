@@ -9,7 +9,7 @@
 //! pure check that `verify` and `relay status` run over it.
 
 use super::StoreError;
-use super::tables::{LedgerKind, LedgerRecord, SinkRecord};
+use super::tables::{LedgerKind, LedgerRecord, SinkRecord, Stream};
 use super::tx::Tx;
 
 fn entry(
@@ -63,15 +63,16 @@ pub(super) fn ensure(
     Ok(())
 }
 
-/// Appends `e`, or extends the last entry when both are deliveries of one generation that
-/// meet.
+/// Appends `e`, or extends the last entry when both are deliveries (or entries not
+/// selected) of one generation that meet.
 fn append(
     tx: &mut dyn Tx,
     name: &str,
     rec: &mut SinkRecord,
     e: LedgerRecord,
 ) -> Result<(), StoreError> {
-    if e.kind == LedgerKind::Delivered.code() && rec.ledger_len > 1 {
+    let merges = [LedgerKind::Delivered.code(), LedgerKind::NotSelected.code()];
+    if merges.contains(&e.kind) && rec.ledger_len > 1 {
         let last_seq = rec.ledger_len - 1;
         if let Some((seq, mut last)) = tx.ledger(name, last_seq..=last_seq)?.pop()
             && last.kind == e.kind
@@ -89,25 +90,28 @@ fn append(
 }
 
 /// Records a deliverer's move of the cursor from `from` to `to`: every offset in between
-/// delivered, except those in `parked` (offsets below `to`, each parked for good).
+/// delivered, except those in `parked` (offsets below `to`, each parked for good) and those
+/// in `not_selected` (audit entries an audit sink's `outcomes` passes over).
 pub(super) fn advanced(
     tx: &mut dyn Tx,
     name: &str,
     rec: &mut SinkRecord,
     (from, to): (u64, u64),
     parked: &[u64],
+    not_selected: &[u64],
     now_ms: u64,
 ) -> Result<(), StoreError> {
     let generation = rec.generation;
-    let mut parked: Vec<u64> = parked
+    let mut passed: Vec<(u64, LedgerKind)> = parked
         .iter()
-        .copied()
-        .filter(|p| (from..to).contains(p))
+        .map(|p| (*p, LedgerKind::Parked))
+        .chain(not_selected.iter().map(|p| (*p, LedgerKind::NotSelected)))
+        .filter(|(p, _)| (from..to).contains(p))
         .collect();
-    parked.sort_unstable();
-    parked.dedup();
+    passed.sort_unstable_by_key(|(p, _)| *p);
+    passed.dedup_by_key(|(p, _)| *p);
     let mut at = from;
-    for p in parked {
+    for (p, kind) in passed {
         if p > at {
             append(
                 tx,
@@ -120,7 +124,7 @@ pub(super) fn advanced(
             tx,
             name,
             rec,
-            entry(LedgerKind::Parked, p, p + 1, generation, now_ms, None),
+            entry(kind, p, p + 1, generation, now_ms, None),
         )?;
         at = p + 1;
     }
@@ -251,6 +255,8 @@ pub struct Accounting {
     pub skipped: u64,
     pub adopted: u64,
     pub discarded: u64,
+    /// Audit entries an audit sink passed over: their outcome is not among its `outcomes`.
+    pub not_selected: u64,
     /// The ledger's entries.
     pub entries: u64,
     /// Each pass-over (skip, adoption, discard): its kind, offsets and audit entry, for
@@ -262,7 +268,13 @@ impl Accounting {
     /// Offsets below the cursor the ledger accounts for.
     #[cfg(test)]
     pub fn total(&self) -> u64 {
-        self.delivered + self.parked + self.retried + self.skipped + self.adopted + self.discarded
+        self.delivered
+            + self.parked
+            + self.retried
+            + self.skipped
+            + self.adopted
+            + self.discarded
+            + self.not_selected
     }
 }
 
@@ -339,6 +351,14 @@ pub fn account(
                 return Err(format!("ledger entry {seq} restarts the ledger"));
             }
             LedgerKind::Delivered => acc.delivered += n,
+            LedgerKind::NotSelected if rec.stream() != Some(Stream::Audit) => {
+                return Err(format!(
+                    "ledger entry {seq} passes over offsets {} as not selected, but only an \
+                     audit sink selects entries by outcome",
+                    range_text(e.from, e.to)
+                ));
+            }
+            LedgerKind::NotSelected => acc.not_selected += n,
             LedgerKind::Parked | LedgerKind::Retried | LedgerKind::Discarded if n != 1 => {
                 return Err(format!("ledger entry {seq} parks more than one event"));
             }
@@ -432,6 +452,7 @@ mod tests {
             parked: 0,
             last_error: None,
             ledger_len,
+            stream: 0,
         }
     }
 

@@ -242,8 +242,8 @@ impl Tx for RedbTx<'_> {
         Ok(())
     }
 
-    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
-        super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked, floor)
+    fn lowest_cursor(&mut self, stream: Stream, floor: u64) -> Result<Option<u64>, StoreError> {
+        super::relay::lowest_needed(&self.sink_cursors, &self.sink_parked, stream, floor)
     }
 
     fn ledger(

@@ -90,9 +90,22 @@ pub trait RelayStore {
         start: StartAt,
         now_ms: u64,
     ) -> Result<SinkRecord, StoreError> {
+        self.register_sink_on(name, kind, Stream::Effects, start, now_ms)
+    }
+
+    /// `register_sink` for a sink delivering `stream`: an existing cursor of another stream
+    /// is refused (the stream is part of the sink's identity).
+    fn register_sink_on(
+        &mut self,
+        name: &str,
+        kind: &str,
+        stream: Stream,
+        start: StartAt,
+        now_ms: u64,
+    ) -> Result<SinkRecord, StoreError> {
         self.relay_txn(|tx, _| {
             tx.claim_sink(name)?;
-            make_cursor(tx, name, kind, start, now_ms)
+            make_cursor(tx, name, kind, stream, start, now_ms)
         })
     }
 
@@ -102,7 +115,7 @@ pub trait RelayStore {
     /// has yet to deliver, however late its relay starts. Returns the cursors.
     fn declare_sinks(
         &mut self,
-        sinks: &[(&str, &str, StartAt)],
+        sinks: &[(&str, &str, Stream, StartAt)],
         now_ms: u64,
     ) -> Result<Vec<SinkRecord>, StoreError> {
         if sinks.is_empty() {
@@ -111,7 +124,9 @@ pub trait RelayStore {
         self.relay_txn(|tx, _| {
             sinks
                 .iter()
-                .map(|(name, kind, start)| make_cursor(tx, name, kind, *start, now_ms))
+                .map(|(name, kind, stream, start)| {
+                    make_cursor(tx, name, kind, *stream, *start, now_ms)
+                })
                 .collect()
         })
     }
@@ -126,6 +141,22 @@ pub trait RelayStore {
         from: u64,
         to: u64,
         parked: &[(u64, ParkedRecord)],
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.advance_sink_passing(name, generation, from, to, parked, &[], now_ms)
+    }
+
+    /// `advance_sink` of an audit sink with an `outcomes` filter: the entries at
+    /// `not_selected` (those between `from` and `to` count) were passed over, not delivered.
+    #[allow(clippy::too_many_arguments)]
+    fn advance_sink_passing(
+        &mut self,
+        name: &str,
+        generation: u64,
+        from: u64,
+        to: u64,
+        parked: &[(u64, ParkedRecord)],
+        not_selected: &[u64],
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
@@ -148,14 +179,23 @@ pub trait RelayStore {
                 }
                 let moved_past = to.saturating_sub(from);
                 let blocking = parked.iter().filter(|(_, r)| r.blocking).count() as u64;
-                rec.delivered += moved_past.saturating_sub(parked.len() as u64 - blocking);
-                rec.parked += newly;
                 let passed: Vec<u64> = parked
                     .iter()
                     .filter(|(_, r)| !r.blocking)
                     .map(|(o, _)| *o)
                     .collect();
-                ledger::advanced(tx, name, rec, (from, to), &passed, now_ms)?;
+                let mut not_selected: Vec<u64> = not_selected
+                    .iter()
+                    .copied()
+                    .filter(|o| (from..to).contains(o) && !passed.contains(o))
+                    .collect();
+                not_selected.sort_unstable();
+                not_selected.dedup();
+                rec.delivered += moved_past
+                    .saturating_sub(parked.len() as u64 - blocking)
+                    .saturating_sub(not_selected.len() as u64);
+                rec.parked += newly;
+                ledger::advanced(tx, name, rec, (from, to), &passed, &not_selected, now_ms)?;
                 if to != rec.next {
                     rec.advanced_at_ms = now_ms;
                 }
@@ -180,7 +220,11 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, opts| {
-            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
+            let stream = match tx.sink_cursor(name)? {
+                Some(rec) => sink_stream(name, &rec)?,
+                None => Stream::Effects,
+            };
+            let floor = log_floor(tx, stream)?;
             let w = cursor_write(tx, name, generation, None, now_ms, |tx, rec| {
                 // Back below what retention kept: those effects cannot be delivered again.
                 let lost = (to < floor).then(|| ledger::range_text(to, floor.min(rec.next)));
@@ -379,9 +423,10 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<u64, StoreError> {
         self.relay_txn(|tx, opts| {
-            if tx.sink_cursor(name)?.is_none() {
-                return Err(no_sink(name));
-            }
+            let stream = match tx.sink_cursor(name)? {
+                Some(rec) => sink_stream(name, &rec)?,
+                None => return Err(no_sink(name)),
+            };
             let range = match offset {
                 Some(o) => o..=o,
                 None => 0..=u64::MAX,
@@ -397,7 +442,7 @@ pub trait RelayStore {
             }
             // A retry sends the event rebuilt from its effect; one whose effect retention
             // removed (before parked events held it) cannot be rebuilt, and is not retried.
-            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
+            let floor = log_floor(tx, stream)?;
             let lost: Vec<u64> = targets
                 .iter()
                 .map(|(o, _)| *o)
@@ -406,10 +451,12 @@ pub trait RelayStore {
             targets.retain(|(o, _)| *o >= floor);
             if targets.is_empty() {
                 return Err(refused(format!(
-                    "sink {name:?}: the effects of the parked events at offsets {lost:?} were \
-                     removed by retention (before this version kept the effects of parked \
+                    "sink {name:?}: the {} of the parked events at {}s {lost:?} were \
+                     removed by retention (before this version kept them for parked \
                      events), so they cannot be rebuilt from a record `verify` proves; they \
-                     are not retried (the copies kept when they were parked are never sent)"
+                     are not retried (the copies kept when they were parked are never sent)",
+                    stream.entries(),
+                    stream.position()
                 )));
             }
             for (o, r) in &mut targets {
@@ -448,8 +495,9 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<(SinkRecord, SinkRecord), StoreError> {
         self.relay_txn(|tx, opts| {
-            let marks = tx.retention_marks()?.unwrap_or_default();
             let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let stream = sink_stream(name, &before)?;
+            let floor = log_floor(tx, stream)?;
             if to > before.next {
                 return Err(refused(format!(
                     "offset {to} is above sink {name:?}'s cursor ({}): a rewind only goes back, \
@@ -460,12 +508,13 @@ pub trait RelayStore {
                     to - before.next
                 )));
             }
-            if to < marks.effects_floor {
+            if to < floor {
                 return Err(refused(format!(
-                    "offset {to} is no longer in the effect log: it holds {}..{} (retention \
+                    "{} {to} is no longer in the {} log: it holds {floor}..{} (retention \
                      removed what is below)",
-                    marks.effects_floor,
-                    tx.meta()?.next_effect
+                    stream.position(),
+                    stream.as_str(),
+                    log_head(tx, stream)?
                 )));
             }
             let mut after = before.clone();
@@ -512,8 +561,8 @@ pub trait RelayStore {
         now_ms: u64,
     ) -> Result<(SinkRecord, SinkRecord, SkipPlan), StoreError> {
         self.relay_txn(|tx, opts| {
-            let head = tx.meta()?.next_effect;
             let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
+            let head = log_head(tx, sink_stream(name, &before)?)?;
             let blocking = tx
                 .parked(name, before.next..=before.next)?
                 .first()
@@ -750,15 +799,30 @@ fn make_cursor(
     tx: &mut dyn Tx,
     name: &str,
     kind: &str,
+    stream: Stream,
     start: StartAt,
     now_ms: u64,
 ) -> Result<SinkRecord, StoreError> {
     if let Some(r) = tx.sink_cursor(name)? {
+        let had = sink_stream(name, &r)?;
+        if had != stream {
+            return Err(refused(format!(
+                "sink {name:?} has a cursor in the {} log (stream = \"{}\") but the \
+                 configuration says stream = \"{}\": a sink's stream cannot change, its \
+                 cursor, parked events and ledger count positions of one log. Give the sink \
+                 a new name (and `relay forget --sink {name}` the old one once it is out of \
+                 the configuration), or put stream = \"{}\" back",
+                had.as_str(),
+                had.as_str(),
+                stream.as_str(),
+                had.as_str()
+            )));
+        }
         return Ok(r);
     }
     let next = match start {
-        StartAt::Beginning => tx.retention_marks()?.unwrap_or_default().effects_floor,
-        StartAt::Head => tx.meta()?.next_effect,
+        StartAt::Beginning => log_floor(tx, stream)?,
+        StartAt::Head => log_head(tx, stream)?,
     };
     let mut rec = SinkRecord {
         kind: kind.to_string(),
@@ -770,10 +834,40 @@ fn make_cursor(
         parked: 0,
         last_error: None,
         ledger_len: 0,
+        stream: stream.code(),
     };
     ledger::begin(tx, name, &mut rec, LedgerKind::Start, now_ms)?;
     tx.put_sink_cursor(name, &rec)?;
     Ok(rec)
+}
+
+/// The stream of sink `name`'s cursor; a code this build does not know is refused (a newer
+/// version wrote it).
+pub(super) fn sink_stream(name: &str, rec: &SinkRecord) -> Result<Stream, StoreError> {
+    rec.stream().ok_or_else(|| {
+        refused(format!(
+            "sink {name:?} delivers a log of stream code {}, which this version does not know \
+             (a newer version made its cursor)",
+            rec.stream
+        ))
+    })
+}
+
+/// The first position retention kept in `stream`'s log.
+pub(super) fn log_floor(tx: &mut dyn Tx, stream: Stream) -> Result<u64, StoreError> {
+    Ok(match stream {
+        Stream::Effects => tx.retention_marks()?.unwrap_or_default().effects_floor,
+        Stream::Audit => tx.meta()?.audit_anchor.map_or(0, |(i, _)| i + 1),
+    })
+}
+
+/// The next position `stream`'s log will write.
+pub(super) fn log_head(tx: &mut dyn Tx, stream: Stream) -> Result<u64, StoreError> {
+    let meta = tx.meta()?;
+    Ok(match stream {
+        Stream::Effects => meta.next_effect,
+        Stream::Audit => meta.next_audit,
+    })
 }
 
 /// What `relay skip` to `to` would pass over.
@@ -821,7 +915,7 @@ pub fn plan_skip(
     to: u64,
 ) -> Result<(SinkRecord, SkipPlan), StoreError> {
     let rec = snap.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
-    let head = snap.meta()?.next_effect;
+    let head = snap.log_head(sink_stream(name, &rec)?)?;
     let blocking = snap
         .sink_parked_at(name, rec.next)?
         .is_some_and(|p| p.blocking);
@@ -855,11 +949,13 @@ fn relay_entry(
     }
 }
 
-/// The lowest offset any sink in `cursors` still needs: its cursor, or the lowest event it
-/// parked at or above `floor` (`None`: no sink). Retention may not pass it.
+/// The lowest position any sink of `stream` in `cursors` still needs: its cursor, or the
+/// lowest event it parked at or above `floor` (`None`: no such sink). Retention may not pass
+/// it.
 pub(super) fn lowest_needed<C, P>(
     cursors: &Opened<C, &'static str, SinkRecord>,
     parked: &Opened<P, (&'static str, u64), ParkedRecord>,
+    stream: Stream,
     floor: u64,
 ) -> Result<Option<u64>, StoreError>
 where
@@ -869,6 +965,10 @@ where
     let mut low: Option<u64> = None;
     for entry in cursors.all()? {
         let (name, rec) = entry?;
+        // A cursor of a stream this build does not know holds both logs.
+        if rec.stream().is_some_and(|s| s != stream) {
+            continue;
+        }
         let name = name.value();
         let first_parked = parked
             .range((name, floor)..=(name, u64::MAX))?
@@ -882,6 +982,23 @@ where
 }
 
 impl Snapshot {
+    /// The next position `stream`'s log will write.
+    pub fn log_head(&self, stream: Stream) -> Result<u64, StoreError> {
+        let meta = self.meta()?;
+        Ok(match stream {
+            Stream::Effects => meta.next_effect,
+            Stream::Audit => meta.next_audit,
+        })
+    }
+
+    /// The first position retention kept in `stream`'s log.
+    pub fn log_floor(&self, stream: Stream) -> Result<u64, StoreError> {
+        Ok(match stream {
+            Stream::Effects => self.retention_marks()?.effects_floor,
+            Stream::Audit => self.meta()?.audit_anchor.map_or(0, |(i, _)| i + 1),
+        })
+    }
+
     /// Every sink with a cursor, by name.
     pub fn sink_cursors(&self) -> Result<Vec<(String, SinkRecord)>, StoreError> {
         if let Some(pg) = self.pg() {

@@ -111,8 +111,13 @@ impl<T: Tx> Writer<T> {
     ) -> Result<u64, StoreError> {
         let start = self.meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         let end = self.meta.next_audit;
+        // Never past what an audit sink has yet to deliver.
+        let held = self
+            .lowest_audit_cursor
+            .map_or(end, |c| c.min(end))
+            .max(start);
         let mut front = Front::new(end - start, keep, now_ms, budget);
-        self.tx.scan_audit_heads(start..end, &mut |index, head| {
+        self.tx.scan_audit_heads(start..held, &mut |index, head| {
             Ok(front.visit(index, head.recorded_at_ms))
         })?;
         let due = front.due;

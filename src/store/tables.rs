@@ -19,7 +19,7 @@ use super::StoreError;
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line.
 pub const SCHEMA_VERSION: u32 = 1;
 /// First byte of every stored record of the first version (every record type but
-/// `SinkRecord`, which is at version 2: see `Record`).
+/// `SinkRecord`, which is at version 3: see `Record`).
 pub const RECORD_V1: u8 = 1;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
@@ -647,12 +647,70 @@ pub struct RetentionMarks {
     pub last_pruned_at_ms: u64,
 }
 
-/// A relay sink's cursor and counters. Record version 2 (version 1 had no `ledger_len`).
+/// Which log a relay sink delivers: part of its durable identity (`SinkRecord::stream`), so
+/// its cursor, parked events and ledger count positions of that log only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Stream {
+    /// The effect log: each applied effect (positions are effect offsets).
+    #[default]
+    Effects,
+    /// The audit log: each audit entry, every decision and action (positions are audit
+    /// indexes).
+    Audit,
+}
+
+impl Stream {
+    /// Its stored code (never renumbered).
+    pub fn code(self) -> u8 {
+        match self {
+            Stream::Effects => 0,
+            Stream::Audit => 1,
+        }
+    }
+
+    /// The stream of a stored code; an unknown code reads as what it cannot be mistaken
+    /// for by a deliverer of either stream (`None`).
+    pub fn from_code(code: u8) -> Option<Stream> {
+        match code {
+            0 => Some(Stream::Effects),
+            1 => Some(Stream::Audit),
+            _ => None,
+        }
+    }
+
+    /// As configured (`stream = "..."`) and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Effects => "effects",
+            Stream::Audit => "audit",
+        }
+    }
+
+    /// What one position of the log is called, in messages.
+    pub fn position(self) -> &'static str {
+        match self {
+            Stream::Effects => "offset",
+            Stream::Audit => "audit index",
+        }
+    }
+
+    /// What the log's entries are called, in messages.
+    pub fn entries(self) -> &'static str {
+        match self {
+            Stream::Effects => "effects",
+            Stream::Audit => "audit entries",
+        }
+    }
+}
+
+/// A relay sink's cursor and counters. Record version 3 (version 2 had no `stream`, version
+/// 1 no `ledger_len` either).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct SinkRecord {
     /// `mqtt`, `http`, `postgres` or `exec`, as configured when the cursor was made.
     pub kind: String,
-    /// The first effect offset neither delivered nor parked.
+    /// The first position (effect offset, or audit index for an audit sink) neither
+    /// delivered, parked nor passed over.
     pub next: u64,
     /// Bumped by every operator move of the cursor (`relay rewind`, `relay skip`); a running
     /// sink's cursor write carrying an older generation is refused, so it reloads instead of
@@ -669,6 +727,30 @@ pub struct SinkRecord {
     /// finds a ledger cut short or added to by hand. 0 only in a cursor written before the
     /// ledger existed (record version 1), until its first write by this version.
     pub ledger_len: u64,
+    /// `Stream::code` of the log the sink delivers, fixed when the cursor was made (0, the
+    /// effect log, in a record of version 1 or 2).
+    pub stream: u8,
+}
+
+impl SinkRecord {
+    /// The log the sink delivers (`None`: a code this build does not know).
+    pub fn stream(&self) -> Option<Stream> {
+        Stream::from_code(self.stream)
+    }
+}
+
+/// `SinkRecord` as record version 2 wrote it.
+#[derive(Serialize, Deserialize)]
+struct SinkRecordV2 {
+    kind: String,
+    next: u64,
+    generation: u64,
+    registered_at_ms: u64,
+    advanced_at_ms: u64,
+    delivered: u64,
+    parked: u64,
+    last_error: Option<(u64, String)>,
+    ledger_len: u64,
 }
 
 /// `SinkRecord` as record version 1 wrote it.
@@ -685,21 +767,39 @@ struct SinkRecordV1 {
 }
 
 impl Record for SinkRecord {
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
-        (version == RECORD_V1).then(|| {
-            postcard::from_bytes::<SinkRecordV1>(body).map(|v| SinkRecord {
-                kind: v.kind,
-                next: v.next,
-                generation: v.generation,
-                registered_at_ms: v.registered_at_ms,
-                advanced_at_ms: v.advanced_at_ms,
-                delivered: v.delivered,
-                parked: v.parked,
-                last_error: v.last_error,
-                ledger_len: 0,
-            })
-        })
+        match version {
+            RECORD_V1 => Some(
+                postcard::from_bytes::<SinkRecordV1>(body).map(|v| SinkRecord {
+                    kind: v.kind,
+                    next: v.next,
+                    generation: v.generation,
+                    registered_at_ms: v.registered_at_ms,
+                    advanced_at_ms: v.advanced_at_ms,
+                    delivered: v.delivered,
+                    parked: v.parked,
+                    last_error: v.last_error,
+                    ledger_len: 0,
+                    stream: Stream::Effects.code(),
+                }),
+            ),
+            2 => Some(
+                postcard::from_bytes::<SinkRecordV2>(body).map(|v| SinkRecord {
+                    kind: v.kind,
+                    next: v.next,
+                    generation: v.generation,
+                    registered_at_ms: v.registered_at_ms,
+                    advanced_at_ms: v.advanced_at_ms,
+                    delivered: v.delivered,
+                    parked: v.parked,
+                    last_error: v.last_error,
+                    ledger_len: v.ledger_len,
+                    stream: Stream::Effects.code(),
+                }),
+            ),
+            _ => None,
+        }
     }
 }
 
@@ -724,10 +824,13 @@ pub enum LedgerKind {
     /// One parked event an operator decided not to deliver (`relay discard`, audit entry
     /// `audit_index`).
     Discarded,
+    /// Audit entries an audit sink passed over because their outcome is not among its
+    /// `outcomes`.
+    NotSelected,
 }
 
 impl LedgerKind {
-    pub const ALL: [LedgerKind; 8] = [
+    pub const ALL: [LedgerKind; 9] = [
         LedgerKind::Start,
         LedgerKind::Legacy,
         LedgerKind::Delivered,
@@ -736,6 +839,7 @@ impl LedgerKind {
         LedgerKind::Skipped,
         LedgerKind::Adopted,
         LedgerKind::Discarded,
+        LedgerKind::NotSelected,
     ];
 
     /// Its stored code (never renumbered).
@@ -749,6 +853,7 @@ impl LedgerKind {
             LedgerKind::Skipped => 5,
             LedgerKind::Adopted => 6,
             LedgerKind::Discarded => 7,
+            LedgerKind::NotSelected => 8,
         }
     }
 
@@ -766,6 +871,7 @@ impl LedgerKind {
             LedgerKind::Skipped => "skipped",
             LedgerKind::Adopted => "adopted",
             LedgerKind::Discarded => "discarded",
+            LedgerKind::NotSelected => "not_selected",
         }
     }
 }
@@ -1177,6 +1283,40 @@ mod tests {
         listed.sort();
         assert_eq!(held, listed, "Store::init and for_each_table disagree");
         assert!(snap.guard(unlisted_tables).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_sink_record_of_version_2_decodes_as_an_effects_sink_and_version_3_keeps_the_stream() {
+        let v2 = SinkRecordV2 {
+            kind: "exec".into(),
+            next: 41,
+            generation: 2,
+            registered_at_ms: 1_000,
+            advanced_at_ms: 2_000,
+            delivered: 40,
+            parked: 1,
+            last_error: Some((3_000, "HTTP 503".into())),
+            ledger_len: 4,
+        };
+        let mut bytes = vec![2];
+        bytes.extend(postcard::to_allocvec(&v2).unwrap());
+        let r = SINK_CURSORS.decode(&"cop", &bytes).unwrap();
+        assert_eq!(
+            (r.kind.as_str(), r.next, r.generation, r.delivered, r.parked),
+            ("exec", 41, 2, 40, 1)
+        );
+        assert_eq!((r.ledger_len, r.stream()), (4, Some(Stream::Effects)));
+        assert_eq!(r.last_error, Some((3_000, "HTTP 503".into())));
+        // Written again by this version: version 3, the stream kept.
+        let audit = SinkRecord {
+            stream: Stream::Audit.code(),
+            ..r
+        };
+        let bytes = SINK_CURSORS.encode(&audit);
+        assert_eq!(bytes[0], 3);
+        let back = SINK_CURSORS.decode(&"cop", &bytes).unwrap();
+        assert_eq!(back, audit);
+        assert_eq!(back.stream(), Some(Stream::Audit));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 use super::StoreError;
 use super::tables::{
     AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, WindowRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, Stream, WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -97,7 +97,7 @@ pub trait Tx {
     /// an event it parked below it at or above `floor` (retention's effects floor: an event
     /// parked below it, by a version before parked events held retention, holds nothing).
     /// Retention keeps every effect from there on.
-    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError>;
+    fn lowest_cursor(&mut self, stream: Stream, floor: u64) -> Result<Option<u64>, StoreError>;
 
     /// The relay's cursor of sink `name`.
     fn sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError>;
@@ -268,8 +268,8 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     fn forget_fingerprint(&mut self, id: u64) -> Result<(), StoreError> {
         (**self).forget_fingerprint(id)
     }
-    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
-        (**self).lowest_cursor(floor)
+    fn lowest_cursor(&mut self, stream: Stream, floor: u64) -> Result<Option<u64>, StoreError> {
+        (**self).lowest_cursor(stream, floor)
     }
     fn ledger(
         &mut self,

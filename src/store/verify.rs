@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
 use super::engine::{fingerprint_decided, fingerprint_malformed};
+use super::tables::Stream;
 use super::{Snapshot, StoreError};
 use crate::key::sha256;
 use crate::model::{Outcome, hex};
@@ -299,11 +300,23 @@ fn sink_problem(
             )));
         }
     }
-    if rec.next < scan.marks.effects_floor {
+    let Some(stream) = rec.stream() else {
         return Ok(Err(format!(
-            "retention removed effects up to {} but its cursor is at {}: effects it had not \
+            "its cursor delivers a log of stream code {}, which this version does not know",
+            rec.stream
+        )));
+    };
+    let floor = match stream {
+        Stream::Effects => scan.marks.effects_floor,
+        Stream::Audit => scan.audit_from,
+    };
+    if rec.next < floor {
+        return Ok(Err(format!(
+            "retention removed {} up to {floor} but its cursor is at {}: {} it had not \
              delivered are gone",
-            scan.marks.effects_floor, rec.next
+            stream.entries(),
+            rec.next,
+            stream.entries()
         )));
     }
     let mut report = SinkReport {
@@ -313,20 +326,38 @@ fn sink_problem(
         ..SinkReport::default()
     };
     for p in snap.sink_parked(Some(name))? {
-        let at = |what: String| Ok(Err(format!("event parked at offset {}: {what}", p.offset)));
-        if p.offset < scan.marks.effects_floor {
+        let at = |what: String| {
+            Ok(Err(format!(
+                "event parked at {} {}: {what}",
+                stream.position(),
+                p.offset
+            )))
+        };
+        if p.offset < floor {
             if old {
                 report.parked_unprovable += 1;
                 continue;
             }
-            return at(
-                "retention removed its effect, which it keeps while an event is parked".into(),
-            );
+            return at(format!(
+                "retention removed its {}, which it keeps while an event is parked",
+                stream.entries()
+            ));
         }
-        let Some(eff) = snap.effect(p.offset)? else {
-            return at("its effect is not in the log".into());
+        let problem = match stream {
+            Stream::Effects => {
+                let Some(eff) = snap.effect(p.offset)? else {
+                    return at("its effect is not in the log".into());
+                };
+                parked_content(&p.record, &eff)
+            }
+            Stream::Audit => {
+                let Some(entry) = snap.audit_entry(p.offset)? else {
+                    return at("its audit entry is not in the log".into());
+                };
+                parked_audit_content(&p.record, &entry)
+            }
         };
-        if let Some(problem) = parked_content(&p.record, &eff) {
+        if let Some(problem) = problem {
             return at(problem);
         }
         report.parked_checked += 1;
@@ -402,6 +433,35 @@ fn parked_content(p: &super::tables::ParkedRecord, eff: &super::Effect) -> Optio
             "its stored event differs from the event effect {} makes ({}); `relay retry` \
              sends the event rebuilt from the effect, never the stored copy",
             eff.offset,
+            cause(false)
+        )
+    })
+}
+
+/// A parked record of an audit sink against the audit entry it was made of; `Some(problem)`
+/// if its copy differs.
+fn parked_audit_content(
+    p: &super::tables::ParkedRecord,
+    entry: &super::AuditEntry,
+) -> Option<String> {
+    let Some(source) = crate::relay::envelope::source_of(&p.event) else {
+        return Some(format!(
+            "its stored event is not the envelope of an event ({})",
+            cause(false)
+        ));
+    };
+    let ev = crate::relay::Event::of_audit(&source, entry);
+    let same = ev.id == p.id
+        && ev.key == p.key
+        && ev.agency == p.agency
+        && ev.source_id == p.source_id
+        && ev.topic == p.topic
+        && ev.json == p.event;
+    (!same).then(|| {
+        format!(
+            "its stored event differs from the event audit entry {} makes ({}); `relay retry` \
+             sends the event rebuilt from the entry, never the stored copy",
+            entry.index,
             cause(false)
         )
     })

@@ -385,6 +385,8 @@ fn events(n: u64) -> Vec<Event> {
                 source_id: source_id.into(),
                 topic: format!("incidents/{agency}"),
                 json: envelope::envelope("urn:replay-guard:test", &view),
+                outcome: "applied".into(),
+                fields: Vec::new(),
             }
         })
         .collect()

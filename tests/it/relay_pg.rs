@@ -58,6 +58,8 @@ pub(super) fn event(offset: u64, body: &str) -> Event {
         source_id: format!("cad-{}", offset % 3),
         topic: format!("incidents/fire/cad-{}", offset % 3),
         json: envelope::envelope("urn:replay-guard:test", &view),
+        outcome: "applied".into(),
+        fields: Vec::new(),
     }
 }
 

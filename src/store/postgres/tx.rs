@@ -595,11 +595,15 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
-    fn lowest_cursor(&mut self, floor: u64) -> Result<Option<u64>, StoreError> {
+    fn lowest_cursor(&mut self, stream: Stream, floor: u64) -> Result<Option<u64>, StoreError> {
         let mut low: Option<u64> = None;
         for row in self.conn.query(&self.sql.cursors_needed, &[&db(floor)])? {
             let name: String = row.get(0);
             let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
+            // A cursor of a stream this build does not know holds both logs.
+            if rec.stream().is_some_and(|s| s != stream) {
+                continue;
+            }
             let first_parked = row.get::<_, Option<i64>>(2).map(un);
             let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
             low = Some(low.map_or(needed, |l| l.min(needed)));
