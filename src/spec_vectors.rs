@@ -14,9 +14,11 @@ use crate::json::{self, Json, Pointer};
 use crate::key::{derive_key, message_digest};
 use crate::model::{Digest, Message, Outcome, Position, Source, hex, parse_hex32};
 use crate::output::num;
-use crate::relay::envelope::{EffectView, envelope, event_id};
+use crate::relay::envelope::{EffectView, audit_envelope, audit_event_id, envelope, event_id};
 use crate::store::tables::AuditRecord;
-use crate::store::{Store, StoreOptions, WindowPolicy, audit_body_fields, audit_entry_hash};
+use crate::store::{
+    AuditEntry, Store, StoreOptions, WindowPolicy, audit_body_fields, audit_entry_hash,
+};
 use crate::wire::{FeedContract, Incoming, decode};
 
 type Members = Vec<(String, Json)>;
@@ -338,6 +340,50 @@ fn audit_chain_vectors_match_the_entry_hash() {
         vec![
             ("canonical".into(), Json::Array(canonical)),
             ("hashes".into(), Json::Array(hashes)),
+        ]
+    });
+}
+
+/// The audit record a vector's `entry` describes (its `hash` computed from its `prev_hash`).
+fn audit_record(e: &Json) -> AuditEntry {
+    let outcome = str_of(req(e, "outcome"));
+    let mut record = AuditRecord {
+        recorded_at_ms: u64_of(req(e, "recorded_at_ms")),
+        outcome: Outcome::parse(outcome)
+            .unwrap_or_else(|| panic!("outcome {outcome}"))
+            .code(),
+        key: opt(field(e, "key"), hex32),
+        agency: opt(field(e, "agency"), |s| str_of(s).to_string()),
+        source_id: opt(field(e, "source_id"), |s| str_of(s).to_string()),
+        epoch: opt(field(e, "epoch"), u64_of),
+        sequence: opt(field(e, "sequence"), u64_of),
+        topic: str_of(req(e, "topic")).into(),
+        reason: str_of(req(e, "reason")).into(),
+        digest: opt(field(e, "digest"), hex32),
+        effect_offset: opt(field(e, "effect_offset"), u64_of),
+        quarantine_id: opt(field(e, "quarantine_id"), u64_of),
+        prev_hash: hex32(req(e, "prev_hash")),
+        hash: [0; 32],
+    };
+    let index = u64_of(req(e, "index"));
+    record.hash = audit_entry_hash(index, &record, &record.prev_hash);
+    AuditEntry { index, record }
+}
+
+#[test]
+fn decision_event_vectors_match_the_audit_streams_envelope() {
+    check("decision_event.json", |v| {
+        let entry = audit_record(req(v, "entry"));
+        vec![
+            ("hash".into(), string(hex(&entry.record.hash))),
+            (
+                "id".into(),
+                string(audit_event_id(entry.index, &entry.record.hash)),
+            ),
+            (
+                "envelope".into(),
+                string(audit_envelope(str_of(req(v, "source")), &entry)),
+            ),
         ]
     });
 }

@@ -761,6 +761,58 @@ mod tests {
     }
 
     #[test]
+    fn a_sink_carries_the_audit_stream_with_its_outcomes_checked() {
+        let sink = |extra: &str| {
+            parse(&format!(
+                "[[sink]]\nname = \"siem\"\nkind = \"exec\"\ncommand = [\"/bin/cat\"]\n{extra}"
+            ))
+        };
+        let c = sink("").unwrap();
+        assert_eq!(
+            (c.relay.sinks[0].stream, &c.relay.sinks[0].outcomes),
+            (Stream::Effects, &None)
+        );
+        let c = sink("stream = \"audit\"").unwrap();
+        assert_eq!(
+            (c.relay.sinks[0].stream, &c.relay.sinks[0].outcomes),
+            (Stream::Audit, &None)
+        );
+        let c = sink("stream = \"audit\"\noutcomes = [\"duplicate\", \"conflict\"]").unwrap();
+        assert_eq!(
+            c.relay.sinks[0].outcomes,
+            Some(vec![Outcome::Duplicate, Outcome::Conflict])
+        );
+        for (extra, want) in [
+            (
+                "stream = \"audit\"\noutcomes = [\"duplicate\", \"dupe\"]",
+                "[[sink]] \"siem\": outcomes names \"dupe\", which is not an outcome: valid are \
+                 applied, applied_late, duplicate, conflict, stale, malformed, released, \
+                 discarded, relay",
+            ),
+            (
+                "outcomes = [\"duplicate\"]",
+                "[[sink]] \"siem\": outcomes selects audit entries: it needs stream = \"audit\"",
+            ),
+            (
+                "stream = \"effects\"\noutcomes = [\"duplicate\"]",
+                "it needs stream = \"audit\"",
+            ),
+            ("stream = \"audit\"\noutcomes = []", "outcomes is empty"),
+            (
+                "stream = \"audit\"\noutcomes = [\"stale\", \"stale\"]",
+                "outcomes names \"stale\" twice",
+            ),
+            (
+                "stream = \"decisions\"",
+                "stream \"decisions\" is not one of \"effects\"",
+            ),
+        ] {
+            let e = sink(extra).unwrap_err();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+
+    #[test]
     fn a_config_without_sinks_has_no_relay_work() {
         let c = parse("").unwrap();
         assert!(c.relay.sinks.is_empty());

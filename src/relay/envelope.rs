@@ -262,4 +262,60 @@ mod tests {
         base64_into(&mut s, b"fo");
         assert_eq!(s, "Zm8=");
     }
+
+    #[test]
+    fn an_audit_event_carries_the_entry_as_dump_audit_prints_it_and_a_stable_id() {
+        use crate::store::tables::AuditRecord;
+        let entry = AuditEntry {
+            index: 12,
+            record: AuditRecord {
+                recorded_at_ms: 1_764_547_200_123,
+                outcome: Outcome::Conflict.code(),
+                key: Some([7; 32]),
+                agency: Some("fire".into()),
+                source_id: Some("engine-7".into()),
+                epoch: Some(1),
+                sequence: Some(9),
+                topic: "incidents/fire".into(),
+                reason: "same key, other content \u{1b}[31m".into(),
+                digest: Some([8; 32]),
+                effect_offset: Some(3),
+                quarantine_id: Some(2),
+                prev_hash: [9; 32],
+                hash: [0xab; 32],
+            },
+        };
+        let line = audit_envelope("urn:x", &entry);
+        assert!(!line.contains('\n'));
+        let v = json::parse(line.as_bytes(), 64).unwrap();
+        assert_eq!(member(&v, "type"), &Json::String(DECISION_TYPE.into()));
+        assert_eq!(
+            member(&v, "id"),
+            &Json::String(format!("12-{}", "ab".repeat(8)))
+        );
+        assert_eq!(
+            audit_event_id(12, &[0xab; 32]),
+            format!("12-{}", "ab".repeat(8))
+        );
+        assert_eq!(member(&v, "rgoutcome"), &Json::String("conflict".into()));
+        assert_eq!(member(&v, "subject"), &Json::String("fire/engine-7".into()));
+        // `data` is the line `dump-audit --format jsonl` prints, chain link included.
+        let mut printed = Vec::new();
+        let zone = crate::timefmt::Zone::utc();
+        let mut p = crate::output::Printer::start::<AuditRow<'_>>(
+            crate::cli::Format::Jsonl,
+            &zone,
+            &mut printed,
+        )
+        .unwrap();
+        p.print(&AuditRow(&entry)).unwrap();
+        drop(p);
+        let printed = json::parse(&printed, 64).unwrap();
+        assert_eq!(member(&v, "data"), &printed);
+        assert_eq!(member(&v, "data").to_compact(), printed.to_compact());
+        assert_eq!(
+            member(member(&v, "data"), "prev_hash"),
+            &Json::String(hex(&[9; 32]))
+        );
+    }
 }

@@ -1573,4 +1573,188 @@ mod tests {
             "{v}"
         );
     }
+
+    fn audit_pruning(max_entries: u64) -> StoreOptions {
+        StoreOptions {
+            retention: RetentionPolicy {
+                audit: LogRetention {
+                    max_age_seconds: None,
+                    max_entries: Some(max_entries),
+                },
+                effects: LogRetention::default(),
+                quarantine: LogRetention::default(),
+            },
+            ..StoreOptions::default()
+        }
+    }
+
+    fn audit_floor(s: &Store) -> u64 {
+        s.reader().unwrap().log_floor(Stream::Audit).unwrap()
+    }
+
+    /// The event an audit sink would park for the entry at `index`.
+    fn parked_entry(s: &Store, index: u64) -> (u64, ParkedRecord) {
+        let e = s.reader().unwrap().audit_entry(index).unwrap().unwrap();
+        let ev = crate::relay::Event::of_audit("urn:test", &e);
+        (
+            index,
+            ParkedRecord {
+                parked_at_ms: T0,
+                id: ev.id,
+                key: ev.key,
+                agency: ev.agency,
+                source_id: ev.source_id,
+                topic: ev.topic,
+                reason: "exit 65".into(),
+                response: "exit status 65".into(),
+                attempts: 1,
+                blocking: false,
+                retry_requested_at_ms: None,
+                event: ev.json,
+            },
+        )
+    }
+
+    #[test]
+    fn retention_never_prunes_an_audit_entry_an_audit_sink_has_not_delivered() {
+        let mut s = Store::open_in_memory(audit_pruning(5)).unwrap();
+        s.register_sink_on("siem", "exec", Stream::Audit, StartAt::Beginning, T0)
+            .unwrap();
+        for i in 0..6 {
+            feed(&mut s, 1 + i * 5..=5 + i * 5, T0);
+        }
+        // 30 entries, retention keeps 5; the audit sink is still at 0.
+        assert_eq!(audit_floor(&s), 0, "held by the audit sink");
+        s.advance_sink_passing("siem", 0, 0, 12, &[], &[], T0)
+            .unwrap();
+        let p = parked_entry(&s, 12);
+        s.advance_sink_passing("siem", 0, 12, 20, &[p], &[], T0)
+            .unwrap();
+        feed(&mut s, 100..=100, T0);
+        assert_eq!(audit_floor(&s), 12, "held by the entry parked at 12");
+        s.relay_discard("siem", Some(12), "ana", "not for the SIEM", T0)
+            .unwrap();
+        feed(&mut s, 101..=101, T0);
+        // The discard's own entry is not delivered yet either: the cursor (20) holds.
+        assert_eq!(audit_floor(&s), 20);
+        // An effects sink does not hold the audit log.
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        let head = s.reader().unwrap().meta().unwrap().next_audit;
+        s.advance_sink_passing("siem", 0, 20, head, &[], &[], T0)
+            .unwrap();
+        feed(&mut s, 102..=102, T0);
+        let snap = s.reader().unwrap();
+        let next = snap.meta().unwrap().next_audit;
+        assert_eq!(next - snap.log_floor(Stream::Audit).unwrap(), 5);
+        let report = verify(&snap, &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+        // Forgotten, an audit sink holds nothing; until then a removed one does.
+        drop(snap);
+        let before = audit_floor(&s);
+        s.relay_forget("siem", "ana", "removed", T0).unwrap();
+        for i in 0..3 {
+            feed(&mut s, 200 + i * 5..=204 + i * 5, T0);
+        }
+        assert!(audit_floor(&s) > before);
+    }
+
+    #[test]
+    fn a_sinks_stream_cannot_change_under_the_same_name() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        s.register_sink("cop", "exec", StartAt::Beginning, T0)
+            .unwrap();
+        let e = s
+            .register_sink_on("cop", "exec", Stream::Audit, StartAt::Beginning, T0)
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("sink \"cop\" has a cursor in the effects log")
+                && text.contains("stream cannot change")
+                && text.contains("relay forget --sink cop"),
+            "{text}"
+        );
+        let e = s
+            .declare_sinks(&[("cop", "exec", Stream::Audit, StartAt::Head)], T0)
+            .unwrap_err();
+        assert!(e.to_string().contains("stream cannot change"), "{e}");
+        // The same stream again is the same sink.
+        s.register_sink_on("cop", "exec", Stream::Effects, StartAt::Head, T0)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_audit_sink_starts_in_the_audit_log_and_accounts_for_entries_not_selected() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=4, T0);
+        feed(&mut s, 1..=2, T0); // two duplicates: entries 4 and 5
+        let rec = s
+            .register_sink_on("siem", "exec", Stream::Audit, StartAt::Head, T0)
+            .unwrap();
+        assert_eq!((rec.next, rec.stream()), (6, Some(Stream::Audit)));
+        s.relay_forget("siem", "ana", "again from the start", T0)
+            .unwrap();
+        let rec = s
+            .register_sink_on("siem", "exec", Stream::Audit, StartAt::Beginning, T0)
+            .unwrap();
+        assert_eq!(rec.next, 0);
+        // Selecting duplicates: 4 and 5 delivered, 0..4 and 6 (the forget) not selected.
+        s.advance_sink_passing("siem", 0, 0, 6, &[], &[0, 1, 2, 3], T0)
+            .unwrap();
+        s.advance_sink_passing("siem", 0, 6, 7, &[], &[6], T0)
+            .unwrap();
+        let a = accounting(&s, "siem");
+        assert_eq!((a.delivered, a.not_selected, a.entries), (2, 5, 4));
+        let rec = s.reader().unwrap().sink_cursor("siem").unwrap().unwrap();
+        assert_eq!((rec.next, rec.delivered), (7, 2));
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+        // An effects sink never passes anything over as not selected.
+        s.register_sink("cop", "exec", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink_passing("cop", 0, 0, 2, &[], &[1], T0)
+            .unwrap();
+        let v = verify(&s.reader().unwrap(), &FeedContract::default())
+            .unwrap()
+            .violation
+            .unwrap();
+        assert!(
+            v.contains("sink cop: ledger entry") && v.contains("not selected"),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn verify_proves_an_audit_sinks_parked_copy_against_its_entry() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=3, T0);
+        s.register_sink_on("siem", "exec", Stream::Audit, StartAt::Beginning, T0)
+            .unwrap();
+        let p = parked_entry(&s, 1);
+        s.advance_sink_passing("siem", 0, 0, 3, &[p.clone()], &[], T0)
+            .unwrap();
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+        assert_eq!(report.sinks[0].parked_checked, 1);
+        // A retry of it is audited, and names the entry's event id.
+        s.relay_retry("siem", Some(1), "ana", "SIEM back", T0)
+            .unwrap();
+        // The copy altered: verify says so.
+        s.relay_txn(|tx, _| {
+            let (o, mut r) = p.clone();
+            r.event = r
+                .event
+                .replace("\"outcome\":\"applied\"", "\"outcome\":\"stale\"");
+            tx.put_parked("siem", o, &r).map(drop)
+        })
+        .unwrap();
+        let v = verify(&s.reader().unwrap(), &FeedContract::default())
+            .unwrap()
+            .violation
+            .unwrap();
+        assert!(
+            v.contains("sink siem: event parked at audit index 1: its stored event differs"),
+            "{v}"
+        );
+    }
 }
