@@ -36,6 +36,10 @@
 //! - `relay_loss`: the last hop's silent-loss paths closed: rewind only back, `relay skip`
 //!   audited, every offset below a cursor accounted for (`verify`, `relay status`), retries
 //!   rebuilt from the effect, retention holding parked effects and late-starting sinks.
+//! - `relay_audit`: the audit stream (`stream = "audit"`): `run` through a private Mosquitto
+//!   killed with -9 (every entry once in order, same ids, chain links, `outcomes`),
+//!   retention of the audit log held and released, park and retry from the entry, rewind,
+//!   a stream change refused, `verify` and `relay status`; on PostgreSQL with the postgres sink.
 //! - `relay_http`: the http sink against a chaotic receiver written in the test (503, 429,
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
 //!   and end to end through `ingest` and the `relay` commands; credentials (Authorization from
@@ -105,6 +109,7 @@ mod pg_store;
 mod pg_tls;
 mod readme;
 mod relay;
+mod relay_audit;
 mod relay_http;
 mod relay_loss;
 mod relay_model;
