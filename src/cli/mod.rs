@@ -166,7 +166,10 @@ pub struct MigrateArgs {
 
 const RELAY_ABOUT: &str = "Without a subcommand: run every [[sink]] of --config against the \
 database, standalone (for a database fed by `ingest`, or as a unit of its own beside a `run` \
-whose config then has no [[sink]]), until SIGTERM/SIGINT.\n\n\
+whose config then has no [[sink]]), until SIGTERM/SIGINT. A sink delivers the effect log \
+(each applied effect), or with `stream = \"audit\"` the audit log (each decision, quarantine \
+and operator action, optionally only the `outcomes` listed); its cursor, offsets and parked \
+events are then audit indexes.\n\n\
 With a subcommand: inspect the sinks' cursors (`status`), a sink's parked events (`parked`), \
 ask for a parked event to be delivered again (`retry`), move a cursor back (`rewind`; receivers \
 see the same ids again), or drop a removed sink's cursor so retention may prune past it \
@@ -246,7 +249,8 @@ pub struct SinkAction {
 pub struct ParkedAction {
     #[command(flatten)]
     pub action: SinkAction,
-    /// The parked event: its effect offset or its event id (`relay parked` lists them).
+    /// The parked event: its offset (an audit sink's: its audit index) or its event id
+    /// (`relay parked` lists them).
     #[arg(value_name = "OFFSET|ID", required_unless_present = "all")]
     pub event: Option<String>,
     /// Every parked event of the sink.
@@ -259,7 +263,7 @@ pub struct ParkedAction {
 pub struct CursorMove {
     #[command(flatten)]
     pub action: SinkAction,
-    /// The effect offset the sink delivers next.
+    /// The offset the sink delivers next (an audit sink's: the audit index).
     #[arg(long, value_name = "OFFSET")]
     pub to: u64,
 }

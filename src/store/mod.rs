@@ -217,13 +217,20 @@ pub enum StoreError {
          sslrootcert or sslcert/sslkey, or the server's certificate)"
     )]
     TlsRefused(String),
+    /// A configured sink names another log (`stream`) than its cursor was made for: a
+    /// configuration error (exit 1); nothing was written.
+    #[error("{0}")]
+    StreamChanged(String),
 }
 
 impl StoreError {
     /// Whether the operator must fix the configuration (exit 1) rather than the store or
     /// its server (exit 2).
     pub fn is_config(&self) -> bool {
-        matches!(self, StoreError::TlsRefused(_))
+        matches!(
+            self,
+            StoreError::TlsRefused(_) | StoreError::StreamChanged(_)
+        )
     }
 }
 

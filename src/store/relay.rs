@@ -806,7 +806,7 @@ fn make_cursor(
     if let Some(r) = tx.sink_cursor(name)? {
         let had = sink_stream(name, &r)?;
         if had != stream {
-            return Err(refused(format!(
+            return Err(StoreError::StreamChanged(format!(
                 "sink {name:?} has a cursor in the {} log (stream = \"{}\") but the \
                  configuration says stream = \"{}\": a sink's stream cannot change, its \
                  cursor, parked events and ledger count positions of one log. Give the sink \

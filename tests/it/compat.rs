@@ -6,7 +6,7 @@
 //! its `ingest` of `feed.jsonl`, then its `relay` with `config.toml`, whose `receiver.sh`
 //! refuses the two events of sequence 3; its outputs saved beside) reads its version-1 sink
 //! cursor and parked events as that release printed them, verifies, and its sink carries on:
-//! the cursor is rewritten at version 2 with a ledger from there.
+//! the cursor is rewritten at this version's record version (3) with a ledger from there.
 
 use std::path::Path;
 
@@ -189,7 +189,7 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
     );
     let stats = stdout(&["stats", "--db", db_s, "--format", "json"]);
     assert!(!stats.contains("\"store_id\":null"), "{stats}");
-    // The cursor record is now of version 2.
+    // The cursor record is now of this version's record version (3: it knows its stream).
     let file = redb::Builder::new()
         .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
         .open(&db)
@@ -201,5 +201,5 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
         .unwrap()
         .value()
         .to_vec();
-    assert_eq!(bytes[0], 2);
+    assert_eq!(bytes[0], 3);
 }

@@ -432,7 +432,7 @@ fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused()
     ] {
         let out = common::run(&args);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(
             err.contains("sink \"script\" has a cursor in the audit log (stream = \"audit\")")
                 && err.contains("a sink's stream cannot change")
@@ -595,6 +595,6 @@ fn on_postgresql_the_postgres_sink_stores_each_audit_entry_once_and_holds_retent
     let effects = pg_config(dir.path(), &db, "siem_events", "effects");
     let out = common::run(&["relay", "--config", effects.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("a sink's stream cannot change"), "{err}");
 }
