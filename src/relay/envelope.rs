@@ -302,14 +302,13 @@ mod tests {
         // `data` is the line `dump-audit --format jsonl` prints, chain link included.
         let mut printed = Vec::new();
         let zone = crate::timefmt::Zone::utc();
-        let mut p = crate::output::Printer::start::<AuditRow<'_>>(
+        crate::output::Printer::start::<AuditRow<'_>>(
             crate::cli::Format::Jsonl,
             &zone,
             &mut printed,
         )
+        .and_then(|mut p| p.print(&AuditRow(&entry)))
         .unwrap();
-        p.print(&AuditRow(&entry)).unwrap();
-        drop(p);
         let printed = json::parse(&printed, 64).unwrap();
         assert_eq!(member(&v, "data"), &printed);
         assert_eq!(member(&v, "data").to_compact(), printed.to_compact());

@@ -1731,7 +1731,7 @@ mod tests {
         s.register_sink_on("siem", "exec", Stream::Audit, StartAt::Beginning, T0)
             .unwrap();
         let p = parked_entry(&s, 1);
-        s.advance_sink_passing("siem", 0, 0, 3, &[p.clone()], &[], T0)
+        s.advance_sink_passing("siem", 0, 0, 3, std::slice::from_ref(&p), &[], T0)
             .unwrap();
         let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
