@@ -481,12 +481,19 @@ fn skip(
     let (_, snap) = super::open_existing(db)?;
     let (rec, plan) = crate::store::relay::plan_skip(&snap, sink, to).map_err(refused)?;
     drop(snap);
+    let audit = rec.stream() == Some(Stream::Audit);
+    let things = |n: u64| match (audit, n == 1) {
+        (false, true) => "effect",
+        (false, false) => "effects",
+        (true, true) => "audit entry",
+        (true, false) => "audit entries",
+    };
     let what = format!(
-        "sink {sink}: skipping from offset {} to {to} passes over {} undelivered effect{} \
-         ({}), which the sink will never deliver{}",
+        "sink {sink}: skipping from offset {} to {to} passes over {} undelivered {} ({}), \
+         which the sink will never deliver{}",
         rec.next,
         plan.passed,
-        if plan.passed == 1 { "" } else { "s" },
+        things(plan.passed),
         crate::store::ledger::range_text(rec.next, to),
         if plan.blocking_parked {
             format!(
@@ -508,12 +515,13 @@ fn skip(
         .map_err(refused)?;
     let _ = writeln!(
         crate::output::stdout(),
-        "sink {sink}: cursor moved from {} to {} (generation {}); {} undelivered effects passed \
+        "sink {sink}: cursor moved from {} to {} (generation {}); {} undelivered {} passed \
          over, recorded in the audit log",
         before.next,
         after.next,
         after.generation,
-        done.passed
+        done.passed,
+        things(2)
     );
     store.close()?;
     Ok(())

@@ -333,3 +333,109 @@ impl Sink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tables::AuditRecord;
+
+    #[test]
+    fn an_effects_event_names_its_outcome_and_fields_in_the_shared_order() {
+        let r = EffectRecord {
+            source_no: 0,
+            epoch: 2,
+            sequence: 7,
+            received_at_ms: 1_000,
+            key: [1; 32],
+            agency: "fire".into(),
+            source_id: "e7".into(),
+            topic: "incidents/fire".into(),
+            late: true,
+            released: false,
+            audit_index: 4,
+            payload: br#"{"a":1}"#.to_vec(),
+        };
+        let ev = Event::of_effect("urn:x", 9, &r);
+        assert_eq!(ev.outcome, "applied_late");
+        let names: Vec<&str> = ev.fields.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            names,
+            [
+                "key",
+                "source",
+                "sequence",
+                "epoch",
+                "outcome",
+                "effect_offset"
+            ]
+        );
+        assert_eq!(ev.fields[1].1, "fire/e7");
+        assert_eq!(ev.fields[5].1, "9");
+        let released = Event::of_effect(
+            "urn:x",
+            9,
+            &EffectRecord {
+                released: true,
+                ..r
+            },
+        );
+        assert_eq!(released.outcome, "released");
+    }
+
+    #[test]
+    fn an_audit_event_names_every_field_its_entry_has() {
+        let mut r = AuditRecord {
+            recorded_at_ms: 1_000,
+            outcome: Outcome::Stale.code(),
+            key: Some([2; 32]),
+            agency: Some("fire".into()),
+            source_id: Some("e7".into()),
+            epoch: Some(1),
+            sequence: Some(3),
+            topic: "incidents/fire".into(),
+            reason: "at or below the evicted floor".into(),
+            digest: None,
+            effect_offset: None,
+            quarantine_id: Some(0),
+            prev_hash: [0; 32],
+            hash: [3; 32],
+        };
+        let ev = Event::of_audit(
+            "urn:x",
+            &AuditEntry {
+                index: 5,
+                record: r.clone(),
+            },
+        );
+        assert_eq!((ev.offset, ev.outcome.as_str()), (5, "stale"));
+        assert_eq!(ev.id, format!("5-{}", "03".repeat(8)));
+        let names: Vec<&str> = ev.fields.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            names,
+            [
+                "key",
+                "source",
+                "sequence",
+                "epoch",
+                "outcome",
+                "reason",
+                "entry_hash"
+            ]
+        );
+        // A malformed message's entry: no key, no source, no position; an applying one has
+        // its effect's offset.
+        r.outcome = Outcome::Malformed.code();
+        (r.key, r.agency, r.source_id, r.epoch, r.sequence) = (None, None, None, None, None);
+        r.effect_offset = Some(8);
+        let ev = Event::of_audit(
+            "urn:x",
+            &AuditEntry {
+                index: 6,
+                record: r,
+            },
+        );
+        let names: Vec<&str> = ev.fields.iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, ["outcome", "reason", "effect_offset", "entry_hash"]);
+        assert_eq!((ev.agency.as_str(), ev.key), ("", [0; 32]));
+    }
+}

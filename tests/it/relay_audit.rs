@@ -379,7 +379,9 @@ fn an_audit_sink_holds_audit_retention_until_it_delivers_parks_and_retries_from_
 #[test]
 fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let s = setup(dir.path(), "cat >> \"$OUT\"", "stream = \"audit\"", "");
+    // `siem` selects duplicates only: the log ends with entries it passes over.
+    let (siem, siem_out) = siem_sink(dir.path(), r#"["duplicate"]"#);
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "stream = \"audit\"", &siem);
     s.ingest(0, 20);
     s.ingest(0, 5); // five duplicates: entries 20..25
     let mut relay = s.relay();
@@ -402,6 +404,9 @@ fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused()
     super::relay::wait_until("the rewound entries arrive again", &s, || {
         s.received().len() > 25 + 7
     });
+    super::relay::wait_until("the selective sink passes the last entry", &s, || {
+        field(&status_of(&s, &s.config, "siem"), "cursor") == "26"
+    });
     assert_eq!(stop(&mut relay), Some(0));
     let log = audit_log(&s.config);
     let got = s.received();
@@ -414,11 +419,31 @@ fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused()
         again.remove(0);
     }
     assert_eq!(again, (18..=25).collect::<Vec<_>>(), "{order:?}");
+    // The selective sink got the five duplicates and passed over the rest, the trailing
+    // rewind entry included: caught up, every entry accounted for.
+    assert_audit_delivered(
+        &arrivals(&siem_out),
+        &log,
+        |o| o == "duplicate",
+        "urn:replay-guard:ingest",
+    );
+    let st = status_of(&s, &s.config, "siem");
+    assert_eq!(
+        (
+            field(&st, "cursor"),
+            field(&st, "state"),
+            accounted(&st, "delivered"),
+            accounted(&st, "not_selected")
+        ),
+        ("26".into(), "caught_up".into(), "5".into(), "21".into())
+    );
     // The same sink name with the effect log's stream: refused by every writer, saying what
     // to do, and nothing is written.
     let effects = dir.path().join("effects.toml");
-    let text = std::fs::read_to_string(&s.config).unwrap();
-    std::fs::write(&effects, text.replace("stream = \"audit\"\n", "")).unwrap();
+    let mut text = std::fs::read_to_string(&s.config).unwrap();
+    let at = text.rfind("stream = \"audit\"\n").unwrap(); // the `script` sink's
+    text.replace_range(at..at + "stream = \"audit\"\n".len(), "");
+    std::fs::write(&effects, text).unwrap();
     let feed = dir.path().join("one.jsonl");
     std::fs::write(&feed, common::msg("fire", "e0", 1, 99, "status") + "\n").unwrap();
     for args in [
