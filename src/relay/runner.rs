@@ -826,6 +826,35 @@ impl SinkTask {
                     tracing::info!(sink = %self.ctx.cfg.name, stored = to, start = ?start, "the sink's own cursor row is older than this cursor: not adopted");
                     return Ok(());
                 }
+                // An audit sink's own row stays at its last delivered entry while the
+                // cursor here passes the entries its `outcomes` does not select: nothing
+                // between them is for the sink's store.
+                let (stream, selection, next) = (self.ctx.cfg.stream, self.selection(), rec.next);
+                let lacks_any = self
+                    .ctx
+                    .shared
+                    .read(move |s| {
+                        let mut any = false;
+                        scan_log(
+                            s,
+                            stream,
+                            to,
+                            |pos, id| {
+                                any = pos < next && id.is_some();
+                                if any || pos + 1 >= next {
+                                    std::ops::ControlFlow::Break(())
+                                } else {
+                                    std::ops::ControlFlow::Continue(())
+                                }
+                            },
+                            &selection,
+                        )?;
+                        Ok(any)
+                    })
+                    .await?;
+                if !lacks_any {
+                    return Ok(());
+                }
                 to
             }
             Adoption::Forward {

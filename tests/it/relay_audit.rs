@@ -473,8 +473,9 @@ fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused()
     ]));
 }
 
-/// A PostgreSQL store's config (schema `rg`) with the postgres sink `siem-db` of the audit
-/// stream writing into `table` of the same database, and audit retention of 5.
+/// A PostgreSQL store's config (schema `rg`) with the postgres sink `siem-db` of `stream`
+/// writing into `table` of the same database, then the postgres sink `dup-db` of the audit
+/// stream selecting duplicates into `dup_events`, and audit retention of 5.
 fn pg_config(dir: &Path, db: &PgDb, table: &str, stream: &str) -> PathBuf {
     let dsn = db.dsn();
     let config = dir.join(format!("rg-{stream}.toml"));
@@ -486,7 +487,10 @@ fn pg_config(dir: &Path, db: &PgDb, table: &str, stream: &str) -> PathBuf {
              [retention]\naudit_max_entries = 5\n\
              [[sink]]\nname = \"siem-db\"\nkind = \"postgres\"\ndsn = {dsn:?}\n\
              table = {table:?}\nstream = {stream:?}\nbatch_max = 7\nbackoff_initial_ms = 10\n\
-             backoff_max_ms = 40\n"
+             backoff_max_ms = 40\n\
+             [[sink]]\nname = \"dup-db\"\nkind = \"postgres\"\ndsn = {dsn:?}\n\
+             table = \"dup_events\"\nstream = \"audit\"\noutcomes = [\"duplicate\"]\n\
+             backoff_initial_ms = 10\nbackoff_max_ms = 40\n"
         ),
     )
     .unwrap();
@@ -538,7 +542,7 @@ fn on_postgresql_the_postgres_sink_stores_each_audit_entry_once_and_holds_retent
     let config = pg_config(dir.path(), &db, "siem_events", "audit");
     pg_ingest(&config, dir.path(), 0, 60);
     pg_ingest(&config, dir.path(), 0, 10); // ten duplicates
-    // Held by the sink that has delivered nothing yet.
+    // Held by the sinks that have delivered nothing yet.
     assert_eq!(audit_log(&config).len(), 70);
     let log_path = dir.path().join("relay.log");
     // kill -9 of the relay mid-delivery, twice; the rows and their cursor commit together.
@@ -562,6 +566,40 @@ fn on_postgresql_the_postgres_sink_stores_each_audit_entry_once_and_holds_retent
         relay.kill().unwrap();
         relay.wait().unwrap();
     }
+    // One more entry after the last duplicate, which `dup-db` passes over: a rewind of
+    // `siem-db` to where it is (audited; unlike a commit of the feed, it prunes nothing).
+    let status = stdout(&common::run(&[
+        "relay",
+        "status",
+        "--config",
+        config.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let Json::Object(top) = json::parse(status.trim().as_bytes(), 64).unwrap() else {
+        panic!("{status}")
+    };
+    let Json::Array(sinks) = &top[0].1 else {
+        panic!("{status}")
+    };
+    let siem = sinks
+        .iter()
+        .find(|s| field(s, "sink") == "siem-db")
+        .unwrap();
+    stdout(&common::run(&[
+        "relay",
+        "rewind",
+        "--config",
+        config.to_str().unwrap(),
+        "--sink",
+        "siem-db",
+        "--to",
+        &field(siem, "cursor"),
+        "--reason",
+        "checked",
+        "--operator",
+        "ana",
+    ]));
     let mut relay = pg_relay(&config, &log_path);
     let caught_up = || {
         let st = stdout(&common::run(&[
@@ -572,10 +610,10 @@ fn on_postgresql_the_postgres_sink_stores_each_audit_entry_once_and_holds_retent
             "--format",
             "json",
         ]));
-        st.contains("\"state\":\"caught_up\"")
+        st.matches("\"state\":\"caught_up\"").count() == 2
     };
     // (Each restart may adopt the sink's own cursor: an audited entry, delivered too.)
-    common::wait_until("the sink is caught up", Duration::from_secs(30), || {
+    common::wait_until("the sinks are caught up", Duration::from_secs(30), || {
         rows(&db, "siem_events").len() >= 70 && caught_up()
     });
     assert_eq!(stop(&mut relay), Some(0));
@@ -589,12 +627,40 @@ fn on_postgresql_the_postgres_sink_stores_each_audit_entry_once_and_holds_retent
         assert_eq!(field(&ev, "type"), "org.replay-guard.decision.v1");
         assert_eq!(field(member(&ev, "data"), "hash"), field(entry, "hash"));
     }
-    // The sink's own cursor row is the audit stream's, never an effects sink's.
-    let cursor = db.sql("SELECT sink, next_offset FROM replay_guard_relay_cursors");
+    // The selective sink stored the ten duplicates once each.
+    let dups = rows(&db, "dup_events");
+    let want: Vec<String> = log
+        .iter()
+        .filter(|e| field(e, "outcome") == "duplicate")
+        .map(entry_id)
+        .collect();
+    assert_eq!(dups.iter().map(|r| r.1.clone()).collect::<Vec<_>>(), want);
+    // The sinks' own cursor rows are the audit stream's, never an effects sink's; the
+    // selective sink's stays after its last duplicate (60..70) while its cursor here passed
+    // the entries after it that it does not select.
+    let cursor = db.sql("SELECT sink, next_offset FROM replay_guard_relay_cursors ORDER BY sink");
     assert_eq!(
         cursor.trim(),
-        format!("siem-db@audit|{}", log.len()),
+        format!("dup-db@audit|70\nsiem-db@audit|{}", log.len()),
         "{cursor}"
+    );
+    // Started again, neither sink takes its own row for a cursor to move back to (which
+    // would write an audit entry).
+    let again = dir.path().join("relay-again.log");
+    let mut relay = pg_relay(&config, &again);
+    common::wait_until("both sinks start", Duration::from_secs(30), || {
+        std::fs::read_to_string(&again)
+            .unwrap_or_default()
+            .matches("relay sink started")
+            .count()
+            >= 2
+    });
+    assert_eq!(stop(&mut relay), Some(0));
+    assert_eq!(
+        audit_log(&config).len(),
+        log.len(),
+        "{:?}",
+        audit_log(&config).last()
     );
     // Delivered: the next commit prunes the audit log down to 5.
     pg_ingest(&config, dir.path(), 60, 61);
