@@ -562,12 +562,13 @@ pub trait RelayStore {
     ) -> Result<(SinkRecord, SinkRecord, SkipPlan), StoreError> {
         self.relay_txn(|tx, opts| {
             let before = tx.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
-            let head = log_head(tx, sink_stream(name, &before)?)?;
+            let stream = sink_stream(name, &before)?;
+            let head = log_head(tx, stream)?;
             let blocking = tx
                 .parked(name, before.next..=before.next)?
                 .first()
                 .is_some_and(|(_, p)| p.blocking);
-            let skip = skip_plan(name, &before, to, head, blocking)?;
+            let skip = skip_plan(name, &before, (stream, to, head), blocking)?;
             let mut after = before.clone();
             ledger::ensure(tx, name, &mut after, now_ms)?;
             let mut w = Writer::open(&mut *tx, opts)?;
@@ -879,13 +880,12 @@ pub struct SkipPlan {
     pub blocking_parked: bool,
 }
 
-/// Checks a skip of sink `name` from `rec` to `to` against the log's `head`;
+/// Checks a skip of sink `name` from `rec` to `to` against the `head` of its `stream`'s log;
 /// `blocking_at_cursor`: a blocking event waits at the cursor.
 fn skip_plan(
     name: &str,
     rec: &SinkRecord,
-    to: u64,
-    head: u64,
+    (stream, to, head): (Stream, u64, u64),
     blocking_at_cursor: bool,
 ) -> Result<SkipPlan, StoreError> {
     if to <= rec.next {
@@ -897,8 +897,13 @@ fn skip_plan(
     }
     if to > head {
         return Err(refused(format!(
-            "offset {to} is beyond the effect log's head ({head}): a sink can skip at most to \
-             the next effect to be written"
+            "offset {to} is beyond the {} log's head ({head}): a sink can skip at most to \
+             the next {} to be written",
+            stream.as_str(),
+            match stream {
+                Stream::Effects => "effect",
+                Stream::Audit => "audit entry",
+            }
         )));
     }
     Ok(SkipPlan {
@@ -915,11 +920,12 @@ pub fn plan_skip(
     to: u64,
 ) -> Result<(SinkRecord, SkipPlan), StoreError> {
     let rec = snap.sink_cursor(name)?.ok_or_else(|| no_sink(name))?;
-    let head = snap.log_head(sink_stream(name, &rec)?)?;
+    let stream = sink_stream(name, &rec)?;
+    let head = snap.log_head(stream)?;
     let blocking = snap
         .sink_parked_at(name, rec.next)?
         .is_some_and(|p| p.blocking);
-    let plan = skip_plan(name, &rec, to, head, blocking)?;
+    let plan = skip_plan(name, &rec, (stream, to, head), blocking)?;
     Ok((rec, plan))
 }
 
@@ -1707,6 +1713,27 @@ mod tests {
         assert_eq!((a.delivered, a.not_selected, a.entries), (2, 5, 4));
         let rec = s.reader().unwrap().sink_cursor("siem").unwrap().unwrap();
         assert_eq!((rec.next, rec.delivered), (7, 2));
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+        // Skips and rewinds move in audit indexes: up to the audit log's head (7, the
+        // forget's entry included), which is past the effect log's (4).
+        let head = s.reader().unwrap().log_head(Stream::Audit).unwrap();
+        assert_eq!(
+            (head, s.reader().unwrap().log_head(Stream::Effects).unwrap()),
+            (7, 4)
+        );
+        let e = s.relay_skip("siem", head + 1, "ana", "x", T0).unwrap_err();
+        assert!(
+            e.to_string().contains("beyond the audit log's head (7)"),
+            "{e}"
+        );
+        feed(&mut s, 3..=3, T0); // entry 7, a duplicate
+        let (_, after, plan) = s.relay_skip("siem", 8, "ana", "SIEM rebuilt", T0).unwrap();
+        assert_eq!((after.next, plan.passed), (8, 1));
+        s.relay_rewind("siem", 6, "ana", "SIEM restored", T0)
+            .unwrap();
+        let a = accounting(&s, "siem");
+        assert_eq!((a.delivered, a.not_selected, a.skipped), (2, 4, 0));
         let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);
         // An effects sink never passes anything over as not selected.
