@@ -44,7 +44,7 @@
 //!   dropped connections, a 422): `Sink::deliver`, max_in_flight, timeouts, https with a CA,
 //!   and end to end through `ingest` and the `relay` commands; credentials (Authorization from
 //!   a file or systemd's credential, mutual TLS, the system trust store), and the token and
-//!   the URL's query in no output, log or stored error.
+//!   the URL's query in no output, log or stored error; an audit sink (`stream = "audit"`).
 //! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest
 //!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and
