@@ -2,7 +2,7 @@
 //! downstream message: order, topics, MQTT 5 properties, a v5 PUBACK refusal (ACL) as poison,
 //! and the downstream broker killed and restarted mid-batch (rumqttc #1056: no livelock); a
 //! scripted broker on the sink's own runtime for PUBACKs read together with the end of the
-//! connection.
+//! connection; audit events (`stream = "audit"`) under the topic template.
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -815,4 +815,79 @@ fn ids_e2e(seen: &[Seen]) -> Vec<String> {
 
 fn signal_term(child: &mut Child) {
     super::broker::signal(child.id() as i32, "TERM");
+}
+
+/// An audit entry as an audit sink reads it (outcome code `outcome`: 2 duplicate, 5
+/// malformed, 8 relay; with or without a source).
+fn audit_entry(
+    index: u64,
+    outcome: u8,
+    source: Option<(&str, &str)>,
+    topic: &str,
+) -> replay_guard::store::AuditEntry {
+    replay_guard::store::AuditEntry {
+        index,
+        record: replay_guard::store::tables::AuditRecord {
+            recorded_at_ms: 1_796_009_401_995 + index,
+            outcome,
+            key: source.map(|_| [index as u8; 32]),
+            agency: source.map(|s| s.0.to_string()),
+            source_id: source.map(|s| s.1.to_string()),
+            epoch: source.map(|_| 1),
+            sequence: source.map(|_| index),
+            topic: topic.into(),
+            reason: format!("entry {index}"),
+            digest: None,
+            effect_offset: None,
+            quarantine_id: None,
+            prev_hash: [index as u8; 32],
+            hash: [index as u8 + 1; 32],
+        },
+    }
+}
+
+#[test]
+fn mqtt5_audit_events_go_out_under_the_topic_template_with_empty_fields_for_no_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(&dir.path().join("b"), false);
+    let sub = Subscriber::start(&b, "sub-audit");
+    let mut toml = sink_toml(&b, "v5", "rg-siem", "siem/{agency}/{source_id}/{topic}");
+    toml.push_str("stream = \"audit\"\n");
+    let mut sink = sink_from(&toml);
+    let batch: Vec<Event> = [
+        audit_entry(4, 2, Some(("CALFIRE", "E7")), "incidents/calfire"),
+        audit_entry(5, 5, None, "incidents/calfire"),
+        audit_entry(6, 8, None, "cop"),
+    ]
+    .iter()
+    .map(|e| Event::of_audit("urn:replay-guard:eoc-1", e))
+    .collect();
+    runtime().block_on(async {
+        assert_eq!(sink.deliver(&batch, CURSOR).await, Attempt::all(3));
+        sink.close().await;
+    });
+    sub.wait_count(3, Duration::from_secs(20));
+    let seen = sub.seen();
+    let topics: Vec<&str> = seen.iter().map(|s| s.topic.as_str()).collect();
+    assert_eq!(
+        topics,
+        [
+            "siem/CALFIRE/E7/incidents/calfire",
+            "siem///incidents/calfire",
+            "siem///cop"
+        ]
+    );
+    for (s, e) in seen.iter().zip(&batch) {
+        assert_eq!(s.payload, e.json);
+        assert!(
+            s.payload
+                .contains("\"type\":\"org.replay-guard.decision.v1\"")
+        );
+        assert_eq!(s.content_type, "application/cloudevents+json");
+    }
+    assert!(
+        seen[0]
+            .payload
+            .starts_with("{\"specversion\":\"1.0\",\"id\":\"4-0505050505050505\"")
+    );
 }
