@@ -28,11 +28,12 @@ pub use limits::*;
 pub use mqtt::{MqttConfig, Protocol, TlsFiles};
 pub use redact::Secret;
 pub use sinks::{
-    ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SinkConfig, SinkKind, Start,
+    ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SYSLOG_FACILITIES,
+    SinkConfig, SinkKind, Start, SyslogSink, syslog_hostname_problem,
 };
 pub use store::{StoreBackend, StoreLocation};
 pub use topics::TOPIC_PLACEHOLDERS;
-pub use url::{BrokerUrl, HttpUrl};
+pub use url::{BrokerUrl, HttpUrl, SyslogUrl};
 
 use mqtt::mqtt_from_raw;
 use raw::{RawConfig, RawMetrics, RawOutOfOrder};

@@ -19,6 +19,7 @@ mod mqtt;
 mod postgres;
 mod runner;
 mod state;
+mod syslog;
 
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ pub use http::HttpError;
 pub use postgres::PgSinkError;
 pub use runner::{Relay, RelayError, Wake, spawn};
 pub use state::{BLOCKED, FAILING};
+pub use syslog::{APP_NAME as SYSLOG_APP_NAME, SD_ID as SYSLOG_SD_ID};
 
 /// What a sink's last error says of its condition: `Some("failing")` (its task ended and is
 /// being restarted), `Some("blocked")` (its receiver refuses every event), else `None` (an
@@ -104,6 +106,13 @@ pub struct Event {
     pub topic: String,
     /// The CloudEvents envelope, one line of compact JSON (`envelope::envelope`).
     pub json: String,
+    /// What the event records, for sinks that frame it themselves (`syslog`): the decision's
+    /// outcome (`applied` for an effect of the effect log) ...
+    pub outcome: String,
+    /// ... and its named values, in this order, each present only when known:
+    /// `key` (hex), `source` (`agency/source_id`), `sequence`, `epoch`, `outcome`, `reason`,
+    /// `effect_offset`, `entry_hash` (hex).
+    pub fields: Vec<(&'static str, String)>,
 }
 
 /// Why the event after the delivered prefix was not delivered.
@@ -175,6 +184,7 @@ pub enum Sink {
     Mqtt(mqtt::MqttSink),
     Http(Box<http::HttpSink>),
     Postgres(Box<postgres::PostgresSink>),
+    Syslog(Box<syslog::SyslogSink>),
 }
 
 impl Sink {
@@ -195,6 +205,10 @@ impl Sink {
                     sink: cfg.name.clone(),
                     error,
                 }),
+            SinkKind::Syslog(s) => Ok(Sink::Syslog(Box::new(syslog::SyslogSink::new(
+                s,
+                cfg.timeout,
+            )))),
         }
     }
 
@@ -206,6 +220,7 @@ impl Sink {
             Sink::Mqtt(s) => s.deliver(batch, cursor).await,
             Sink::Http(s) => s.deliver(batch, cursor).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
+            Sink::Syslog(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -220,6 +235,7 @@ impl Sink {
             Sink::Http(_) => Ok(None),
             Sink::Postgres(s) => Ok(s.stored_cursor(store).await?),
             Sink::Mqtt(_) => Ok(None),
+            Sink::Syslog(_) => Ok(None),
         }
     }
 
@@ -247,6 +263,7 @@ impl Sink {
             Sink::Mqtt(s) => s.close().await,
             Sink::Http(s) => s.close().await,
             Sink::Postgres(s) => s.close().await,
+            Sink::Syslog(s) => s.close().await,
         }
     }
 }

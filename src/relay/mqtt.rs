@@ -146,6 +146,8 @@ mod tests {
             source_id: source_id.into(),
             topic: topic.into(),
             json: "{}".into(),
+            outcome: "applied".into(),
+            fields: Vec::new(),
         }
     }
 

@@ -952,6 +952,8 @@ impl SinkTask {
                     }
                     let event = s.effect(p.offset)?.map(|e| {
                         let r = &e.record;
+                        let view = EffectView::of(e.offset, r);
+                        let (outcome, fields) = envelope::effect_fields(&view);
                         Event {
                             offset: e.offset,
                             id: envelope::event_id(&r.key, r.released, &r.payload),
@@ -959,7 +961,9 @@ impl SinkTask {
                             agency: r.agency.clone(),
                             source_id: r.source_id.clone(),
                             topic: r.topic.clone(),
-                            json: envelope::envelope(&source, &EffectView::of(e.offset, r)),
+                            json: envelope::envelope(&source, &view),
+                            outcome,
+                            fields,
                         }
                     });
                     out.push((p, event));
@@ -1062,6 +1066,7 @@ impl SinkTask {
                 snap.scan_effects::<StoreError>(from, |e| {
                     let r = &e.record;
                     let view = EffectView::of(e.offset, r);
+                    let (outcome, fields) = envelope::effect_fields(&view);
                     out.push(Event {
                         offset: e.offset,
                         id: envelope::event_id(&r.key, r.released, &r.payload),
@@ -1070,6 +1075,8 @@ impl SinkTask {
                         source_id: r.source_id.clone(),
                         topic: r.topic.clone(),
                         json: envelope::envelope(&source, &view),
+                        outcome,
+                        fields,
                     });
                     Ok(if out.len() >= max {
                         std::ops::ControlFlow::Break(())

@@ -686,6 +686,8 @@ mod tests {
             source_id: source.into(),
             topic: "t".into(),
             json: "{}".into(),
+            outcome: "applied".into(),
+            fields: Vec::new(),
         }
     }
 

@@ -385,6 +385,8 @@ fn events(n: u64) -> Vec<Event> {
                 source_id: source_id.into(),
                 topic: format!("incidents/{agency}"),
                 json: envelope::envelope("urn:replay-guard:test", &view),
+                outcome: envelope::effect_fields(&view).0,
+                fields: envelope::effect_fields(&view).1,
             }
         })
         .collect()

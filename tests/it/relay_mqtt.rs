@@ -139,6 +139,8 @@ fn event(i: u64, agency: &str, source_id: &str) -> Event {
         source_id: source_id.to_string(),
         topic: format!("incidents/{}", agency.to_lowercase()),
         json: format!(r#"{{"specversion":"1.0","id":"ev-{i:06}","data":{{"n":{i}}}}}"#),
+        outcome: "applied".into(),
+        fields: Vec::new(),
     }
 }
 

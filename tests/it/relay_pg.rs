@@ -58,6 +58,8 @@ pub(super) fn event(offset: u64, body: &str) -> Event {
         source_id: format!("cad-{}", offset % 3),
         topic: format!("incidents/fire/cad-{}", offset % 3),
         json: envelope::envelope("urn:replay-guard:test", &view),
+        outcome: envelope::effect_fields(&view).0,
+        fields: envelope::effect_fields(&view).1,
     }
 }
 
