@@ -81,6 +81,12 @@ pub enum SyslogError {
     },
     #[error("{url}: the receiver closed the connection before the batch settled")]
     Closed { url: SyslogUrl },
+    #[error(
+        "{url}: the receiver ended the TLS connection before the batch settled, without a \
+         close_notify (or reset it): if it asks for a client certificate, are client_cert_file and \
+         client_key_file set, and issued by a CA it trusts? (its log says why)"
+    )]
+    TlsAborted { url: SyslogUrl },
     #[error("{url}: the connection failed before the batch settled: {error}")]
     Broken { url: SyslogUrl, error: io::Error },
     #[error("{url}: reading the socket's send queue: {error}")]
@@ -261,6 +267,10 @@ enum Conn {
 }
 
 impl Conn {
+    fn is_tls(&self) -> bool {
+        matches!(self, Conn::Tls(_))
+    }
+
     fn socket(&self) -> &TcpStream {
         match self {
             Conn::Tcp(s) => s,
@@ -499,7 +509,7 @@ async fn wait_acknowledged(
         let wake = (Instant::now() + pause).min(deadline);
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {}
-            r = conn.read(&mut buf) => ended(r, url)?,
+            r = conn.read(&mut buf) => ended(r, url, conn.is_tls())?,
         }
         pause = (pause * 2).min(ACK_POLL_MAX);
     }
@@ -511,19 +521,28 @@ async fn watch_open(conn: &mut Conn, url: &SyslogUrl, until: Instant) -> Result<
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(until) => return Ok(()),
-            r = conn.read(&mut buf) => ended(r, url)?,
+            r = conn.read(&mut buf) => ended(r, url, conn.is_tls())?,
         }
     }
 }
 
 /// What a read from the receiver means: its end (an error), or bytes a syslog receiver has no
 /// reason to send, dropped (TLS records the TLS layer consumes never get here).
-fn ended(r: io::Result<usize>, url: &SyslogUrl) -> Result<(), SyslogError> {
+fn ended(r: io::Result<usize>, url: &SyslogUrl, tls: bool) -> Result<(), SyslogError> {
     match r {
         Ok(0) => Err(SyslogError::Closed { url: url.clone() }),
         Ok(n) => {
             tracing::debug!(url = %url, bytes = n, "syslog receiver sent bytes; dropped");
             Ok(())
+        }
+        Err(e)
+            if tls
+                && matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                ) =>
+        {
+            Err(SyslogError::TlsAborted { url: url.clone() })
         }
         Err(error) => Err(SyslogError::Broken {
             url: url.clone(),
