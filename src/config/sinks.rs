@@ -423,8 +423,10 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         }
     }
     let batch_max = r.batch_max.unwrap_or(match kind {
-        RawKind::Postgres | RawKind::Exec => 500,
-        RawKind::Mqtt | RawKind::Http | RawKind::Syslog => 100,
+        // syslog: each batch waits out `settle_ms` once, so its rate is about
+        // batch_max / settle_ms.
+        RawKind::Postgres | RawKind::Exec | RawKind::Syslog => 500,
+        RawKind::Mqtt | RawKind::Http => 100,
     });
     let linger_ms = r.linger_ms.unwrap_or(0);
     let max_in_flight = r.max_in_flight.unwrap_or(1);
@@ -976,7 +978,7 @@ start = "head"
         assert_eq!(s.url.to_string(), "tcp://127.0.0.1:5514");
         assert!(s.tls.is_none() && s.hostname.is_none());
         assert_eq!((s.facility, s.settle), (16, Duration::from_millis(100)));
-        assert_eq!(c.relay.sinks[0].batch_max, 100);
+        assert_eq!(c.relay.sinks[0].batch_max, 500);
         assert_eq!(c.relay.sinks[0].kind.name(), "syslog");
         let SinkKind::Syslog(s) = &c.relay.sinks[1].kind else {
             panic!("syslog expected")
