@@ -507,9 +507,12 @@ async fn wait_acknowledged(
             });
         }
         let wake = (Instant::now() + pause).min(deadline);
+        let tls = conn.is_tls();
         tokio::select! {
+            // The connection's end first: it is what must not be missed.
+            biased;
+            r = conn.read(&mut buf) => ended(r, url, tls)?,
             _ = tokio::time::sleep_until(wake) => {}
-            r = conn.read(&mut buf) => ended(r, url, conn.is_tls())?,
         }
         pause = (pause * 2).min(ACK_POLL_MAX);
     }
@@ -519,9 +522,16 @@ async fn wait_acknowledged(
 async fn watch_open(conn: &mut Conn, url: &SyslogUrl, until: Instant) -> Result<(), SyslogError> {
     let mut buf = [0u8; 512];
     loop {
+        let tls = conn.is_tls();
         tokio::select! {
+            // An end already seen is reported even with `settle_ms` 0.
+            biased;
+            r = conn.read(&mut buf) => ended(r, url, tls)?,
             _ = tokio::time::sleep_until(until) => return Ok(()),
-            r = conn.read(&mut buf) => ended(r, url, conn.is_tls())?,
+        }
+        // A receiver that keeps sending does not hold the batch past the settle period.
+        if Instant::now() >= until {
+            return Ok(());
         }
     }
 }
