@@ -377,6 +377,10 @@ impl SyslogSink {
     async fn send(&mut self, bytes: &[u8]) -> Result<(), SyslogError> {
         // A connection the receiver closed while it was idle (a restart) is replaced at once,
         // rather than found broken after a batch was written to it.
+        if self.conn.is_some() {
+            // Lets the runtime's I/O driver take in what the socket saw while the sink was idle.
+            tokio::task::yield_now().await;
+        }
         if let Some(c) = self.conn.as_mut()
             && std::future::poll_fn(|cx| c.poll_closed(cx)).await
         {

@@ -656,11 +656,18 @@ const CURSOR: CursorAfter = CursorAfter {
     next_after: 3,
 };
 
-/// A receiver (a plain listener in the test) that reads everything of each connection for
-/// `keep_open`, then closes it; how many bytes each connection brought.
-fn closing_receiver(keep_open: Duration) -> (u16, std::thread::JoinHandle<Vec<usize>>) {
+/// A receiver (a plain listener in the test) that reads everything of each of two connections
+/// for `keep_open`, then closes it, saying so on the channel; how many bytes each brought.
+fn closing_receiver(
+    keep_open: Duration,
+) -> (
+    u16,
+    std::thread::JoinHandle<Vec<usize>>,
+    std::sync::mpsc::Receiver<()>,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let (tx, closed) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
         let mut sizes = Vec::new();
         for _ in 0..2 {
@@ -675,10 +682,12 @@ fn closing_receiver(keep_open: Duration) -> (u16, std::thread::JoinHandle<Vec<us
                 }
             }
             sizes.push(got.len());
+            drop(c);
+            let _ = tx.send(());
         }
         sizes
     });
-    (port, h)
+    (port, h, closed)
 }
 
 #[test]
@@ -691,7 +700,7 @@ fn a_batch_is_counted_only_if_the_connection_outlives_the_settle_period() {
     // Closed 50 ms after the batch arrived, inside a settle period of 2 s: not delivered,
     // every event of it is retried, naming the cause; the next attempt goes on a new
     // connection.
-    let (port, receiver) = closing_receiver(Duration::from_millis(50));
+    let (port, receiver, _closed) = closing_receiver(Duration::from_millis(50));
     let mut sink = syslog_sink(port, 2000);
     let first = rt.block_on(sink.deliver(&batch, CURSOR));
     assert_eq!(first.delivered, 0, "{first:?}");
@@ -711,6 +720,28 @@ fn a_batch_is_counted_only_if_the_connection_outlives_the_settle_period() {
     assert_eq!(sizes.len(), 2);
     assert_eq!(sizes[0], sizes[1], "the same bytes both times");
     assert!(sizes[0] > 3 * 300, "{sizes:?}");
+}
+
+#[test]
+fn an_idle_connection_the_receiver_closed_is_replaced_without_a_failure() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let batch: Vec<Event> = (0..3).map(event).collect();
+    // Each connection read for 50 ms, then closed by the receiver (a restart, say).
+    let (port, receiver, closed) = closing_receiver(Duration::from_millis(50));
+    let mut sink = syslog_sink(port, 10);
+    let first = rt.block_on(sink.deliver(&batch, CURSOR));
+    assert_eq!(first.delivered, 3, "{first:?}");
+    closed.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The next batch goes on a new connection at once: no failed attempt, no backoff.
+    let second = rt.block_on(sink.deliver(&batch, CURSOR));
+    assert_eq!(second.delivered, 3, "{second:?}");
+    assert!(second.failure.is_none());
+    let sizes = receiver.join().unwrap();
+    assert_eq!(sizes.len(), 2);
+    assert_eq!(sizes[0], sizes[1]);
 }
 
 #[test]
