@@ -44,7 +44,8 @@
 //! - `relay_syslog`: the syslog sink against a real rsyslogd of the test's own: RFC 5424
 //!   messages parsed back field by field; `kill -9` of the relay and a restart of rsyslogd
 //!   mid-stream lose nothing; TLS (gtls, mutual) verified, another CA refused in words; a
-//!   batch counted only if the connection outlives the settle period.
+//!   batch counted only if the connection outlives the settle period and the receiver's TCP
+//!   acknowledged it all; an idle connection the receiver closed replaced at once.
 //! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest
 //!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and

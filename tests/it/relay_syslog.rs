@@ -4,7 +4,8 @@
 //! field; across `kill -9` of the relay and a restart of rsyslog mid-stream every event
 //! arrives, repeats with the same id and nothing else; over TLS (rsyslog's gtls driver, a CA
 //! made with openssl) with the receiver verified, a receiver of another CA refused in words in
-//! `relay status`; a receiver that closes before a batch settles gets the batch again.
+//! `relay status`; a receiver that closes before a batch settles, or stops reading, gets the
+//! batch again; one that closed the idle connection costs no failed attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
@@ -742,6 +743,53 @@ fn an_idle_connection_the_receiver_closed_is_replaced_without_a_failure() {
     let sizes = receiver.join().unwrap();
     assert_eq!(sizes.len(), 2);
     assert_eq!(sizes[0], sizes[1]);
+}
+
+#[test]
+fn a_receiver_that_stops_reading_gets_the_batch_again_after_timeout_ms() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Accepts and never reads: its receive window fills, and the rest of the batch stays
+    // unacknowledged in the sender's queue (or unwritten).
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let stalled = std::thread::spawn(move || {
+        let (c, _) = listener.accept().unwrap();
+        let _ = wait.recv();
+        drop(c);
+    });
+    let mut batch: Vec<Event> = (0..64).map(event).collect();
+    for e in &mut batch {
+        // 32 KiB of padding each, 2 MiB in all.
+        e.json = format!("{}{}", e.json, " ".repeat(32 * 1024));
+    }
+    let cfg = Config::parse(&format!(
+        "[[sink]]\nname = \"siem\"\nkind = \"syslog\"\nurl = \"tcp://127.0.0.1:{port}\"\n\
+         timeout_ms = 500\n"
+    ))
+    .unwrap();
+    let mut sink = Sink::new(cfg.relay.sink("siem").unwrap()).unwrap();
+    let start = std::time::Instant::now();
+    let a = rt.block_on(sink.deliver(&batch, CURSOR));
+    let took = start.elapsed();
+    assert_eq!(a.delivered, 0, "{a:?}");
+    match &a.failure {
+        Some(Failure::Retry { error, .. }) => assert!(
+            error.contains("still unacknowledged by the receiver's TCP after 500 ms")
+                || error.contains("not written within 500 ms"),
+            "{error}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    done.send(()).unwrap();
+    stalled.join().unwrap();
 }
 
 #[test]
