@@ -230,14 +230,16 @@ pub fn frame(msg: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(msg.as_bytes());
 }
 
-/// The host's name as the default HOSTNAME (the kernel's, as `hostname` prints it), or `-`
-/// when it cannot be read or is not a valid HOSTNAME.
+/// The host's name as the default HOSTNAME (the kernel's node name, as `hostname` prints
+/// it; `uname`, since the units' `ProcSubset=pid` hides `/proc/sys`), or `-` when it is not a
+/// valid HOSTNAME.
 pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    let uts = rustix::system::uname();
+    uts.nodename()
+        .to_str()
         .ok()
-        .map(|s| s.trim().to_string())
         .filter(|s| crate::config::syslog_hostname_problem(s).is_none())
-        .unwrap_or_else(|| NIL.to_string())
+        .map_or_else(|| NIL.to_string(), str::to_string)
 }
 
 /// Bytes written to `socket` that its peer's TCP has not acknowledged yet, unsent ones

@@ -503,12 +503,11 @@ fn kill_9_of_the_relay_and_a_restart_of_rsyslog_mid_stream_lose_no_event() {
     assert_eq!(field(&s.status(), "cursor"), "600");
 }
 
-/// The HOSTNAME the sink sends by default: the kernel's host name.
+/// The HOSTNAME the sink sends by default: the kernel's host name, as `hostname` prints it.
 fn replay_guard_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string()
+    let out = Command::new("hostname").output().expect("hostname");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 fn pki(dir: &Path, ca_name: &str) -> PathBuf {
