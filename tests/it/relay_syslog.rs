@@ -1,7 +1,7 @@
 //! The `syslog` sink against a real rsyslogd the test starts (its own config, work directory
 //! and pid file in a temp dir; imtcp on a free loopback port; every message's raw form written
 //! to a file the test reads): each event arrives as an RFC 5424 message parsed back field by
-//! field; across `kill -9` of the relay and a restart of rsyslog mid-stream every event
+//! field, by the test and by rsyslog's own parser alike; across `kill -9` of the relay and a restart of rsyslog mid-stream every event
 //! arrives, repeats with the same id and nothing else; over TLS (rsyslog's gtls driver, a CA
 //! made with openssl) with the receiver verified, a receiver of another CA refused in words in
 //! `relay status`; a receiver that closes before a batch settles, or stops reading, gets the
@@ -55,6 +55,22 @@ impl Rsyslog {
         self.dir.join("received.log")
     }
 
+    /// The file where rsyslog writes what its own RFC 5424 parser made of each message:
+    /// `PRI|FACILITY|SEVERITY|VERSION|TIMESTAMP|HOSTNAME|APP-NAME|PROCID|MSGID|SD|MSG`.
+    fn fields(&self) -> PathBuf {
+        self.dir.join("fields.log")
+    }
+
+    /// rsyslog's parse of every message so far (complete lines only), in arrival order.
+    fn parsed_by_rsyslog(&self) -> Vec<Vec<String>> {
+        let text = std::fs::read_to_string(self.fields()).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+        complete
+            .lines()
+            .map(|l| l.splitn(11, '|').map(str::to_string).collect())
+            .collect()
+    }
+
     fn spawn(&mut self) {
         std::fs::create_dir_all(&self.dir).unwrap();
         let d = self.dir.to_str().unwrap();
@@ -85,11 +101,17 @@ impl Rsyslog {
                 "global(workDirectory=\"{d}\" maxMessageSize=\"64k\"{global_tls})\n\
                  module(load=\"imtcp\"{module_tls})\n\
                  template(name=\"raw\" type=\"string\" string=\"%rawmsg%\\n\")\n\
+                 template(name=\"fields\" type=\"string\" string=\"%pri%|%syslogfacility%|\
+                 %syslogseverity%|%protocol-version%|%timereported:::date-rfc3339%|%hostname%|\
+                 %app-name%|%procid%|%msgid%|%structured-data%|%msg%\\n\")\n\
                  ruleset(name=\"out\") {{\n\
                  action(type=\"omfile\" file=\"{}\" template=\"raw\" flushOnTXEnd=\"on\" \
+                 asyncWriting=\"off\")\n\
+                 action(type=\"omfile\" file=\"{}\" template=\"fields\" flushOnTXEnd=\"on\" \
                  asyncWriting=\"off\")\n}}\n\
                  input(type=\"imtcp\" port=\"{}\" address=\"127.0.0.1\" ruleset=\"out\")\n",
                 self.out().display(),
+                self.fields().display(),
                 self.port
             ),
         )
@@ -442,6 +464,38 @@ fn every_event_arrives_as_an_rfc5424_message_parsed_back_field_by_field() {
     let got = rsyslog.received();
     assert_eq!(got.len(), 40, "each event once: {got:?}");
     assert_messages_are_the_effects(&s, &got, 19, "eoc-1.example");
+    // rsyslog's own RFC 5424 parser reads every field as the test's parser does.
+    let parsed = rsyslog.parsed_by_rsyslog();
+    assert_eq!(parsed.len(), 40);
+    for (m, p) in got.iter().zip(&parsed) {
+        let sd = format!(
+            "[{}{}]",
+            m.sd_id,
+            m.params
+                .iter()
+                .map(|(n, v)| format!(
+                    " {n}=\"{}\"",
+                    v.replace('\\', "\\\\")
+                        .replace('"', "\\\"")
+                        .replace(']', "\\]")
+                ))
+                .collect::<String>()
+        );
+        let want = [
+            m.pri.to_string(),
+            "19".into(),
+            "6".into(),
+            m.version.clone(),
+            m.timestamp.clone(),
+            m.hostname.clone(),
+            m.app_name.clone(),
+            m.procid.clone(),
+            m.msgid.clone(),
+            sd,
+            m.msg.clone(),
+        ];
+        assert_eq!(p.as_slice(), want.as_slice());
+    }
     assert_eq!(rsyslog.ids(), s.effects().keys().cloned().collect());
     let st = s.status();
     assert_eq!(field(&st, "kind"), "syslog");
