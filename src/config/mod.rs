@@ -27,9 +27,10 @@ mod url;
 pub use limits::*;
 pub use mqtt::{MqttConfig, Protocol, TlsFiles};
 pub use redact::Secret;
+pub(crate) use sinks::syslog_hostname_problem;
 pub use sinks::{
-    ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SYSLOG_FACILITIES,
-    SinkConfig, SinkKind, Start, SyslogSink, syslog_hostname_problem,
+    ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SinkConfig, SinkKind, Start,
+    SyslogSink,
 };
 pub use store::{StoreBackend, StoreLocation};
 pub use topics::TOPIC_PLACEHOLDERS;

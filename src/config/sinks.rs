@@ -219,7 +219,7 @@ pub struct SyslogSink {
 
 /// The facility names `facility` takes (RFC 5424 table 1, as syslog daemons spell them) and
 /// their codes; `local0` is the default.
-pub const SYSLOG_FACILITIES: [(&str, u8); 20] = [
+const SYSLOG_FACILITIES: [(&str, u8); 20] = [
     ("kern", 0),
     ("user", 1),
     ("mail", 2),
