@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
-# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client;
+# Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client,
+# rsyslog with its TLS driver;
 # cargo-deb, cargo-deny and mdbook from crates.io; Prometheus and node_exporter unpacked under
 # target/tools),
 # makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
@@ -18,6 +19,9 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 /usr/bin/python3 -c 'import fusepy' 2>/dev/null || missing+=(python3-fusepy)
 # The postgres sink's tests talk to PostgreSQL with psql.
 command -v psql >/dev/null || missing+=(postgresql-client)
+# The syslog sink's tests run a real rsyslogd, over TCP and over TLS (its gtls driver).
+command -v rsyslogd >/dev/null || [ -x /usr/sbin/rsyslogd ] || missing+=(rsyslog)
+dpkg -s rsyslog-gnutls >/dev/null 2>&1 || missing+=(rsyslog-gnutls)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""

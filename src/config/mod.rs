@@ -27,12 +27,14 @@ mod url;
 pub use limits::*;
 pub use mqtt::{MqttConfig, Protocol, TlsFiles};
 pub use redact::Secret;
+pub(crate) use sinks::syslog_hostname_problem;
 pub use sinks::{
     ExecSink, HttpSink, MqttSink, OnPoison, PostgresSink, RelayConfig, SinkConfig, SinkKind, Start,
+    SyslogSink,
 };
 pub use store::{StoreBackend, StoreLocation};
 pub use topics::TOPIC_PLACEHOLDERS;
-pub use url::{BrokerUrl, HttpUrl};
+pub use url::{BrokerUrl, HttpUrl, SyslogUrl};
 
 use mqtt::mqtt_from_raw;
 use raw::{RawConfig, RawMetrics, RawOutOfOrder};

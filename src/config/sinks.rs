@@ -9,14 +9,14 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::limits::{
     KEEP_ALIVE_SECONDS, MAX_AUTHORIZATION_BYTES, MAX_TEXT, SINK_BACKOFF_INITIAL_MS,
-    SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_TIMEOUT_MS,
-    in_range, read_bounded,
+    SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_SETTLE_MS,
+    SINK_TIMEOUT_MS, in_range, read_bounded,
 };
 use super::mqtt::{Protocol, TlsFiles, read_password, tls_files};
 use super::raw::RawProtocol;
 use super::redact::Secret;
 use super::topics::topic_template_problem;
-use super::url::{BrokerUrl, HttpUrl};
+use super::url::{BrokerUrl, HttpUrl, SyslogUrl};
 use crate::model::Outcome;
 use crate::store::tables::Stream;
 
@@ -33,6 +33,7 @@ enum RawKind {
     Http,
     Postgres,
     Exec,
+    Syslog,
 }
 
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,8 +82,9 @@ pub(super) struct RawSink {
     client_cert_file: Option<PathBuf>,
     client_key_file: Option<PathBuf>,
     keep_alive_seconds: Option<u64>,
-    // http
+    // http, syslog
     url: Option<String>,
+    // http
     authorization_file: Option<PathBuf>,
     // postgres
     dsn: Option<String>,
@@ -90,6 +92,10 @@ pub(super) struct RawSink {
     table: Option<String>,
     // exec
     command: Option<Vec<String>>,
+    // syslog
+    hostname: Option<String>,
+    facility: Option<String>,
+    settle_ms: Option<u64>,
 }
 
 /// The validated `[relay]` section and its sinks.
@@ -153,6 +159,7 @@ pub enum SinkKind {
     Http(HttpSink),
     Postgres(PostgresSink),
     Exec(ExecSink),
+    Syslog(SyslogSink),
 }
 
 impl SinkKind {
@@ -162,6 +169,7 @@ impl SinkKind {
             SinkKind::Http(_) => "http",
             SinkKind::Postgres(_) => "postgres",
             SinkKind::Exec(_) => "exec",
+            SinkKind::Syslog(_) => "syslog",
         }
     }
 }
@@ -200,6 +208,47 @@ pub struct PostgresSink {
     /// lower case).
     pub table: String,
 }
+
+/// A `syslog` sink: RFC 5424 messages over TCP (RFC 6587 octet counting) or TLS (RFC 5425).
+#[derive(Debug, Clone)]
+pub struct SyslogSink {
+    pub url: SyslogUrl,
+    /// `ca_file` (required for `tls://`) and an optional client certificate, checked to be
+    /// usable (and a pair) when the config was loaded.
+    pub tls: Option<TlsFiles>,
+    /// The HOSTNAME field; `None`: the host's name, read when the sink is made.
+    pub hostname: Option<String>,
+    /// The facility code (0..=23) of every message's PRI.
+    pub facility: u8,
+    /// How long a connection must stay open after the receiver's TCP acknowledged a batch
+    /// before the batch counts as delivered.
+    pub settle: Duration,
+}
+
+/// The facility names `facility` takes (RFC 5424 table 1, as syslog daemons spell them) and
+/// their codes; `local0` is the default.
+const SYSLOG_FACILITIES: [(&str, u8); 20] = [
+    ("kern", 0),
+    ("user", 1),
+    ("mail", 2),
+    ("daemon", 3),
+    ("auth", 4),
+    ("syslog", 5),
+    ("lpr", 6),
+    ("news", 7),
+    ("uucp", 8),
+    ("cron", 9),
+    ("authpriv", 10),
+    ("ftp", 11),
+    ("local0", 16),
+    ("local1", 17),
+    ("local2", 18),
+    ("local3", 19),
+    ("local4", 20),
+    ("local5", 21),
+    ("local6", 22),
+    ("local7", 23),
+];
 
 #[derive(Debug, Clone)]
 pub struct ExecSink {
@@ -332,9 +381,10 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         RawKind::Http => "http",
         RawKind::Postgres => "postgres",
         RawKind::Exec => "exec",
+        RawKind::Syslog => "syslog",
     };
     // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
-    let foreign: [(&str, bool, &[RawKind]); 16] = [
+    let foreign: [(&str, bool, &[RawKind]); 19] = [
         ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
         ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
         ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
@@ -344,24 +394,24 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         (
             "ca_file",
             r.ca_file.is_some(),
-            &[RawKind::Mqtt, RawKind::Http],
+            &[RawKind::Mqtt, RawKind::Http, RawKind::Syslog],
         ),
         (
             "client_cert_file",
             r.client_cert_file.is_some(),
-            &[RawKind::Mqtt, RawKind::Http],
+            &[RawKind::Mqtt, RawKind::Http, RawKind::Syslog],
         ),
         (
             "client_key_file",
             r.client_key_file.is_some(),
-            &[RawKind::Mqtt, RawKind::Http],
+            &[RawKind::Mqtt, RawKind::Http, RawKind::Syslog],
         ),
         (
             "keep_alive_seconds",
             r.keep_alive_seconds.is_some(),
             &[RawKind::Mqtt],
         ),
-        ("url", r.url.is_some(), &[RawKind::Http]),
+        ("url", r.url.is_some(), &[RawKind::Http, RawKind::Syslog]),
         (
             "authorization_file",
             r.authorization_file.is_some(),
@@ -371,6 +421,9 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         ("dsn_file", r.dsn_file.is_some(), &[RawKind::Postgres]),
         ("table", r.table.is_some(), &[RawKind::Postgres]),
         ("command", r.command.is_some(), &[RawKind::Exec]),
+        ("hostname", r.hostname.is_some(), &[RawKind::Syslog]),
+        ("facility", r.facility.is_some(), &[RawKind::Syslog]),
+        ("settle_ms", r.settle_ms.is_some(), &[RawKind::Syslog]),
     ];
     for (k, set, kinds) in foreign {
         if set && !kinds.contains(&kind) {
@@ -380,7 +433,9 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         }
     }
     let batch_max = r.batch_max.unwrap_or(match kind {
-        RawKind::Postgres | RawKind::Exec => 500,
+        // syslog: each batch waits out `settle_ms` once, so its rate is about
+        // batch_max / settle_ms.
+        RawKind::Postgres | RawKind::Exec | RawKind::Syslog => 500,
         RawKind::Mqtt | RawKind::Http => 100,
     });
     let linger_ms = r.linger_ms.unwrap_or(0);
@@ -541,6 +596,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
             }
             SinkKind::Exec(ExecSink { command })
         }
+        RawKind::Syslog => SinkKind::Syslog(syslog_from_raw(&r, max_in_flight).map_err(&invalid)?),
     };
     Ok(SinkConfig {
         name: r.name,
@@ -620,6 +676,88 @@ fn stream_from_raw(
         out.push(o);
     }
     Ok((stream, Some(out)))
+}
+
+/// A syslog sink's own keys (the shared ones are checked by `sink_from_raw`).
+fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String> {
+    let url = SyslogUrl::parse(
+        r.url
+            .as_deref()
+            .ok_or("url is required (tcp://HOST:PORT, or tls://HOST:PORT with ca_file)")?,
+    )
+    .map_err(|e| e.to_string())?;
+    if max_in_flight != 1 {
+        return Err(format!(
+            "max_in_flight = {max_in_flight}: a syslog sink sends on one connection, in log \
+             order (leave max_in_flight out)"
+        ));
+    }
+    let tls = if url.tls {
+        if r.ca_file.is_none() {
+            return Err(format!(
+                "a tls:// url needs ca_file (the receiver's certificate is always verified): {url}"
+            ));
+        }
+        tls_files(
+            r.ca_file.as_ref(),
+            r.client_cert_file.as_ref(),
+            r.client_key_file.as_ref(),
+            true,
+        )?
+    } else {
+        if r.ca_file.is_some() || r.client_cert_file.is_some() || r.client_key_file.is_some() {
+            return Err(
+                "ca_file, client_cert_file and client_key_file are for a tls:// url".into(),
+            );
+        }
+        None
+    };
+    let hostname = match &r.hostname {
+        None => None,
+        Some(h) => {
+            if let Some(why) = syslog_hostname_problem(h) {
+                return Err(format!("hostname {h:?} {why}"));
+            }
+            Some(h.clone())
+        }
+    };
+    let facility = match &r.facility {
+        None => 16,
+        Some(f) => SYSLOG_FACILITIES
+            .iter()
+            .find(|(name, _)| name == f)
+            .map(|(_, code)| *code)
+            .ok_or_else(|| {
+                let names: Vec<&str> = SYSLOG_FACILITIES.iter().map(|(n, _)| *n).collect();
+                format!("facility {f:?} is not one of {}", names.join(", "))
+            })?,
+    };
+    let settle_ms = r.settle_ms.unwrap_or(100);
+    if !SINK_SETTLE_MS.contains(&settle_ms) {
+        return Err(format!(
+            "settle_ms = {settle_ms} is out of range: allowed {}..={}",
+            SINK_SETTLE_MS.start(),
+            SINK_SETTLE_MS.end()
+        ));
+    }
+    Ok(SyslogSink {
+        url,
+        tls,
+        hostname,
+        facility,
+        settle: Duration::from_millis(settle_ms),
+    })
+}
+
+/// Why `h` cannot be an RFC 5424 HOSTNAME: 1 to 255 printable US-ASCII characters, no space.
+pub fn syslog_hostname_problem(h: &str) -> Option<&'static str> {
+    if h.is_empty() || h.len() > 255 || !h.bytes().all(|b| (33..=126).contains(&b)) {
+        return Some("must be 1 to 255 printable US-ASCII characters without spaces (RFC 5424)");
+    }
+    if h == "-" {
+        return Some("is syslog's \"no value\": leave hostname out to send the host's name");
+    }
+    None
 }
 
 /// The `Authorization` value of http sink `sink`: read from `file`, else from
@@ -946,6 +1084,72 @@ start = "head"
         )
         .unwrap_err();
         assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn a_syslog_sink_parses_with_its_defaults_and_its_mistakes_are_named() {
+        let c = parse(
+            "[[sink]]\nname = \"siem\"\nkind = \"syslog\"\nurl = \"tcp://127.0.0.1:5514\"\n\
+             [[sink]]\nname = \"siem-2\"\nkind = \"syslog\"\nurl = \"tcp://[::1]\"\n\
+             hostname = \"eoc-1.example\"\nfacility = \"user\"\nsettle_ms = 0\n",
+        )
+        .unwrap();
+        let SinkKind::Syslog(s) = &c.relay.sinks[0].kind else {
+            panic!("syslog expected")
+        };
+        assert_eq!(s.url.to_string(), "tcp://127.0.0.1:5514");
+        assert!(s.tls.is_none() && s.hostname.is_none());
+        assert_eq!((s.facility, s.settle), (16, Duration::from_millis(100)));
+        assert_eq!(c.relay.sinks[0].batch_max, 500);
+        assert_eq!(c.relay.sinks[0].kind.name(), "syslog");
+        let SinkKind::Syslog(s) = &c.relay.sinks[1].kind else {
+            panic!("syslog expected")
+        };
+        assert_eq!(s.url.to_string(), "tcp://[::1]:514");
+        assert_eq!(s.hostname.as_deref(), Some("eoc-1.example"));
+        assert_eq!((s.facility, s.settle), (1, Duration::ZERO));
+        assert_eq!(SyslogUrl::parse("tls://h").unwrap().port, 6514);
+        for (body, want) in [
+            ("", "url is required"),
+            ("url = \"udp://h:514\"", "must start with tcp:// or tls://"),
+            ("url = \"tcp://u:p@h\"", "client certificate"),
+            ("url = \"tcp://h/x\"", "no host, or a path"),
+            ("url = \"tls://h\"", "needs ca_file"),
+            (
+                "url = \"tcp://h\"\nca_file = \"/dev/null\"",
+                "are for a tls:// url",
+            ),
+            (
+                "url = \"tls://h\"\nca_file = \"/nonexistent/ca.pem\"",
+                "ca_file /nonexistent/ca.pem",
+            ),
+            (
+                "url = \"tcp://h\"\nhostname = \"eoc 1\"",
+                "printable US-ASCII",
+            ),
+            ("url = \"tcp://h\"\nhostname = \"-\"", "no value"),
+            ("url = \"tcp://h\"\nfacility = \"local8\"", "local0, local1"),
+            ("url = \"tcp://h\"\nsettle_ms = 10001", "settle_ms = 10001"),
+            ("url = \"tcp://h\"\nmax_in_flight = 2", "one connection"),
+            (
+                "url = \"tcp://h\"\nauthorization_file = \"/x\"",
+                "does not apply",
+            ),
+        ] {
+            let e = parse(&format!(
+                "[[sink]]\nname = \"siem\"\nkind = \"syslog\"\n{body}\n"
+            ))
+            .unwrap_err();
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        let e = parse(
+            "[[sink]]\nname = \"a\"\nkind = \"http\"\nurl = \"http://h/\"\nfacility = \"user\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("facility does not apply to kind = \"http\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The one URL parser of the config: `scheme://host[:port]` for brokers, plus a path and a
-//! query for http sinks; `BrokerUrl` and `HttpUrl` are what it returns, split.
+//! The one URL parser of the config: `scheme://host[:port]` for brokers and syslog
+//! receivers, plus a path and a query for http sinks; `BrokerUrl`, `SyslogUrl` and `HttpUrl`
+//! are what it returns, split.
 
 use super::redact::{REDACTED_QUERY, Secret, redact_query, redact_url};
 
@@ -34,6 +35,16 @@ const HTTP: Grammar = Grammar {
     tls: ("https", 443),
     path: true,
     credentials_hint: "a token belongs in authorization_file",
+};
+
+/// A syslog receiver: TCP (RFC 6587) on 514 by default, TLS (RFC 5425) on 6514.
+const SYSLOG: Grammar = Grammar {
+    label: "url",
+    plain: ("tcp", 514),
+    tls: ("tls", 6514),
+    path: false,
+    credentials_hint: "a syslog receiver takes a client certificate (client_cert_file and \
+                       client_key_file), not a password",
 };
 
 /// Why a URL was refused. Its text quotes the URL with any user info hidden, and, for a URL
@@ -239,6 +250,33 @@ impl BrokerUrl {
     pub fn parse(s: &str) -> Result<BrokerUrl, UrlError> {
         let p = parse(&BROKER, s)?;
         Ok(BrokerUrl {
+            tls: p.tls,
+            host: p.host.to_string(),
+            port: p.port,
+        })
+    }
+}
+
+/// A `syslog` sink's receiver: `tcp://host[:port]` or `tls://host[:port]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyslogUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for SyslogUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_origin(f, &SYSLOG, self.tls, &self.host, self.port)
+    }
+}
+
+impl SyslogUrl {
+    /// `tcp://host[:port]` (default 514) or `tls://host[:port]` (default 6514, RFC 5425);
+    /// no user info, path or query.
+    pub fn parse(s: &str) -> Result<SyslogUrl, UrlError> {
+        let p = parse(&SYSLOG, s)?;
+        Ok(SyslogUrl {
             tls: p.tls,
             host: p.host.to_string(),
             port: p.port,

@@ -83,6 +83,29 @@ pub fn event_id(key: &[u8; 32], released: bool, payload: &[u8]) -> String {
     id
 }
 
+/// What an effect's event records (`Event::outcome` and `Event::fields`): the applying
+/// outcome (`applied`, `applied_late`, or `released` for a message an operator released) and
+/// the named values in the order `Event::fields` gives. The audit entry's hash is not among
+/// them: it would take a read of the audit log per event.
+pub fn effect_fields(e: &EffectView<'_>) -> (String, Vec<(&'static str, String)>) {
+    let outcome = if e.released {
+        "released"
+    } else if e.late {
+        "applied_late"
+    } else {
+        "applied"
+    };
+    let fields = vec![
+        ("key", hex(e.key)),
+        ("source", format!("{}/{}", e.agency, e.source_id)),
+        ("sequence", e.sequence.to_string()),
+        ("epoch", e.epoch.to_string()),
+        ("outcome", outcome.to_string()),
+        ("effect_offset", e.offset.to_string()),
+    ];
+    (outcome.to_string(), fields)
+}
+
 /// The event as one line of compact JSON (no newline inside: the exec sink writes JSON lines).
 /// `data` is the original message re-written compactly with its members and numbers exactly
 /// as received; a payload that is not JSON (never stored by `run`, but a damaged record could
@@ -235,6 +258,36 @@ mod tests {
             member(&v, "data").to_compact(),
             r#"{"agency":"fire","n":1.50,"nested":{"b":1,"a":2}}"#
         );
+    }
+
+    #[test]
+    fn an_effects_fields_name_its_applying_outcome_in_the_shared_order() {
+        let key = [0xab; 32];
+        let (outcome, fields) = effect_fields(&view(&key, b"{}", false));
+        assert_eq!(outcome, "applied");
+        let names: Vec<&str> = fields.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "key",
+                "source",
+                "sequence",
+                "epoch",
+                "outcome",
+                "effect_offset"
+            ]
+        );
+        assert_eq!(fields[0].1, hex(&key));
+        assert_eq!(fields[1].1, "fire/engine-7");
+        assert_eq!(fields[2].1, "3000000000");
+        assert_eq!(fields[5].1, "7");
+        assert_eq!(effect_fields(&view(&key, b"{}", true)).0, "released");
+        let late = EffectView {
+            late: true,
+            ..view(&key, b"{}", false)
+        };
+        assert_eq!(effect_fields(&late).0, "applied_late");
+        assert_eq!(effect_fields(&late).1[4].1, "applied_late");
     }
 
     #[test]

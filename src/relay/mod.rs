@@ -19,6 +19,7 @@ mod mqtt;
 mod postgres;
 mod runner;
 mod state;
+mod syslog;
 
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ pub use http::HttpError;
 pub use postgres::PgSinkError;
 pub use runner::{Relay, RelayError, Wake, spawn};
 pub use state::{BLOCKED, FAILING};
+pub use syslog::{APP_NAME as SYSLOG_APP_NAME, SD_ID as SYSLOG_SD_ID};
 
 /// What a sink's last error says of its condition: `Some("failing")` (its task ended and is
 /// being restarted), `Some("blocked")` (its receiver refuses every event), else `None` (an
@@ -120,21 +122,8 @@ pub struct Event {
 impl Event {
     /// The event of the effect at `offset` (the effect log's), under CloudEvents `source`.
     pub fn of_effect(source: &str, offset: u64, r: &EffectRecord) -> Event {
-        let outcome = if r.released {
-            Outcome::Released
-        } else if r.late {
-            Outcome::AppliedLate
-        } else {
-            Outcome::Applied
-        };
-        let fields = vec![
-            ("key", hex(&r.key)),
-            ("source", format!("{}/{}", r.agency, r.source_id)),
-            ("sequence", r.sequence.to_string()),
-            ("epoch", r.epoch.to_string()),
-            ("outcome", outcome.as_str().to_string()),
-            ("effect_offset", offset.to_string()),
-        ];
+        let view = envelope::EffectView::of(offset, r);
+        let (outcome, fields) = envelope::effect_fields(&view);
         Event {
             offset,
             id: envelope::event_id(&r.key, r.released, &r.payload),
@@ -142,8 +131,8 @@ impl Event {
             agency: r.agency.clone(),
             source_id: r.source_id.clone(),
             topic: r.topic.clone(),
-            json: envelope::envelope(source, &envelope::EffectView::of(offset, r)),
-            outcome: outcome.as_str().to_string(),
+            json: envelope::envelope(source, &view),
+            outcome,
             fields,
         }
     }
@@ -256,6 +245,7 @@ pub enum Sink {
     Mqtt(mqtt::MqttSink),
     Http(Box<http::HttpSink>),
     Postgres(Box<postgres::PostgresSink>),
+    Syslog(Box<syslog::SyslogSink>),
 }
 
 impl Sink {
@@ -278,6 +268,10 @@ impl Sink {
                         error,
                     })
             }
+            SinkKind::Syslog(s) => Ok(Sink::Syslog(Box::new(syslog::SyslogSink::new(
+                s,
+                cfg.timeout,
+            )))),
         }
     }
 
@@ -289,6 +283,7 @@ impl Sink {
             Sink::Mqtt(s) => s.deliver(batch, cursor).await,
             Sink::Http(s) => s.deliver(batch, cursor).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
+            Sink::Syslog(s) => s.deliver(batch, cursor).await,
         }
     }
 
@@ -303,6 +298,7 @@ impl Sink {
             Sink::Http(_) => Ok(None),
             Sink::Postgres(s) => Ok(s.stored_cursor(store).await?),
             Sink::Mqtt(_) => Ok(None),
+            Sink::Syslog(_) => Ok(None),
         }
     }
 
@@ -330,6 +326,7 @@ impl Sink {
             Sink::Mqtt(s) => s.close().await,
             Sink::Http(s) => s.close().await,
             Sink::Postgres(s) => s.close().await,
+            Sink::Syslog(s) => s.close().await,
         }
     }
 }

@@ -370,6 +370,7 @@ fn check_config_accepts_each_backend_with_each_sink_kind_as_run_and_relay_do() {
                  table = \"cop_events\"\n"
             ),
         ),
+        ("syslog", "url = \"tcp://127.0.0.1:9\"\n".to_string()),
     ];
     for (backend, store, names) in [
         (

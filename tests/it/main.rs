@@ -45,6 +45,11 @@
 //!   and end to end through `ingest` and the `relay` commands; credentials (Authorization from
 //!   a file or systemd's credential, mutual TLS, the system trust store), and the token and
 //!   the URL's query in no output, log or stored error; an audit sink (`stream = "audit"`).
+//! - `relay_syslog`: the syslog sink against a real rsyslogd of the test's own: RFC 5424
+//!   messages parsed back field by field; `kill -9` of the relay and a restart of rsyslogd
+//!   mid-stream lose nothing; TLS (gtls, mutual) verified, another CA refused in words; a
+//!   batch counted only if the connection outlives the settle period and the receiver's TCP
+//!   acknowledged it all; an idle connection the receiver closed replaced at once.
 //! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest
 //!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and
@@ -115,6 +120,7 @@ mod relay_loss;
 mod relay_model;
 mod relay_mqtt;
 mod relay_pg;
+mod relay_syslog;
 mod service;
 mod systemd;
 mod tls;
