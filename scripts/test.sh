@@ -18,6 +18,9 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 /usr/bin/python3 -c 'import fusepy' 2>/dev/null || missing+=(python3-fusepy)
 # The postgres sink's tests talk to PostgreSQL with psql.
 command -v psql >/dev/null || missing+=(postgresql-client)
+# The report tests render the page in a headless Chromium and read its PDFs with pdfinfo.
+command -v chromium >/dev/null || missing+=(chromium)
+command -v pdfinfo >/dev/null || missing+=(poppler-utils)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""

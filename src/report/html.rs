@@ -20,7 +20,7 @@ dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:
 dl.facts dt{color:var(--muted)}dl.facts dd{margin:0}
 table{border-collapse:collapse;width:100%;margin:6px 0 12px}
 th,td{border:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere;word-break:break-word}
-th{background:#f0f0f0}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap;overflow-wrap:normal;word-break:normal}
+th{background:#f0f0f0;overflow-wrap:normal;word-break:normal;hyphens:manual}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap;overflow-wrap:normal;word-break:normal}
 table#counts{width:auto;min-width:320px}
 code,.h{font:12px/1.35 ui-monospace,'DejaVu Sans Mono',Menlo,Consolas,monospace;overflow-wrap:anywhere;word-break:break-all}
 tr.attention td:first-child{border-left:4px solid #D55E00}
@@ -29,7 +29,9 @@ svg.timeline{width:100%;height:auto;display:block}
 pre.cmd{background:#f6f6f6;border:1px solid var(--line);padding:6px 8px;white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0 10px}
 @page{margin:14mm 12mm}
 @media print{
- body{max-width:none;padding:0;font-size:11pt}
+ body{max-width:none;padding:0;font-size:10pt}
+ table{font-size:9pt}
+ code,.h{font-size:8pt}
  section{break-before:page}
  thead{display:table-header-group}
  tr,figure,pre.cmd{break-inside:avoid}

@@ -642,8 +642,9 @@ pub fn gather(
         })
         .collect();
     sources.sort_by(|a, b| {
-        let attention = |r: &SourceRow| !(r.open > 0 || !r.gaps.is_empty());
-        (attention(a), &a.source).cmp(&(attention(b), &b.source))
+        // Rows needing attention (something held or missing) sort first.
+        let calm = |r: &SourceRow| r.open == 0 && r.gaps.is_empty();
+        (calm(a), &a.source).cmp(&(calm(b), &b.source))
     });
     if unparseable.total() > 0 {
         sources.push(SourceRow {

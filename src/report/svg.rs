@@ -81,7 +81,7 @@ pub fn round_max(m: u64) -> u64 {
 fn y_step(max: u64) -> u64 {
     [5, 4, 2, 1]
         .into_iter()
-        .find(|d| max % d == 0)
+        .find(|d| max.is_multiple_of(*d))
         .map_or(max, |d| max / d)
         .max(1)
 }
@@ -336,10 +336,10 @@ pub(super) fn interval_words(ms: u64) -> String {
         60_000 => "minute".into(),
         3_600_000 => "hour".into(),
         86_400_000 => "day".into(),
-        ms if ms % 86_400_000 == 0 => format!("{} days", ms / 86_400_000),
-        ms if ms % 3_600_000 == 0 => format!("{} h", ms / 3_600_000),
-        ms if ms % 60_000 == 0 => format!("{} min", ms / 60_000),
-        ms if ms % 1_000 == 0 => format!("{} s", ms / 1000),
+        ms if ms.is_multiple_of(86_400_000) => format!("{} days", ms / 86_400_000),
+        ms if ms.is_multiple_of(3_600_000) => format!("{} h", ms / 3_600_000),
+        ms if ms.is_multiple_of(60_000) => format!("{} min", ms / 60_000),
+        ms if ms.is_multiple_of(1_000) => format!("{} s", ms / 1000),
         ms => format!("{ms} ms"),
     }
 }
