@@ -696,3 +696,25 @@ fn a_report_over_a_postgres_store_matches_its_stats() {
             .any(|x| s(x, "/command") == format!("replay-guard verify --config {c}"))
     );
 }
+
+#[test]
+fn an_empty_range_or_a_zoneless_time_is_a_one_line_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = honest_db(dir.path());
+    let out = dir.path().join("r.html");
+    for (extra, says) in [
+        (
+            &["--since", "2026-12-03T00:00:00Z", "--until", "2026-12-02T00:00:00Z"][..],
+            "--since must be before --until",
+        ),
+        (&["--since", "2026-12-02T10:00"], "missing time zone"),
+        (&["--tz", "Mars/Olympus_Mons"], "Mars/Olympus_Mons"),
+    ] {
+        let o = report(&db, "html", &out, extra);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(!out.exists(), "{extra:?} wrote a report");
+    }
+}
