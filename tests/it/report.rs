@@ -704,7 +704,12 @@ fn an_empty_range_or_a_zoneless_time_is_a_one_line_usage_error() {
     let out = dir.path().join("r.html");
     for (extra, says) in [
         (
-            &["--since", "2026-12-03T00:00:00Z", "--until", "2026-12-02T00:00:00Z"][..],
+            &[
+                "--since",
+                "2026-12-03T00:00:00Z",
+                "--until",
+                "2026-12-02T00:00:00Z",
+            ][..],
             "--since must be before --until",
         ),
         (&["--since", "2026-12-02T10:00"], "missing time zone"),
