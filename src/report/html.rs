@@ -107,6 +107,17 @@ fn verdict(s: &mut String, r: &Report) {
             );
         }
     }
+    if ok && !v.sinks.is_empty() {
+        s.push_str("<ul class=\"accounting\">");
+        for sink in &v.sinks {
+            let _ = write!(
+                s,
+                "<li>{}</li>",
+                e(&crate::commands::verify::sink_line(sink))
+            );
+        }
+        s.push_str("</ul>");
+    }
     s.push_str("<h1>After-action report</h1>");
     let _ = write!(s, "<p class=\"words\" id=\"words\">{}</p>", e(&r.words()));
     let o = &r.options;

@@ -723,3 +723,91 @@ fn an_empty_range_or_a_zoneless_time_is_a_one_line_usage_error() {
         assert!(!out.exists(), "{extra:?} wrote a report");
     }
 }
+
+#[test]
+fn the_delivery_section_is_relay_status_with_the_operators_actions() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("r.redb");
+    let config = dir.path().join("rg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\npath = {:?}\n[[sink]]\nname = \"cop\"\nkind = \"exec\"\n\
+             command = [\"/bin/true\"]\n",
+            db.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let c = config.to_str().unwrap();
+    let feed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl");
+    // The writer makes the cursor of each sink its config names: nothing delivered yet.
+    ok(
+        &run(&["ingest", "--config", c, feed.to_str().unwrap()]),
+        "ingest",
+    );
+    ok(
+        &run(&[
+            "relay",
+            "skip",
+            "--config",
+            c,
+            "--sink",
+            "cop",
+            "--to",
+            "3",
+            "--reason",
+            "replayed <export>",
+            "--operator",
+            "ana",
+            "--yes",
+        ]),
+        "relay skip",
+    );
+    let status = parse(
+        ok(
+            &run(&["relay", "status", "--config", c, "--format", "json"]),
+            "relay status",
+        )
+        .as_bytes(),
+    );
+    let r = parse(
+        ok(
+            &run(&["report", "--config", c, "--format", "json", "-o", "-"]),
+            "report",
+        )
+        .as_bytes(),
+    );
+    let want = &arr(&status, "/sinks")[0];
+    let got = &arr(&r, "/delivery/sinks")[0];
+    for field in ["/sink", "/state", "/kind"] {
+        assert_eq!(s(got, field), s(want, field), "{field}");
+    }
+    for field in ["/cursor", "/head", "/lag_events", "/parked", "/delivered"] {
+        assert_eq!(n(got, field), n(want, field), "{field}");
+    }
+    assert_eq!(n(got, "/cursor"), 3);
+    let actions = arr(&r, "/delivery/actions/listed");
+    assert_eq!(actions.len(), 1);
+    assert_eq!(s(&actions[0], "/sink"), "cop");
+    assert!(s(&actions[0], "/reason").contains("ana"), "{actions:?}");
+    assert_eq!(n(&r, "/counts/relay"), 1);
+    // verify's accounting of the sink: the three offsets passed over by the audited skip.
+    assert_eq!(n(&r, "/verify/sinks/0/skipped"), 3);
+    let lag = n(want, "/lag_events");
+    assert!(s(&r, "/summary/words").ends_with(&format!(
+        "sinks: cop {lag} effects behind ({} s).",
+        n(got, "/lag_seconds")
+    )));
+
+    let html = ok(&run(&["report", "--config", c, "-o", "-"]), "report");
+    let row = tags(&html, "<tr class=\"sink\"");
+    assert_eq!(row.len(), 1);
+    assert_eq!(attr(row[0], "data-sink"), "cop");
+    assert_eq!(attr(row[0], "data-lag"), lag.to_string());
+    assert_eq!(tags(&html, "<tr class=\"relay-action\"").len(), 1);
+    assert!(html.contains("replayed &lt;export&gt;"));
+    assert!(
+        html.contains("sink cop: every offset from 0 to its cursor 3 accounted for"),
+        "{html}"
+    );
+}
