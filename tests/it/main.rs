@@ -75,8 +75,9 @@
 //!   most 2.0 and share one dynamic user and database; check-config of both example configs;
 //!   secrets.
 //! - `report`: the after-action report of a real failover's store against `stats`, `gaps`,
-//!   `verify` and `explain`; rendered by a real headless Chromium (PNG, PDF on A4 and Letter);
-//!   a tampered store's verdict; hostile names escaped; a PostgreSQL store.
+//!   `verify` and `explain`, its delivery section against `relay status`; rendered by a real
+//!   headless Chromium (PNG, PDF on A4 and Letter); a tampered store's verdict; hostile names
+//!   escaped; usage errors; a PostgreSQL store.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
