@@ -58,7 +58,10 @@ pub fn run(args: &ReportArgs) -> Result<(), Failure> {
         locator: locator.join(" "),
         zone: args.tz.clone().unwrap_or_else(Zone::utc),
     };
-    let report = report::gather(&snapshot, &config, verified, options)?;
+    let total = crate::store::verify::entries_to_verify(&snapshot)?;
+    let bar = crate::progress::Progress::bar("reporting", total, "audit entries");
+    let report = report::gather(&snapshot, &config, verified, options, &mut |n| bar.inc(n))?;
+    drop(bar);
     drop(snapshot);
     let text = match args.format {
         ReportFormat::Html => report::html::page(&report),

@@ -468,12 +468,14 @@ impl Rng {
     }
 }
 
-/// Gathers the report from one snapshot: `verify`'s pass, then one pass over the audit log.
+/// Gathers the report from one snapshot, `verify`'s result given: one pass over the audit
+/// log, calling `progress(n)` as each `n` more entries are read.
 pub fn gather(
     snap: &Snapshot,
     config: &Config,
     verify: VerifyReport,
     options: Options,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<Report, StoreError> {
     let meta = snap.meta()?;
     let audit_first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
@@ -514,7 +516,12 @@ pub fn gather(
     let mut relay_actions = Listed::<RelayAction>::default();
     let (mut first_ms, mut last_ms) = (None::<u64>, None::<u64>);
 
+    let mut read = 0u64;
     snap.scan_audit::<StoreError>(audit_first, |e| {
+        read += 1;
+        if read.is_multiple_of(4096) {
+            progress(4096);
+        }
         let r = &e.record;
         let t = r.recorded_at_ms;
         let Some(outcome) = Outcome::from_code(r.outcome) else {
