@@ -22,6 +22,9 @@ command -v psql >/dev/null || missing+=(postgresql-client)
 # The syslog sink's tests run a real rsyslogd, over TCP and over TLS (its gtls driver).
 command -v rsyslogd >/dev/null || [ -x /usr/sbin/rsyslogd ] || missing+=(rsyslog)
 dpkg -s rsyslog-gnutls >/dev/null 2>&1 || missing+=(rsyslog-gnutls)
+# The report tests render the page in a headless Chromium and read its PDFs with pdfinfo.
+command -v chromium >/dev/null || missing+=(chromium)
+command -v pdfinfo >/dev/null || missing+=(poppler-utils)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""

@@ -31,6 +31,7 @@ pub(crate) mod progress;
 pub(crate) mod rangeset;
 pub(crate) mod readings;
 pub mod relay;
+pub(crate) mod report;
 pub(crate) mod service;
 pub(crate) mod signals;
 #[cfg(test)]

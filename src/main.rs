@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => commands::demo::run(a),
         Command::Explain(a) => commands::explain::run(a),
         Command::Gaps(a) => commands::gaps::run(a),
+        Command::Report(a) => commands::report::run(a),
         Command::Relay(a) => commands::relay::run(a),
         Command::MigrateSchema(a) => commands::migrate::run_schema(a),
         Command::Migrate(a) => commands::migrate::run(a),

@@ -138,6 +138,18 @@ impl Zone {
         self.show(&rfc3339_ms(ms))
     }
 
+    /// The zone's offset from UTC at `ms`, in milliseconds (east positive): where a report's
+    /// round local times (a tick at midnight) fall.
+    pub fn offset_ms_at(&self, ms: u64) -> i64 {
+        if self.utc {
+            return 0;
+        }
+        match Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)) {
+            Ok(ts) => i64::from(self.tz.to_offset(ts).seconds()) * 1000,
+            Err(_) => 0,
+        }
+    }
+
     /// A canonical UTC time (`rfc3339_ms`'s form) shown in this zone, same precision, with its
     /// offset: `2026-11-30T03:52:14.123+01:00`. Text that is not such a time is returned as is.
     pub fn show(&self, utc_text: &str) -> String {
@@ -307,6 +319,22 @@ mod tests {
         assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339_ms(1_796_007_134_123), "2026-11-30T02:52:14.123Z");
         assert_eq!(rfc3339_ms(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_zones_offset_follows_daylight_saving_time() {
+        let winter = 1_796_007_134_123; // 2026-11-30
+        let summer = 1_782_864_000_000; // 2026-07-01
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        assert_eq!(berlin.offset_ms_at(winter), 3_600_000);
+        assert_eq!(berlin.offset_ms_at(summer), 7_200_000);
+        assert_eq!(
+            Zone::parse("America/St_Johns")
+                .unwrap()
+                .offset_ms_at(winter),
+            -(3 * 3600 + 1800) * 1000
+        );
+        assert_eq!(Zone::utc().offset_ms_at(winter), 0);
     }
 
     #[test]

@@ -93,6 +93,11 @@ pub enum Command {
     /// Health at a glance: decisions per outcome (total and last hour), window, per-source
     /// high-water marks, failover replay bursts, quarantine and file size.
     Stats(StatsArgs),
+    /// Write the after-action report: one self-contained HTML page (or its JSON twin) with
+    /// verify's verdict, a timeline, per-source counts and gaps, the quarantine, sample proofs
+    /// of suppressed replays, the relay sinks, and the commands that reproduce each number.
+    #[command(long_about = REPORT_ABOUT)]
+    Report(ReportArgs),
     /// Monitoring check (Nagios/Icinga plugin, systemd timer): one status line; exit 0 OK,
     /// 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read).
     #[command(long_about = HEALTH_ABOUT)]
@@ -416,6 +421,22 @@ floor, and what a resend would become.\n\n\
 It scans the whole audit log for the key (about 1 s per million entries), read-only, so it \
 works on a live database. Exits 1 if no audit entry has the key.";
 
+const REPORT_ABOUT: &str = "Write the after-action report of a store: one self-contained HTML \
+page (inline CSS and SVG; no script, font, image or network; prints on A4 and Letter, each \
+section on its own page) or, with --format json, its JSON twin (schema \
+replay-guard.report.v1).\n\n\
+In order: the verdict (verify's result over the whole store, a red banner at the top if it \
+failed; the chain head, the retention anchor, the range, the counts in words), a timeline of \
+decisions per interval stacked by outcome with every failover replay burst shaded and every \
+upstream gap marked, per-source counts, gaps and high-water marks, the quarantine (records still \
+open, operator releases and discards), up to three sample proofs per burst (the duplicate, the \
+effect it matched, the entry that applied it), the relay sinks (delivered, parked, lag, operator \
+actions), and the commands that reproduce each number.\n\n\
+Read-only, from one read snapshot: verify's pass plus one pass over the audit log; memory stays \
+bounded whatever the log's length. Exit 0 when the report is written and verify passed; 4 when \
+it is written and verify found a violation (the report says so at the top); 1 on a usage error, \
+2 if the store cannot be read or the report cannot be written.";
+
 const GAPS_ABOUT: &str = "List, per source and epoch, the sequence numbers missing between the \
 lowest and the highest sequence the audit log has seen. Every audit entry with a position \
 counts as seen (applied, applied_late, duplicate, conflict, stale; malformed messages have \
@@ -592,6 +613,42 @@ pub enum ExplainFormat {
     /// Sentences for people.
     Text,
     /// One JSON object, for scripts.
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Only decisions recorded at or after T: RFC 3339, a date or date-time in the --tz zone
+    /// (with --tz only), or a duration before now (90s, 15m, 2 days), as dump-audit takes it.
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = values::time)]
+    pub since: Option<TimeSpec>,
+    /// Only decisions recorded before T (exclusive); same forms as --since.
+    #[arg(long, value_name = "T", allow_hyphen_values = true, value_parser = values::time)]
+    pub until: Option<TimeSpec>,
+    /// Only this producer, AGENCY/SOURCE (split at the first '/'); repeat for several.
+    /// Without it every source is covered, unparseable deliveries included.
+    #[arg(long, value_name = "AGENCY/SOURCE", value_parser = values::source)]
+    pub source: Vec<SourceName>,
+    /// Show times in ZONE: local (the host's; TZ first), UTC, or an IANA name like
+    /// Europe/Berlin; also the zone of --since/--until written without an offset. JSON stays
+    /// UTC. Default: UTC.
+    #[arg(long, value_name = "ZONE", value_parser = values::zone)]
+    pub tz: Option<Zone>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Html)]
+    pub format: ReportFormat,
+    /// Where to write the report (- for standard output). An existing file is replaced.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportFormat {
+    /// One self-contained HTML page.
+    Html,
+    /// One JSON object (schema replay-guard.report.v1).
     Json,
 }
 

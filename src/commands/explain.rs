@@ -94,6 +94,44 @@ fn other_epochs(snapshot: &Snapshot, agency: &str, source_id: &str) -> Result<St
     ))
 }
 
+/// A suppressed delivery with the effect it matched and the entry that applied it, told as
+/// `explain` tells them, from point lookups (no scan): the report's sample proofs.
+pub(crate) struct Suppression(Story);
+
+impl Suppression {
+    pub(crate) fn of(snapshot: &Snapshot, duplicate: &AuditEntry) -> Result<Self, StoreError> {
+        let mut effects = BTreeMap::new();
+        let mut audit = Vec::new();
+        if let Some(offset) = duplicate.record.effect_offset
+            && let Some(effect) = snapshot.effect(offset)?
+        {
+            if let Some(applying) = snapshot.audit_entry(effect.record.audit_index)? {
+                audit.push(applying);
+            }
+            effects.insert(offset, effect);
+        }
+        audit.push(duplicate.clone());
+        Ok(Suppression(Story {
+            key: duplicate.record.key.unwrap_or_default(),
+            audit,
+            effects,
+            quarantine: BTreeMap::new(),
+            position: None,
+            state: None,
+        }))
+    }
+
+    /// The entry that applied the matched effect, if retention kept it.
+    pub(crate) fn applying(&self) -> Option<&AuditEntry> {
+        (self.0.audit.len() == 2).then(|| &self.0.audit[0])
+    }
+
+    /// `explain`'s sentence for `e`, its times in `zone`.
+    pub(crate) fn sentence(&self, e: &AuditEntry, zone: &Zone) -> String {
+        self.0.sentence(e, zone)
+    }
+}
+
 /// Everything the database holds about one key.
 struct Story {
     key: [u8; 32],

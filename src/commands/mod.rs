@@ -13,6 +13,7 @@ pub mod manual;
 pub mod migrate;
 pub mod quarantine;
 pub mod relay;
+pub mod report;
 pub mod run;
 pub mod stats;
 pub mod verify;

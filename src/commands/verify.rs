@@ -56,8 +56,8 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
     }
 }
 
-/// What `verify` proved of one relay sink, in one line.
-fn sink_line(s: &verify::SinkReport) -> String {
+/// What `verify` proved of one relay sink, in one line (also the report's verdict).
+pub(crate) fn sink_line(s: &verify::SinkReport) -> String {
     let a = &s.accounting;
     let mut line = if a.unrecorded {
         format!(

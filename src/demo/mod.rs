@@ -642,6 +642,7 @@ impl Report {
         w(format!("  {bin} explain --db {d} {}", hex(key.as_bytes())));
         w(format!("  {bin} stats --db {d}"));
         w(format!("  {bin} verify --db {d}"));
+        w(format!("  {bin} report --db {d} -o demo-report.html"));
     }
 }
 

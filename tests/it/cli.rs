@@ -397,6 +397,7 @@ fn a_closed_standard_output_ends_every_listing_with_success() {
         &["stats", "--db", db],
         &["gaps", "--db", db],
         &["verify", "--db", db],
+        &["report", "--db", db, "-o", "-"],
         &["relay", "status", "--db", db],
         &["man"],
         &["completions", "bash"],

@@ -153,7 +153,7 @@ fn judge(cmd: &str, out: &Output) -> Option<String> {
         .filter(|l| !l.trim().is_empty() && !l.starts_with(|c: char| c.is_ascii_digit()))
         .collect();
     let allowed = match cmd.split(' ').next() {
-        Some("verify") => code == 2 || code == 4,
+        Some("verify" | "report") => code == 2 || code == 4,
         // Damage that reads as valid data (a record gone from the quarantine) is refused as
         // a wrong id: one line, nothing written.
         Some("quarantine") => code == 1 || code == 2,
@@ -182,8 +182,9 @@ fn check(dir: &Path, base: &[u8], key: &str, damage: &Damage) -> Vec<String> {
     let feed = feed();
     let feed_s = feed.to_str().unwrap();
     // `@` stands for the damaged database's path; writers each get a fresh copy.
-    let commands: [&[&str]; 10] = [
+    let commands: [&[&str]; 11] = [
         &["verify", "--db", "@"],
+        &["report", "--db", "@", "-o", "-"],
         &["dump-audit", "--db", "@"],
         &["dump-effects", "--db", "@"],
         &["dump-quarantine", "--db", "@"],

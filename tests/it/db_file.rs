@@ -100,6 +100,7 @@ fn every_command(db: &str, cfg: &str) -> Vec<Vec<String>> {
         vec!["verify", "--db", db],
         vec!["stats", "--db", db],
         vec!["gaps", "--db", db],
+        vec!["report", "--db", db, "-o", "-"],
         vec!["explain", "--db", db, key],
         vec!["compact", "--db", db],
         vec!["quarantine", "discard", "0", "--db", db, "--reason", "test"],

@@ -83,6 +83,10 @@
 //! - `systemd`: both units (the service, the standalone relay) verify with an exposure of at
 //!   most 2.0 and share one dynamic user and database; check-config of both example configs;
 //!   secrets.
+//! - `report`: the after-action report of a real failover's store against `stats`, `gaps`,
+//!   `verify` and `explain`, its delivery section against `relay status`; rendered by a real
+//!   headless Chromium (PNG, PDF on A4 and Letter); a tampered store's verdict; hostile names
+//!   escaped; usage errors; a PostgreSQL store.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -121,6 +125,7 @@ mod relay_model;
 mod relay_mqtt;
 mod relay_pg;
 mod relay_syslog;
+mod report;
 mod service;
 mod systemd;
 mod tls;

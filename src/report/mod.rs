@@ -1,0 +1,868 @@
+//! `report`: the after-action report's model and the one pass that gathers it from a read
+//! snapshot: `verify`'s result, a timeline of decisions per interval with the replay bursts and
+//! the upstream gaps marked on it, per-source counts and gaps, the quarantine, sample proofs of
+//! suppressed replays, the relay sinks and the commands that reproduce every number. The
+//! renderers (`html`, `svg`, `json`) take the model and return text: no I/O.
+//!
+//! Memory is bounded: the audit log is read once (`Snapshot::scan_audit`) into per-interval
+//! and per-source counters, seen sequences as ranges (`RangeSet`), and capped lists; no entry
+//! is kept beyond a few samples per burst.
+
+pub(crate) mod html;
+pub(crate) mod json;
+pub(crate) mod svg;
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use crate::config::Config;
+use crate::model::{Outcome, OutcomeCounts};
+use crate::output::rows::SinkStatusRow;
+use crate::rangeset::RangeSet;
+use crate::store::verify::VerifyReport;
+use crate::store::{AuditEntry, Snapshot, StoreError};
+use crate::timefmt::{Zone, rfc3339_ms};
+
+/// The schema name the JSON twin carries.
+pub const SCHEMA: &str = "replay-guard.report.v1";
+/// Suppressed replays shown per burst.
+pub const SAMPLES_PER_BURST: usize = 3;
+/// Rows a capped list (open quarantine records, resolutions, relay actions, gap marks) keeps;
+/// the rest are counted and named by the command that lists them all.
+pub const LISTED: usize = 1000;
+/// Bars the timeline aims at, at most.
+const MAX_BARS: u64 = 200;
+/// The round intervals a bar may cover, shortest first (then whole days); below a second for
+/// a short range (a demo, a test).
+const INTERVALS_MS: [u64; 14] = [
+    10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000,
+    21_600_000, 86_400_000,
+];
+const DAY_MS: u64 = 86_400_000;
+
+/// What the report covers and how it was asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Inclusive lower bound on `recorded_at`, Unix milliseconds.
+    pub since_ms: Option<u64>,
+    /// Exclusive upper bound.
+    pub until_ms: Option<u64>,
+    /// Only these producers (none: all, malformed deliveries included).
+    pub sources: Vec<(String, String)>,
+    /// When the report is made.
+    pub made_at_ms: u64,
+    /// The store as the operator named it: a file path or the PostgreSQL target.
+    pub store_name: String,
+    /// How the commands in "Check it yourself" name the store (`--db PATH`, `--config FILE`),
+    /// shell-quoted.
+    pub locator: String,
+    /// The zone the HTML shows times in (JSON stays UTC).
+    pub zone: Zone,
+}
+
+impl Options {
+    fn in_range(&self, t: u64) -> bool {
+        self.since_ms.is_none_or(|s| t >= s) && self.until_ms.is_none_or(|u| t < u)
+    }
+
+    fn wants(&self, source: Option<(&str, &str)>) -> bool {
+        self.sources.is_empty()
+            || source.is_some_and(|(a, s)| self.sources.iter().any(|(x, y)| x == a && y == s))
+    }
+}
+
+/// What is drawn over the timeline's bars: a band (`until_ms` set) or a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub at_ms: u64,
+    pub until_ms: Option<u64>,
+    pub kind: MarkerKind,
+    pub label: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerKind {
+    /// A failover replay burst (a band: connected until its replay ended).
+    Burst,
+    /// An applied entry whose sequence jumped past the highest seen + 1 (a tick).
+    Gap,
+}
+
+impl MarkerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkerKind::Burst => "burst",
+            MarkerKind::Gap => "gap",
+        }
+    }
+}
+
+/// Decisions per interval: bar `i` covers `[origin_ms + i * interval_ms, + interval_ms)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timeline {
+    pub origin_ms: u64,
+    pub interval_ms: u64,
+    pub bars: Vec<OutcomeCounts>,
+}
+
+impl Timeline {
+    /// Bars of a round interval over `[first_ms, last_ms]`, aligned to round times in a zone
+    /// `offset_ms` east of UTC (a 1 h bar starts on the hour there).
+    pub fn new(first_ms: u64, last_ms: u64, offset_ms: i64) -> Timeline {
+        let span = last_ms.saturating_sub(first_ms);
+        let interval_ms = interval_for(span);
+        let origin_ms = align_down(first_ms, interval_ms, offset_ms);
+        let n = (last_ms.saturating_sub(origin_ms) / interval_ms + 1).max(1);
+        Timeline {
+            origin_ms,
+            interval_ms,
+            bars: vec![OutcomeCounts::default(); n as usize],
+        }
+    }
+
+    /// Counts `outcome` at `t` (a time outside the bars counts in the nearest one).
+    fn add(&mut self, t: u64, outcome: Outcome) {
+        let i = (t.saturating_sub(self.origin_ms) / self.interval_ms) as usize;
+        let last = self.bars.len() - 1;
+        self.bars[i.min(last)].add(outcome);
+    }
+
+    pub fn end_ms(&self) -> u64 {
+        self.origin_ms + self.interval_ms * self.bars.len() as u64
+    }
+}
+
+/// The shortest round interval giving at most `MAX_BARS` bars over `span_ms` (whole days
+/// beyond a day).
+pub fn interval_for(span_ms: u64) -> u64 {
+    INTERVALS_MS
+        .iter()
+        .copied()
+        .find(|i| span_ms / i < MAX_BARS)
+        .unwrap_or_else(|| (span_ms / MAX_BARS / DAY_MS + 1) * DAY_MS)
+}
+
+/// The latest time at or before `t` that is a multiple of `step` in a zone `offset_ms` east
+/// of UTC.
+pub fn align_down(t: u64, step: u64, offset_ms: i64) -> u64 {
+    let local = i128::from(t) + i128::from(offset_ms);
+    let step = i128::from(step);
+    let aligned = local.div_euclid(step) * step - i128::from(offset_ms);
+    u64::try_from(aligned.max(0)).unwrap_or(0)
+}
+
+/// One missing range of a source's sequences in one epoch (as `gaps` lists it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    pub epoch: u64,
+    pub lowest: u64,
+    pub highest: u64,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// One producer's row; `source: None` is the row of unparseable (malformed) deliveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRow {
+    pub source: Option<(String, String)>,
+    pub counts: OutcomeCounts,
+    /// Quarantine records of it still open.
+    pub open: u64,
+    /// (epoch, sequence), from the store's source marks.
+    pub high_water: Option<(u64, u64)>,
+    pub gaps: Vec<Gap>,
+}
+
+impl SourceRow {
+    pub fn missing(&self) -> u64 {
+        self.gaps.iter().map(|g| g.to - g.from + 1).sum()
+    }
+
+    pub fn name(&self) -> String {
+        match &self.source {
+            Some((a, s)) => format!("{a}/{s}"),
+            None => "(unparseable)".into(),
+        }
+    }
+}
+
+/// A quarantine record still open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRecord {
+    pub id: u64,
+    pub received_at_ms: u64,
+    pub outcome: Option<Outcome>,
+    pub source: Option<(String, String)>,
+    pub reason: String,
+    pub key: Option<[u8; 32]>,
+    pub deliveries: u64,
+}
+
+/// An operator's release or discard of a quarantined message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub index: u64,
+    pub at_ms: u64,
+    pub outcome: Outcome,
+    pub quarantine_id: Option<u64>,
+    /// Who, and why, as the audit entry's reason words them (`None`: not in that form).
+    pub operator: Option<String>,
+    pub why: String,
+    /// The audit entry's reason, verbatim.
+    pub recorded: String,
+}
+
+/// An audited operator action on a relay sink (outcome `relay`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayAction {
+    pub index: u64,
+    pub at_ms: u64,
+    pub sink: String,
+    pub reason: String,
+}
+
+/// A suppressed replay and the effect it matched, as `explain` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    pub entry: AuditEntry,
+    pub effect_offset: Option<u64>,
+    /// The entry that applied the matched effect (`None`: pruned by retention).
+    pub applying: Option<AuditEntry>,
+    /// `explain`'s sentences for the duplicate and the applying entry, UTC and in the zone.
+    pub story_utc: String,
+    pub story_local: String,
+    pub applying_story_utc: Option<String>,
+    pub applying_story_local: Option<String>,
+}
+
+/// One replay burst with up to `SAMPLES_PER_BURST` of the duplicates it absorbed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BurstProofs {
+    pub burst: crate::store::tables::BurstRecord,
+    /// Duplicate entries recorded inside the burst's band in the report's range.
+    pub duplicates_seen: u64,
+    pub samples: Vec<Proof>,
+}
+
+/// A capped list and how many it left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed<T> {
+    pub items: Vec<T>,
+    pub left_off: u64,
+}
+
+impl<T> Default for Listed<T> {
+    fn default() -> Self {
+        Listed {
+            items: Vec::new(),
+            left_off: 0,
+        }
+    }
+}
+
+impl<T> Listed<T> {
+    fn push(&mut self, item: T) {
+        if self.items.len() < LISTED {
+            self.items.push(item);
+        } else {
+            self.left_off += 1;
+        }
+    }
+    pub fn total(&self) -> u64 {
+        self.items.len() as u64 + self.left_off
+    }
+}
+
+/// Everything the report says.
+pub struct Report {
+    pub options: Options,
+    pub version: &'static str,
+    pub backend: &'static str,
+    /// The times of the first and the last audit entry in range (`None`: none).
+    pub first_ms: Option<u64>,
+    pub last_ms: Option<u64>,
+    pub verify: VerifyReport,
+    pub chain_head: [u8; 32],
+    pub anchor: Option<(u64, [u8; 32])>,
+    /// Audit entries in range (of the selected sources) per outcome.
+    pub counts: OutcomeCounts,
+    pub timeline: Timeline,
+    /// Bursts first, then gap ticks (capped at `LISTED`; `markers_left_off` more).
+    pub markers: Vec<Marker>,
+    pub markers_left_off: u64,
+    /// Sources with something open or missing first, then by name; the unparseable row last.
+    pub sources: Vec<SourceRow>,
+    pub open: Listed<OpenRecord>,
+    pub resolutions: Listed<Resolution>,
+    pub proofs: Vec<BurstProofs>,
+    pub sinks: Vec<SinkStatusRow>,
+    pub relay_actions: Listed<RelayAction>,
+}
+
+impl Report {
+    /// Applied once: applied, applied late, or released by an operator.
+    pub fn genuine(&self) -> u64 {
+        self.counts.get(Outcome::Applied)
+            + self.counts.get(Outcome::AppliedLate)
+            + self.counts.get(Outcome::Released)
+    }
+
+    /// Deliveries quarantined (conflict, stale, malformed).
+    pub fn quarantined(&self) -> u64 {
+        self.counts.get(Outcome::Conflict)
+            + self.counts.get(Outcome::Stale)
+            + self.counts.get(Outcome::Malformed)
+    }
+
+    /// The verdict in words (no markup), the report's first sentence.
+    pub fn words(&self) -> String {
+        let sinks: Vec<String> = self
+            .sinks
+            .iter()
+            .map(|s| match s.lag_events {
+                Some(0) => format!("{} caught up", s.sink),
+                Some(n) => format!(
+                    "{} {n} effects behind ({} s)",
+                    s.sink,
+                    s.lag_seconds.unwrap_or(0)
+                ),
+                None => format!("{} not started", s.sink),
+            })
+            .collect();
+        format!(
+            "{} genuine events applied once; {} deliveries suppressed as proven duplicates; {} \
+             held in quarantine ({} still open); sinks: {}.",
+            self.genuine(),
+            self.counts.get(Outcome::Duplicate),
+            self.quarantined(),
+            self.open.total(),
+            if sinks.is_empty() {
+                "none".to_string()
+            } else {
+                sinks.join(", ")
+            }
+        )
+    }
+
+    /// The commands that reproduce the report's numbers: (what they show, command line).
+    pub fn commands(&self) -> Vec<(&'static str, String)> {
+        let o = &self.options;
+        let loc = &o.locator;
+        let mut range = String::new();
+        if let Some(s) = o.since_ms {
+            range.push_str(&format!(" --since {}", rfc3339_ms(s)));
+        }
+        if let Some(u) = o.until_ms {
+            range.push_str(&format!(" --until {}", rfc3339_ms(u)));
+        }
+        let sources: Vec<String> = o
+            .sources
+            .iter()
+            .map(|(a, s)| format!(" --source {}", shell_quote(&format!("{a}/{s}"))))
+            .collect();
+        let one_source = sources.first().cloned().unwrap_or_default();
+        let mut out = vec![
+            (
+                "the verdict: chain, content and relay accounting",
+                format!("replay-guard verify {loc}"),
+            ),
+            (
+                "decisions per outcome since the store was made, sources, bursts",
+                format!("replay-guard stats {loc} --format json"),
+            ),
+        ];
+        if sources.len() > 1 {
+            for s in &sources {
+                out.push((
+                    "missing sequence ranges of one source",
+                    format!("replay-guard gaps {loc}{s} --format table"),
+                ));
+            }
+        } else {
+            out.push((
+                "missing sequence ranges per source and epoch",
+                format!("replay-guard gaps {loc}{one_source} --format table"),
+            ));
+        }
+        let dump_source = if sources.len() == 1 {
+            one_source.clone()
+        } else {
+            String::new()
+        };
+        out.push((
+            "every suppressed duplicate in range",
+            format!(
+                "replay-guard dump-audit {loc} --outcome duplicate{range}{dump_source} --format table"
+            ),
+        ));
+        out.push((
+            "every decision in range, one outcome at a time (applied, conflict, ...)",
+            format!(
+                "replay-guard dump-audit {loc} --outcome applied{range}{dump_source} --format table"
+            ),
+        ));
+        if let Some(p) = self.proofs.iter().flat_map(|b| &b.samples).next()
+            && let Some(key) = p.entry.record.key
+        {
+            out.push((
+                "the whole story of a sample duplicate",
+                format!("replay-guard explain {loc} {}", crate::model::hex(&key)),
+            ));
+        }
+        out.push((
+            "the relay sinks: delivered, parked, lag",
+            format!("replay-guard relay status {loc}"),
+        ));
+        out.push((
+            "the quarantine records still open",
+            format!("replay-guard dump-quarantine {loc}{range}{dump_source} --format table"),
+        ));
+        out
+    }
+}
+
+/// `s` as one shell word: unchanged when it holds only safe characters, else single-quoted.
+pub fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@+,%".contains(c));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// `s` made safe for HTML text and attribute values: control and bidi characters shown as
+/// escapes (`textsafe`), then `& < > " '` as character references.
+pub fn escape_html(s: &str) -> String {
+    let shown = crate::textsafe::escape_controls(s);
+    let mut out = String::with_capacity(shown.len() + 8);
+    for c in shown.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Per (agency, source_id): counts; per (agency, source_id, epoch): seen sequences.
+type Counts = HashMap<(String, String), OutcomeCounts>;
+type Seen = HashMap<(String, String, u64), RangeSet>;
+
+/// A deterministic generator for the reservoir of samples (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+/// Gathers the report from one snapshot, `verify`'s result given: one pass over the audit
+/// log, calling `progress(n)` as each `n` more entries are read.
+pub fn gather(
+    snap: &Snapshot,
+    config: &Config,
+    verify: VerifyReport,
+    options: Options,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report, StoreError> {
+    let meta = snap.meta()?;
+    let audit_first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+    // The timeline's span, without a pass: the range's ends, else the first retained entry
+    // and the newest one.
+    let first_kept = snap
+        .audit_entry(audit_first)?
+        .map(|e| e.record.recorded_at_ms);
+    let newest = snap.newest_audit_ms()?;
+    let lo = match (options.since_ms, first_kept) {
+        (Some(s), Some(f)) => f.max(s),
+        (s, f) => s.or(f).unwrap_or(options.made_at_ms),
+    };
+    let hi = match (options.until_ms, newest) {
+        (Some(u), Some(n)) => n.min(u.saturating_sub(1)),
+        (u, n) => n.or(u.map(|u| u.saturating_sub(1))).unwrap_or(lo),
+    }
+    .max(lo);
+    let mut timeline = Timeline::new(lo, hi, options.zone.offset_ms_at(lo));
+
+    let bursts: Vec<_> = snap
+        .replay_bursts()?
+        .into_iter()
+        .filter(|b| {
+            options.since_ms.is_none_or(|s| b.ended_at_ms >= s)
+                && options.until_ms.is_none_or(|u| b.connected_at_ms < u)
+        })
+        .collect();
+    let mut reservoirs: Vec<(u64, Vec<AuditEntry>)> = vec![(0, Vec::new()); bursts.len()];
+    let mut rng = Rng(0x5eed);
+
+    let mut counts = OutcomeCounts::default();
+    let mut per_source = Counts::new();
+    let mut unparseable = OutcomeCounts::default();
+    let mut seen = Seen::new();
+    let mut gap_marks = Listed::<Marker>::default();
+    let mut resolutions = Listed::<Resolution>::default();
+    let mut relay_actions = Listed::<RelayAction>::default();
+    let (mut first_ms, mut last_ms) = (None::<u64>, None::<u64>);
+
+    let mut read = 0u64;
+    snap.scan_audit::<StoreError>(audit_first, |e| {
+        read += 1;
+        if read.is_multiple_of(4096) {
+            progress(4096);
+        }
+        let r = &e.record;
+        let t = r.recorded_at_ms;
+        let Some(outcome) = Outcome::from_code(r.outcome) else {
+            return Ok(ControlFlow::Continue(()));
+        };
+        let source = r.agency.as_deref().zip(r.source_id.as_deref());
+        // Relay actions name no source: they belong to the delivery section whatever the
+        // source selection.
+        if !options.in_range(t) || (outcome != Outcome::Relay && !options.wants(source)) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        first_ms = Some(first_ms.map_or(t, |f| f.min(t)));
+        last_ms = Some(last_ms.map_or(t, |l| l.max(t)));
+        counts.add(outcome);
+        timeline.add(t, outcome);
+        match source {
+            Some((a, s)) => per_source
+                .entry((a.to_string(), s.to_string()))
+                .or_default()
+                .add(outcome),
+            None if outcome == Outcome::Malformed => unparseable.add(outcome),
+            None => {}
+        }
+        if let (Some((a, s)), Some(epoch), Some(sequence)) = (source, r.epoch, r.sequence) {
+            let set = seen
+                .entry((a.to_string(), s.to_string(), epoch))
+                .or_default();
+            if outcome == Outcome::Applied
+                && let Some(highest) = set.max()
+                && sequence > highest.saturating_add(1)
+            {
+                gap_marks.push(Marker {
+                    at_ms: t,
+                    until_ms: None,
+                    kind: MarkerKind::Gap,
+                    label: format!(
+                        "{a}/{s} epoch {epoch}: {} missing ({}..{})",
+                        sequence - highest - 1,
+                        highest + 1,
+                        sequence - 1
+                    ),
+                });
+            }
+            set.insert(sequence);
+        }
+        match outcome {
+            Outcome::Duplicate => {
+                for (i, b) in bursts.iter().enumerate() {
+                    if (b.connected_at_ms..=b.ended_at_ms).contains(&t) {
+                        let (n, kept) = &mut reservoirs[i];
+                        *n += 1;
+                        if kept.len() < SAMPLES_PER_BURST {
+                            kept.push(e.clone());
+                        } else {
+                            let j = rng.below(*n) as usize;
+                            if j < SAMPLES_PER_BURST {
+                                kept[j] = e.clone();
+                            }
+                        }
+                    }
+                }
+            }
+            Outcome::Released | Outcome::Discarded => {
+                let (operator, why) = operator_words(&r.reason, outcome, r.quarantine_id);
+                resolutions.push(Resolution {
+                    index: e.index,
+                    at_ms: t,
+                    outcome,
+                    quarantine_id: r.quarantine_id,
+                    operator,
+                    why,
+                    recorded: r.reason.clone(),
+                });
+            }
+            Outcome::Relay => relay_actions.push(RelayAction {
+                index: e.index,
+                at_ms: t,
+                sink: r.topic.clone(),
+                reason: r.reason.clone(),
+            }),
+            _ => {}
+        }
+        Ok(ControlFlow::Continue(()))
+    })?;
+
+    let open = open_records(snap, &options)?;
+    let mut open_by_source: HashMap<Option<(String, String)>, u64> = HashMap::new();
+    for q in &open.items {
+        *open_by_source.entry(q.source.clone()).or_default() += 1;
+    }
+    let marks: HashMap<(String, String), (u64, u64)> = snap
+        .sources()?
+        .into_iter()
+        .map(|s| ((s.agency, s.source_id), s.high_water))
+        .collect();
+    let mut gaps_by_source: HashMap<(String, String), Vec<Gap>> = HashMap::new();
+    for ((a, s, epoch), set) in &seen {
+        let (Some(lowest), Some(highest)) = (set.min(), set.max()) else {
+            continue;
+        };
+        let list = gaps_by_source.entry((a.clone(), s.clone())).or_default();
+        list.extend(set.gaps().map(|(from, to)| Gap {
+            epoch: *epoch,
+            lowest,
+            highest,
+            from,
+            to,
+        }));
+    }
+    let mut sources: Vec<SourceRow> = per_source
+        .into_iter()
+        .map(|(name, counts)| {
+            let mut gaps = gaps_by_source.remove(&name).unwrap_or_default();
+            gaps.sort_by_key(|g| (g.epoch, g.from));
+            SourceRow {
+                open: open_by_source
+                    .get(&Some(name.clone()))
+                    .copied()
+                    .unwrap_or(0),
+                high_water: marks.get(&name).copied(),
+                gaps,
+                counts,
+                source: Some(name),
+            }
+        })
+        .collect();
+    sources.sort_by(|a, b| {
+        // Rows needing attention (something held or missing) sort first.
+        let calm = |r: &SourceRow| r.open == 0 && r.gaps.is_empty();
+        (calm(a), &a.source).cmp(&(calm(b), &b.source))
+    });
+    if unparseable.total() > 0 {
+        sources.push(SourceRow {
+            source: None,
+            counts: unparseable,
+            open: open_by_source.get(&None).copied().unwrap_or(0),
+            high_water: None,
+            gaps: Vec::new(),
+        });
+    }
+
+    let mut markers: Vec<Marker> = bursts
+        .iter()
+        .map(|b| Marker {
+            at_ms: b.connected_at_ms,
+            until_ms: Some(b.ended_at_ms.max(b.connected_at_ms)),
+            kind: MarkerKind::Burst,
+            label: format!("{}: {} duplicates absorbed", b.broker, b.duplicates),
+        })
+        .collect();
+    let markers_left_off = gap_marks.left_off;
+    markers.extend(gap_marks.items);
+
+    let mut proofs = Vec::with_capacity(bursts.len());
+    for (burst, (n, mut kept)) in bursts.into_iter().zip(reservoirs) {
+        kept.sort_by_key(|e| e.index);
+        let samples = kept
+            .into_iter()
+            .map(|e| prove(snap, e, &options.zone))
+            .collect::<Result<_, _>>()?;
+        proofs.push(BurstProofs {
+            burst,
+            duplicates_seen: n,
+            samples,
+        });
+    }
+
+    let sinks = crate::commands::relay::status_rows(snap, config, options.made_at_ms)?;
+    Ok(Report {
+        version: env!("CARGO_PKG_VERSION"),
+        backend: if snap.is_postgres() {
+            "postgres"
+        } else {
+            "redb"
+        },
+        first_ms,
+        last_ms,
+        verify,
+        chain_head: meta.chain_head,
+        anchor: meta.audit_anchor,
+        counts,
+        timeline,
+        markers,
+        markers_left_off,
+        sources,
+        open,
+        resolutions,
+        proofs,
+        sinks,
+        relay_actions,
+        options,
+    })
+}
+
+/// A duplicate entry with the effect it matched, in `explain`'s words.
+fn prove(snap: &Snapshot, entry: AuditEntry, zone: &Zone) -> Result<Proof, StoreError> {
+    let s = crate::commands::explain::Suppression::of(snap, &entry)?;
+    Ok(Proof {
+        effect_offset: entry.record.effect_offset,
+        story_utc: s.sentence(&entry, &Zone::utc()),
+        story_local: s.sentence(&entry, zone),
+        applying_story_utc: s.applying().map(|a| s.sentence(a, &Zone::utc())),
+        applying_story_local: s.applying().map(|a| s.sentence(a, zone)),
+        applying: s.applying().cloned(),
+        entry,
+    })
+}
+
+/// The operator and their words from a resolution's audit reason (`quarantine #7 released
+/// by alice: genuine`); `None` and the whole text when it is not in that form.
+fn operator_words(reason: &str, outcome: Outcome, id: Option<u64>) -> (Option<String>, String) {
+    let verb = if outcome == Outcome::Released {
+        "released"
+    } else {
+        "discarded"
+    };
+    let prefix = match id {
+        Some(id) => format!("quarantine #{id} {verb} by "),
+        None => return (None, reason.to_string()),
+    };
+    match reason
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((who, why)) => (Some(who.to_string()), why.to_string()),
+        None => (None, reason.to_string()),
+    }
+}
+
+/// The quarantine records still open that were received in range, of the selected sources.
+fn open_records(snap: &Snapshot, options: &Options) -> Result<Listed<OpenRecord>, StoreError> {
+    let mut open = Listed::default();
+    snap.scan_quarantine::<StoreError>(0, |q| {
+        let r = &q.record;
+        if !options.in_range(r.received_at_ms) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        // The record does not name its source: the audit entry of its first delivery does.
+        let source = snap
+            .audit_entry(r.audit_index)?
+            .and_then(|a| a.record.agency.zip(a.record.source_id));
+        if !options.wants(source.as_ref().map(|(a, s)| (a.as_str(), s.as_str()))) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        open.push(OpenRecord {
+            id: q.id,
+            received_at_ms: r.received_at_ms,
+            outcome: Outcome::from_code(r.outcome),
+            source,
+            reason: r.reason.clone(),
+            key: r.key,
+            deliveries: r.deliveries,
+        });
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok(open)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interval_is_the_shortest_round_one_giving_at_most_200_bars() {
+        assert_eq!(interval_for(0), 10);
+        assert_eq!(interval_for(1_200), 10);
+        assert_eq!(interval_for(60_000), 500);
+        assert_eq!(interval_for(199_999), 1_000);
+        assert_eq!(interval_for(200_000), 5_000);
+        assert_eq!(interval_for(3_600_000), 30_000);
+        assert_eq!(interval_for(12 * 3_600_000), 300_000);
+        assert_eq!(interval_for(30 * DAY_MS), 21_600_000);
+        assert_eq!(interval_for(300 * DAY_MS), 2 * DAY_MS);
+    }
+
+    #[test]
+    fn bars_start_on_round_times_of_the_zone() {
+        let t = 1_796_007_134_123; // 2026-11-30T02:52:14.123Z
+        assert_eq!(
+            rfc3339_ms(align_down(t, 3_600_000, 0)),
+            "2026-11-30T02:00:00.000Z"
+        );
+        // St John's is 3:30 behind: its hours start at half past in UTC.
+        assert_eq!(
+            rfc3339_ms(align_down(t, 3_600_000, -12_600_000)),
+            "2026-11-30T02:30:00.000Z"
+        );
+        // Berlin's midnight is 23:00 UTC the day before.
+        assert_eq!(
+            rfc3339_ms(align_down(t, DAY_MS, 3_600_000)),
+            "2026-11-29T23:00:00.000Z"
+        );
+        let tl = Timeline::new(t, t + 3_600_000, 0);
+        assert_eq!(tl.interval_ms, 30_000);
+        assert_eq!(tl.origin_ms % 30_000, 0);
+        assert!(tl.origin_ms <= t && tl.end_ms() > t + 3_600_000);
+        assert!((60..=200).contains(&tl.bars.len()), "{}", tl.bars.len());
+    }
+
+    #[test]
+    fn times_outside_the_bars_count_in_the_nearest_one() {
+        let mut tl = Timeline::new(10_000, 20_000, 0);
+        tl.add(0, Outcome::Applied);
+        tl.add(u64::MAX, Outcome::Conflict);
+        assert_eq!(tl.bars[0].get(Outcome::Applied), 1);
+        assert_eq!(tl.bars.last().unwrap().get(Outcome::Conflict), 1);
+    }
+
+    #[test]
+    fn hostile_text_is_escaped_for_html() {
+        let hostile = "<script>alert(\"x\")</script> & 'y' \u{1b}[31m\u{202e}\n";
+        let e = escape_html(hostile);
+        assert_eq!(
+            e,
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39; \\u001b[31m\\u202e\\n"
+        );
+        assert!(!e.contains('<') && !e.contains('"') && !e.chars().any(|c| c.is_control()));
+        assert_eq!(escape_html("plain é 漢"), "plain é 漢");
+    }
+
+    #[test]
+    fn shell_words_are_quoted_only_when_needed() {
+        assert_eq!(shell_quote("/tmp/a.redb"), "/tmp/a.redb");
+        assert_eq!(shell_quote("Cal/Fire E7"), "'Cal/Fire E7'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn a_resolutions_operator_is_read_from_its_reason() {
+        assert_eq!(
+            operator_words(
+                "quarantine #7 released by alice: genuine: checked",
+                Outcome::Released,
+                Some(7)
+            ),
+            (Some("alice".into()), "genuine: checked".into())
+        );
+        assert_eq!(
+            operator_words("something else", Outcome::Discarded, Some(7)),
+            (None, "something else".into())
+        );
+    }
+}
