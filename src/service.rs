@@ -143,6 +143,14 @@ enum Job {
     Batch(Vec<Incoming>, Reply),
     /// A replay burst to record for `stats` (its own small transaction; rare).
     Burst(BurstRecord),
+    /// A (re)connect: the batches after it are consumed as `client_id` from `broker`, and
+    /// a CONNACK without a session may have lost what the broker queued (checked against the
+    /// store, recorded in its own small transaction).
+    Connected {
+        broker: String,
+        client_id: String,
+        session_present: bool,
+    },
 }
 
 /// The store on its own thread: redb blocks and fsyncs, so it never runs on the async thread.
@@ -203,6 +211,10 @@ fn commit_with_retry(
                 if let Ok(report) = &other {
                     metrics.commit_took(started.elapsed());
                     warn_quarantined(batch, report);
+                    warn_gaps(&report.gaps);
+                    for g in &report.gaps {
+                        metrics.gap(&g.agency, g.gap.missing());
+                    }
                 }
                 return other;
             }
@@ -227,6 +239,63 @@ fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
                 "message quarantined for review: {outcome} on {topic}, quarantine id {id}"
             );
         }
+    }
+}
+
+/// One warning per upstream gap a batch revealed: sequences of a source's epoch that never
+/// arrived before a later one was applied (a broker dropped them, typically from a full
+/// session queue). `journalctl -p warning OUTCOME=gap` selects them. `ingest` warns the same.
+pub(crate) fn warn_gaps(gaps: &[crate::store::upstream::ReportedGap]) {
+    for g in gaps {
+        let agency = crate::textsafe::escape_controls(&g.agency);
+        let source_id = crate::textsafe::escape_controls(&g.source_id);
+        let (epoch, from, to, missing) = (g.gap.epoch, g.gap.from, g.gap.to, g.gap.missing());
+        tracing::warn!(
+            outcome = "gap",
+            agency = %g.agency,
+            source_id = %g.source_id,
+            epoch,
+            missing_from = from,
+            missing_to = to,
+            missing,
+            "upstream gap: {agency}/{source_id} epoch {epoch} missing {from}-{to} ({missing} \
+             sequences): never delivered before a later sequence was applied"
+        );
+    }
+}
+
+/// The store thread's part of a (re)connect: from now on batches are consumed as
+/// `client_id`; a CONNACK without a session under a client id the store consumed under
+/// means the broker dropped whatever it had queued for us: a warning, a metric, a record.
+fn on_connected(
+    store: &mut Backend,
+    metrics: &Metrics,
+    (broker, client_id, session_present): (String, String, bool),
+) {
+    let loss = store.note_connect(&broker, &client_id, session_present, now_ms());
+    store.consume_as(crate::store::upstream::ConsumedAs {
+        client_id: client_id.clone(),
+        broker: broker.clone(),
+    });
+    match loss {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            metrics.session_lost(&broker);
+            let id = crate::textsafe::escape_controls(&client_id);
+            tracing::warn!(
+                outcome = "session_lost",
+                %broker,
+                client_id = %client_id,
+                "broker session lost: {broker} answered the connect of client id {id} without \
+                 the session it consumed under: anything published while replay-guard was \
+                 away may be lost (check the producers, `gaps`, and the broker's persistence)"
+            );
+        }
+        Err(e) => tracing::warn!(
+            %broker,
+            error = %e,
+            "could not check the broker session against the store: {e}"
+        ),
     }
 }
 
@@ -274,6 +343,15 @@ impl StoreWorker {
                                 tracing::warn!(error = %e, "could not record the replay burst: {e}");
                             }
                         }
+                        Job::Connected {
+                            broker,
+                            client_id,
+                            session_present,
+                        } => on_connected(
+                            &mut store,
+                            &metrics,
+                            (broker, client_id, session_present),
+                        ),
                     }
                 }
                 // Every batch is durable already; a failing close leaves the file needing
@@ -310,6 +388,17 @@ impl StoreWorker {
     fn record_burst(&self, burst: BurstRecord) {
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job::Burst(burst));
+        }
+    }
+
+    /// Queued before any batch of the new connection: jobs run in order.
+    fn connected(&self, broker: &str, client_id: &str, session_present: bool) {
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::Connected {
+                broker: broker.into(),
+                client_id: client_id.into(),
+                session_present,
+            });
         }
     }
 }
@@ -572,6 +661,8 @@ struct Consumer<'a> {
     started_ms: u64,
     /// When the last STATUS went out: refreshed after commits, at most once a second.
     status_sent: Instant,
+    /// `[mqtt] client_id`: the session the broker keeps for us.
+    client_id: String,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -613,6 +704,10 @@ impl<'a> Consumer<'a> {
             metrics,
             started_ms: now_ms(),
             status_sent: Instant::now(),
+            client_id: config
+                .mqtt
+                .as_ref()
+                .map_or_else(String::new, |m| m.client_id.clone()),
         }
     }
 
@@ -730,6 +825,8 @@ impl<'a> Consumer<'a> {
             } => {
                 tracing::info!(%broker, session_present, "connected");
                 self.metrics.connected(&broker, true);
+                self.worker
+                    .connected(&broker, &self.client_id, session_present);
                 self.end_burst();
                 // Replays come after a reconnect: count what is absorbed until a batch has none.
                 if self.summary.reconnects > 0 {

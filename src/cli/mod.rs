@@ -368,6 +368,20 @@ pub struct HealthArgs {
     /// More deliveries than this quarantined in the last hour: CRITICAL.
     #[arg(long, value_name = "N", default_value = "50", value_parser = values::count_threshold)]
     pub crit_quarantine: Threshold,
+    /// More sequences than this missing in the upstream gaps reported in the last hour
+    /// (messages a broker dropped): WARNING.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_gaps: Threshold,
+    /// More sequences than this missing in the last hour's upstream gaps: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = values::count_threshold)]
+    pub crit_gaps: Threshold,
+    /// More broker sessions than this found lost in the last hour (what the broker queued
+    /// for `run` is gone): WARNING.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_sessions_lost: Threshold,
+    /// More broker sessions than this lost in the last hour: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "off", value_parser = values::count_threshold)]
+    pub crit_sessions_lost: Threshold,
     /// Window fuller than this percentage of `[window] max_entries`: WARNING.
     #[arg(long, value_name = "PERCENT", default_value = "80", value_parser = values::percent_threshold)]
     pub warn_window_fill: Threshold,

@@ -22,6 +22,9 @@ pub struct IngestSummary {
     pub counts: OutcomeCounts,
     pub batches: u64,
     pub evicted: u64,
+    /// Upstream gaps the input revealed, and the sequences missing in them.
+    pub gaps: u64,
+    pub missing: u64,
 }
 
 pub fn run(args: &IngestArgs) -> Result<(), Failure> {
@@ -62,6 +65,13 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     );
     for &o in Outcome::DECIDED {
         let _ = writeln!(err, "  {:<13}{:>10}", o.as_str(), summary.counts.get(o));
+    }
+    if summary.gaps > 0 {
+        let _ = writeln!(
+            err,
+            "  upstream gaps {} ({} sequences missing: see the warnings above, or `gaps`)",
+            summary.gaps, summary.missing
+        );
     }
     Ok(())
 }
@@ -118,6 +128,9 @@ fn commit_loop(
             }
         }
         let report = store.commit_batch(&batch, now_ms())?;
+        crate::service::warn_gaps(&report.gaps);
+        summary.gaps += report.gaps.len() as u64;
+        summary.missing += report.gaps.iter().map(|g| g.gap.missing()).sum::<u64>();
         summary.counts.merge(&report.counts);
         summary.evicted += report.evicted;
         summary.batches += 1;

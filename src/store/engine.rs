@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 
 use super::tables::*;
 use super::tx::Tx;
+use super::upstream::{ConsumedAs, ReportedGap};
 use super::{BatchReport, Decided, StoreError, StoreOptions, audit};
 use crate::decide::{self, Seen, SourceMarks};
 use crate::key::sha256;
@@ -61,6 +62,8 @@ pub(super) struct Writer<T: Tx> {
     /// The lowest relay sink cursor (read only when retention prunes effects): retention
     /// never removes an effect a sink has not delivered or parked.
     pub(super) lowest_cursor: Option<u64>,
+    /// Upstream gaps the batch's applied messages revealed, in delivery order.
+    gaps: Vec<ReportedGap>,
 }
 
 pub(super) fn pos_pair(p: Position) -> (u64, u64) {
@@ -76,11 +79,14 @@ const EVICTION_SLACK: u64 = 4096;
 
 impl<T: Tx> Writer<T> {
     /// Decides every delivery of `batch`, in order, at time `now_ms`; evicts what the window
-    /// no longer keeps and prunes what retention no longer keeps. The caller commits.
+    /// no longer keeps and prunes what retention no longer keeps; records the upstream gaps
+    /// the batch revealed and, if given, the client id it was consumed under. The caller
+    /// commits.
     pub(super) fn decide_batch(
         &mut self,
         batch: &[Incoming],
         now_ms: u64,
+        consumed_as: Option<&ConsumedAs>,
     ) -> Result<BatchReport, StoreError> {
         let positions: Vec<(&str, &str, u64, u64)> = batch
             .iter()
@@ -100,6 +106,19 @@ impl<T: Tx> Writer<T> {
             report.decided.push(d);
         }
         report.evicted += self.evict(now_ms, &mut budget)?;
+        report.gaps = std::mem::take(&mut self.gaps);
+        let consumer = consumed_as.filter(|_| !batch.is_empty());
+        if !report.gaps.is_empty() || consumer.is_some() {
+            let mut losses = self.tx.upstream_losses()?.unwrap_or_default();
+            let mut changed = !report.gaps.is_empty();
+            losses.note_gaps(&report.gaps, now_ms);
+            if let Some(c) = consumer {
+                changed |= losses.note_consumer(&c.client_id, &c.broker, now_ms);
+            }
+            if changed {
+                self.tx.put_upstream_losses(&losses)?;
+            }
+        }
         // Looking costs one read at the oldest end of each log, so every commit looks.
         if self.opts.retention.is_active() {
             let policy = self.opts.retention;
@@ -140,6 +159,7 @@ impl<T: Tx> Writer<T> {
             marks: None,
             marks_dirty: false,
             counters,
+            gaps: Vec::new(),
         })
     }
 
@@ -222,6 +242,13 @@ impl<T: Tx> Writer<T> {
                     },
                 )?;
                 if !late {
+                    if let Some(gap) = decide::upstream_gap(marks.as_ref(), msg.position) {
+                        self.gaps.push(ReportedGap {
+                            agency: msg.source.agency().into(),
+                            source_id: msg.source.source_id().into(),
+                            gap,
+                        });
+                    }
                     let st = self.state(no)?;
                     st.record.high_water = pos_pair(msg.position);
                     st.dirty = true;
@@ -511,5 +538,102 @@ impl<T: Tx> Writer<T> {
     pub(super) fn set_marks(&mut self, marks: RetentionMarks) {
         self.marks = Some(marks);
         self.marks_dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::decide::Gap;
+    use crate::store::upstream::{ConsumedAs, ReportedGap};
+    use crate::store::{Backend, Incoming, Store, StoreOptions};
+    use crate::testing::T0;
+    use crate::wire::FeedContract;
+
+    /// One batch of messages of `fire/engine-7`, each (epoch, sequence), committed at T0.
+    fn commit(s: &mut Store, positions: &[(u64, u64)]) -> Vec<ReportedGap> {
+        let c = FeedContract::default();
+        let batch: Vec<Incoming> = positions
+            .iter()
+            .map(|(e, q)| {
+                let p = format!(
+                    r#"{{"agency":"fire","source_id":"engine-7","epoch":{e},"sequence":{q}}}"#
+                );
+                Incoming::decode("t", p.into_bytes(), T0, &c)
+            })
+            .collect();
+        s.commit_batch(&batch, T0).unwrap().gaps
+    }
+
+    fn gap(epoch: u64, from: u64, to: u64) -> ReportedGap {
+        ReportedGap {
+            agency: "fire".into(),
+            source_id: "engine-7".into(),
+            gap: Gap { epoch, from, to },
+        }
+    }
+
+    #[test]
+    fn a_sequence_jumping_past_the_high_water_mark_reports_the_missing_range() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        // The first message of a source is no gap, wherever it starts.
+        assert_eq!(commit(&mut s, &[(3, 900)]), vec![]);
+        let seqs: Vec<(u64, u64)> = (901..=1000).map(|q| (3, q)).collect();
+        assert_eq!(commit(&mut s, &seqs), vec![], "consecutive: no gap");
+        assert_eq!(commit(&mut s, &[(3, 3001)]), vec![gap(3, 1001, 3000)]);
+        // Two in one batch: each against the mark the one before it left.
+        assert_eq!(
+            commit(&mut s, &[(3, 3003), (3, 3004), (3, 3010)]),
+            vec![gap(3, 3002, 3002), gap(3, 3005, 3009)]
+        );
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!((losses.gap_events, losses.missing_sequences), (3, 2006));
+        assert_eq!(losses.last_hour(T0).missing_sequences, 2006);
+        assert_eq!(losses.recent_gaps.len(), 3);
+        assert_eq!(losses.recent_gaps[0].from, 1001);
+    }
+
+    #[test]
+    fn late_arrivals_duplicates_and_a_new_epoch_open_no_gap() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        assert_eq!(commit(&mut s, &[(3, 1), (3, 5)]), vec![gap(3, 2, 4)]);
+        // 3 fills part of the gap (applied_late), 5 again is a duplicate.
+        assert_eq!(commit(&mut s, &[(3, 3), (3, 5)]), vec![]);
+        // A new epoch may start its counter anywhere.
+        assert_eq!(commit(&mut s, &[(4, 70)]), vec![]);
+        assert_eq!(commit(&mut s, &[(4, 72)]), vec![gap(4, 71, 71)]);
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!((losses.gap_events, losses.missing_sequences), (2, 4));
+    }
+
+    #[test]
+    fn a_batch_records_the_client_id_it_was_consumed_under_once() {
+        let store = Store::open_in_memory(StoreOptions::default()).unwrap();
+        let mut b = Backend::Redb(store);
+        // Nothing consumed yet: a connect without a session is no loss.
+        assert_eq!(b.note_connect("mqtt://b", "rg", false, T0).unwrap(), None);
+        b.consume_as(ConsumedAs {
+            client_id: "rg".into(),
+            broker: "mqtt://b".into(),
+        });
+        crate::testing::feed(&mut b, 1..=3, T0);
+        let losses = b.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.consumers.len(), 1);
+        assert_eq!(losses.consumers[0].client_id, "rg");
+        // With the session kept, nothing is lost; without it, the loss is recorded.
+        assert_eq!(b.note_connect("mqtt://b", "rg", true, T0).unwrap(), None);
+        let loss = b.note_connect("mqtt://b", "rg", false, T0 + 5).unwrap();
+        assert_eq!(
+            loss.map(|l| (l.at_ms, l.client_id)),
+            Some((T0 + 5, "rg".into()))
+        );
+        // Another client id never consumed under: no loss.
+        assert_eq!(
+            b.note_connect("mqtt://b", "other", false, T0).unwrap(),
+            None
+        );
+        let losses = b.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.sessions_lost, 1);
+        assert_eq!(losses.last_hour(T0 + 5).sessions_lost, 1);
+        assert_eq!(losses.recent_sessions_lost[0].broker, "mqtt://b");
     }
 }

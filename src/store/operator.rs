@@ -91,6 +91,28 @@ impl Store {
         self.guarded(|s| s.try_record_burst(burst))
     }
 
+    /// `Backend::note_connect` on this file: a connect without a session under `client_id`.
+    pub fn note_connect(
+        &mut self,
+        broker: &str,
+        client_id: &str,
+        now_ms: u64,
+    ) -> Result<Option<SessionLoss>, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let loss = {
+                let mut tx = Leak::new(RedbTx::open(&txn)?);
+                super::upstream::note_connect(&mut *tx, broker, client_id, false, now_ms)?
+            };
+            if loss.is_some() {
+                txn.into_inner().commit()?;
+            } else {
+                txn.into_inner().abort()?;
+            }
+            Ok(loss)
+        })
+    }
+
     fn try_record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
         use redb::ReadableTable;
         let txn = Leak::new(self.begin_durable()?);

@@ -107,6 +107,14 @@ impl Tx for RedbTx<'_> {
         RETENTION.put(&mut self.meta, marks, &mut self.buf)
     }
 
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        UPSTREAM.get(&self.meta)
+    }
+
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        UPSTREAM.put(&mut self.meta, record, &mut self.buf)
+    }
+
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         Ok(self
             .source_ids

@@ -11,7 +11,7 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 use super::StoreError;
 use super::tables::{
     AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, WindowRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, UpstreamLosses, WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -37,6 +37,9 @@ pub trait Tx {
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError>;
     fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError>;
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError>;
+    /// The record of losses upstream (`store::upstream`); `None` until the first.
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError>;
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError>;
 
     /// The number of source (agency, source_id), if it has one.
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError>;
@@ -210,6 +213,12 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
         (**self).put_retention_marks(marks)
+    }
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        (**self).upstream_losses()
+    }
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        (**self).put_upstream_losses(record)
     }
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         (**self).source_no(agency, source_id)

@@ -74,6 +74,9 @@
 //! - `systemd`: both units (the service, the standalone relay) verify with an exposure of at
 //!   most 2.0 and share one dynamic user and database; check-config of both example configs;
 //!   secrets.
+//! - `upstream_loss`: losses upstream loud at once: a stock Mosquitto dropping a backlog
+//!   queued for `run` (the gap warned, counted, in `health` and `stats`), a broker restarted
+//!   without its sessions (session lost, likewise); a fresh store's first connect is no loss.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -114,4 +117,5 @@ mod service;
 mod systemd;
 mod tls;
 mod torture;
+mod upstream_loss;
 mod verify;

@@ -368,6 +368,15 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        self.meta_record(UPSTREAM)
+    }
+
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        self.set_meta(UPSTREAM, record);
+        Ok(())
+    }
+
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         let key = (agency.to_string(), source_id.to_string());
         if let Some(v) = self.source_ids.get(&key) {
