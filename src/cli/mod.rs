@@ -346,7 +346,9 @@ monitoring-plugin format, `REPLAY-GUARD STATE - text | perfdata`, for Nagios, Ic
 systemd timer. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read, or a \
 flag is wrong).\n\n\
 Checks: the age of the last decision (the newest audit entry), deliveries quarantined in the \
-last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
+last hour, sequences missing in the upstream gaps reported in the last hour (an applied \
+sequence that jumped past its source's high-water mark: a broker dropped what was between), \
+broker sessions `run` found lost in the last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
 uses), each relay sink's lag (effects behind the head, and the age of the oldest undelivered \
 one), and free space on the file system of the database file (not for PostgreSQL). A value \
 above a --warn-* threshold is WARNING, above --crit-* CRITICAL (disk free: below). `off` \

@@ -346,7 +346,11 @@ fn progress_shows_on_a_terminal_only() {
     assert_eq!(out.status.code(), Some(0));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("ingesting"), "{err}");
-    assert!(err.starts_with("replay-guard ingest: "), "{err}");
+    // The generated feed reorders, so upstream-gap warnings may come first.
+    assert!(
+        err.lines().any(|l| l.starts_with("replay-guard ingest: ")),
+        "{err}"
+    );
     let out = common::run(&["verify", "--db", b.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     assert!(
