@@ -3,14 +3,21 @@
 //! warning naming the source, epoch and range, a metric, a `health` check and a `stats`
 //! total; a broker restarted without persistence answers `run`'s reconnect without its
 //! session, and that is a warning, a metric and a `health` check too. A fresh store's first
-//! connect, and a restart that finds the session kept, are not.
+//! connect, and a restart that finds the session kept, are not. The record is the same on
+//! redb and PostgreSQL.
 
 use std::path::Path;
 use std::time::Duration;
 
+use replay_guard::store::postgres::{PgConfig, PgStore};
+use replay_guard::store::upstream::ConsumedAs;
+use replay_guard::store::{Backend, Incoming, Store, StoreOptions};
+use replay_guard::wire::FeedContract;
+
 use super::broker::{Broker, free_port};
 use super::common;
 use super::metrics::{eventually, scrape, value};
+use super::pg::PgDb;
 use super::service::Consumer;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -215,4 +222,69 @@ fn a_broker_restarted_without_its_sessions_is_a_lost_session_warned_counted_and_
         c.log_since_start()
     );
     assert_eq!(c.stop(LIMIT), Some(0));
+}
+
+#[test]
+fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
+    let pg_db = PgDb::new("upstream");
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = 1_800_000_000_000;
+    let redb = Store::open(&dir.path().join("a.redb"), StoreOptions::default(), t0).unwrap();
+    let cfg = PgConfig::parse(&pg_db.dsn(), "replay_guard").unwrap();
+    let pg = PgStore::open(cfg, StoreOptions::default(), t0).unwrap();
+    let contract = FeedContract::default();
+    for mut store in [Backend::Redb(redb), Backend::Postgres(pg)] {
+        let batch = |seqs: &[u64]| -> Vec<Incoming> {
+            engine7_seqs(seqs)
+                .into_iter()
+                .map(|l| Incoming::decode("incidents/fire", l.into_bytes(), t0, &contract))
+                .collect()
+        };
+        assert_eq!(
+            store.note_connect("mqtt://b", "rg", false, t0).unwrap(),
+            None
+        );
+        store.consume_as(ConsumedAs {
+            client_id: "rg".into(),
+            broker: "mqtt://b".into(),
+        });
+        assert!(
+            store
+                .commit_batch(&batch(&[1, 2]), t0)
+                .unwrap()
+                .gaps
+                .is_empty()
+        );
+        let gaps = store.commit_batch(&batch(&[10, 4, 12]), t0).unwrap().gaps;
+        let got: Vec<(u64, u64, u64)> = gaps
+            .iter()
+            .map(|g| (g.gap.epoch, g.gap.from, g.gap.to))
+            .collect();
+        // 4 (below 10) is applied late and opens nothing; 12 opens 11.
+        assert_eq!(got, vec![(3, 3, 9), (3, 11, 11)]);
+        assert!(
+            store
+                .note_connect("mqtt://b", "rg", true, t0)
+                .unwrap()
+                .is_none()
+        );
+        let loss = store.note_connect("mqtt://b", "rg", false, t0 + 1).unwrap();
+        assert_eq!(loss.map(|l| l.client_id), Some("rg".to_string()));
+        let rec = store.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(
+            (rec.gap_events, rec.missing_sequences, rec.sessions_lost),
+            (2, 8, 1)
+        );
+        let hour = rec.last_hour(t0 + 1);
+        assert_eq!((hour.missing_sequences, hour.sessions_lost), (8, 1));
+        assert_eq!(rec.consumers.len(), 1);
+        assert_eq!(rec.recent_gaps.len(), 2);
+        store.close().unwrap();
+    }
+}
+
+fn engine7_seqs(seqs: &[u64]) -> Vec<String> {
+    seqs.iter()
+        .map(|q| common::msg("fire", "engine-7", 3, *q, "position"))
+        .collect()
 }
