@@ -96,7 +96,7 @@ pub enum Command {
     /// Monitoring check (Nagios/Icinga plugin, systemd timer): one status line; exit 0 OK,
     /// 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read).
     #[command(long_about = HEALTH_ABOUT)]
-    Health(HealthArgs),
+    Health(Box<HealthArgs>),
     /// Copy a live database into a new file from one read transaction (consistent while `run`
     /// writes), then verify the copy. redb only: for PostgreSQL use `pg_dump -n SCHEMA`.
     Backup(BackupArgs),

@@ -173,7 +173,7 @@ fn a_broker_restarted_without_its_sessions_is_a_lost_session_warned_counted_and_
         "{line}"
     );
     // It resubscribes and the feed flows on.
-    common::wait_subscribed(&c.log_path(), mark, "");
+    common::wait_subscribed(c.log_path(), mark, "");
     broker.publish_lines("incidents/fire", &engine7(6..=8), "pub-lost");
     c.wait_applied(8, LIMIT);
 
