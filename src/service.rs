@@ -291,10 +291,18 @@ fn on_connected(
                  away may be lost (check the producers, `gaps`, and the broker's persistence)"
             );
         }
+        // Only a connect without a session asks the store; it could not be read, so whether
+        // the session was one the store consumed under (a loss) is unknown: say so.
         Err(e) => tracing::warn!(
+            outcome = "session_lost",
             %broker,
+            client_id = %client_id,
             error = %e,
-            "could not check the broker session against the store: {e}"
+            "broker session possibly lost: {broker} answered the connect of client id {} \
+             without a session, and the store could not be read to tell whether replay-guard \
+             consumed under it before ({e}): if it did, anything published while it was away \
+             may be lost",
+            crate::textsafe::escape_controls(&client_id)
         ),
     }
 }
