@@ -98,6 +98,11 @@ impl Store {
         client_id: &str,
         now_ms: u64,
     ) -> Result<Option<SessionLoss>, StoreError> {
+        // Most connects are a new store's or under a client id not consumed under yet: a
+        // read answers those without a write transaction.
+        if !self.reader()?.upstream_losses()?.consumed_under(client_id) {
+            return Ok(None);
+        }
         self.guarded(|s| {
             let txn = Leak::new(s.begin_durable()?);
             let loss = {
