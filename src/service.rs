@@ -18,6 +18,7 @@ use crate::notify::Notifier;
 use crate::relay::{self, Relay, RelayError, Wake};
 use crate::store::postgres::PgStore;
 use crate::store::tables::BurstRecord;
+use crate::store::upstream::{GapCandidates, ReportedGap};
 use crate::store::{Backend, BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
 use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
@@ -211,10 +212,6 @@ fn commit_with_retry(
                 if let Ok(report) = &other {
                     metrics.commit_took(started.elapsed());
                     warn_quarantined(batch, report);
-                    warn_gaps(&report.gaps);
-                    for g in &report.gaps {
-                        metrics.gap(&g.agency, g.gap.missing());
-                    }
                 }
                 return other;
             }
@@ -242,10 +239,98 @@ fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
     }
 }
 
-/// One warning per upstream gap a batch revealed: sequences of a source's epoch that never
-/// arrived before a later one was applied (a broker dropped them, typically from a full
-/// session queue). `journalctl -p warning OUTCOME=gap` selects them. `ingest` warns the same.
-pub(crate) fn warn_gaps(gaps: &[crate::store::upstream::ReportedGap]) {
+/// The store thread's gap candidates (`store::upstream::GapCandidates`): each waits
+/// `[feed] gap_grace_ms` on a monotonic clock, then what is still missing of the due ones is
+/// confirmed in one write transaction, recorded, warned and counted.
+struct PendingGaps {
+    candidates: GapCandidates,
+    grace_ms: u64,
+    clock: Instant,
+}
+
+/// How long candidates wait before another attempt when the store could not confirm them
+/// (PostgreSQL unreachable), at least.
+const CONFIRM_RETRY_MS: u64 = 1_000;
+
+impl PendingGaps {
+    fn new(grace: Duration) -> PendingGaps {
+        PendingGaps {
+            candidates: GapCandidates::default(),
+            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            clock: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn add(&mut self, gaps: Vec<ReportedGap>) {
+        if !gaps.is_empty() {
+            let due = self.now().saturating_add(self.grace_ms);
+            self.candidates.add(gaps, due);
+        }
+    }
+
+    /// How long the store thread may wait for a job before candidates fall due.
+    fn wait(&self) -> Option<Duration> {
+        let due = self.candidates.next_due()?;
+        Some(Duration::from_millis(due.saturating_sub(self.now())))
+    }
+
+    /// Confirms the due candidates (`all`: every one, at shutdown).
+    fn confirm(&mut self, store: &mut Backend, metrics: &Metrics, all: bool) {
+        let due = if all {
+            self.candidates.take_all()
+        } else {
+            self.candidates.take_due(self.now())
+        };
+        if due.is_empty() {
+            return;
+        }
+        match store.confirm_gaps(&due, now_ms()) {
+            Ok(missing) => {
+                warn_gaps(&missing);
+                for g in &missing {
+                    metrics.gap(&g.agency, g.gap.missing());
+                }
+            }
+            Err(StoreError::Unreachable(why)) if !all => {
+                tracing::debug!(error = %why, candidates = due.len(), "gap candidates not confirmed yet: {why}");
+                let again = self
+                    .now()
+                    .saturating_add(self.grace_ms.max(CONFIRM_RETRY_MS));
+                self.candidates.add(due, again);
+            }
+            // Not silent: what could not be checked is warned as possibly missing.
+            Err(e) => {
+                for g in &due {
+                    let (agency, source_id) = (
+                        crate::textsafe::escape_controls(&g.agency),
+                        crate::textsafe::escape_controls(&g.source_id),
+                    );
+                    let (epoch, from, to) = (g.gap.epoch, g.gap.from, g.gap.to);
+                    tracing::warn!(
+                        outcome = "gap",
+                        agency = %g.agency,
+                        source_id = %g.source_id,
+                        epoch,
+                        missing_from = from,
+                        missing_to = to,
+                        error = %e,
+                        "possible upstream gap: {agency}/{source_id} epoch {epoch} {from}-{to} \
+                         could not be confirmed ({e}): check `gaps`"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One warning per upstream gap confirmed: sequences of a source's epoch still missing a
+/// grace after a later one was applied (a broker dropped them, typically from a full session
+/// queue). `journalctl -p warning OUTCOME=gap` selects them. `ingest` warns the same.
+pub(crate) fn warn_gaps(gaps: &[ReportedGap]) {
     for g in gaps {
         let agency = crate::textsafe::escape_controls(&g.agency);
         let source_id = crate::textsafe::escape_controls(&g.source_id);
@@ -308,7 +393,12 @@ fn on_connected(
 }
 
 impl StoreWorker {
-    fn spawn(mut store: Backend, wake: Wake, metrics: Metrics) -> std::io::Result<StoreWorker> {
+    fn spawn(
+        mut store: Backend,
+        wake: Wake,
+        metrics: Metrics,
+        gap_grace: Duration,
+    ) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
         let unreachable_since = Arc::new(AtomicU64::new(0));
         let last_failed_attempt = Arc::new(AtomicU64::new(0));
@@ -321,12 +411,29 @@ impl StoreWorker {
         let thread = std::thread::Builder::new()
             .name("store".into())
             .spawn(move || {
-                for job in rx {
+                let mut gaps = PendingGaps::new(gap_grace);
+                loop {
+                    // Wait for a job, or until gap candidates fall due (a quiet feed's too).
+                    let job = match gaps.wait() {
+                        None => rx.recv().ok(),
+                        Some(wait) => match rx.recv_timeout(wait) {
+                            Ok(job) => Some(job),
+                            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                                gaps.confirm(&mut store, &metrics, false);
+                                continue;
+                            }
+                            Err(std_mpsc::RecvTimeoutError::Disconnected) => None,
+                        },
+                    };
+                    let Some(job) = job else { break };
                     match job {
                         Job::Batch(batch, reply) => {
-                            let result = commit_with_retry(
+                            let mut result = commit_with_retry(
                                 &mut store, &batch, &since, &last, &stop, &metrics,
                             );
+                            if let Ok(r) = &mut result {
+                                gaps.add(std::mem::take(&mut r.gaps));
+                            }
                             if let Ok(r) = &result
                                 && r.pruned.total() > 0
                             {
@@ -345,6 +452,8 @@ impl StoreWorker {
                             if failed {
                                 return; // latched: no retry loop
                             }
+                            // After the reply: confirming never delays an acknowledgement.
+                            gaps.confirm(&mut store, &metrics, false);
                         }
                         Job::Burst(burst) => {
                             if let Err(e) = store.record_burst(&burst) {
@@ -362,6 +471,8 @@ impl StoreWorker {
                         ),
                     }
                 }
+                // Draining: what is still a candidate is confirmed now, without the grace.
+                gaps.confirm(&mut store, &metrics, true);
                 // Every batch is durable already; a failing close leaves the file needing
                 // repair at the next open, or tells of damage.
                 if let Err(e) = store.close() {
@@ -608,7 +719,7 @@ pub fn run(
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
     let relay = relay::spawn(&config, Some(&wake), Some(&metrics))?;
-    let worker = StoreWorker::spawn(store, wake, metrics.clone())
+    let worker = StoreWorker::spawn(store, wake, metrics.clone(), config.gap_grace)
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
     notifier.notify("READY=1\nSTATUS=database open, connecting");

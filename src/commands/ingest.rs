@@ -13,6 +13,7 @@ use crate::cli::IngestArgs;
 use crate::config::Config;
 use crate::key::Sha256Stream;
 use crate::model::{Outcome, OutcomeCounts};
+use crate::store::upstream::{GapCandidates, ReportedGap};
 use crate::store::{Backend, Incoming};
 use crate::timefmt::now_ms;
 
@@ -22,7 +23,7 @@ pub struct IngestSummary {
     pub counts: OutcomeCounts,
     pub batches: u64,
     pub evicted: u64,
-    /// Upstream gaps the input revealed, and the sequences missing in them.
+    /// Upstream gaps still missing at the end of the input, and the sequences in them.
     pub gaps: u64,
     pub missing: u64,
 }
@@ -112,6 +113,7 @@ fn commit_loop(
     let read_err =
         |e: io::Error| Failure::Runtime(anyhow::Error::new(e).context("cannot read input"));
     let mut summary = IngestSummary::default();
+    let mut candidates = GapCandidates::default();
     let bar = crate::progress::Progress::counter("ingesting", "messages");
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first.map_err(read_err)?];
@@ -127,10 +129,11 @@ fn commit_loop(
                 }
             }
         }
-        let report = store.commit_batch(&batch, now_ms())?;
-        crate::service::warn_gaps(&report.gaps);
-        summary.gaps += report.gaps.len() as u64;
-        summary.missing += report.gaps.iter().map(|g| g.gap.missing()).sum::<u64>();
+        let mut report = store.commit_batch(&batch, now_ms())?;
+        // Candidates wait for the end of the input (what arrives later in it fills them),
+        // but never more than `upstream::MAX_CANDIDATES` of them.
+        candidates.add(std::mem::take(&mut report.gaps), u64::MAX);
+        confirm(store, candidates.take_due(0), &mut summary)?;
         summary.counts.merge(&report.counts);
         summary.evicted += report.evicted;
         summary.batches += 1;
@@ -139,7 +142,21 @@ fn commit_loop(
             break;
         }
     }
+    confirm(store, candidates.take_all(), &mut summary)?;
     Ok(summary)
+}
+
+/// Confirms gap candidates (one transaction), warns and counts what is still missing.
+fn confirm(
+    store: &mut Backend,
+    candidates: Vec<ReportedGap>,
+    summary: &mut IngestSummary,
+) -> Result<(), Failure> {
+    let missing = store.confirm_gaps(&candidates, now_ms())?;
+    crate::service::warn_gaps(&missing);
+    summary.gaps += missing.len() as u64;
+    summary.missing += missing.iter().map(|g| g.gap.missing()).sum::<u64>();
+    Ok(())
 }
 
 /// Decodes each line and sends it on; stops at end of input, on a read error (sent on), or

@@ -79,9 +79,9 @@ const EVICTION_SLACK: u64 = 4096;
 
 impl<T: Tx> Writer<T> {
     /// Decides every delivery of `batch`, in order, at time `now_ms`; evicts what the window
-    /// no longer keeps and prunes what retention no longer keeps; records the upstream gaps
-    /// the batch revealed and, if given, the client id it was consumed under. The caller
-    /// commits.
+    /// no longer keeps and prunes what retention no longer keeps; returns the upstream gap
+    /// candidates the batch revealed (not recorded) and records, if given, the client id it
+    /// was consumed under. The caller commits.
     pub(super) fn decide_batch(
         &mut self,
         batch: &[Incoming],
@@ -106,16 +106,11 @@ impl<T: Tx> Writer<T> {
             report.decided.push(d);
         }
         report.evicted += self.evict(now_ms, &mut budget)?;
+        // Candidates only: the caller confirms them after a grace (`upstream::confirm_gaps`).
         report.gaps = std::mem::take(&mut self.gaps);
-        let consumer = consumed_as.filter(|_| !batch.is_empty());
-        if !report.gaps.is_empty() || consumer.is_some() {
+        if let Some(c) = consumed_as.filter(|_| !batch.is_empty()) {
             let mut losses = self.tx.upstream_losses()?.unwrap_or_default();
-            let mut changed = !report.gaps.is_empty();
-            losses.note_gaps(&report.gaps, now_ms);
-            if let Some(c) = consumer {
-                changed |= losses.note_consumer(&c.client_id, &c.broker, now_ms);
-            }
-            if changed {
+            if losses.note_consumer(&c.client_id, &c.broker, now_ms) {
                 self.tx.put_upstream_losses(&losses)?;
             }
         }
@@ -573,7 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sequence_jumping_past_the_high_water_mark_reports_the_missing_range() {
+    fn a_sequence_jumping_past_the_high_water_mark_is_a_candidate_not_a_record() {
         let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
         // The first message of a source is no gap, wherever it starts.
         assert_eq!(commit(&mut s, &[(3, 900)]), vec![]);
@@ -586,23 +581,62 @@ mod tests {
             vec![gap(3, 3002, 3002), gap(3, 3005, 3009)]
         );
         let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.gap_events, 0, "a candidate is not recorded");
+        // Confirmed with nothing filled: recorded as they were.
+        let candidates = [gap(3, 1001, 3000), gap(3, 3002, 3002), gap(3, 3005, 3009)];
+        let missing = s.confirm_gaps(&candidates, T0 + 5).unwrap();
+        assert_eq!(missing, candidates);
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
         assert_eq!((losses.gap_events, losses.missing_sequences), (3, 2006));
-        assert_eq!(losses.last_hour(T0).missing_sequences, 2006);
+        assert_eq!(losses.last_hour(T0 + 5).missing_sequences, 2006);
         assert_eq!(losses.recent_gaps.len(), 3);
         assert_eq!(losses.recent_gaps[0].from, 1001);
     }
 
     #[test]
-    fn late_arrivals_duplicates_and_a_new_epoch_open_no_gap() {
+    fn late_arrivals_leave_only_the_rest_of_a_candidate_missing() {
         let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
-        assert_eq!(commit(&mut s, &[(3, 1), (3, 5)]), vec![gap(3, 2, 4)]);
-        // 3 fills part of the gap (applied_late), 5 again is a duplicate.
-        assert_eq!(commit(&mut s, &[(3, 3), (3, 5)]), vec![]);
+        assert_eq!(commit(&mut s, &[(3, 1), (3, 10)]), vec![gap(3, 2, 9)]);
+        // 3, 4 and 7 arrive late (applied_late), 10 again is a duplicate.
+        assert_eq!(commit(&mut s, &[(3, 3), (3, 4), (3, 7), (3, 10)]), vec![]);
         // A new epoch may start its counter anywhere.
         assert_eq!(commit(&mut s, &[(4, 70)]), vec![]);
         assert_eq!(commit(&mut s, &[(4, 72)]), vec![gap(4, 71, 71)]);
+        assert_eq!(commit(&mut s, &[(4, 71)]), vec![]);
+        let missing = s.confirm_gaps(&[gap(3, 2, 9), gap(4, 71, 71)], T0).unwrap();
+        assert_eq!(missing, vec![gap(3, 2, 2), gap(3, 5, 6), gap(3, 8, 9)]);
         let losses = s.reader().unwrap().upstream_losses().unwrap();
-        assert_eq!((losses.gap_events, losses.missing_sequences), (2, 4));
+        assert_eq!((losses.gap_events, losses.missing_sequences), (3, 5));
+        // Every one filled: nothing reported, nothing written.
+        assert_eq!(
+            commit(&mut s, &[(3, 2), (3, 5), (3, 6), (3, 8), (3, 9)]),
+            vec![]
+        );
+        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        let after = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(after, losses);
+    }
+
+    #[test]
+    fn a_candidate_at_or_below_the_evicted_floor_is_unknown_not_missing() {
+        let mut opts = StoreOptions::default();
+        opts.window.max_entries = 2;
+        let mut s = Store::open_in_memory(opts).unwrap();
+        assert_eq!(commit(&mut s, &[(3, 1), (3, 10)]), vec![gap(3, 2, 9)]);
+        // 2..=5 arrive; the window keeps the newest two arrivals, so 1 and 10 are evicted
+        // by the time 3 is in: the floor is 10 (4 and 5 are stale), and whether 6..=9
+        // arrived can no longer be told.
+        for q in 2..=5 {
+            commit(&mut s, &[(3, q)]);
+        }
+        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        // Above the floor, what is absent is missing.
+        assert_eq!(commit(&mut s, &[(3, 14)]), vec![gap(3, 11, 13)]);
+        commit(&mut s, &[(3, 12)]);
+        assert_eq!(
+            s.confirm_gaps(&[gap(3, 11, 13)], T0).unwrap(),
+            vec![gap(3, 11, 11), gap(3, 13, 13)]
+        );
     }
 
     #[test]

@@ -375,8 +375,9 @@ pub struct BatchReport {
     pub evicted: u64,
     /// What retention removed in the same transaction.
     pub pruned: PruneCounts,
-    /// Upstream gaps the batch's applied messages revealed (recorded in the same
-    /// transaction; the caller logs and counts them).
+    /// Upstream gap candidates the batch's applied messages revealed: not recorded; the
+    /// caller keeps them for a grace, then `Backend::confirm_gaps` reports what is still
+    /// missing of them.
     pub gaps: Vec<upstream::ReportedGap>,
 }
 
@@ -796,6 +797,23 @@ impl Backend {
         match self {
             Backend::Redb(s) => s.consumption.set(c),
             Backend::Postgres(s) => s.consume_as(c),
+        }
+    }
+
+    /// What is still missing of the gap `candidates` (`upstream::confirm_gaps`), in one
+    /// write transaction: recorded and returned (empty: every one was filled, or lies at or
+    /// below its source's evicted floor; nothing is then written).
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<upstream::ReportedGap>, StoreError> {
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Backend::Redb(s) => s.confirm_gaps(candidates, now_ms),
+            Backend::Postgres(s) => s.confirm_gaps(candidates, now_ms),
         }
     }
 

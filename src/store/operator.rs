@@ -118,6 +118,27 @@ impl Store {
         })
     }
 
+    /// `Backend::confirm_gaps` on this file.
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[super::upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<super::upstream::ReportedGap>, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let missing = {
+                let mut tx = Leak::new(RedbTx::open(&txn)?);
+                super::upstream::confirm_gaps(&mut *tx, candidates, now_ms)?
+            };
+            if missing.is_empty() {
+                txn.into_inner().abort()?;
+            } else {
+                txn.into_inner().commit()?;
+            }
+            Ok(missing)
+        })
+    }
+
     fn try_record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
         use redb::ReadableTable;
         let txn = Leak::new(self.begin_durable()?);

@@ -152,6 +152,27 @@ impl Tx for RedbTx<'_> {
         self.window.take(key)
     }
 
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let (from, to) = (*seqs.start(), *seqs.end());
+        let mut out = Vec::new();
+        // Keys only: the records are never decoded.
+        let keys = ReadableTable::range::<(u64, u64, u64)>(
+            &*self.window,
+            (no, epoch, from)..=(no, epoch, to),
+        )
+        .map_err(redb)?;
+        for item in keys {
+            let (k, _) = item.map_err(redb)?;
+            super::tx::push_present(&mut out, k.value().2);
+        }
+        Ok(out)
+    }
+
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
         self.effects.put(offset, record, &mut self.buf)?;
         Ok(())

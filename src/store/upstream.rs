@@ -1,12 +1,20 @@
 //! The record of losses upstream of the store (`tables::UpstreamLosses`, meta record
-//! "upstream"): gaps a batch revealed and broker sessions found lost at a connect, kept
-//! bounded (totals, per-minute counts of the last hour, the newest events, the client ids
-//! `run` consumed under) so `health` and the metrics read it with one point read. Its rules
-//! take the time as a parameter; the writes happen in the caller's transaction (`Tx`).
+//! "upstream"): confirmed gaps and broker sessions found lost at a connect, kept bounded
+//! (totals, per-minute counts of the last hour, the newest events, the client ids `run`
+//! consumed under) so `health` and the metrics read it with one point read. Its rules take
+//! the time as a parameter; the writes happen in the caller's transaction (`Tx`).
+//!
+//! A gap a batch reveals is only a *candidate* (`GapCandidates`, in the writer's memory): a
+//! reordering feed, or another member of a shared subscription, delivers the sequences
+//! between moments later. After the grace, `confirm_gaps` reads which of them the window now
+//! holds and records only what is still missing.
+
+use std::collections::BTreeMap;
 
 use super::StoreError;
 use super::tables::{Consumer, GapEvent, LossMinute, SessionLoss, UpstreamLosses};
 use super::tx::Tx;
+use crate::decide::Gap;
 
 /// Minutes of per-minute counts kept: the last hour.
 pub const MINUTES: u64 = 60;
@@ -31,6 +39,178 @@ pub struct ReportedGap {
     pub agency: String,
     pub source_id: String,
     pub gap: crate::decide::Gap,
+}
+
+/// Gap candidates kept waiting at most: beyond that the ones due soonest are confirmed at
+/// once, so a feed losing much cannot grow the writer's memory without bound.
+pub const MAX_CANDIDATES: usize = 10_000;
+
+/// (agency, source_id, epoch, first missing sequence) -> (last missing sequence, due).
+type CandidateKey = (String, String, u64, u64);
+
+/// Gaps waiting for their grace to pass before `confirm_gaps` checks what is still missing.
+/// Candidates of one source and epoch that overlap or touch are merged (the earlier due
+/// wins). Times are the caller's clock in milliseconds (`run`: a monotonic one).
+#[derive(Debug, Default)]
+pub struct GapCandidates {
+    pending: BTreeMap<CandidateKey, (u64, u64)>,
+}
+
+impl GapCandidates {
+    /// Adds `gaps`, each due at `due`.
+    pub fn add(&mut self, gaps: impl IntoIterator<Item = ReportedGap>, due: u64) {
+        for g in gaps {
+            let (mut from, mut to, mut due) = (g.gap.from, g.gap.to, due);
+            loop {
+                // The candidate starting highest at or below `to + 1`, if it reaches `from - 1`.
+                let lo = (g.agency.clone(), g.source_id.clone(), g.gap.epoch, 0);
+                let hi = (
+                    g.agency.clone(),
+                    g.source_id.clone(),
+                    g.gap.epoch,
+                    to.saturating_add(1),
+                );
+                let touching = self
+                    .pending
+                    .range(lo..=hi)
+                    .next_back()
+                    .filter(|(_, (end, _))| end.saturating_add(1) >= from)
+                    .map(|(k, v)| (k.clone(), *v));
+                let Some((key, (end, d))) = touching else {
+                    break;
+                };
+                self.pending.remove(&key);
+                from = from.min(key.3);
+                to = to.max(end);
+                due = due.min(d);
+            }
+            self.pending
+                .insert((g.agency, g.source_id, g.gap.epoch, from), (to, due));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// When the next candidate is due.
+    pub fn next_due(&self) -> Option<u64> {
+        self.pending.values().map(|(_, due)| *due).min()
+    }
+
+    /// Removes and returns the candidates due at `now`, and, while more than
+    /// `MAX_CANDIDATES` would stay, the ones due soonest.
+    pub fn take_due(&mut self, now: u64) -> Vec<ReportedGap> {
+        let mut due: Vec<CandidateKey> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let over = self
+            .pending
+            .len()
+            .saturating_sub(due.len() + MAX_CANDIDATES);
+        if over > 0 {
+            let mut rest: Vec<(u64, &CandidateKey)> = self
+                .pending
+                .iter()
+                .filter(|(_, (_, d))| *d > now)
+                .map(|(k, (_, d))| (*d, k))
+                .collect();
+            rest.sort_unstable();
+            due.extend(rest.into_iter().take(over).map(|(_, k)| k.clone()));
+        }
+        self.take(due)
+    }
+
+    /// Removes and returns every candidate (at the end of the input, or at shutdown).
+    pub fn take_all(&mut self) -> Vec<ReportedGap> {
+        let keys: Vec<CandidateKey> = self.pending.keys().cloned().collect();
+        self.take(keys)
+    }
+
+    fn take(&mut self, keys: Vec<CandidateKey>) -> Vec<ReportedGap> {
+        keys.into_iter()
+            .filter_map(|k| {
+                let (to, _) = self.pending.remove(&k)?;
+                let (agency, source_id, epoch, from) = k;
+                Some(ReportedGap {
+                    agency,
+                    source_id,
+                    gap: Gap { epoch, from, to },
+                })
+            })
+            .collect()
+    }
+}
+
+/// What is still missing of `candidates` now, in one transaction: for each, the sequences
+/// the window holds are read as ranges (`Tx::window_present`) and the rest reported (a
+/// candidate may split into several gaps, or vanish). Sequences at or below the source's
+/// evicted floor are unknown (a message there may have arrived and been evicted since) and
+/// never reported. Records what it reports (`UpstreamLosses::note_gaps`) and returns it.
+pub(crate) fn confirm_gaps(
+    tx: &mut impl Tx,
+    candidates: &[ReportedGap],
+    now_ms: u64,
+) -> Result<Vec<ReportedGap>, StoreError> {
+    let mut missing = Vec::new();
+    for c in candidates {
+        let Some(no) = tx.source_no(&c.agency, &c.source_id)? else {
+            continue; // nothing known of the source: nothing to confirm against
+        };
+        let mut from = c.gap.from;
+        if let Some((epoch, seq)) = tx.source(no)?.and_then(|r| r.evicted_floor) {
+            if epoch > c.gap.epoch || (epoch == c.gap.epoch && seq >= c.gap.to) {
+                continue;
+            }
+            if epoch == c.gap.epoch {
+                from = from.max(seq + 1);
+            }
+        }
+        let present = tx.window_present(no, c.gap.epoch, from..=c.gap.to)?;
+        for (a, b) in holes(from, c.gap.to, &present) {
+            missing.push(ReportedGap {
+                agency: c.agency.clone(),
+                source_id: c.source_id.clone(),
+                gap: Gap {
+                    epoch: c.gap.epoch,
+                    from: a,
+                    to: b,
+                },
+            });
+        }
+    }
+    if !missing.is_empty() {
+        let mut rec = tx.upstream_losses()?.unwrap_or_default();
+        rec.note_gaps(&missing, now_ms);
+        tx.put_upstream_losses(&rec)?;
+    }
+    Ok(missing)
+}
+
+/// The ranges of `from..=to` not covered by `present` (sorted, disjoint, within it).
+fn holes(from: u64, to: u64, present: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut next = Some(from);
+    for &(a, b) in present {
+        let Some(n) = next else { break };
+        if a > n {
+            out.push((n, a - 1));
+        }
+        next = b.checked_add(1).map(|x| x.max(n));
+    }
+    if let Some(n) = next
+        && n <= to
+    {
+        out.push((n, to));
+    }
+    out
 }
 
 /// Who a batch's deliveries came from: `run`'s MQTT client id and broker, recorded with the
@@ -190,7 +370,6 @@ pub(crate) fn note_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Gap;
 
     fn gap(from: u64, to: u64) -> ReportedGap {
         ReportedGap {
@@ -250,6 +429,49 @@ mod tests {
         r.note_gaps(&[gap(3, 3)], T0 - 5 * MINUTE_MS);
         assert_eq!(r.minutes.len(), 1);
         assert_eq!(r.last_hour(T0).gap_events, 2);
+    }
+
+    #[test]
+    fn holes_are_what_the_present_ranges_leave() {
+        assert_eq!(holes(1, 10, &[]), vec![(1, 10)]);
+        assert_eq!(holes(1, 10, &[(1, 10)]), vec![]);
+        assert_eq!(holes(6, 9, &[(6, 6), (8, 8)]), vec![(7, 7), (9, 9)]);
+        assert_eq!(holes(2, 9, &[(2, 5)]), vec![(6, 9)]);
+        assert_eq!(holes(1, u64::MAX, &[(5, u64::MAX)]), vec![(1, 4)]);
+    }
+
+    #[test]
+    fn candidates_wait_for_their_due_and_touching_ones_merge() {
+        let mut c = GapCandidates::default();
+        c.add([gap(10, 20)], 100);
+        c.add([gap(21, 30), gap(50, 60)], 200);
+        assert_eq!(c.len(), 2, "10-20 and 21-30 touch: one candidate");
+        assert_eq!(c.next_due(), Some(100));
+        assert_eq!(c.take_due(99), vec![]);
+        assert_eq!(c.take_due(100), vec![gap(10, 30)], "the earlier due wins");
+        // Another epoch or source never merges.
+        let mut other = gap(40, 61);
+        other.gap.epoch = 4;
+        c.add([other.clone(), gap(55, 70)], 300);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.take_all(), vec![gap(50, 70), other]);
+        assert!(c.is_empty());
+        assert_eq!(c.next_due(), None);
+    }
+
+    #[test]
+    fn beyond_the_bound_the_soonest_due_are_taken_at_once() {
+        let mut c = GapCandidates::default();
+        for i in 0..(MAX_CANDIDATES as u64 + 3) {
+            c.add([gap(i * 10, i * 10 + 1)], 1_000 + i);
+        }
+        let taken = c.take_due(0);
+        assert_eq!(taken.len(), 3);
+        assert_eq!(
+            taken.iter().map(|g| g.gap.from).collect::<Vec<_>>(),
+            [0, 10, 20]
+        );
+        assert_eq!(c.len(), MAX_CANDIDATES);
     }
 
     #[test]

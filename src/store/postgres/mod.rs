@@ -221,6 +221,18 @@ impl PgStore {
         self.consumption.set(c);
     }
 
+    /// `Backend::confirm_gaps` on this schema (its own transaction under the lock).
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[crate::store::upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<crate::store::upstream::ReportedGap>, StoreError> {
+        self.write(|mut tx, _| {
+            let missing = crate::store::upstream::confirm_gaps(&mut tx, candidates, now_ms)?;
+            Ok((tx, missing))
+        })
+    }
+
     /// `Backend::note_connect` on this schema (its own transaction under the lock).
     pub fn note_connect(
         &mut self,

@@ -437,6 +437,39 @@ impl Tx for PgTx<'_> {
         Ok(was)
     }
 
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.flush()?;
+        let (from, to) = (*seqs.start(), *seqs.end());
+        // Sequences are stored bit for bit as bigint: the upper half of u64 is negative, so a
+        // range across 2^63 is read as two, each in order.
+        const HALF: u64 = 1 << 63;
+        let parts = if from < HALF && to >= HALF {
+            vec![(from, HALF - 1), (HALF, to)]
+        } else {
+            vec![(from, to)]
+        };
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in parts {
+            let rows = self.conn.query(
+                &self.sql.window_present,
+                &[&db(no), &db(epoch), &db(a), &db(b)],
+            )?;
+            for row in rows {
+                let (start, end) = (un(row.get::<_, i64>(0)), un(row.get::<_, i64>(1)));
+                match out.last_mut() {
+                    Some(last) if last.1.checked_add(1) == Some(start) => last.1 = end,
+                    _ => out.push((start, end)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
         self.new_effects.push((db(offset), EFFECTS.encode(record)));
         Ok(())
