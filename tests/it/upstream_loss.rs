@@ -1,16 +1,17 @@
-//! Losses upstream of replay-guard are loud at once: a real Mosquitto at its stock
-//! `max_queued_messages` drops most of a backlog queued for `run`'s session, and the gap is a
-//! warning naming the source, epoch and range, a metric, a `health` check and a `stats`
-//! total; a broker restarted without persistence answers `run`'s reconnect without its
-//! session, and that is a warning, a metric and a `health` check too. A fresh store's first
-//! connect, and a restart that finds the session kept, are not. The record is the same on
-//! redb and PostgreSQL.
+//! Losses upstream of replay-guard are loud once confirmed: a real Mosquitto at its stock
+//! `max_queued_messages` drops most of a backlog queued for `run`'s session, and the gap
+//! still missing after `[feed] gap_grace_ms` is a warning naming the source, epoch and range,
+//! a metric, a `health` check and a `stats` total; a feed that merely reorders is none of
+//! these, and a gap half filled within the grace reports only the rest. A broker restarted
+//! without persistence answers `run`'s reconnect without its session, and that is a warning,
+//! a metric and a `health` check too. A fresh store's first connect, and a restart that finds
+//! the session kept, are not. The record is the same on redb and PostgreSQL.
 
 use std::path::Path;
 use std::time::Duration;
 
 use replay_guard::store::postgres::{PgConfig, PgStore};
-use replay_guard::store::upstream::ConsumedAs;
+use replay_guard::store::upstream::{ConsumedAs, ReportedGap};
 use replay_guard::store::{Backend, Incoming, Store, StoreOptions};
 use replay_guard::wire::FeedContract;
 
@@ -22,12 +23,14 @@ use super::service::Consumer;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// A consumer of `broker` whose metrics endpoint listens on the port returned.
-fn consumer(dir: &Path, broker: &str, client_id: &str) -> (Consumer, u16) {
+/// A consumer of `broker` whose metrics endpoint listens on the port returned, and whose
+/// gap candidates wait `grace_ms`.
+fn consumer(dir: &Path, broker: &str, client_id: &str, grace_ms: u64) -> (Consumer, u16) {
     let c = Consumer::new(dir, &[broker.to_string()], "v5", client_id);
     let port = free_port();
     let mut config = std::fs::read_to_string(&c.config).unwrap();
-    config += &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    config +=
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n[feed]\ngap_grace_ms = {grace_ms}\n");
     std::fs::write(&c.config, config).unwrap();
     (c, port)
 }
@@ -35,6 +38,13 @@ fn consumer(dir: &Path, broker: &str, client_id: &str) -> (Consumer, u16) {
 /// Sequences `seqs` of fire/engine-7, epoch 3.
 fn engine7(seqs: std::ops::RangeInclusive<u64>) -> Vec<String> {
     seqs.map(|q| common::msg("fire", "engine-7", 3, q, "position"))
+        .collect()
+}
+
+/// Sequences `seqs`, in this order, of fire/`source`, epoch 3.
+fn of(source: &str, seqs: &[u64]) -> Vec<String> {
+    seqs.iter()
+        .map(|q| common::msg("fire", source, 3, *q, "position"))
         .collect()
 }
 
@@ -53,7 +63,7 @@ fn command(args: &[&str], config: &Path) -> (i32, String) {
 fn a_backlog_the_broker_dropped_is_warned_counted_and_checked_once_a_later_sequence_comes() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start_stock(&dir.path().join("b"), false);
-    let (mut c, port) = consumer(dir.path(), &broker.url(), "rg-gap");
+    let (mut c, port) = consumer(dir.path(), &broker.url(), "rg-gap", 200);
     // The persistent session is made, then `run` is away while the producer sends 3,000.
     c.start();
     c.wait_subscribed();
@@ -68,7 +78,7 @@ fn a_backlog_the_broker_dropped_is_warned_counted_and_checked_once_a_later_seque
     c.start();
     c.wait_applied(1_000, LIMIT);
     // The broker delivered what its queue held; nothing says more is missing until a later
-    // sequence arrives.
+    // sequence arrives, and then only once the grace has passed without the rest.
     broker.publish_lines("incidents/fire", &engine7(3_001..=3_001), "pub-gap");
     c.wait_applied(1_001, LIMIT);
     let warning = "upstream gap: fire/engine-7 epoch 3 missing 1001-3000 (2000 sequences)";
@@ -141,12 +151,76 @@ fn a_backlog_the_broker_dropped_is_warned_counted_and_checked_once_a_later_seque
 }
 
 #[test]
+fn a_reordered_feed_is_no_gap_and_a_half_filled_one_reports_only_what_is_still_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("b"), false);
+    let (mut c, port) = consumer(dir.path(), &broker.url(), "rg-reorder", 1_000);
+    c.start();
+    c.wait_subscribed();
+    // engine-7 arrives reordered but whole; engine-9's 6..=9 never come. One publisher on one
+    // topic: the order is kept, and all of it arrives well within the grace.
+    let mut lines = of("engine-7", &[1, 3, 2, 4, 5, 6, 7, 8, 9, 10]);
+    lines.extend(of("engine-9", &[1, 10, 2, 3, 4, 5]));
+    broker.publish_lines("incidents/fire", &lines, "pub-reorder");
+    c.wait_applied(16, LIMIT);
+    let warning = "upstream gap: fire/engine-9 epoch 3 missing 6-9 (4 sequences)";
+    c.wait_log(warning, LIMIT);
+    // engine-7's candidate fell due first: had it been reported, it would be in the log now.
+    let log = c.log_since_start();
+    assert_eq!(log.matches("upstream gap:").count(), 1, "{log}");
+    eventually(LIMIT, "the gap counters", || {
+        let s = scrape(port).1;
+        let got = (
+            value(&s, "replay_guard_upstream_gaps_total{agency=\"fire\"}"),
+            value(
+                &s,
+                "replay_guard_upstream_missing_sequences_total{agency=\"fire\"}",
+            ),
+            value(&s, "replay_guard_upstream_missing_sequences_recorded"),
+        );
+        (got == (1.0, 4.0, 4.0), got)
+    });
+    let (_, out) = command(&["stats", "--format", "json"], &c.config);
+    assert!(
+        out.contains("\"upstream_losses\":{\"gap_events\":1,\"missing_sequences\":4,"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "\"source_id\":\"engine-9\",\"epoch\":3,\"missing_from\":6,\"missing_to\":9}]"
+        ),
+        "{out}"
+    );
+    assert_eq!(c.stop(LIMIT), Some(0));
+
+    // A candidate still within a long grace is confirmed when `run` drains, before the store
+    // closes.
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        config.replace("gap_grace_ms = 1000", "gap_grace_ms = 600000"),
+    )
+    .unwrap();
+    c.start();
+    c.wait_subscribed();
+    broker.publish_lines("incidents/fire", &of("engine-7", &[20]), "pub-reorder");
+    c.wait_applied(17, LIMIT);
+    assert!(!c.log_since_start().contains("upstream gap:"));
+    assert_eq!(c.stop(LIMIT), Some(0));
+    let log = c.log_since_start();
+    assert!(
+        log.contains("upstream gap: fire/engine-7 epoch 3 missing 11-19 (9 sequences)"),
+        "{log}"
+    );
+}
+
+#[test]
 fn a_broker_restarted_without_its_sessions_is_a_lost_session_warned_counted_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let bdir = dir.path().join("b");
     let mut broker = Broker::start(&bdir, false);
     let port_b = broker.port;
-    let (mut c, port) = consumer(dir.path(), &broker.url(), "rg-lost");
+    let (mut c, port) = consumer(dir.path(), &broker.url(), "rg-lost", 200);
     c.start();
     c.wait_subscribed();
     broker.publish_lines("incidents/fire", &engine7(1..=5), "pub-lost");
@@ -232,12 +306,15 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
     let cfg = PgConfig::parse(&pg_db.dsn(), "replay_guard").unwrap();
     let pg = PgStore::open(cfg, StoreOptions::default(), t0).unwrap();
     let contract = FeedContract::default();
+    let batch = |source: &str, seqs: &[u64]| -> Vec<Incoming> {
+        of(source, seqs)
+            .into_iter()
+            .map(|l| Incoming::decode("incidents/fire", l.into_bytes(), t0, &contract))
+            .collect()
+    };
     for mut store in [Backend::Redb(redb), Backend::Postgres(pg)] {
-        let batch = |seqs: &[u64]| -> Vec<Incoming> {
-            engine7_seqs(seqs)
-                .into_iter()
-                .map(|l| Incoming::decode("incidents/fire", l.into_bytes(), t0, &contract))
-                .collect()
+        let commit = |store: &mut Backend, source: &str, seqs: &[u64]| {
+            store.commit_batch(&batch(source, seqs), t0).unwrap().gaps
         };
         assert_eq!(
             store.note_connect("mqtt://b", "rg", false, t0).unwrap(),
@@ -247,20 +324,37 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
             client_id: "rg".into(),
             broker: "mqtt://b".into(),
         });
+        // Reordered: 3 before 2 opens a candidate that 2 fills.
+        let mut candidates = commit(&mut store, "engine-7", &[1, 3]);
+        assert_eq!(ranges(&candidates), [("engine-7", 2, 2)]);
+        assert!(commit(&mut store, "engine-7", &[2, 4, 5, 6, 7, 8, 9, 10]).is_empty());
+        // Half filled: 10 opens 2..=9, of which 2..=5 arrive.
+        candidates.extend(commit(&mut store, "engine-9", &[1, 10]));
+        assert!(commit(&mut store, "engine-9", &[2, 3, 4, 5]).is_empty());
+        // A wide one, read as ranges: 2..=1_000_001 with 2 and 3 present.
+        candidates.extend(commit(&mut store, "engine-11", &[1, 1_000_002, 3, 2]));
+        assert_eq!(
+            ranges(&candidates),
+            [
+                ("engine-7", 2, 2),
+                ("engine-9", 2, 9),
+                ("engine-11", 2, 1_000_001)
+            ]
+        );
+        let before = store.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(before.gap_events, 0, "candidates are not recorded");
+        let missing = store.confirm_gaps(&candidates, t0 + 5).unwrap();
+        assert_eq!(
+            ranges(&missing),
+            [("engine-9", 6, 9), ("engine-11", 4, 1_000_001)]
+        );
+        // Nothing left to confirm: nothing reported, nothing written.
         assert!(
             store
-                .commit_batch(&batch(&[1, 2]), t0)
+                .confirm_gaps(&candidates[..1], t0 + 6)
                 .unwrap()
-                .gaps
                 .is_empty()
         );
-        let gaps = store.commit_batch(&batch(&[10, 4, 12]), t0).unwrap().gaps;
-        let got: Vec<(u64, u64, u64)> = gaps
-            .iter()
-            .map(|g| (g.gap.epoch, g.gap.from, g.gap.to))
-            .collect();
-        // 4 (below 10) is applied late and opens nothing; 12 opens 11.
-        assert_eq!(got, vec![(3, 3, 9), (3, 11, 11)]);
         assert!(
             store
                 .note_connect("mqtt://b", "rg", true, t0)
@@ -272,18 +366,27 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
         let rec = store.reader().unwrap().upstream_losses().unwrap();
         assert_eq!(
             (rec.gap_events, rec.missing_sequences, rec.sessions_lost),
-            (2, 8, 1)
+            (2, 4 + 999_998, 1)
         );
-        let hour = rec.last_hour(t0 + 1);
-        assert_eq!((hour.missing_sequences, hour.sessions_lost), (8, 1));
+        let hour = rec.last_hour(t0 + 5);
+        assert_eq!((hour.missing_sequences, hour.sessions_lost), (1_000_002, 1));
         assert_eq!(rec.consumers.len(), 1);
         assert_eq!(rec.recent_gaps.len(), 2);
+        assert_eq!(
+            (
+                rec.recent_gaps[0].from,
+                rec.recent_gaps[0].to,
+                rec.recent_gaps[0].at_ms
+            ),
+            (6, 9, t0 + 5)
+        );
         store.close().unwrap();
     }
 }
 
-fn engine7_seqs(seqs: &[u64]) -> Vec<String> {
-    seqs.iter()
-        .map(|q| common::msg("fire", "engine-7", 3, *q, "position"))
+/// Each gap's (source_id, first, last missing sequence).
+fn ranges(gaps: &[ReportedGap]) -> Vec<(&str, u64, u64)> {
+    gaps.iter()
+        .map(|g| (g.source_id.as_str(), g.gap.from, g.gap.to))
         .collect()
 }
