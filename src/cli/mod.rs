@@ -347,8 +347,8 @@ systemd timer. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be 
 flag is wrong).\n\n\
 Checks: the age of the last decision (the newest audit entry), deliveries quarantined in the \
 last hour, sequences missing in the upstream gaps reported in the last hour (an applied \
-sequence that jumped past its source's high-water mark: a broker dropped what was between), \
-broker sessions `run` found lost in the last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
+sequence jumped past its source's high-water mark and the ones between were still missing \
+[feed] gap_grace_ms later: a broker dropped them), broker sessions `run` found lost in the last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
 uses), each relay sink's lag (effects behind the head, and the age of the oldest undelivered \
 one), and free space on the file system of the database file (not for PostgreSQL). A value \
 above a --warn-* threshold is WARNING, above --crit-* CRITICAL (disk free: below). `off` \

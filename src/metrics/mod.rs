@@ -201,7 +201,8 @@ impl Metrics {
                 &r,
                 "replay_guard_upstream_gaps_total",
                 "Upstream gaps this process reported: an applied sequence jumped past its \
-                 source's high-water mark within an epoch, by agency.",
+                 source's high-water mark within an epoch and the sequences between were \
+                 still missing a grace later, by agency.",
                 "agency",
             ),
             gap_missing: counter_vec(
