@@ -215,6 +215,39 @@ fn a_reordered_feed_is_no_gap_and_a_half_filled_one_reports_only_what_is_still_m
 }
 
 #[test]
+fn ingest_reports_only_what_is_still_missing_at_the_end_of_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("i.redb");
+    // engine-7 reorders but is whole by the end; engine-9 jumps to 10 and gets 2..=5 later.
+    let mut lines = of("engine-7", &[1, 3, 4, 2, 6, 5]);
+    lines.extend(of("engine-9", &[1, 10]));
+    lines.extend(of("engine-7", &[7, 8]));
+    lines.extend(of("engine-9", &[2, 3, 4, 5]));
+    let input = lines.join("\n") + "\n";
+    let out = common::run_with_stdin(
+        &["ingest", "--db", db.to_str().unwrap(), "-"],
+        input.as_bytes(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("upstream gap:").count(), 1, "{err}");
+    assert!(
+        err.contains("upstream gap: fire/engine-9 epoch 3 missing 6-9 (4 sequences)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  upstream gaps 1 (4 sequences missing: see the warnings above, or `gaps`)"),
+        "{err}"
+    );
+    let out = common::run(&["stats", "--format", "json", "--db", db.to_str().unwrap()]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        json.contains("\"upstream_losses\":{\"gap_events\":1,\"missing_sequences\":4,"),
+        "{json}"
+    );
+}
+
+#[test]
 fn a_broker_restarted_without_its_sessions_is_a_lost_session_warned_counted_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let bdir = dir.path().join("b");
@@ -333,12 +366,16 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
         assert!(commit(&mut store, "engine-9", &[2, 3, 4, 5]).is_empty());
         // A wide one, read as ranges: 2..=1_000_001 with 2 and 3 present.
         candidates.extend(commit(&mut store, "engine-11", &[1, 1_000_002, 3, 2]));
+        // Around 2^63, where PostgreSQL's bigint turns negative: 2^63 fills the middle.
+        const HALF: u64 = 1 << 63;
+        candidates.extend(commit(&mut store, "engine-13", &[HALF - 2, HALF + 2, HALF]));
         assert_eq!(
             ranges(&candidates),
             [
                 ("engine-7", 2, 2),
                 ("engine-9", 2, 9),
-                ("engine-11", 2, 1_000_001)
+                ("engine-11", 2, 1_000_001),
+                ("engine-13", HALF - 1, HALF + 1)
             ]
         );
         let before = store.reader().unwrap().upstream_losses().unwrap();
@@ -346,7 +383,12 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
         let missing = store.confirm_gaps(&candidates, t0 + 5).unwrap();
         assert_eq!(
             ranges(&missing),
-            [("engine-9", 6, 9), ("engine-11", 4, 1_000_001)]
+            [
+                ("engine-9", 6, 9),
+                ("engine-11", 4, 1_000_001),
+                ("engine-13", HALF - 1, HALF - 1),
+                ("engine-13", HALF + 1, HALF + 1)
+            ]
         );
         // Nothing left to confirm: nothing reported, nothing written.
         assert!(
@@ -366,12 +408,12 @@ fn gaps_and_lost_sessions_are_recorded_alike_on_redb_and_postgres() {
         let rec = store.reader().unwrap().upstream_losses().unwrap();
         assert_eq!(
             (rec.gap_events, rec.missing_sequences, rec.sessions_lost),
-            (2, 4 + 999_998, 1)
+            (4, 4 + 999_998 + 2, 1)
         );
         let hour = rec.last_hour(t0 + 5);
-        assert_eq!((hour.missing_sequences, hour.sessions_lost), (1_000_002, 1));
+        assert_eq!((hour.missing_sequences, hour.sessions_lost), (1_000_004, 1));
         assert_eq!(rec.consumers.len(), 1);
-        assert_eq!(rec.recent_gaps.len(), 2);
+        assert_eq!(rec.recent_gaps.len(), 4);
         assert_eq!(
             (
                 rec.recent_gaps[0].from,
