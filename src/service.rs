@@ -1120,3 +1120,53 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Gap;
+    use crate::store::StoreOptions;
+    use crate::testing::{T0, feed};
+
+    fn gap(from: u64, to: u64) -> ReportedGap {
+        ReportedGap {
+            agency: "A".into(),
+            source_id: "S".into(),
+            gap: Gap { epoch: 0, from, to },
+        }
+    }
+
+    fn recorded(store: &Backend) -> Vec<(u64, u64)> {
+        let rec = store.reader().unwrap().upstream_losses().unwrap();
+        rec.recent_gaps.iter().map(|g| (g.from, g.to)).collect()
+    }
+
+    #[test]
+    fn candidates_wait_for_the_grace_and_a_drain_confirms_them_at_once() {
+        let mut store = Backend::Redb(Store::open_in_memory(StoreOptions::default()).unwrap());
+        let metrics = Metrics::new(std::iter::empty());
+        feed(&mut store, 1..=1, T0);
+        feed(&mut store, 5..=5, T0); // opens 2..=4
+        let mut p = PendingGaps::new(Duration::from_secs(600));
+        p.add(vec![gap(2, 4)]);
+        assert!(p.wait().unwrap() > Duration::from_secs(500));
+        p.confirm(&mut store, &metrics, false);
+        assert_eq!(p.candidates.len(), 1, "within its grace it waits");
+        assert_eq!(recorded(&store), []);
+        feed(&mut store, 3..=3, T0);
+        // Draining: confirmed at once, without the grace; 3 arrived meanwhile.
+        p.confirm(&mut store, &metrics, true);
+        assert!(p.candidates.is_empty());
+        assert_eq!(p.wait(), None);
+        assert_eq!(recorded(&store), [(2, 2), (4, 4)]);
+
+        // A grace of 0: due at the next commit or tick.
+        let mut p = PendingGaps::new(Duration::ZERO);
+        feed(&mut store, 10..=10, T0); // opens 6..=9
+        p.add(vec![gap(6, 9)]);
+        assert_eq!(p.wait(), Some(Duration::ZERO));
+        p.confirm(&mut store, &metrics, false);
+        assert!(p.candidates.is_empty());
+        assert_eq!(recorded(&store), [(2, 2), (4, 4), (6, 9)]);
+    }
+}
