@@ -212,6 +212,28 @@ fn a_reordered_feed_is_no_gap_and_a_half_filled_one_reports_only_what_is_still_m
         log.contains("upstream gap: fire/engine-7 epoch 3 missing 11-19 (9 sequences)"),
         "{log}"
     );
+
+    // A `kill -9` loses the candidates only: nothing is recorded of 21..=29, and `gaps`
+    // still shows them.
+    c.start();
+    c.wait_subscribed();
+    broker.publish_lines("incidents/fire", &of("engine-7", &[30]), "pub-reorder");
+    c.wait_applied(18, LIMIT);
+    c.kill9();
+    // The file needs crash recovery first (an open that decides nothing).
+    let out = common::run(&["ingest", "--db", c.db.to_str().unwrap(), "/dev/null"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let (_, out) = command(&["stats", "--format", "json"], &c.config);
+    assert!(
+        out.contains("\"upstream_losses\":{\"gap_events\":2,\"missing_sequences\":13,"),
+        "{out}"
+    );
+    let (code, out) = command(&["gaps", "--source", "fire/engine-7"], &c.config);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("\"missing_from\":21,\"missing_to\":29,\"missing_count\":9}"),
+        "{out}"
+    );
 }
 
 #[test]
