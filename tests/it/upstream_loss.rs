@@ -10,9 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use replay_guard::model::Outcome;
 use replay_guard::store::postgres::{PgConfig, PgStore};
 use replay_guard::store::upstream::{ConsumedAs, ReportedGap};
-use replay_guard::store::{Backend, Incoming, Store, StoreOptions};
+use replay_guard::store::{Backend, Incoming, Reader, Store, StoreOptions};
 use replay_guard::wire::FeedContract;
 
 use super::broker::{Broker, free_port};
@@ -267,6 +268,80 @@ fn ingest_reports_only_what_is_still_missing_at_the_end_of_its_input() {
         json.contains("\"upstream_losses\":{\"gap_events\":1,\"missing_sequences\":4,"),
         "{json}"
     );
+}
+
+#[test]
+fn members_of_a_shared_subscription_fill_each_others_jumps_and_warn_only_a_real_gap() {
+    let pg_db = PgDb::new("upshare");
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&dir.path().join("b"), false);
+    let config = |client_id: &str| {
+        format!(
+            "[store]\nbackend = \"postgres\"\ndsn = {:?}\nschema = \"replay_guard\"\n\
+             [mqtt]\nbrokers = [{:?}]\nclient_id = {client_id:?}\ntopics = [\"incidents/#\"]\n\
+             share_group = \"g\"\nretries_per_broker = 2\nbackoff_initial_ms = 50\n\
+             backoff_max_ms = 200\n[commit]\nmax_batch = 50\nlinger_ms = 5\n\
+             [feed]\ngap_grace_ms = 5000\n",
+            pg_db.dsn(),
+            broker.url()
+        )
+    };
+    let mut members = [
+        Consumer::with_config(dir.path(), "m1", &config("rg-m1")),
+        Consumer::with_config(dir.path(), "m2", &config("rg-m2")),
+    ];
+    for m in &mut members {
+        m.start();
+        m.wait_subscribed();
+    }
+    let effects = || {
+        let cfg = PgConfig::parse(&pg_db.dsn(), "replay_guard").unwrap();
+        Reader::postgres(cfg)
+            .ok()
+            .and_then(|(_, snap)| snap.meta().ok())
+            .map_or(0, |m| m.next_effect)
+    };
+    // The broker deals engine-7's 1..=400 out to both members in turn: each commits jumps
+    // the other fills (with a grace of 0 this warns dozens of times).
+    broker.publish_lines("incidents/fire", &engine7(1..=400), "pub-share");
+    common::wait_until("400 effects", LIMIT, || effects() == 400);
+    // engine-9's 2..=4 never come.
+    broker.publish_lines("incidents/fire", &of("engine-9", &[1]), "pub-share");
+    common::wait_until("401 effects", LIMIT, || effects() == 401);
+    broker.publish_lines("incidents/fire", &of("engine-9", &[5]), "pub-share");
+    common::wait_until("402 effects", LIMIT, || effects() == 402);
+    // Draining confirms whatever still waits: after it, every candidate was checked.
+    for m in &mut members {
+        assert_eq!(m.stop(LIMIT), Some(0), "{}", m.log_text());
+    }
+    let logs: String = members.iter().map(|m| m.log_text()).collect();
+    let late = scan_late(&pg_db.dsn());
+    assert!(
+        late > 0,
+        "the members did interleave (else this proves nothing)"
+    );
+    assert_eq!(
+        logs.matches("upstream gap:").count(),
+        1,
+        "{late} late; {logs}"
+    );
+    assert!(
+        logs.contains("upstream gap: fire/engine-9 epoch 3 missing 2-4 (3 sequences)"),
+        "{logs}"
+    );
+    let cfg = PgConfig::parse(&pg_db.dsn(), "replay_guard").unwrap();
+    let (_, snap) = Reader::postgres(cfg).unwrap();
+    let rec = snap.upstream_losses().unwrap();
+    assert_eq!((rec.gap_events, rec.missing_sequences), (1, 3));
+}
+
+/// How many deliveries of the shared schema were decided `applied_late`.
+fn scan_late(dsn: &str) -> u64 {
+    let cfg = PgConfig::parse(dsn, "replay_guard").unwrap();
+    let (_, snap) = Reader::postgres(cfg).unwrap();
+    snap.counters()
+        .unwrap()
+        .map_or(0, |c| c.get(Outcome::AppliedLate))
 }
 
 #[test]
