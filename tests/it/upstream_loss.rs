@@ -2,7 +2,9 @@
 //! `max_queued_messages` drops most of a backlog queued for `run`'s session, and the gap
 //! still missing after `[feed] gap_grace_ms` is a warning naming the source, epoch and range,
 //! a metric, a `health` check and a `stats` total; a feed that merely reorders is none of
-//! these, and a gap half filled within the grace reports only the rest. A broker restarted
+//! these (nor are members of a shared subscription on PostgreSQL committing each other's
+//! sequences out of order), and a gap half filled within the grace reports only the rest; a
+//! drain confirms what still waits, a `kill -9` loses only that. A broker restarted
 //! without persistence answers `run`'s reconnect without its session, and that is a warning,
 //! a metric and a `health` check too. A fresh store's first connect, and a restart that finds
 //! the session kept, are not. The record is the same on redb and PostgreSQL.
