@@ -101,6 +101,37 @@ pub fn decide(
     }
 }
 
+/// Sequences of one source and epoch that never arrived before a later one was applied: the
+/// broker (or the path to it) dropped them, or they are still on their way (a late arrival is
+/// then `applied_late`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gap {
+    pub epoch: u64,
+    /// The first and last missing sequence (inclusive).
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Gap {
+    /// How many sequences are missing.
+    pub fn missing(&self) -> u64 {
+        self.to - self.from + 1
+    }
+}
+
+/// The upstream gap that applying `pos` (decided `applied`, not late) opens: the sequences
+/// between the source's high-water mark and `pos`, when both are in the same epoch. A new
+/// source or a new epoch opens none: the feed contract asks sequences to be monotonic per
+/// (source, epoch), not to start at any number (a new epoch may restart its counter anywhere).
+pub fn upstream_gap(marks: Option<&SourceMarks>, pos: Position) -> Option<Gap> {
+    let hwm = marks?.high_water;
+    (pos.epoch == hwm.epoch && pos.sequence > hwm.sequence.saturating_add(1)).then(|| Gap {
+        epoch: pos.epoch,
+        from: hwm.sequence + 1,
+        to: pos.sequence - 1,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +191,35 @@ mod tests {
             OutOfOrder::Apply,
         );
         assert_eq!(o, Outcome::Conflict);
+    }
+
+    #[test]
+    fn a_jump_past_the_high_water_mark_within_an_epoch_is_a_gap() {
+        let k = marks(1000, None);
+        let gap = upstream_gap(Some(&k), pos(3001)).unwrap();
+        assert_eq!(
+            (gap.epoch, gap.from, gap.to, gap.missing()),
+            (0, 1001, 3000, 2000)
+        );
+        assert_eq!(upstream_gap(Some(&k), pos(1002)).unwrap().missing(), 1);
+    }
+
+    #[test]
+    fn the_next_sequence_a_new_source_or_a_new_epoch_is_no_gap() {
+        let k = marks(1000, None);
+        assert_eq!(upstream_gap(Some(&k), pos(1001)), None);
+        assert_eq!(
+            upstream_gap(None, pos(900)),
+            None,
+            "a source may start anywhere"
+        );
+        let next_epoch = Position {
+            epoch: 1,
+            sequence: 5000,
+        };
+        assert_eq!(upstream_gap(Some(&k), next_epoch), None);
+        let top = marks(u64::MAX, None);
+        assert_eq!(upstream_gap(Some(&top), pos(u64::MAX)), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::model::{Outcome, OutcomeCounts};
 use crate::store::relay::Parked;
 use crate::store::tables::SinkRecord;
+use crate::store::upstream::LossCounts;
 use crate::store::{DiskSpace, Snapshot, StoreError};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -102,6 +103,10 @@ pub struct Readings {
     /// Replay bursts recorded (after reconnects) and the duplicates they absorbed in all.
     pub bursts: u64,
     pub burst_duplicates: u64,
+    /// Losses upstream reported since the store was created (`store::upstream`).
+    pub upstream_total: LossCounts,
+    /// ... and within the last hour.
+    pub upstream_1h: LossCounts,
     /// The file's size, or a PostgreSQL store's tables' (data, indexes, TOAST).
     pub database_bytes: u64,
     pub sinks: Vec<SinkLag>,
@@ -161,7 +166,14 @@ impl Readings {
             })?)
         };
         let bursts = snap.replay_bursts()?;
+        let losses = snap.upstream_losses()?;
         Ok(Readings {
+            upstream_total: LossCounts {
+                gap_events: losses.gap_events,
+                missing_sequences: losses.missing_sequences,
+                sessions_lost: losses.sessions_lost,
+            },
+            upstream_1h: losses.last_hour(now),
             commit_age_s: now.saturating_sub(last) / 1000,
             decided: newest.is_some(),
             quarantined_1h: None,

@@ -18,6 +18,7 @@ use crate::notify::Notifier;
 use crate::relay::{self, Relay, RelayError, Wake};
 use crate::store::postgres::PgStore;
 use crate::store::tables::BurstRecord;
+use crate::store::upstream::{GapCandidates, ReportedGap};
 use crate::store::{Backend, BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
 use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
@@ -143,6 +144,14 @@ enum Job {
     Batch(Vec<Incoming>, Reply),
     /// A replay burst to record for `stats` (its own small transaction; rare).
     Burst(BurstRecord),
+    /// A (re)connect: the batches after it are consumed as `client_id` from `broker`, and
+    /// a CONNACK without a session may have lost what the broker queued (checked against the
+    /// store, recorded in its own small transaction).
+    Connected {
+        broker: String,
+        client_id: String,
+        session_present: bool,
+    },
 }
 
 /// The store on its own thread: redb blocks and fsyncs, so it never runs on the async thread.
@@ -230,8 +239,166 @@ fn warn_quarantined(batch: &[Incoming], report: &BatchReport) {
     }
 }
 
+/// The store thread's gap candidates (`store::upstream::GapCandidates`): each waits
+/// `[feed] gap_grace_ms` on a monotonic clock, then what is still missing of the due ones is
+/// confirmed in one write transaction, recorded, warned and counted.
+struct PendingGaps {
+    candidates: GapCandidates,
+    grace_ms: u64,
+    clock: Instant,
+}
+
+/// How long candidates wait before another attempt when the store could not confirm them
+/// (PostgreSQL unreachable), at least.
+const CONFIRM_RETRY_MS: u64 = 1_000;
+
+impl PendingGaps {
+    fn new(grace: Duration) -> PendingGaps {
+        PendingGaps {
+            candidates: GapCandidates::default(),
+            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            clock: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn add(&mut self, gaps: Vec<ReportedGap>) {
+        if !gaps.is_empty() {
+            let due = self.now().saturating_add(self.grace_ms);
+            self.candidates.add(gaps, due);
+        }
+    }
+
+    /// How long the store thread may wait for a job before candidates fall due.
+    fn wait(&self) -> Option<Duration> {
+        let due = self.candidates.next_due()?;
+        Some(Duration::from_millis(due.saturating_sub(self.now())))
+    }
+
+    /// Confirms the due candidates (`all`: every one, at shutdown).
+    fn confirm(&mut self, store: &mut Backend, metrics: &Metrics, all: bool) {
+        let due = if all {
+            self.candidates.take_all()
+        } else {
+            self.candidates.take_due(self.now())
+        };
+        if due.is_empty() {
+            return;
+        }
+        match store.confirm_gaps(&due, now_ms()) {
+            Ok(missing) => {
+                warn_gaps(&missing);
+                for g in &missing {
+                    metrics.gap(&g.agency, g.gap.missing());
+                }
+            }
+            Err(StoreError::Unreachable(why)) if !all => {
+                tracing::debug!(error = %why, candidates = due.len(), "gap candidates not confirmed yet: {why}");
+                let again = self
+                    .now()
+                    .saturating_add(self.grace_ms.max(CONFIRM_RETRY_MS));
+                self.candidates.add(due, again);
+            }
+            // Not silent: what could not be checked is warned as possibly missing.
+            Err(e) => {
+                for g in &due {
+                    let (agency, source_id) = (
+                        crate::textsafe::escape_controls(&g.agency),
+                        crate::textsafe::escape_controls(&g.source_id),
+                    );
+                    let (epoch, from, to) = (g.gap.epoch, g.gap.from, g.gap.to);
+                    tracing::warn!(
+                        outcome = "gap",
+                        agency = %g.agency,
+                        source_id = %g.source_id,
+                        epoch,
+                        missing_from = from,
+                        missing_to = to,
+                        error = %e,
+                        "possible upstream gap: {agency}/{source_id} epoch {epoch} {from}-{to} \
+                         could not be confirmed ({e}): check `gaps`"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One warning per upstream gap confirmed: sequences of a source's epoch still missing a
+/// grace after a later one was applied (a broker dropped them, typically from a full session
+/// queue). `journalctl -p warning OUTCOME=gap` selects them. `ingest` warns the same.
+pub(crate) fn warn_gaps(gaps: &[ReportedGap]) {
+    for g in gaps {
+        let agency = crate::textsafe::escape_controls(&g.agency);
+        let source_id = crate::textsafe::escape_controls(&g.source_id);
+        let (epoch, from, to, missing) = (g.gap.epoch, g.gap.from, g.gap.to, g.gap.missing());
+        tracing::warn!(
+            outcome = "gap",
+            agency = %g.agency,
+            source_id = %g.source_id,
+            epoch,
+            missing_from = from,
+            missing_to = to,
+            missing,
+            "upstream gap: {agency}/{source_id} epoch {epoch} missing {from}-{to} ({missing} \
+             sequences): never delivered before a later sequence was applied"
+        );
+    }
+}
+
+/// The store thread's part of a (re)connect: from now on batches are consumed as
+/// `client_id`; a CONNACK without a session under a client id the store consumed under
+/// means the broker dropped whatever it had queued for us: a warning, a metric, a record.
+fn on_connected(
+    store: &mut Backend,
+    metrics: &Metrics,
+    (broker, client_id, session_present): (String, String, bool),
+) {
+    let loss = store.note_connect(&broker, &client_id, session_present, now_ms());
+    store.consume_as(crate::store::upstream::ConsumedAs {
+        client_id: client_id.clone(),
+        broker: broker.clone(),
+    });
+    match loss {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            metrics.session_lost(&broker);
+            let id = crate::textsafe::escape_controls(&client_id);
+            tracing::warn!(
+                outcome = "session_lost",
+                %broker,
+                client_id = %client_id,
+                "broker session lost: {broker} answered the connect of client id {id} without \
+                 the session it consumed under: anything published while replay-guard was \
+                 away may be lost (check the producers, `gaps`, and the broker's persistence)"
+            );
+        }
+        // Only a connect without a session asks the store; it could not be read, so whether
+        // the session was one the store consumed under (a loss) is unknown: say so.
+        Err(e) => tracing::warn!(
+            outcome = "session_lost",
+            %broker,
+            client_id = %client_id,
+            error = %e,
+            "broker session possibly lost: {broker} answered the connect of client id {} \
+             without a session, and the store could not be read to tell whether replay-guard \
+             consumed under it before ({e}): if it did, anything published while it was away \
+             may be lost",
+            crate::textsafe::escape_controls(&client_id)
+        ),
+    }
+}
+
 impl StoreWorker {
-    fn spawn(mut store: Backend, wake: Wake, metrics: Metrics) -> std::io::Result<StoreWorker> {
+    fn spawn(
+        mut store: Backend,
+        wake: Wake,
+        metrics: Metrics,
+        gap_grace: Duration,
+    ) -> std::io::Result<StoreWorker> {
         let (tx, rx) = std_mpsc::channel::<Job>();
         let unreachable_since = Arc::new(AtomicU64::new(0));
         let last_failed_attempt = Arc::new(AtomicU64::new(0));
@@ -244,12 +411,29 @@ impl StoreWorker {
         let thread = std::thread::Builder::new()
             .name("store".into())
             .spawn(move || {
-                for job in rx {
+                let mut gaps = PendingGaps::new(gap_grace);
+                loop {
+                    // Wait for a job, or until gap candidates fall due (a quiet feed's too).
+                    let job = match gaps.wait() {
+                        None => rx.recv().ok(),
+                        Some(wait) => match rx.recv_timeout(wait) {
+                            Ok(job) => Some(job),
+                            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                                gaps.confirm(&mut store, &metrics, false);
+                                continue;
+                            }
+                            Err(std_mpsc::RecvTimeoutError::Disconnected) => None,
+                        },
+                    };
+                    let Some(job) = job else { break };
                     match job {
                         Job::Batch(batch, reply) => {
-                            let result = commit_with_retry(
+                            let mut result = commit_with_retry(
                                 &mut store, &batch, &since, &last, &stop, &metrics,
                             );
+                            if let Ok(r) = &mut result {
+                                gaps.add(std::mem::take(&mut r.gaps));
+                            }
                             if let Ok(r) = &result
                                 && r.pruned.total() > 0
                             {
@@ -268,14 +452,27 @@ impl StoreWorker {
                             if failed {
                                 return; // latched: no retry loop
                             }
+                            // After the reply: confirming never delays an acknowledgement.
+                            gaps.confirm(&mut store, &metrics, false);
                         }
                         Job::Burst(burst) => {
                             if let Err(e) = store.record_burst(&burst) {
                                 tracing::warn!(error = %e, "could not record the replay burst: {e}");
                             }
                         }
+                        Job::Connected {
+                            broker,
+                            client_id,
+                            session_present,
+                        } => on_connected(
+                            &mut store,
+                            &metrics,
+                            (broker, client_id, session_present),
+                        ),
                     }
                 }
+                // Draining: what is still a candidate is confirmed now, without the grace.
+                gaps.confirm(&mut store, &metrics, true);
                 // Every batch is durable already; a failing close leaves the file needing
                 // repair at the next open, or tells of damage.
                 if let Err(e) = store.close() {
@@ -310,6 +507,17 @@ impl StoreWorker {
     fn record_burst(&self, burst: BurstRecord) {
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job::Burst(burst));
+        }
+    }
+
+    /// Queued before any batch of the new connection: jobs run in order.
+    fn connected(&self, broker: &str, client_id: &str, session_present: bool) {
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::Connected {
+                broker: broker.into(),
+                client_id: client_id.into(),
+                session_present,
+            });
         }
     }
 }
@@ -511,7 +719,7 @@ pub fn run(
     // The sinks run beside the feed on their own thread: a slow or failing sink never holds
     // up a commit or an acknowledgement.
     let relay = relay::spawn(&config, Some(&wake), Some(&metrics))?;
-    let worker = StoreWorker::spawn(store, wake, metrics.clone())
+    let worker = StoreWorker::spawn(store, wake, metrics.clone(), config.gap_grace)
         .map_err(|e| ServiceError::Runtime(format!("cannot start the store thread: {e}")))?;
     tracing::info!(db = %db.display(), brokers = mqtt.brokers.len(), protocol = ?mqtt.protocol, "database open");
     notifier.notify("READY=1\nSTATUS=database open, connecting");
@@ -572,6 +780,8 @@ struct Consumer<'a> {
     started_ms: u64,
     /// When the last STATUS went out: refreshed after commits, at most once a second.
     status_sent: Instant,
+    /// `[mqtt] client_id`: the session the broker keeps for us.
+    client_id: String,
 }
 
 /// The batch being filled and the one being committed (at most one: commits are ordered, so
@@ -613,6 +823,10 @@ impl<'a> Consumer<'a> {
             metrics,
             started_ms: now_ms(),
             status_sent: Instant::now(),
+            client_id: config
+                .mqtt
+                .as_ref()
+                .map_or_else(String::new, |m| m.client_id.clone()),
         }
     }
 
@@ -730,6 +944,8 @@ impl<'a> Consumer<'a> {
             } => {
                 tracing::info!(%broker, session_present, "connected");
                 self.metrics.connected(&broker, true);
+                self.worker
+                    .connected(&broker, &self.client_id, session_present);
                 self.end_burst();
                 // Replays come after a reconnect: count what is absorbed until a batch has none.
                 if self.summary.reconnects > 0 {
@@ -902,5 +1118,55 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Gap;
+    use crate::store::StoreOptions;
+    use crate::testing::{T0, feed};
+
+    fn gap(from: u64, to: u64) -> ReportedGap {
+        ReportedGap {
+            agency: "A".into(),
+            source_id: "S".into(),
+            gap: Gap { epoch: 0, from, to },
+        }
+    }
+
+    fn recorded(store: &Backend) -> Vec<(u64, u64)> {
+        let rec = store.reader().unwrap().upstream_losses().unwrap();
+        rec.recent_gaps.iter().map(|g| (g.from, g.to)).collect()
+    }
+
+    #[test]
+    fn candidates_wait_for_the_grace_and_a_drain_confirms_them_at_once() {
+        let mut store = Backend::Redb(Store::open_in_memory(StoreOptions::default()).unwrap());
+        let metrics = Metrics::new(std::iter::empty());
+        feed(&mut store, 1..=1, T0);
+        feed(&mut store, 5..=5, T0); // opens 2..=4
+        let mut p = PendingGaps::new(Duration::from_secs(600));
+        p.add(vec![gap(2, 4)]);
+        assert!(p.wait().unwrap() > Duration::from_secs(500));
+        p.confirm(&mut store, &metrics, false);
+        assert_eq!(p.candidates.len(), 1, "within its grace it waits");
+        assert_eq!(recorded(&store), []);
+        feed(&mut store, 3..=3, T0);
+        // Draining: confirmed at once, without the grace; 3 arrived meanwhile.
+        p.confirm(&mut store, &metrics, true);
+        assert!(p.candidates.is_empty());
+        assert_eq!(p.wait(), None);
+        assert_eq!(recorded(&store), [(2, 2), (4, 4)]);
+
+        // A grace of 0: due at the next commit or tick.
+        let mut p = PendingGaps::new(Duration::ZERO);
+        feed(&mut store, 10..=10, T0); // opens 6..=9
+        p.add(vec![gap(6, 9)]);
+        assert_eq!(p.wait(), Some(Duration::ZERO));
+        p.confirm(&mut store, &metrics, false);
+        assert!(p.candidates.is_empty());
+        assert_eq!(recorded(&store), [(2, 2), (4, 4), (6, 9)]);
     }
 }

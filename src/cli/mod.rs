@@ -101,7 +101,7 @@ pub enum Command {
     /// Monitoring check (Nagios/Icinga plugin, systemd timer): one status line; exit 0 OK,
     /// 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read).
     #[command(long_about = HEALTH_ABOUT)]
-    Health(HealthArgs),
+    Health(Box<HealthArgs>),
     /// Copy a live database into a new file from one read transaction (consistent while `run`
     /// writes), then verify the copy. redb only: for PostgreSQL use `pg_dump -n SCHEMA`.
     Backup(BackupArgs),
@@ -355,7 +355,9 @@ monitoring-plugin format, `REPLAY-GUARD STATE - text | perfdata`, for Nagios, Ic
 systemd timer. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the store cannot be read, or a \
 flag is wrong).\n\n\
 Checks: the age of the last decision (the newest audit entry), deliveries quarantined in the \
-last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
+last hour, sequences missing in the upstream gaps reported in the last hour (an applied \
+sequence jumped past its source's high-water mark and the ones between were still missing \
+[feed] gap_grace_ms later: a broker dropped them), broker sessions `run` found lost in the last hour, the window's fill (entries against [window] max_entries: pass the --config `run` \
 uses), each relay sink's lag (effects behind the head, and the age of the oldest undelivered \
 one), and free space on the file system of the database file (not for PostgreSQL). A value \
 above a --warn-* threshold is WARNING, above --crit-* CRITICAL (disk free: below). `off` \
@@ -377,6 +379,20 @@ pub struct HealthArgs {
     /// More deliveries than this quarantined in the last hour: CRITICAL.
     #[arg(long, value_name = "N", default_value = "50", value_parser = values::count_threshold)]
     pub crit_quarantine: Threshold,
+    /// More sequences than this missing in the upstream gaps reported in the last hour
+    /// (messages a broker dropped): WARNING.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_gaps: Threshold,
+    /// More sequences than this missing in the last hour's upstream gaps: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = values::count_threshold)]
+    pub crit_gaps: Threshold,
+    /// More broker sessions than this found lost in the last hour (what the broker queued
+    /// for `run` is gone): WARNING.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_sessions_lost: Threshold,
+    /// More broker sessions than this lost in the last hour: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "off", value_parser = values::count_threshold)]
+    pub crit_sessions_lost: Threshold,
     /// Window fuller than this percentage of `[window] max_entries`: WARNING.
     #[arg(long, value_name = "PERCENT", default_value = "80", value_parser = values::percent_threshold)]
     pub warn_window_fill: Threshold,

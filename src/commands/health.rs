@@ -88,6 +88,9 @@ impl Bounds {
 pub struct Thresholds {
     pub commit_age_s: Bounds,
     pub quarantined_1h: Bounds,
+    /// Sequences missing in the last hour's upstream gaps.
+    pub gaps_1h: Bounds,
+    pub sessions_lost_1h: Bounds,
     /// Hundredths of a percent.
     pub window_fill: Bounds,
     pub relay_lag: Bounds,
@@ -106,6 +109,8 @@ impl Thresholds {
         Thresholds {
             commit_age_s: b(&a.warn_commit_age, &a.crit_commit_age),
             quarantined_1h: b(&a.warn_quarantine, &a.crit_quarantine),
+            gaps_1h: b(&a.warn_gaps, &a.crit_gaps),
+            sessions_lost_1h: b(&a.warn_sessions_lost, &a.crit_sessions_lost),
             window_fill: b(&a.warn_window_fill, &a.crit_window_fill),
             relay_lag: b(&a.warn_relay_lag, &a.crit_relay_lag),
             relay_age_s: b(&a.warn_relay_age, &a.crit_relay_age),
@@ -163,6 +168,33 @@ pub fn evaluate(r: &Readings, t: &Thresholds) -> (State, String) {
         t.quarantined_1h.perf(secs, false)
     ));
     perf.push(format!("quarantine_held={};;;0", r.quarantine_held));
+
+    let up = &r.upstream_1h;
+    let (s, b) = t.gaps_1h.judge(up.missing_sequences, false);
+    judged(
+        s,
+        b,
+        format!(
+            "{} sequences missing upstream in the last hour ({} gaps)",
+            up.missing_sequences, up.gap_events
+        ),
+    );
+    perf.push(format!(
+        "upstream_missing_1h={};{};0",
+        up.missing_sequences,
+        t.gaps_1h.perf(secs, false)
+    ));
+    let (s, b) = t.sessions_lost_1h.judge(up.sessions_lost, false);
+    judged(
+        s,
+        b,
+        format!("{} broker sessions lost in the last hour", up.sessions_lost),
+    );
+    perf.push(format!(
+        "sessions_lost_1h={};{};0",
+        up.sessions_lost,
+        t.sessions_lost_1h.perf(secs, false)
+    ));
 
     let fill = (u128::from(r.window_entries) * 10_000 / u128::from(r.window_max.max(1))) as u64;
     let (s, b) = t.window_fill.judge(fill, false);
@@ -358,6 +390,8 @@ mod tests {
             decisions: None,
             bursts: 0,
             burst_duplicates: 0,
+            upstream_total: Default::default(),
+            upstream_1h: Default::default(),
             database_bytes: 1 << 20,
             sinks: vec![SinkLag {
                 name: "cop db".into(),
@@ -382,8 +416,10 @@ mod tests {
         assert_eq!(
             line,
             "REPLAY-GUARD OK - last decision 3 s ago, 0 quarantined in the last hour (2 held), \
-             window 12% full (120 of 1000), sink cop db 0 behind (0 s old), disk 40% free \
-             (40.0 GiB) | commit_age=3s;300;900;0 quarantined_1h=0;0;50;0 quarantine_held=2;;;0 \
+             0 sequences missing upstream in the last hour (0 gaps), 0 broker sessions lost in \
+             the last hour, window 12% full (120 of 1000), sink cop db 0 behind (0 s old), disk \
+             40% free (40.0 GiB) | commit_age=3s;300;900;0 quarantined_1h=0;0;50;0 \
+             quarantine_held=2;;;0 upstream_missing_1h=0;0;1000;0 sessions_lost_1h=0;0;;0 \
              window_fill=12.00%;80.00;95.00;0;100 window_entries=120;;;0;1000 \
              'relay_lag_cop_db'=0;1000;10000;0 'relay_age_cop_db'=0s;300;900;0 \
              disk_free=40.00%;10.00:;5.00:;0;100 disk_free_bytes=42949672960B;;;0;107374182400"
@@ -394,7 +430,28 @@ mod tests {
     fn each_reading_past_its_bounds_sets_the_state_and_leads_the_text() {
         let t = defaults();
         type Case = (fn(&mut Readings), State, &'static str);
-        let cases: [Case; 8] = [
+        let cases: [Case; 11] = [
+            (
+                |r| {
+                    r.upstream_1h.missing_sequences = 2000;
+                    r.upstream_1h.gap_events = 1
+                },
+                State::Critical,
+                "2000 sequences missing upstream in the last hour (1 gaps) (CRITICAL 1000)",
+            ),
+            (
+                |r| {
+                    r.upstream_1h.missing_sequences = 3;
+                    r.upstream_1h.gap_events = 2
+                },
+                State::Warning,
+                "3 sequences missing upstream in the last hour (2 gaps) (WARNING 0)",
+            ),
+            (
+                |r| r.upstream_1h.sessions_lost = 1,
+                State::Warning,
+                "1 broker sessions lost in the last hour (WARNING 0)",
+            ),
             (
                 |r| r.commit_age_s = 301,
                 State::Warning,

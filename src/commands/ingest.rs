@@ -13,6 +13,7 @@ use crate::cli::IngestArgs;
 use crate::config::Config;
 use crate::key::Sha256Stream;
 use crate::model::{Outcome, OutcomeCounts};
+use crate::store::upstream::{GapCandidates, ReportedGap};
 use crate::store::{Backend, Incoming};
 use crate::timefmt::now_ms;
 
@@ -22,6 +23,9 @@ pub struct IngestSummary {
     pub counts: OutcomeCounts,
     pub batches: u64,
     pub evicted: u64,
+    /// Upstream gaps still missing at the end of the input, and the sequences in them.
+    pub gaps: u64,
+    pub missing: u64,
 }
 
 pub fn run(args: &IngestArgs) -> Result<(), Failure> {
@@ -63,6 +67,13 @@ pub fn run(args: &IngestArgs) -> Result<(), Failure> {
     for &o in Outcome::DECIDED {
         let _ = writeln!(err, "  {:<13}{:>10}", o.as_str(), summary.counts.get(o));
     }
+    if summary.gaps > 0 {
+        let _ = writeln!(
+            err,
+            "  upstream gaps {} ({} sequences missing: see the warnings above, or `gaps`)",
+            summary.gaps, summary.missing
+        );
+    }
     Ok(())
 }
 
@@ -102,6 +113,7 @@ fn commit_loop(
     let read_err =
         |e: io::Error| Failure::Runtime(anyhow::Error::new(e).context("cannot read input"));
     let mut summary = IngestSummary::default();
+    let mut candidates = GapCandidates::default();
     let bar = crate::progress::Progress::counter("ingesting", "messages");
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first.map_err(read_err)?];
@@ -117,7 +129,11 @@ fn commit_loop(
                 }
             }
         }
-        let report = store.commit_batch(&batch, now_ms())?;
+        let mut report = store.commit_batch(&batch, now_ms())?;
+        // Candidates wait for the end of the input (what arrives later in it fills them),
+        // but never more than `upstream::MAX_CANDIDATES` of them.
+        candidates.add(std::mem::take(&mut report.gaps), u64::MAX);
+        confirm(store, candidates.take_due(0), &mut summary)?;
         summary.counts.merge(&report.counts);
         summary.evicted += report.evicted;
         summary.batches += 1;
@@ -126,7 +142,21 @@ fn commit_loop(
             break;
         }
     }
+    confirm(store, candidates.take_all(), &mut summary)?;
     Ok(summary)
+}
+
+/// Confirms gap candidates (one transaction), warns and counts what is still missing.
+fn confirm(
+    store: &mut Backend,
+    candidates: Vec<ReportedGap>,
+    summary: &mut IngestSummary,
+) -> Result<(), Failure> {
+    let missing = store.confirm_gaps(&candidates, now_ms())?;
+    crate::service::warn_gaps(&missing);
+    summary.gaps += missing.len() as u64;
+    summary.missing += missing.iter().map(|g| g.gap.missing()).sum::<u64>();
+    Ok(())
 }
 
 /// Decodes each line and sends it on; stops at end of input, on a read error (sent on), or

@@ -80,6 +80,7 @@ struct Stats {
     identity: Option<crate::store::tables::StoreIdentity>,
     /// Per sink, the lowest event it parked that retention keeps (`None`: none).
     parked_low: Vec<Option<u64>>,
+    upstream: crate::store::tables::UpstreamLosses,
 }
 
 impl Stats {
@@ -111,6 +112,7 @@ impl Stats {
             head: meta.next_effect,
             window_start: meta.window_start,
             identity: snap.identity()?,
+            upstream: snap.upstream_losses()?,
             parked_low: {
                 let floor = snap.retention_marks()?.effects_floor;
                 let parked = snap.sink_parked(None)?;
@@ -329,6 +331,7 @@ impl Stats {
                         .collect(),
                 ),
             ),
+            ("upstream_losses", self.upstream_json()),
             (
                 "replay_bursts",
                 Json::Array(
@@ -355,6 +358,66 @@ impl Stats {
                                 ("name", text(name)),
                                 ("stored_bytes", num(*stored)),
                                 ("overhead_bytes", num(*overhead)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    /// What was lost upstream: totals, the last hour, the newest events.
+    fn upstream_json(&self) -> Json {
+        let u = &self.upstream;
+        let hour = u.last_hour(self.now_ms);
+        let obj = |fields: Vec<(&str, Json)>| {
+            Json::Object(
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            )
+        };
+        obj(vec![
+            ("gap_events", num(u.gap_events)),
+            ("missing_sequences", num(u.missing_sequences)),
+            ("sessions_lost", num(u.sessions_lost)),
+            (
+                "last_hour",
+                obj(vec![
+                    ("gap_events", num(hour.gap_events)),
+                    ("missing_sequences", num(hour.missing_sequences)),
+                    ("sessions_lost", num(hour.sessions_lost)),
+                ]),
+            ),
+            (
+                "recent_gaps",
+                Json::Array(
+                    u.recent_gaps
+                        .iter()
+                        .map(|g| {
+                            obj(vec![
+                                ("at", time(g.at_ms)),
+                                ("agency", text(&g.agency)),
+                                ("source_id", text(&g.source_id)),
+                                ("epoch", num(g.epoch)),
+                                ("missing_from", num(g.from)),
+                                ("missing_to", num(g.to)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "recent_sessions_lost",
+                Json::Array(
+                    u.recent_sessions_lost
+                        .iter()
+                        .map(|l| {
+                            obj(vec![
+                                ("at", time(l.at_ms)),
+                                ("broker", text(&l.broker)),
+                                ("client_id", text(&l.client_id)),
                             ])
                         })
                         .collect(),
@@ -539,6 +602,42 @@ impl Stats {
             s.push_str(&format!(
                 "  … {} more (--format json lists every source)\n",
                 self.sources.len() - TEXT_SOURCES
+            ));
+        }
+        let mut line = |label: &str, value: String| {
+            s.push_str(&format!("{label:<15}{value}\n"));
+        };
+        let u = &self.upstream;
+        let hour = u.last_hour(self.now_ms);
+        line(
+            "upstream loss",
+            format!(
+                "{} gaps ({} sequences missing), {} broker sessions lost; last hour: {} \
+                 missing, {} sessions lost",
+                u.gap_events,
+                u.missing_sequences,
+                u.sessions_lost,
+                hour.missing_sequences,
+                hour.sessions_lost
+            ),
+        );
+        if let Some(g) = u.recent_gaps.last() {
+            s.push_str(&format!(
+                "  last gap {}  {}/{} epoch {} missing {}-{}\n",
+                zone.show_ms(g.at_ms),
+                escape_controls(&g.agency),
+                escape_controls(&g.source_id),
+                g.epoch,
+                g.from,
+                g.to
+            ));
+        }
+        if let Some(l) = u.recent_sessions_lost.last() {
+            s.push_str(&format!(
+                "  last session lost {}  {} client id {}\n",
+                zone.show_ms(l.at_ms),
+                escape_controls(&l.broker),
+                escape_controls(&l.client_id)
             ));
         }
         let mut line = |label: &str, value: String| {

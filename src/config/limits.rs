@@ -12,6 +12,9 @@ pub const MAX_BATCH_LIMIT: usize = 65_535;
 pub const DEFAULT_MAX_BATCH: usize = 1000;
 /// How long a batch waits for more messages after its first one before it commits anyway.
 pub const DEFAULT_LINGER_MS: u64 = 10;
+/// How long an upstream gap may stay open (the sequences between arriving late, here or at
+/// another member of a shared subscription) before it is reported.
+pub const DEFAULT_GAP_GRACE_MS: u64 = 5_000;
 
 // The allowed range of every numeric key, checked in `Config::from_raw`, which every command
 // (`check-config`, `run`, `ingest`, ...) goes through: nothing validates later, so a value
@@ -27,6 +30,8 @@ pub const MAX_PAYLOAD_BYTES: Range = 1..=67_108_864;
 pub const MAX_DEPTH: Range = 1..=crate::wire::STORED_MAX_DEPTH as u64;
 pub const MAX_BATCH: Range = 1..=MAX_BATCH_LIMIT as u64;
 pub const LINGER_MS: Range = 0..=60_000;
+/// 0 confirms a gap at the next commit or tick.
+pub const GAP_GRACE_MS: Range = 0..=600_000;
 /// 100 years; 0 turns the bound off.
 pub const RETENTION_DAYS: Range = 0..=36_500;
 /// 0 turns the bound off.
@@ -127,6 +132,7 @@ mod tests {
             ("feed", "max_depth", MAX_DEPTH, ""),
             ("commit", "max_batch", MAX_BATCH, ""),
             ("commit", "linger_ms", LINGER_MS, ""),
+            ("feed", "gap_grace_ms", GAP_GRACE_MS, ""),
             ("retention", "audit_max_age_days", RETENTION_DAYS, ""),
             ("retention", "audit_max_entries", RETENTION_ENTRIES, ""),
             ("retention", "effects_max_age_days", RETENTION_DAYS, ""),

@@ -80,6 +80,9 @@ pub struct Config {
     pub feed: FeedContract,
     pub max_batch: usize,
     pub linger: std::time::Duration,
+    /// `[feed] gap_grace_ms`: how long a gap stays a candidate before what is still missing
+    /// of it is reported (`store::upstream::GapCandidates`).
+    pub gap_grace: std::time::Duration,
     /// `None` when the file has no `[mqtt]` section (enough for `ingest` and the dumps).
     pub mqtt: Option<MqttConfig>,
     pub shutdown_timeout: std::time::Duration,
@@ -175,7 +178,7 @@ impl Config {
         };
         let r = &raw.retention;
         let wide = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        let numbers: [(&str, u64, Range); 14] = [
+        let numbers: [(&str, u64, Range); 15] = [
             ("[store] cache_mb", raw.store.cache_mb, CACHE_MB),
             ("[window] seconds", raw.window.seconds, WINDOW_SECONDS),
             (
@@ -189,6 +192,7 @@ impl Config {
                 MAX_PAYLOAD_BYTES,
             ),
             ("[feed] max_depth", wide(raw.feed.max_depth), MAX_DEPTH),
+            ("[feed] gap_grace_ms", raw.feed.gap_grace_ms, GAP_GRACE_MS),
             ("[commit] max_batch", wide(raw.commit.max_batch), MAX_BATCH),
             ("[commit] linger_ms", raw.commit.linger_ms, LINGER_MS),
             (
@@ -318,6 +322,7 @@ impl Config {
             feed,
             max_batch: raw.commit.max_batch,
             linger: std::time::Duration::from_millis(raw.commit.linger_ms),
+            gap_grace: std::time::Duration::from_millis(raw.feed.gap_grace_ms),
             mqtt: raw.mqtt.map(mqtt_from_raw).transpose()?,
             shutdown_timeout: std::time::Duration::from_secs(raw.service.shutdown_timeout_seconds),
         })
@@ -341,6 +346,7 @@ mod tests {
         assert_eq!(c.store.out_of_order, OutOfOrder::Apply);
         assert_eq!(c.feed.max_payload_bytes, 262_144);
         assert_eq!(c.max_batch, 1000);
+        assert_eq!(c.gap_grace, std::time::Duration::from_millis(5000));
         assert!(c.db_path.is_none());
         let r = c.store.retention;
         assert_eq!(r.audit.max_age_seconds, Some(400 * 86_400));

@@ -12,7 +12,7 @@ use crate::wire::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_PAYLOAD_BYTES};
 use super::DEFAULT_METRICS_LISTEN;
 use super::limits::{
     DEFAULT_AUDIT_MAX_AGE_DAYS, DEFAULT_AUDIT_MAX_ENTRIES, DEFAULT_EFFECTS_MAX_AGE_DAYS,
-    DEFAULT_EFFECTS_MAX_ENTRIES, DEFAULT_LINGER_MS, DEFAULT_MAX_BATCH,
+    DEFAULT_EFFECTS_MAX_ENTRIES, DEFAULT_GAP_GRACE_MS, DEFAULT_LINGER_MS, DEFAULT_MAX_BATCH,
     DEFAULT_QUARANTINE_MAX_AGE_DAYS, DEFAULT_QUARANTINE_MAX_ENTRIES,
 };
 use super::sinks;
@@ -182,6 +182,7 @@ pub(super) struct RawFeed {
     pub(super) digest_ignore: Vec<String>,
     pub(super) max_payload_bytes: usize,
     pub(super) max_depth: usize,
+    pub(super) gap_grace_ms: u64,
 }
 impl Default for RawFeed {
     fn default() -> Self {
@@ -193,6 +194,7 @@ impl Default for RawFeed {
             digest_ignore: Vec::new(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_depth: DEFAULT_MAX_DEPTH,
+            gap_grace_ms: DEFAULT_GAP_GRACE_MS,
         }
     }
 }

@@ -93,6 +93,9 @@ struct Live {
     last_commit: Gauge,
     unreachable: IntGauge,
     sink_restarts: IntCounterVec,
+    gap_events: IntCounterVec,
+    gap_missing: IntCounterVec,
+    sessions_lost: IntCounterVec,
 }
 
 impl Metrics {
@@ -136,7 +139,8 @@ impl Metrics {
             "1 while connected to this broker, else 0.",
             "broker",
         );
-        for b in brokers {
+        let brokers: Vec<&str> = brokers.into_iter().collect();
+        for b in &brokers {
             connected.with_label_values(&[b]);
         }
         Metrics(Arc::new(Live {
@@ -193,8 +197,49 @@ impl Metrics {
                  restarted.",
                 "sink",
             ),
+            gap_events: counter_vec(
+                &r,
+                "replay_guard_upstream_gaps_total",
+                "Upstream gaps this process reported: an applied sequence jumped past its \
+                 source's high-water mark within an epoch and the sequences between were \
+                 still missing a grace later, by agency.",
+                "agency",
+            ),
+            gap_missing: counter_vec(
+                &r,
+                "replay_guard_upstream_missing_sequences_total",
+                "Sequences missing in the upstream gaps this process reported, by agency.",
+                "agency",
+            ),
+            sessions_lost: {
+                let c = counter_vec(
+                    &r,
+                    "replay_guard_broker_sessions_lost_total",
+                    "Connects answered without the session of a client id the store consumed \
+                     under (what the broker queued for it is lost), by broker.",
+                    "broker",
+                );
+                for b in &brokers {
+                    c.with_label_values(&[b]);
+                }
+                c
+            },
             registry: r,
         }))
+    }
+
+    /// An upstream gap of `missing` sequences in a source of `agency`.
+    pub fn gap(&self, agency: &str, missing: u64) {
+        self.0.gap_events.with_label_values(&[agency]).inc();
+        self.0
+            .gap_missing
+            .with_label_values(&[agency])
+            .inc_by(missing);
+    }
+
+    /// A broker session found lost at a connect to `broker`.
+    pub fn session_lost(&self, broker: &str) {
+        self.0.sessions_lost.with_label_values(&[broker]).inc();
     }
 
     /// A batch committed: its decisions and how long the commit took.
@@ -304,6 +349,27 @@ pub fn store_families(r: &Readings) -> Vec<MetricFamily> {
         "replay_guard_replay_burst_duplicates_recorded",
         "Duplicates absorbed by all the recorded replay bursts.",
         r.burst_duplicates,
+    );
+    set(
+        "replay_guard_upstream_gaps_recorded",
+        "Upstream gaps recorded in the store since it was created (every writer's).",
+        r.upstream_total.gap_events,
+    );
+    set(
+        "replay_guard_upstream_missing_sequences_recorded",
+        "Sequences missing in the recorded upstream gaps, when each was reported.",
+        r.upstream_total.missing_sequences,
+    );
+    set(
+        "replay_guard_upstream_missing_sequences_last_hour",
+        "Sequences missing in the upstream gaps reported in the last hour.",
+        r.upstream_1h.missing_sequences,
+    );
+    set(
+        "replay_guard_broker_sessions_lost_recorded",
+        "Broker sessions recorded lost (a connect without the session of a client id the \
+         store consumed under) since the store was created.",
+        r.upstream_total.sessions_lost,
     );
     set(
         "replay_guard_database_size_bytes",
@@ -428,6 +494,12 @@ mod tests {
             decisions: Some(OutcomeCounts::default()),
             bursts: 1,
             burst_duplicates: 7,
+            upstream_total: crate::store::upstream::LossCounts {
+                gap_events: 2,
+                missing_sequences: 2001,
+                sessions_lost: 1,
+            },
+            upstream_1h: crate::store::upstream::LossCounts::default(),
             database_bytes: 1 << 20,
             sinks: vec![crate::readings::SinkLag {
                 name: "cop \"db\"".into(),
@@ -460,6 +532,9 @@ mod tests {
         m.acks(3, 0);
         m.connected("mqtt://127.0.0.1:1883", true);
         m.burst(5);
+        m.gap("fire", 2000);
+        m.gap("fire", 1);
+        m.session_lost("mqtt://127.0.0.1:1884");
         let text = scrape(Some(&m), Some(&readings()));
         for (series, value) in [
             ("replay_guard_decisions_total{outcome=\"applied\"}", 2.0),
@@ -479,6 +554,23 @@ mod tests {
                 0.0,
             ),
             ("replay_guard_replay_burst_duplicates_sum", 5.0),
+            ("replay_guard_upstream_gaps_total{agency=\"fire\"}", 2.0),
+            (
+                "replay_guard_upstream_missing_sequences_total{agency=\"fire\"}",
+                2001.0,
+            ),
+            (
+                "replay_guard_broker_sessions_lost_total{broker=\"mqtt://127.0.0.1:1883\"}",
+                0.0,
+            ),
+            (
+                "replay_guard_broker_sessions_lost_total{broker=\"mqtt://127.0.0.1:1884\"}",
+                1.0,
+            ),
+            ("replay_guard_upstream_gaps_recorded", 2.0),
+            ("replay_guard_upstream_missing_sequences_recorded", 2001.0),
+            ("replay_guard_upstream_missing_sequences_last_hour", 0.0),
+            ("replay_guard_broker_sessions_lost_recorded", 1.0),
             (
                 "replay_guard_last_commit_timestamp_seconds",
                 1_700_000_000.5,

@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 
 use super::tables::*;
 use super::tx::Tx;
+use super::upstream::{ConsumedAs, ReportedGap};
 use super::{BatchReport, Decided, StoreError, StoreOptions, audit};
 use crate::decide::{self, Seen, SourceMarks};
 use crate::key::sha256;
@@ -64,6 +65,8 @@ pub(super) struct Writer<T: Tx> {
     /// The lowest audit sink cursor (read only when retention prunes the audit log): retention
     /// never removes an audit entry an audit sink has not delivered or parked.
     pub(super) lowest_audit_cursor: Option<u64>,
+    /// Upstream gaps the batch's applied messages revealed, in delivery order.
+    gaps: Vec<ReportedGap>,
 }
 
 pub(super) fn pos_pair(p: Position) -> (u64, u64) {
@@ -79,11 +82,14 @@ const EVICTION_SLACK: u64 = 4096;
 
 impl<T: Tx> Writer<T> {
     /// Decides every delivery of `batch`, in order, at time `now_ms`; evicts what the window
-    /// no longer keeps and prunes what retention no longer keeps. The caller commits.
+    /// no longer keeps and prunes what retention no longer keeps; returns the upstream gap
+    /// candidates the batch revealed (not recorded) and records, if given, the client id it
+    /// was consumed under. The caller commits.
     pub(super) fn decide_batch(
         &mut self,
         batch: &[Incoming],
         now_ms: u64,
+        consumed_as: Option<&ConsumedAs>,
     ) -> Result<BatchReport, StoreError> {
         let positions: Vec<(&str, &str, u64, u64)> = batch
             .iter()
@@ -103,6 +109,14 @@ impl<T: Tx> Writer<T> {
             report.decided.push(d);
         }
         report.evicted += self.evict(now_ms, &mut budget)?;
+        // Candidates only: the caller confirms them after a grace (`upstream::confirm_gaps`).
+        report.gaps = std::mem::take(&mut self.gaps);
+        if let Some(c) = consumed_as.filter(|_| !batch.is_empty()) {
+            let mut losses = self.tx.upstream_losses()?.unwrap_or_default();
+            if losses.note_consumer(&c.client_id, &c.broker, now_ms) {
+                self.tx.put_upstream_losses(&losses)?;
+            }
+        }
         // Looking costs one read at the oldest end of each log, so every commit looks.
         if self.opts.retention.is_active() {
             let policy = self.opts.retention;
@@ -150,6 +164,7 @@ impl<T: Tx> Writer<T> {
             marks: None,
             marks_dirty: false,
             counters,
+            gaps: Vec::new(),
         })
     }
 
@@ -232,6 +247,13 @@ impl<T: Tx> Writer<T> {
                     },
                 )?;
                 if !late {
+                    if let Some(gap) = decide::upstream_gap(marks.as_ref(), msg.position) {
+                        self.gaps.push(ReportedGap {
+                            agency: msg.source.agency().into(),
+                            source_id: msg.source.source_id().into(),
+                            gap,
+                        });
+                    }
                     let st = self.state(no)?;
                     st.record.high_water = pos_pair(msg.position);
                     st.dirty = true;
@@ -521,5 +543,141 @@ impl<T: Tx> Writer<T> {
     pub(super) fn set_marks(&mut self, marks: RetentionMarks) {
         self.marks = Some(marks);
         self.marks_dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::decide::Gap;
+    use crate::store::upstream::{ConsumedAs, ReportedGap};
+    use crate::store::{Backend, Incoming, Store, StoreOptions};
+    use crate::testing::T0;
+    use crate::wire::FeedContract;
+
+    /// One batch of messages of `fire/engine-7`, each (epoch, sequence), committed at T0.
+    fn commit(s: &mut Store, positions: &[(u64, u64)]) -> Vec<ReportedGap> {
+        let c = FeedContract::default();
+        let batch: Vec<Incoming> = positions
+            .iter()
+            .map(|(e, q)| {
+                let p = format!(
+                    r#"{{"agency":"fire","source_id":"engine-7","epoch":{e},"sequence":{q}}}"#
+                );
+                Incoming::decode("t", p.into_bytes(), T0, &c)
+            })
+            .collect();
+        s.commit_batch(&batch, T0).unwrap().gaps
+    }
+
+    fn gap(epoch: u64, from: u64, to: u64) -> ReportedGap {
+        ReportedGap {
+            agency: "fire".into(),
+            source_id: "engine-7".into(),
+            gap: Gap { epoch, from, to },
+        }
+    }
+
+    #[test]
+    fn a_sequence_jumping_past_the_high_water_mark_is_a_candidate_not_a_record() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        // The first message of a source is no gap, wherever it starts.
+        assert_eq!(commit(&mut s, &[(3, 900)]), vec![]);
+        let seqs: Vec<(u64, u64)> = (901..=1000).map(|q| (3, q)).collect();
+        assert_eq!(commit(&mut s, &seqs), vec![], "consecutive: no gap");
+        assert_eq!(commit(&mut s, &[(3, 3001)]), vec![gap(3, 1001, 3000)]);
+        // Two in one batch: each against the mark the one before it left.
+        assert_eq!(
+            commit(&mut s, &[(3, 3003), (3, 3004), (3, 3010)]),
+            vec![gap(3, 3002, 3002), gap(3, 3005, 3009)]
+        );
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.gap_events, 0, "a candidate is not recorded");
+        // Confirmed with nothing filled: recorded as they were.
+        let candidates = [gap(3, 1001, 3000), gap(3, 3002, 3002), gap(3, 3005, 3009)];
+        let missing = s.confirm_gaps(&candidates, T0 + 5).unwrap();
+        assert_eq!(missing, candidates);
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!((losses.gap_events, losses.missing_sequences), (3, 2006));
+        assert_eq!(losses.last_hour(T0 + 5).missing_sequences, 2006);
+        assert_eq!(losses.recent_gaps.len(), 3);
+        assert_eq!(losses.recent_gaps[0].from, 1001);
+    }
+
+    #[test]
+    fn late_arrivals_leave_only_the_rest_of_a_candidate_missing() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        assert_eq!(commit(&mut s, &[(3, 1), (3, 10)]), vec![gap(3, 2, 9)]);
+        // 3, 4 and 7 arrive late (applied_late), 10 again is a duplicate.
+        assert_eq!(commit(&mut s, &[(3, 3), (3, 4), (3, 7), (3, 10)]), vec![]);
+        // A new epoch may start its counter anywhere.
+        assert_eq!(commit(&mut s, &[(4, 70)]), vec![]);
+        assert_eq!(commit(&mut s, &[(4, 72)]), vec![gap(4, 71, 71)]);
+        assert_eq!(commit(&mut s, &[(4, 71)]), vec![]);
+        let missing = s.confirm_gaps(&[gap(3, 2, 9), gap(4, 71, 71)], T0).unwrap();
+        assert_eq!(missing, vec![gap(3, 2, 2), gap(3, 5, 6), gap(3, 8, 9)]);
+        let losses = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!((losses.gap_events, losses.missing_sequences), (3, 5));
+        // Every one filled: nothing reported, nothing written.
+        assert_eq!(
+            commit(&mut s, &[(3, 2), (3, 5), (3, 6), (3, 8), (3, 9)]),
+            vec![]
+        );
+        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        let after = s.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(after, losses);
+    }
+
+    #[test]
+    fn a_candidate_at_or_below_the_evicted_floor_is_unknown_not_missing() {
+        let mut opts = StoreOptions::default();
+        opts.window.max_entries = 2;
+        let mut s = Store::open_in_memory(opts).unwrap();
+        assert_eq!(commit(&mut s, &[(3, 1), (3, 10)]), vec![gap(3, 2, 9)]);
+        // 2..=5 arrive; the window keeps the newest two arrivals, so 1 and 10 are evicted
+        // by the time 3 is in: the floor is 10 (4 and 5 are stale), and whether 6..=9
+        // arrived can no longer be told.
+        for q in 2..=5 {
+            commit(&mut s, &[(3, q)]);
+        }
+        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        // Above the floor, what is absent is missing.
+        assert_eq!(commit(&mut s, &[(3, 14)]), vec![gap(3, 11, 13)]);
+        commit(&mut s, &[(3, 12)]);
+        assert_eq!(
+            s.confirm_gaps(&[gap(3, 11, 13)], T0).unwrap(),
+            vec![gap(3, 11, 11), gap(3, 13, 13)]
+        );
+    }
+
+    #[test]
+    fn a_batch_records_the_client_id_it_was_consumed_under_once() {
+        let store = Store::open_in_memory(StoreOptions::default()).unwrap();
+        let mut b = Backend::Redb(store);
+        // Nothing consumed yet: a connect without a session is no loss.
+        assert_eq!(b.note_connect("mqtt://b", "rg", false, T0).unwrap(), None);
+        b.consume_as(ConsumedAs {
+            client_id: "rg".into(),
+            broker: "mqtt://b".into(),
+        });
+        crate::testing::feed(&mut b, 1..=3, T0);
+        let losses = b.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.consumers.len(), 1);
+        assert_eq!(losses.consumers[0].client_id, "rg");
+        // With the session kept, nothing is lost; without it, the loss is recorded.
+        assert_eq!(b.note_connect("mqtt://b", "rg", true, T0).unwrap(), None);
+        let loss = b.note_connect("mqtt://b", "rg", false, T0 + 5).unwrap();
+        assert_eq!(
+            loss.map(|l| (l.at_ms, l.client_id)),
+            Some((T0 + 5, "rg".into()))
+        );
+        // Another client id never consumed under: no loss.
+        assert_eq!(
+            b.note_connect("mqtt://b", "other", false, T0).unwrap(),
+            None
+        );
+        let losses = b.reader().unwrap().upstream_losses().unwrap();
+        assert_eq!(losses.sessions_lost, 1);
+        assert_eq!(losses.last_hour(T0 + 5).sessions_lost, 1);
+        assert_eq!(losses.recent_sessions_lost[0].broker, "mqtt://b");
     }
 }

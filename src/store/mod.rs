@@ -22,6 +22,7 @@ pub mod relay;
 mod retention;
 pub mod tables;
 pub(crate) mod tx;
+pub mod upstream;
 pub mod verify;
 mod writer_check;
 
@@ -381,6 +382,10 @@ pub struct BatchReport {
     pub evicted: u64,
     /// What retention removed in the same transaction.
     pub pruned: PruneCounts,
+    /// Upstream gap candidates the batch's applied messages revealed: not recorded; the
+    /// caller keeps them for a grace, then `Backend::confirm_gaps` reports what is still
+    /// missing of them.
+    pub gaps: Vec<upstream::ReportedGap>,
 }
 
 /// The writer's handle on the database file.
@@ -391,6 +396,8 @@ pub struct Store {
     /// The feed writer's lock on the database file, held while open; `None` for operator
     /// writers.
     _feed_lock: Option<file::FeedLock>,
+    /// Whom `run` consumes as, recorded by the next batch.
+    consumption: upstream::Consumption,
 }
 
 fn builder(cache_bytes: usize, concurrency: Concurrency) -> Builder {
@@ -686,6 +693,7 @@ impl Store {
             db: guard::Handle::new(db.into_inner()),
             opts,
             _feed_lock: None,
+            consumption: upstream::Consumption::default(),
         })
     }
 
@@ -751,11 +759,12 @@ impl Store {
         let txn = Leak::new(self.begin_durable()?);
         let report = {
             let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &self.opts)?);
-            let report = w.decide_batch(batch, now_ms)?;
+            let report = w.decide_batch(batch, now_ms, self.consumption.pending())?;
             drop(w.into_inner().finish()?);
             report
         };
         txn.into_inner().commit()?;
+        self.consumption.committed();
         Ok(report)
     }
 }
@@ -786,6 +795,51 @@ impl Backend {
         match self {
             Backend::Redb(s) => s.reader(),
             Backend::Postgres(s) => Ok(Snapshot::postgres(s.view()?)),
+        }
+    }
+
+    /// Whom the next batches are consumed as (`run`'s client id and broker): the first
+    /// batch committed after this records it, if the store did not know it yet.
+    pub fn consume_as(&mut self, c: upstream::ConsumedAs) {
+        match self {
+            Backend::Redb(s) => s.consumption.set(c),
+            Backend::Postgres(s) => s.consume_as(c),
+        }
+    }
+
+    /// What is still missing of the gap `candidates` (`upstream::confirm_gaps`), in one
+    /// write transaction: recorded and returned (empty: every one was filled, or lies at or
+    /// below its source's evicted floor; nothing is then written).
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<upstream::ReportedGap>, StoreError> {
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Backend::Redb(s) => s.confirm_gaps(candidates, now_ms),
+            Backend::Postgres(s) => s.confirm_gaps(candidates, now_ms),
+        }
+    }
+
+    /// A (re)connect's answer: a broker that kept no session for a client id the store
+    /// consumed under lost what it queued for it. Records the loss (its own small
+    /// transaction) and returns it; `None` when there is none.
+    pub fn note_connect(
+        &mut self,
+        broker: &str,
+        client_id: &str,
+        session_present: bool,
+        now_ms: u64,
+    ) -> Result<Option<SessionLoss>, StoreError> {
+        if session_present {
+            return Ok(None);
+        }
+        match self {
+            Backend::Redb(s) => s.note_connect(broker, client_id, now_ms),
+            Backend::Postgres(s) => s.note_connect(broker, client_id, now_ms),
         }
     }
 

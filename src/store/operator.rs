@@ -91,6 +91,54 @@ impl Store {
         self.guarded(|s| s.try_record_burst(burst))
     }
 
+    /// `Backend::note_connect` on this file: a connect without a session under `client_id`.
+    pub fn note_connect(
+        &mut self,
+        broker: &str,
+        client_id: &str,
+        now_ms: u64,
+    ) -> Result<Option<SessionLoss>, StoreError> {
+        // Most connects are a new store's or under a client id not consumed under yet: a
+        // read answers those without a write transaction.
+        if !self.reader()?.upstream_losses()?.consumed_under(client_id) {
+            return Ok(None);
+        }
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let loss = {
+                let mut tx = Leak::new(RedbTx::open(&txn)?);
+                super::upstream::note_connect(&mut *tx, broker, client_id, false, now_ms)?
+            };
+            if loss.is_some() {
+                txn.into_inner().commit()?;
+            } else {
+                txn.into_inner().abort()?;
+            }
+            Ok(loss)
+        })
+    }
+
+    /// `Backend::confirm_gaps` on this file.
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[super::upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<super::upstream::ReportedGap>, StoreError> {
+        self.guarded(|s| {
+            let txn = Leak::new(s.begin_durable()?);
+            let missing = {
+                let mut tx = Leak::new(RedbTx::open(&txn)?);
+                super::upstream::confirm_gaps(&mut *tx, candidates, now_ms)?
+            };
+            if missing.is_empty() {
+                txn.into_inner().abort()?;
+            } else {
+                txn.into_inner().commit()?;
+            }
+            Ok(missing)
+        })
+    }
+
     fn try_record_burst(&mut self, burst: &BurstRecord) -> Result<(), StoreError> {
         use redb::ReadableTable;
         let txn = Leak::new(self.begin_durable()?);

@@ -212,6 +212,16 @@ impl Snapshot {
         self.guard(|txn| Ok(RETENTION.read(txn)?.unwrap_or_default()))
     }
 
+    /// What was lost upstream of the store (`store::upstream`): gap events and lost broker
+    /// sessions, totals, the last hour by minute, the newest events (all empty before the
+    /// first). One point read.
+    pub fn upstream_losses(&self) -> Result<UpstreamLosses, StoreError> {
+        if let Some(pg) = self.pg() {
+            return Ok(pg.meta_row(UPSTREAM)?.unwrap_or_default());
+        }
+        self.guard(|txn| Ok(UPSTREAM.read(txn)?.unwrap_or_default()))
+    }
+
     /// Audit entries per outcome since the database was created (`None` for a database no
     /// writer of this version has opened yet).
     pub fn counters(&self) -> Result<Option<OutcomeCounts>, StoreError> {

@@ -107,6 +107,14 @@ impl Tx for RedbTx<'_> {
         RETENTION.put(&mut self.meta, marks, &mut self.buf)
     }
 
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        UPSTREAM.get(&self.meta)
+    }
+
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        UPSTREAM.put(&mut self.meta, record, &mut self.buf)
+    }
+
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         Ok(self
             .source_ids
@@ -142,6 +150,27 @@ impl Tx for RedbTx<'_> {
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
         self.window.take(key)
+    }
+
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let (from, to) = (*seqs.start(), *seqs.end());
+        let mut out = Vec::new();
+        // Keys only: the records are never decoded.
+        let keys = ReadableTable::range::<(u64, u64, u64)>(
+            &*self.window,
+            (no, epoch, from)..=(no, epoch, to),
+        )
+        .map_err(redb)?;
+        for item in keys {
+            let (k, _) = item.map_err(redb)?;
+            super::tx::push_present(&mut out, k.value().2);
+        }
+        Ok(out)
     }
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {

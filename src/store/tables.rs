@@ -84,6 +84,9 @@ pub const RETENTION: MetaEntry<RetentionMarks> = MetaEntry::new("retention");
 pub const COUNTS: MetaEntry<Counters> = MetaEntry::new("counts");
 /// "identity" -> `StoreIdentity`: the store's random id, which a sink's own cursor names.
 pub const IDENTITY: MetaEntry<StoreIdentity> = MetaEntry::new("identity");
+/// "upstream" -> `UpstreamLosses`: the gaps and lost broker sessions `run` and `ingest`
+/// reported, bounded (`store::upstream`); absent until the first.
+pub const UPSTREAM: MetaEntry<UpstreamLosses> = MetaEntry::new("upstream");
 
 /// One column value of a stored key or value, as a whole-store copy hands it on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -948,6 +951,73 @@ pub struct ParkedRecord {
     pub event: String,
 }
 
+/// What the store knows of messages lost upstream of it (a broker dropping queued messages,
+/// a broker session lost), written in the transaction of the batch that revealed a gap
+/// (`engine::Writer`) or by `run` at the connect that found its session gone
+/// (`store::upstream::note_connect`). Bounded whatever the history: totals since creation,
+/// per-minute counts of the last hour (`health`), the last few events of each kind (the
+/// after-action report), and the client ids `run` consumed under.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamLosses {
+    /// Gap events reported since the store was created.
+    pub gap_events: u64,
+    /// Sequences missing in those gaps when each was reported (a late arrival filling one
+    /// later is `applied_late` and lowers nothing).
+    pub missing_sequences: u64,
+    /// Broker sessions found lost at a (re)connect.
+    pub sessions_lost: u64,
+    /// One entry per minute with a loss, oldest first, none older than an hour when written
+    /// (at most `upstream::MINUTES`).
+    pub minutes: Vec<LossMinute>,
+    /// The newest gap events, oldest first (at most `upstream::RECENT`).
+    pub recent_gaps: Vec<GapEvent>,
+    /// The newest session losses, oldest first (at most `upstream::RECENT`).
+    pub recent_sessions_lost: Vec<SessionLoss>,
+    /// The MQTT client ids `run` committed deliveries under, oldest first (at most
+    /// `upstream::CONSUMERS`): a CONNACK without a session for one of them is a lost session.
+    pub consumers: Vec<Consumer>,
+}
+
+/// The losses reported in one minute.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LossMinute {
+    /// Unix time in minutes (ms / 60 000).
+    pub minute: u64,
+    pub gap_events: u64,
+    pub missing_sequences: u64,
+    pub sessions_lost: u64,
+}
+
+/// One gap: sequences `from..=to` of a source's epoch had not arrived when a later one was
+/// applied.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct GapEvent {
+    pub at_ms: u64,
+    pub agency: String,
+    pub source_id: String,
+    pub epoch: u64,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// A broker answered a (re)connect under a client id the store had consumed under without
+/// its session: whatever it queued for that session is gone.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SessionLoss {
+    pub at_ms: u64,
+    pub broker: String,
+    pub client_id: String,
+}
+
+/// A client id `run` committed deliveries under: first when, from which broker.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub client_id: String,
+    pub broker: String,
+    pub since_ms: u64,
+}
+
+impl Record for UpstreamLosses {}
 impl Record for Counters {}
 impl Record for Meta {}
 impl Record for RetentionMarks {}
@@ -1189,6 +1259,7 @@ pub fn check_decoders(bytes: &[u8]) {
     meta(RETENTION, bytes);
     meta(COUNTS, bytes);
     meta(IDENTITY, bytes);
+    meta(UPSTREAM, bytes);
     records(REPLAY_BURSTS, bytes);
     records(SOURCES, bytes);
     records(WINDOW, bytes);

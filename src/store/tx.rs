@@ -11,7 +11,8 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 use super::StoreError;
 use super::tables::{
     AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, Stream, WindowRecord,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, Stream, UpstreamLosses,
+    WindowRecord,
 };
 
 /// A window entry's key: (source number, epoch, sequence).
@@ -37,6 +38,9 @@ pub trait Tx {
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError>;
     fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError>;
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError>;
+    /// The record of losses upstream (`store::upstream`); `None` until the first.
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError>;
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError>;
 
     /// The number of source (agency, source_id), if it has one.
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError>;
@@ -48,6 +52,15 @@ pub trait Tx {
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError>;
     /// Removes and returns the entry.
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError>;
+    /// The sequences of source `no`'s `epoch` within `seqs` that the window holds, as
+    /// sorted, disjoint, non-adjacent inclusive ranges: one read of the key range (redb: its
+    /// keys only; PostgreSQL: the ranges themselves), never a point read per sequence.
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError>;
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError>;
     /// Visits the heads of the effects in `range`, lowest offset first, until `f` breaks.
@@ -211,8 +224,22 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     fn put_retention_marks(&mut self, marks: &RetentionMarks) -> Result<(), StoreError> {
         (**self).put_retention_marks(marks)
     }
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        (**self).upstream_losses()
+    }
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        (**self).put_upstream_losses(record)
+    }
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         (**self).source_no(agency, source_id)
+    }
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        (**self).window_present(no, epoch, seqs)
     }
     fn put_source_no(&mut self, agency: &str, source_id: &str, no: u64) -> Result<(), StoreError> {
         (**self).put_source_no(agency, source_id, no)
@@ -306,5 +333,15 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn sink_idle(&mut self, name: &str) -> Result<(), StoreError> {
         (**self).sink_idle(name)
+    }
+}
+
+/// Appends sequence `q` (at or above every one before it) to the sorted ranges `out`,
+/// extending the last range when `q` touches it.
+pub fn push_present(out: &mut Vec<(u64, u64)>, q: u64) {
+    match out.last_mut() {
+        Some((_, end)) if *end >= q => {}
+        Some((_, end)) if *end + 1 == q => *end = q,
+        _ => out.push((q, q)),
     }
 }

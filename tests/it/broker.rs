@@ -39,12 +39,22 @@ impl Broker {
         Broker::start_full(dir, free_port(), persistence, extra)
     }
 
+    /// Like `start`, with Mosquitto's stock queue limit (`max_queued_messages` left at its
+    /// default of 1,000 per session: the rest is dropped without a word) and in-flight window.
+    pub fn start_stock(dir: &Path, persistence: bool) -> Broker {
+        Broker::start_conf(dir, free_port(), persistence, "", "")
+    }
+
     fn start_full(dir: &Path, port: u16, persistence: bool, extra: &str) -> Broker {
+        let limits = "max_queued_messages 0\nmax_inflight_messages 100\n";
+        Broker::start_conf(dir, port, persistence, limits, extra)
+    }
+
+    fn start_conf(dir: &Path, port: u16, persistence: bool, limits: &str, extra: &str) -> Broker {
         std::fs::create_dir_all(dir).unwrap();
         let conf = dir.join("mosquitto.conf");
-        let mut text = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nuser root\nmax_queued_messages 0\nmax_inflight_messages 100\n"
-        );
+        let mut text =
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\nuser root\n{limits}");
         if persistence {
             text.push_str(&format!(
                 "persistence true\npersistence_location {}/\nautosave_interval 0\n",

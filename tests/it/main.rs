@@ -87,6 +87,9 @@
 //!   `verify` and `explain`, its delivery section against `relay status`; rendered by a real
 //!   headless Chromium (PNG, PDF on A4 and Letter); a tampered store's verdict; hostile names
 //!   escaped; usage errors; a PostgreSQL store.
+//! - `upstream_loss`: losses upstream loud at once: a stock Mosquitto dropping a backlog
+//!   queued for `run` (the gap warned, counted, in `health` and `stats`), a broker restarted
+//!   without its sessions (session lost, likewise); a fresh store's first connect is no loss.
 //! - `torture`: the torture scripts, short: repeated failovers, kill -9 of `run`, disk full, EIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -130,4 +133,5 @@ mod service;
 mod systemd;
 mod tls;
 mod torture;
+mod upstream_loss;
 mod verify;

@@ -472,7 +472,7 @@ fn a_sink_task_that_dies_inside_run_is_restarted_and_said_everywhere_while_run_c
             .contains("relay sink failed; restarting it after a backoff")
     });
     let lines: Vec<String> = (0..50)
-        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i, "x"))
+        .map(|i| common::msg("ems", &format!("m{}", i % 3), 1, i / 3 + 1, "x"))
         .collect();
     broker.publish_lines("incidents/ems", &lines, "pub-relay-panic");
     // run goes on consuming while the sink fails.

@@ -120,6 +120,10 @@ impl Consumer {
         child.wait().unwrap();
     }
 
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

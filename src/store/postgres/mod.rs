@@ -34,6 +34,8 @@ pub struct PgStore {
     opts: StoreOptions,
     sql: Sql,
     conn: Option<Conn>,
+    /// Whom `run` consumes as, recorded by the next batch.
+    consumption: crate::store::upstream::Consumption,
 }
 
 impl PgStore {
@@ -51,6 +53,7 @@ impl PgStore {
             cfg,
             opts,
             conn: None,
+            consumption: Default::default(),
         }
     }
 
@@ -202,11 +205,45 @@ impl PgStore {
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
         let opts = self.opts.clone();
-        self.in_txn(|conn, sql| {
+        let consumed_as = self.consumption.pending().cloned();
+        let report = self.in_txn(|conn, sql| {
             let mut w = Writer::open(PgTx::begin(conn, sql)?, &opts)?;
-            let report = w.decide_batch(batch, now_ms)?;
+            let report = w.decide_batch(batch, now_ms, consumed_as.as_ref())?;
             w.finish()?.flush()?;
             Ok(report)
+        })?;
+        self.consumption.committed();
+        Ok(report)
+    }
+
+    /// `Backend::consume_as`.
+    pub fn consume_as(&mut self, c: crate::store::upstream::ConsumedAs) {
+        self.consumption.set(c);
+    }
+
+    /// `Backend::confirm_gaps` on this schema (its own transaction under the lock).
+    pub fn confirm_gaps(
+        &mut self,
+        candidates: &[crate::store::upstream::ReportedGap],
+        now_ms: u64,
+    ) -> Result<Vec<crate::store::upstream::ReportedGap>, StoreError> {
+        self.write(|mut tx, _| {
+            let missing = crate::store::upstream::confirm_gaps(&mut tx, candidates, now_ms)?;
+            Ok((tx, missing))
+        })
+    }
+
+    /// `Backend::note_connect` on this schema (its own transaction under the lock).
+    pub fn note_connect(
+        &mut self,
+        broker: &str,
+        client_id: &str,
+        now_ms: u64,
+    ) -> Result<Option<SessionLoss>, StoreError> {
+        self.write(|mut tx, _| {
+            let loss =
+                crate::store::upstream::note_connect(&mut tx, broker, client_id, false, now_ms)?;
+            Ok((tx, loss))
         })
     }
 }

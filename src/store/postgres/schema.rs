@@ -70,6 +70,7 @@ pub struct Sql {
     pub window: String,
     pub window_upsert: String,
     pub window_delete: String,
+    pub window_present: String,
     pub effects_insert: String,
     pub effect_heads: String,
     pub effects_delete_range: String,
@@ -149,6 +150,15 @@ impl Sql {
                 "DELETE FROM {s}.window_entries w USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) \
                  AS d(source_no, epoch, sequence) \
                  WHERE w.source_no = d.source_no AND w.epoch = d.epoch AND w.sequence = d.sequence",
+            ),
+            // The present sequences of a range as islands (runs of consecutive sequences):
+            // one row per run, however many sequences it holds.
+            window_present: f(
+                "SELECT min(sequence), max(sequence) FROM (SELECT sequence, \
+                   sequence::numeric - row_number() OVER (ORDER BY sequence) AS island \
+                   FROM {s}.window_entries WHERE source_no = $1 AND epoch = $2 \
+                   AND sequence BETWEEN $3 AND $4) w \
+                 GROUP BY island ORDER BY 1",
             ),
             effects_insert: f("INSERT INTO {s}.effects (effect_offset, record) \
                  SELECT * FROM unnest($1::bigint[], $2::bytea[])"),

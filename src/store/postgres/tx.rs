@@ -368,6 +368,15 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    fn upstream_losses(&mut self) -> Result<Option<UpstreamLosses>, StoreError> {
+        self.meta_record(UPSTREAM)
+    }
+
+    fn put_upstream_losses(&mut self, record: &UpstreamLosses) -> Result<(), StoreError> {
+        self.set_meta(UPSTREAM, record);
+        Ok(())
+    }
+
     fn source_no(&mut self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
         let key = (agency.to_string(), source_id.to_string());
         if let Some(v) = self.source_ids.get(&key) {
@@ -426,6 +435,39 @@ impl Tx for PgTx<'_> {
             self.window.set(key, None);
         }
         Ok(was)
+    }
+
+    fn window_present(
+        &mut self,
+        no: u64,
+        epoch: u64,
+        seqs: RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.flush()?;
+        let (from, to) = (*seqs.start(), *seqs.end());
+        // Sequences are stored bit for bit as bigint: the upper half of u64 is negative, so a
+        // range across 2^63 is read as two, each in order.
+        const HALF: u64 = 1 << 63;
+        let parts = if from < HALF && to >= HALF {
+            vec![(from, HALF - 1), (HALF, to)]
+        } else {
+            vec![(from, to)]
+        };
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in parts {
+            let rows = self.conn.query(
+                &self.sql.window_present,
+                &[&db(no), &db(epoch), &db(a), &db(b)],
+            )?;
+            for row in rows {
+                let (start, end) = (un(row.get::<_, i64>(0)), un(row.get::<_, i64>(1)));
+                match out.last_mut() {
+                    Some(last) if last.1.checked_add(1) == Some(start) => last.1 = end,
+                    _ => out.push((start, end)),
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
