@@ -679,5 +679,33 @@ mod tests {
         assert_eq!(losses.sessions_lost, 1);
         assert_eq!(losses.last_hour(T0 + 5).sessions_lost, 1);
         assert_eq!(losses.recent_sessions_lost[0].broker, "mqtt://b");
+        // Every connect is noted, kept session or not: the report draws the switches.
+        let connects: Vec<(&str, bool)> = losses
+            .recent_connects
+            .iter()
+            .map(|c| (c.client_id.as_str(), c.session_present))
+            .collect();
+        assert_eq!(
+            connects,
+            [("rg", false), ("rg", true), ("rg", false), ("other", false)]
+        );
+    }
+
+    #[test]
+    fn the_connects_noted_stay_bounded_newest_kept() {
+        let mut b = Backend::Redb(Store::open_in_memory(StoreOptions::default()).unwrap());
+        for i in 0..(crate::store::upstream::CONNECTS as u64 + 10) {
+            b.note_connect(&format!("mqtt://b{i}"), "rg", true, T0 + i)
+                .unwrap();
+        }
+        let connects = b
+            .reader()
+            .unwrap()
+            .upstream_losses()
+            .unwrap()
+            .recent_connects;
+        assert_eq!(connects.len(), crate::store::upstream::CONNECTS);
+        assert_eq!(connects.last().unwrap().broker, "mqtt://b73");
+        assert_eq!(connects[0].at_ms, T0 + 10);
     }
 }

@@ -824,9 +824,9 @@ impl Backend {
         }
     }
 
-    /// A (re)connect's answer: a broker that kept no session for a client id the store
-    /// consumed under lost what it queued for it. Records the loss (its own small
-    /// transaction) and returns it; `None` when there is none.
+    /// A (re)connect's answer, noted (its own small transaction): a broker that kept no
+    /// session for a client id the store consumed under lost what it queued for it. Returns
+    /// the loss, recorded with the connect; `None` when there is none.
     pub fn note_connect(
         &mut self,
         broker: &str,
@@ -834,12 +834,9 @@ impl Backend {
         session_present: bool,
         now_ms: u64,
     ) -> Result<Option<SessionLoss>, StoreError> {
-        if session_present {
-            return Ok(None);
-        }
         match self {
-            Backend::Redb(s) => s.note_connect(broker, client_id, now_ms),
-            Backend::Postgres(s) => s.note_connect(broker, client_id, now_ms),
+            Backend::Redb(s) => s.note_connect(broker, client_id, session_present, now_ms),
+            Backend::Postgres(s) => s.note_connect(broker, client_id, session_present, now_ms),
         }
     }
 

@@ -91,29 +91,21 @@ impl Store {
         self.guarded(|s| s.try_record_burst(burst))
     }
 
-    /// `Backend::note_connect` on this file: a connect without a session under `client_id`.
+    /// `Backend::note_connect` on this file.
     pub fn note_connect(
         &mut self,
         broker: &str,
         client_id: &str,
+        session_present: bool,
         now_ms: u64,
     ) -> Result<Option<SessionLoss>, StoreError> {
-        // Most connects are a new store's or under a client id not consumed under yet: a
-        // read answers those without a write transaction.
-        if !self.reader()?.upstream_losses()?.consumed_under(client_id) {
-            return Ok(None);
-        }
         self.guarded(|s| {
             let txn = Leak::new(s.begin_durable()?);
             let loss = {
                 let mut tx = Leak::new(RedbTx::open(&txn)?);
-                super::upstream::note_connect(&mut *tx, broker, client_id, false, now_ms)?
+                super::upstream::note_connect(&mut *tx, broker, client_id, session_present, now_ms)?
             };
-            if loss.is_some() {
-                txn.into_inner().commit()?;
-            } else {
-                txn.into_inner().abort()?;
-            }
+            txn.into_inner().commit()?;
             Ok(loss)
         })
     }

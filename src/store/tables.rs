@@ -954,9 +954,10 @@ pub struct ParkedRecord {
 /// What the store knows of messages lost upstream of it (a broker dropping queued messages,
 /// a broker session lost), written in the transaction of the batch that revealed a gap
 /// (`engine::Writer`) or by `run` at the connect that found its session gone
-/// (`store::upstream::note_connect`). Bounded whatever the history: totals since creation,
-/// per-minute counts of the last hour (`health`), the last few events of each kind (the
-/// after-action report), and the client ids `run` consumed under.
+/// (`store::upstream::note_connect`, which also notes every connect). Bounded whatever the
+/// history: totals since creation, per-minute counts of the last hour (`health`), the last
+/// few events of each kind and the last connects (the after-action report's broker
+/// switches), and the client ids `run` consumed under.
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpstreamLosses {
     /// Gap events reported since the store was created.
@@ -976,6 +977,18 @@ pub struct UpstreamLosses {
     /// The MQTT client ids `run` committed deliveries under, oldest first (at most
     /// `upstream::CONSUMERS`): a CONNACK without a session for one of them is a lost session.
     pub consumers: Vec<Consumer>,
+    /// The newest (re)connects of `run` to a broker, oldest first (at most
+    /// `upstream::CONNECTS`): the broker switches an after-action review draws.
+    pub recent_connects: Vec<ConnectEvent>,
+}
+
+/// `run` connected to `broker` as `client_id`; whether the broker kept its session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ConnectEvent {
+    pub at_ms: u64,
+    pub broker: String,
+    pub client_id: String,
+    pub session_present: bool,
 }
 
 /// The losses reported in one minute.

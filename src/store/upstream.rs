@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::StoreError;
-use super::tables::{Consumer, GapEvent, LossMinute, SessionLoss, UpstreamLosses};
+use super::tables::{ConnectEvent, Consumer, GapEvent, LossMinute, SessionLoss, UpstreamLosses};
 use super::tx::Tx;
 use crate::decide::Gap;
 
@@ -22,6 +22,8 @@ pub const MINUTES: u64 = 60;
 pub const RECENT: usize = 32;
 /// Client ids remembered (the oldest forgotten first).
 pub const CONSUMERS: usize = 16;
+/// Connects kept in `UpstreamLosses::recent_connects`.
+pub const CONNECTS: usize = 64;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -340,9 +342,10 @@ impl UpstreamLosses {
     }
 }
 
-/// What a connect told about the session: `Some` with the loss recorded when the broker
-/// kept no session (`session_present` false) for a client id the store consumed under.
-/// A first connect under a client id is no loss: nothing was queued for it yet.
+/// Notes a connect (every one: the after-action report draws the broker switches) and what
+/// it told about the session: `Some` with the loss recorded when the broker kept no session
+/// (`session_present` false) for a client id the store consumed under. A first connect
+/// under a client id is no loss: nothing was queued for it yet.
 pub(crate) fn note_connect(
     tx: &mut impl Tx,
     broker: &str,
@@ -350,21 +353,25 @@ pub(crate) fn note_connect(
     session_present: bool,
     now_ms: u64,
 ) -> Result<Option<SessionLoss>, StoreError> {
-    if session_present {
-        return Ok(None);
-    }
     let mut rec = tx.upstream_losses()?.unwrap_or_default();
-    if !rec.consumed_under(client_id) {
-        return Ok(None);
-    }
-    let loss = SessionLoss {
+    rec.recent_connects.push(ConnectEvent {
         at_ms: now_ms,
         broker: broker.into(),
         client_id: client_id.into(),
-    };
-    rec.note_session_lost(loss.clone());
+        session_present,
+    });
+    let over = rec.recent_connects.len().saturating_sub(CONNECTS);
+    rec.recent_connects.drain(..over);
+    let loss = (!session_present && rec.consumed_under(client_id)).then(|| SessionLoss {
+        at_ms: now_ms,
+        broker: broker.into(),
+        client_id: client_id.into(),
+    });
+    if let Some(l) = &loss {
+        rec.note_session_lost(l.clone());
+    }
     tx.put_upstream_losses(&rec)?;
-    Ok(Some(loss))
+    Ok(loss)
 }
 
 #[cfg(test)]

@@ -238,11 +238,17 @@ impl PgStore {
         &mut self,
         broker: &str,
         client_id: &str,
+        session_present: bool,
         now_ms: u64,
     ) -> Result<Option<SessionLoss>, StoreError> {
         self.write(|mut tx, _| {
-            let loss =
-                crate::store::upstream::note_connect(&mut tx, broker, client_id, false, now_ms)?;
+            let loss = crate::store::upstream::note_connect(
+                &mut tx,
+                broker,
+                client_id,
+                session_present,
+                now_ms,
+            )?;
             Ok((tx, loss))
         })
     }
