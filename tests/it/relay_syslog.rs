@@ -1076,8 +1076,8 @@ fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslo
     let long = "n".repeat(12_000);
     lines.push(format!(r#"{{"{long}":1,"{long}":2}}"#));
     let decided = lines.len();
-    // And the operator's two resolutions.
-    let total = decided + 2;
+    // And the operator's two resolutions and one relay action.
+    let total = decided + 3;
     let mut run = s.run();
     common::wait_subscribed(&s.dir.join("relay.log"), 0, "");
     broker.publish_lines("incidents/ems", &lines, "pub-syslog-audit");
@@ -1095,8 +1095,9 @@ fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslo
             .unwrap();
         field(e, "quarantine_id")
     };
-    // kill -9 while the sink sends, four times; an operator resolves the two quarantined
-    // messages while the service is down; the receiver restarts in the third round.
+    // kill -9 while the sink sends, four times; while the service is down an operator
+    // resolves the two quarantined messages, then rewinds the picky sink; the receiver
+    // restarts in the third round.
     let mut rng = common::SplitMix64::new(22);
     let mut mid = 0;
     for round in 0..4 {
@@ -1120,6 +1121,23 @@ fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslo
             s.quarantine("discard", &quarantined("conflict"), "a test's changed copy");
             s.quarantine("release", &quarantined("stale"), "unit m0 confirmed it");
         }
+        if round == 1 {
+            // A relay action: the picky sink sent again from the start (the same ids).
+            stdout(&common::run(&[
+                "relay",
+                "rewind",
+                "--config",
+                s.config.to_str().unwrap(),
+                "--sink",
+                "picky",
+                "--to",
+                "0",
+                "--reason",
+                "the SIEM lost its index",
+                "--operator",
+                "ana",
+            ]));
+        }
         run = s.run();
     }
     assert_eq!(mid, 4, "a kill landed after the last entry was sent");
@@ -1141,10 +1159,11 @@ fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslo
             "stale",
             "malformed",
             "discarded",
-            "released"
+            "released",
+            "relay"
         ]
         .map(count),
-        [199, 40, 1, 1, 2, 1, 1]
+        [199, 40, 1, 1, 2, 1, 1, 1]
     );
     let got = rsyslog.received();
     let firsts = assert_audit_messages(&got, &log, |_| true);
