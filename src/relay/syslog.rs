@@ -123,12 +123,14 @@ pub struct Header {
 }
 
 /// The severity (RFC 5424 table 2) of a decision's outcome: warning (4) for what was
-/// quarantined (`conflict`, `stale`, `malformed`), notice (5) for a `duplicate`, informational
-/// (6) for the rest (`applied`, `applied_late`, `released`, and any other).
+/// quarantined (`conflict`, `stale`, `malformed`); notice (5), "normal but significant", for a
+/// `duplicate` and for an operator's action (`released`, `discarded`, `relay`: a person
+/// changed what the record says or what a sink delivers); informational (6) for the rest
+/// (`applied`, `applied_late`, and any other).
 pub fn severity(outcome: &str) -> u8 {
     match outcome {
         "conflict" | "stale" | "malformed" => 4,
-        "duplicate" => 5,
+        "duplicate" | "released" | "discarded" | "relay" => 5,
         _ => 6,
     }
 }
@@ -622,10 +624,11 @@ mod tests {
         for (outcome, sev) in [
             ("applied", 6),
             ("applied_late", 6),
-            ("released", 6),
-            ("discarded", 6),
-            ("relay", 6),
+            ("released", 5),
+            ("discarded", 5),
+            ("relay", 5),
             ("duplicate", 5),
+            ("unknown", 6),
             ("conflict", 4),
             ("stale", 4),
             ("malformed", 4),

@@ -47,7 +47,8 @@
 //!   the URL's query in no output, log or stored error; an audit sink (`stream = "audit"`).
 //! - `relay_syslog`: the syslog sink against a real rsyslogd of the test's own: RFC 5424
 //!   messages parsed back field by field; `kill -9` of the relay and a restart of rsyslogd
-//!   mid-stream lose nothing; TLS (gtls, mutual) verified, another CA refused in words; a
+//!   mid-stream lose nothing; the audit stream from a real `run` through kill -9, every entry
+//!   with its outcome's MSGID and severity; TLS (gtls, mutual) verified, another CA refused in words; a
 //!   batch counted only if the connection outlives the settle period and the receiver's TCP
 //!   acknowledged it all; an idle connection the receiver closed replaced at once.
 //! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest

@@ -1,11 +1,17 @@
 //! The `syslog` sink against a real rsyslogd the test starts (its own config, work directory
 //! and pid file in a temp dir; imtcp on a free loopback port; every message's raw form written
 //! to a file the test reads): each event arrives as an RFC 5424 message parsed back field by
-//! field, by the test and by rsyslog's own parser alike; across `kill -9` of the relay and a restart of rsyslog mid-stream every event
-//! arrives, repeats with the same id and nothing else; over TLS (rsyslog's gtls driver, a CA
-//! made with openssl) with the receiver verified, a receiver of another CA refused in words in
-//! `relay status`; a receiver that closes before a batch settles, or stops reading, gets the
-//! batch again; one that closed the idle connection costs no failed attempt.
+//! field, by the test and by rsyslog's own parser alike; across `kill -9` of the relay and a
+//! restart of rsyslog mid-stream every event arrives, repeats with the same id and nothing
+//! else; the audit stream (`stream = "audit"`) from a real `run` fed through a private
+//! Mosquitto, killed with -9 four times while rsyslog restarts once: every audit entry arrives
+//! (decisions of every outcome, an operator's release and discard, one message larger than
+//! rsyslog's default maxMessageSize), MSGID the outcome, severity by outcome, the structured
+//! data the `dump-audit` entry's, the chain continuous, and `outcomes` honoured; over TLS
+//! (rsyslog's gtls driver, a CA made with openssl) with the receiver verified, a receiver of
+//! another CA refused in words in `relay status`; a receiver that closes before a batch
+//! settles, or stops reading, gets the batch again; one that closed the idle connection costs
+//! no failed attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
@@ -28,6 +34,11 @@ struct RsyslogTls {
     pki: PathBuf,
     auth_mode: &'static str,
 }
+
+/// rsyslogd's `maxMessageSize`, set explicitly: its default (8 KiB) cuts a longer message into
+/// pieces, and an audit entry's message can be far longer (a malformed message's reason quotes
+/// it). The value the book's syslog page gives for the default `max_payload_bytes`.
+const RSYSLOG_MAX_MESSAGE: &str = "2m";
 
 /// A real rsyslogd of the test's own.
 struct Rsyslog {
@@ -98,7 +109,7 @@ impl Rsyslog {
         std::fs::write(
             &conf,
             format!(
-                "global(workDirectory=\"{d}\" maxMessageSize=\"64k\"{global_tls})\n\
+                "global(workDirectory=\"{d}\" maxMessageSize=\"{RSYSLOG_MAX_MESSAGE}\"{global_tls})\n\
                  module(load=\"imtcp\"{module_tls})\n\
                  template(name=\"raw\" type=\"string\" string=\"%rawmsg%\\n\")\n\
                  template(name=\"fields\" type=\"string\" string=\"%pri%|%syslogfacility%|\
@@ -862,4 +873,327 @@ fn a_refused_connection_is_a_retry_naming_the_receiver() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// The audit log as `dump-audit --format jsonl` prints it, in index order.
+fn audit_log(config: &Path) -> Vec<Json> {
+    stdout(&common::run(&[
+        "dump-audit",
+        "--config",
+        config.to_str().unwrap(),
+        "--format",
+        "jsonl",
+    ]))
+    .lines()
+    .map(|l| json::parse(l.as_bytes(), 64).unwrap())
+    .collect()
+}
+
+/// The severity a decision's message must carry: warning for what was quarantined, notice
+/// for a duplicate and for an operator's action, informational for what was applied.
+fn expected_severity(outcome: &str) -> u16 {
+    match outcome {
+        "conflict" | "stale" | "malformed" => 4,
+        "duplicate" | "released" | "discarded" | "relay" => 5,
+        "applied" | "applied_late" => 6,
+        other => panic!("an outcome the test does not know: {other}"),
+    }
+}
+
+/// The structured data an audit entry (a `dump-audit` line) must arrive with, in order:
+/// the event id, then each value the entry has.
+fn expected_params(entry: &Json) -> Vec<(String, String)> {
+    let known = |name: &str| Some(field(entry, name)).filter(|v| v != "null");
+    let mut p = vec![(
+        "id".to_string(),
+        format!("{}-{}", field(entry, "index"), &field(entry, "hash")[..16]),
+    )];
+    let mut push = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            p.push((name.to_string(), v));
+        }
+    };
+    push("key", known("key"));
+    push(
+        "source",
+        known("agency")
+            .zip(known("source_id"))
+            .map(|(a, s)| format!("{a}/{s}")),
+    );
+    push("sequence", known("sequence"));
+    push("epoch", known("epoch"));
+    push("outcome", known("outcome"));
+    push("reason", known("reason").filter(|r| !r.is_empty()));
+    push("effect_offset", known("effect_offset"));
+    push("entry_hash", known("hash"));
+    p
+}
+
+/// What a receiver of an audit sink got (`got`, arrival order, repeats included) against the
+/// audit log: exactly the entries `selected` keeps, each at least once; every arrival of an
+/// id the same message (but PROCID, which names the sending process); each message is its
+/// entry: MSGID the outcome, PRI `local0` × 8 + the outcome's severity, TIMESTAMP the
+/// entry's time, the structured data its values, MSG the decision event whose `data` is the
+/// `dump-audit` line; when every entry is selected, the chain links in MSG continuous over
+/// the delivered ids. Returns the messages by index, first arrivals.
+fn assert_audit_messages(
+    got: &[Syslog5424],
+    log: &[Json],
+    selected: impl Fn(&str) -> bool,
+) -> BTreeMap<u64, usize> {
+    let by_id: BTreeMap<String, &Json> = log
+        .iter()
+        .filter(|e| selected(&field(e, "outcome")))
+        .map(|e| (expected_params(e)[0].1.clone(), e))
+        .collect();
+    let mut first: BTreeMap<String, &Syslog5424> = BTreeMap::new();
+    for m in got {
+        let id = m.param("id");
+        let entry = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("id {id} is no selected entry's: {m:?}"));
+        if let Some(before) = first.get(&id) {
+            let same = |a: &Syslog5424| {
+                (
+                    a.pri,
+                    a.timestamp.clone(),
+                    a.msgid.clone(),
+                    a.params.clone(),
+                    a.msg.clone(),
+                )
+            };
+            assert_eq!(same(before), same(m), "id {id} arrived with two contents");
+            continue;
+        }
+        first.insert(id.clone(), m);
+        let outcome = field(entry, "outcome");
+        assert_eq!(m.version, "1");
+        assert_eq!(m.app_name, "replay-guard");
+        assert_eq!(m.msgid, outcome, "MSGID: {m:?}");
+        assert_eq!(m.pri, 16 * 8 + expected_severity(&outcome), "PRI: {m:?}");
+        assert_eq!(m.timestamp, field(entry, "recorded_at"));
+        assert_eq!(m.sd_id, "decision@32473");
+        assert_eq!(m.params, expected_params(entry), "structured data of {id}");
+        let ce = json::parse(m.msg.as_bytes(), 64)
+            .unwrap_or_else(|e| panic!("MSG is not the JSON line ({e}): {:?}", m.msg));
+        assert_eq!(field(&ce, "id"), id);
+        assert_eq!(field(&ce, "type"), "org.replay-guard.decision.v1");
+        assert_eq!(field(&ce, "rgoutcome"), outcome);
+        let Json::Object(members) = &ce else { panic!() };
+        let data = &members.iter().find(|(k, _)| k == "data").unwrap().1;
+        assert_eq!(data, *entry, "MSG's data is not the dump-audit line");
+    }
+    let missing: Vec<&String> = by_id.keys().filter(|id| !first.contains_key(*id)).collect();
+    assert!(missing.is_empty(), "never arrived: {missing:?}");
+    // The chain, as a receiver checks it from what it got: each entry's prev_hash is the hash
+    // of the entry before it.
+    let mut chain: Vec<(u64, String, String)> = first
+        .values()
+        .map(|m| {
+            let ce = json::parse(m.msg.as_bytes(), 64).unwrap();
+            let Json::Object(members) = &ce else { panic!() };
+            let data = &members.iter().find(|(k, _)| k == "data").unwrap().1;
+            (
+                field(data, "index").parse().unwrap(),
+                field(data, "prev_hash"),
+                field(data, "hash"),
+            )
+        })
+        .collect();
+    chain.sort();
+    if by_id.len() == log.len() {
+        for w in chain.windows(2) {
+            assert_eq!(w[1].0, w[0].0 + 1, "an index is missing after {}", w[0].0);
+            assert_eq!(w[1].1, w[0].2, "chain broken before entry {}", w[1].0);
+        }
+    }
+    chain
+        .iter()
+        .enumerate()
+        .map(|(i, (index, ..))| (*index, i))
+        .collect()
+}
+
+impl Setup {
+    /// `run` with this config (which then has an `[mqtt]` section), its log afresh.
+    fn run(&self) -> Child {
+        Command::new(common::bin())
+            .args(["run", "--config", self.config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("relay.log")).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
+    fn quarantine(&self, action: &str, id: &str, reason: &str) {
+        stdout(&common::run(&[
+            "quarantine",
+            action,
+            id,
+            "--config",
+            self.config.to_str().unwrap(),
+            "--reason",
+            reason,
+            "--operator",
+            "ana",
+        ]));
+    }
+}
+
+#[test]
+fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslog() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = super::broker::Broker::start(&dir.path().join("broker"), false);
+    let mut rsyslog = Rsyslog::start(&dir.path().join("rsyslog"), None);
+    // A second receiver, for a sink that selects duplicates and stale messages only.
+    let picky = Rsyslog::start(&dir.path().join("rsyslog-picky"), None);
+    let s = setup(
+        dir.path(),
+        &format!("tcp://127.0.0.1:{}", rsyslog.port),
+        &format!(
+            "stream = \"audit\"\nbatch_max = 5\n\
+             [[sink]]\nname = \"picky\"\nkind = \"syslog\"\nurl = \"tcp://127.0.0.1:{}\"\n\
+             stream = \"audit\"\noutcomes = [\"duplicate\", \"stale\"]\n\
+             backoff_initial_ms = 10\nbackoff_max_ms = 200\ntimeout_ms = 2000\n\
+             [window]\nout_of_order = \"quarantine\"\n{}",
+            picky.port,
+            super::relay::mqtt_section(&broker, "rg-syslog-audit")
+        ),
+    );
+    // 200 messages but sequence 100 (applied), replays of the first 40 (duplicates), a
+    // conflict, sequence 100 late (stale, by policy), and two malformed ones: one not JSON,
+    // one whose reason quotes a 12,000-byte member name, so that its message is larger than
+    // rsyslog's default maxMessageSize (8 KiB).
+    let mut lines: Vec<String> = (0..200)
+        .filter(|i| *i != 100)
+        .map(|i| common::msg("ems", &format!("m{}", i % 4), 1, i, "x"))
+        .collect();
+    lines.extend(lines[..40].to_vec());
+    lines.push(common::msg("ems", "m0", 1, 0, "changed"));
+    lines.push(common::msg("ems", "m0", 1, 100, "late"));
+    lines.push("not json at all".into());
+    let long = "n".repeat(12_000);
+    lines.push(format!(r#"{{"{long}":1,"{long}":2}}"#));
+    let decided = lines.len();
+    // And the operator's two resolutions and one relay action.
+    let total = decided + 3;
+    let mut run = s.run();
+    common::wait_subscribed(&s.dir.join("relay.log"), 0, "");
+    broker.publish_lines("incidents/ems", &lines, "pub-syslog-audit");
+    common::wait_until(
+        common::lazy(|| format!("every message is decided; log:\n{}", s.log())),
+        Duration::from_secs(30),
+        || audit_log(&s.config).len() == decided,
+    );
+    // Read while `run` holds the store: after a kill -9 only a writer may open it.
+    let decisions = audit_log(&s.config);
+    let quarantined = |outcome: &str| {
+        let e = decisions
+            .iter()
+            .find(|e| field(e, "outcome") == outcome)
+            .unwrap();
+        field(e, "quarantine_id")
+    };
+    // kill -9 while the sink sends, four times; while the service is down an operator
+    // resolves the two quarantined messages, then rewinds the picky sink; the receiver
+    // restarts in the third round.
+    let mut rng = common::SplitMix64::new(22);
+    let mut mid = 0;
+    for round in 0..4 {
+        let before = rsyslog.ids().len();
+        common::wait_until(
+            common::lazy(|| format!("the sink delivers more than {before}; log:\n{}", s.log())),
+            Duration::from_secs(30),
+            || rsyslog.ids().len() > before,
+        );
+        std::thread::sleep(Duration::from_millis(rng.below(250)));
+        if round == 2 {
+            rsyslog.restart();
+            std::thread::sleep(Duration::from_millis(100 + rng.below(200)));
+        }
+        if rsyslog.ids().len() < total {
+            mid += 1;
+        }
+        run.kill().unwrap();
+        run.wait().unwrap();
+        if round == 0 {
+            s.quarantine("discard", &quarantined("conflict"), "a test's changed copy");
+            s.quarantine("release", &quarantined("stale"), "unit m0 confirmed it");
+        }
+        if round == 1 {
+            // A relay action: the picky sink sent again from the start (the same ids).
+            stdout(&common::run(&[
+                "relay",
+                "rewind",
+                "--config",
+                s.config.to_str().unwrap(),
+                "--sink",
+                "picky",
+                "--to",
+                "0",
+                "--reason",
+                "the SIEM lost its index",
+                "--operator",
+                "ana",
+            ]));
+        }
+        run = s.run();
+    }
+    assert_eq!(mid, 4, "a kill landed after the last entry was sent");
+    s.wait_all(&rsyslog, total, Duration::from_secs(60));
+    common::wait_until(
+        "the picky receiver gets the duplicates and the stale message",
+        Duration::from_secs(30),
+        || picky.ids().len() >= 41,
+    );
+    assert_eq!(stop(&mut run), Some(0), "{}", s.log());
+    let log = audit_log(&s.config);
+    assert_eq!(log.len(), total);
+    let count = |o: &str| log.iter().filter(|e| field(e, "outcome") == o).count();
+    assert_eq!(
+        [
+            "applied",
+            "duplicate",
+            "conflict",
+            "stale",
+            "malformed",
+            "discarded",
+            "released",
+            "relay"
+        ]
+        .map(count),
+        [199, 40, 1, 1, 2, 1, 1, 1]
+    );
+    let got = rsyslog.received();
+    let firsts = assert_audit_messages(&got, &log, |_| true);
+    assert_eq!(firsts.len(), total);
+    // A kill re-sends at most what was delivered since the cursor's last flush (every 200 ms:
+    // two or three batches of 5).
+    assert!(
+        got.len() < total + 4 * 5 * 3,
+        "{} arrivals: more redelivery than the interrupted batches explain",
+        got.len()
+    );
+    // The largest message arrived whole: its reason (twice) makes it larger than 8 KiB.
+    let malformed = log
+        .iter()
+        .find(|e| field(e, "reason").contains(&long))
+        .unwrap();
+    let id = expected_params(malformed)[0].1.clone();
+    let raw = std::fs::read_to_string(rsyslog.out()).unwrap();
+    let big = raw.lines().find(|l| l.contains(&id)).unwrap();
+    assert!(big.len() > 2 * 12_000, "{} bytes", big.len());
+    let picked = |o: &str| o == "duplicate" || o == "stale";
+    let picky_got = picky.received();
+    assert_audit_messages(&picky_got, &log, picked);
+    assert_eq!(picky.ids().len(), 41);
+    let st = s.status();
+    assert_eq!(field(&st, "cursor"), total.to_string());
+    assert_eq!(field(&st, "stream"), "audit");
+    stdout(&common::run(&[
+        "verify",
+        "--config",
+        s.config.to_str().unwrap(),
+    ]));
 }
