@@ -96,6 +96,7 @@ pub(super) struct RawSink {
     hostname: Option<String>,
     facility: Option<String>,
     settle_ms: Option<u64>,
+    sd_id: Option<String>,
 }
 
 /// The validated `[relay]` section and its sinks.
@@ -223,6 +224,8 @@ pub struct SyslogSink {
     /// How long a connection must stay open after the receiver's TCP acknowledged a batch
     /// before the batch counts as delivered.
     pub settle: Duration,
+    /// The structured data element's SD-ID, `NAME@PEN` (default `decision@32473`).
+    pub sd_id: String,
 }
 
 /// The facility names `facility` takes (RFC 5424 table 1, as syslog daemons spell them) and
@@ -384,7 +387,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         RawKind::Syslog => "syslog",
     };
     // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
-    let foreign: [(&str, bool, &[RawKind]); 19] = [
+    let foreign: [(&str, bool, &[RawKind]); 20] = [
         ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
         ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
         ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
@@ -424,6 +427,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         ("hostname", r.hostname.is_some(), &[RawKind::Syslog]),
         ("facility", r.facility.is_some(), &[RawKind::Syslog]),
         ("settle_ms", r.settle_ms.is_some(), &[RawKind::Syslog]),
+        ("sd_id", r.sd_id.is_some(), &[RawKind::Syslog]),
     ];
     for (k, set, kinds) in foreign {
         if set && !kinds.contains(&kind) {
@@ -740,13 +744,52 @@ fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String
             SINK_SETTLE_MS.end()
         ));
     }
+    let sd_id = match &r.sd_id {
+        None => crate::relay::SYSLOG_SD_ID.to_string(),
+        Some(id) => {
+            if let Some(why) = sd_id_problem(id) {
+                let shown: String = id.chars().take(64).collect();
+                return Err(format!("sd_id {shown:?} {why}"));
+            }
+            id.clone()
+        }
+    };
     Ok(SyslogSink {
         url,
         tls,
         hostname,
         facility,
         settle: Duration::from_millis(settle_ms),
+        sd_id,
     })
+}
+
+/// Why `id` cannot be a private RFC 5424 SD-ID: `NAME@PEN`, at most 32 printable US-ASCII
+/// characters without `=`, `]`, `"` or a space, NAME without `@`, PEN an IANA Private
+/// Enterprise Number (digits, with optional dotted sub-identifiers).
+pub fn sd_id_problem(id: &str) -> Option<&'static str> {
+    let printable = id
+        .bytes()
+        .all(|b| (33..=126).contains(&b) && !matches!(b, b'=' | b']' | b'"'));
+    if id.is_empty() || id.len() > 32 || !printable {
+        return Some(
+            "must be 1 to 32 printable US-ASCII characters without '=', ']', '\"' or a space \
+             (RFC 5424 SD-NAME)",
+        );
+    }
+    let pen_ok = |pen: &str| {
+        !pen.is_empty()
+            && pen
+                .split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match id.split_once('@') {
+        Some((name, pen)) if !name.is_empty() && pen_ok(pen) => None,
+        _ => Some(
+            "must be NAME@PEN, PEN your organisation's IANA Private Enterprise Number (RFC \
+             5424 6.3.2), e.g. \"decision@32473\"",
+        ),
+    }
 }
 
 /// Why `h` cannot be an RFC 5424 HOSTNAME: 1 to 255 printable US-ASCII characters, no space.
@@ -1091,7 +1134,8 @@ start = "head"
         let c = parse(
             "[[sink]]\nname = \"siem\"\nkind = \"syslog\"\nurl = \"tcp://127.0.0.1:5514\"\n\
              [[sink]]\nname = \"siem-2\"\nkind = \"syslog\"\nurl = \"tcp://[::1]\"\n\
-             hostname = \"eoc-1.example\"\nfacility = \"user\"\nsettle_ms = 0\n",
+             hostname = \"eoc-1.example\"\nfacility = \"user\"\nsettle_ms = 0\n\
+             sd_id = \"decision@55555.1\"\n",
         )
         .unwrap();
         let SinkKind::Syslog(s) = &c.relay.sinks[0].kind else {
@@ -1100,6 +1144,7 @@ start = "head"
         assert_eq!(s.url.to_string(), "tcp://127.0.0.1:5514");
         assert!(s.tls.is_none() && s.hostname.is_none());
         assert_eq!((s.facility, s.settle), (16, Duration::from_millis(100)));
+        assert_eq!(s.sd_id, "decision@32473");
         assert_eq!(c.relay.sinks[0].batch_max, 500);
         assert_eq!(c.relay.sinks[0].kind.name(), "syslog");
         let SinkKind::Syslog(s) = &c.relay.sinks[1].kind else {
@@ -1108,6 +1153,7 @@ start = "head"
         assert_eq!(s.url.to_string(), "tcp://[::1]:514");
         assert_eq!(s.hostname.as_deref(), Some("eoc-1.example"));
         assert_eq!((s.facility, s.settle), (1, Duration::ZERO));
+        assert_eq!(s.sd_id, "decision@55555.1");
         assert_eq!(SyslogUrl::parse("tls://h").unwrap().port, 6514);
         for (body, want) in [
             ("", "url is required"),
@@ -1131,6 +1177,17 @@ start = "head"
             ("url = \"tcp://h\"\nfacility = \"local8\"", "local0, local1"),
             ("url = \"tcp://h\"\nsettle_ms = 10001", "settle_ms = 10001"),
             ("url = \"tcp://h\"\nmax_in_flight = 2", "one connection"),
+            (
+                "url = \"tcp://h\"\nsd_id = \"decision\"",
+                "must be NAME@PEN",
+            ),
+            (
+                "url = \"tcp://h\"\nsd_id = \"decision@acme\"",
+                "must be NAME@PEN",
+            ),
+            ("url = \"tcp://h\"\nsd_id = \"@32473\"", "must be NAME@PEN"),
+            ("url = \"tcp://h\"\nsd_id = \"a b@1\"", "RFC 5424 SD-NAME"),
+            ("url = \"tcp://h\"\nsd_id = \"a]@1\"", "RFC 5424 SD-NAME"),
             (
                 "url = \"tcp://h\"\nauthorization_file = \"/x\"",
                 "does not apply",

@@ -36,10 +36,10 @@ use tokio_rustls::rustls::pki_types;
 use super::{Attempt, CursorAfter, Event};
 use crate::config::{SyslogSink as SyslogConfig, SyslogUrl, TlsFiles};
 
-/// The SD-ID of the structured data element every message carries. A private SD-ID must
-/// name an IANA Private Enterprise Number after its `@` (RFC 5424 6.3.2); 32473 is the number
-/// IANA reserves for documentation and examples (RFC 5612). The name is part of the format
-/// receivers filter on: changing it is a new format, not an edit.
+/// The default SD-ID of the structured data element every message carries (`sd_id` sets
+/// another). A private SD-ID must name an IANA Private Enterprise Number after its `@`
+/// (RFC 5424 6.3.2); 32473 is the number IANA reserves for documentation and examples
+/// (RFC 5612): an organisation with a number of its own sets `sd_id = "decision@ITS-PEN"`.
 pub const SD_ID: &str = "decision@32473";
 /// The APP-NAME of every message.
 pub const APP_NAME: &str = "replay-guard";
@@ -116,6 +116,8 @@ fn handshake_cause(e: &io::Error) -> String {
 pub struct Header {
     /// 0..=23.
     pub facility: u8,
+    /// The structured data element's SD-ID (`NAME@PEN`, checked when the config loads).
+    pub sd_id: String,
     /// 1 to 255 printable US-ASCII characters, or `-`.
     pub hostname: String,
     /// This process's id.
@@ -201,11 +203,16 @@ pub fn message(h: &Header, ev: &Event) -> String {
     let time = event_time(&ev.json);
     let mut out = String::with_capacity(ev.json.len() + 256);
     out.push_str(&format!(
-        "<{pri}>1 {} {} {APP_NAME} {} {} [{SD_ID} id=\"",
+        "<{pri}>1 {} {} {APP_NAME} {} {} [{} id=\"",
         time.as_deref().unwrap_or(NIL),
         header_field(&h.hostname, 255),
         header_field(&h.procid, 128),
         header_field(&ev.outcome, 32),
+        if is_sd_name(&h.sd_id) {
+            &h.sd_id
+        } else {
+            SD_ID
+        },
     ));
     escape_param_value(&ev.id, &mut out);
     out.push('"');
@@ -349,6 +356,7 @@ impl SyslogSink {
             tls: None,
             header: Header {
                 facility: cfg.facility,
+                sd_id: cfg.sd_id.clone(),
                 hostname: cfg.hostname.clone().unwrap_or_else(host_name),
                 procid: std::process::id().to_string(),
             },
@@ -576,6 +584,7 @@ mod tests {
     fn header() -> Header {
         Header {
             facility: 16,
+            sd_id: SD_ID.into(),
             hostname: "eoc-1".into(),
             procid: "4242".into(),
         }
@@ -701,9 +710,21 @@ mod tests {
     }
 
     #[test]
+    fn the_sd_id_is_the_configured_one() {
+        let h = Header {
+            sd_id: "decision@55555".into(),
+            ..header()
+        };
+        let m = message(&h, &event("duplicate", JSON));
+        assert!(m.contains(" [decision@55555 id=\""), "{m}");
+        assert!(!m.contains("32473"), "{m}");
+    }
+
+    #[test]
     fn header_fields_it_cannot_carry_become_nil() {
         let h = Header {
             facility: 16,
+            sd_id: SD_ID.into(),
             hostname: "a b".into(),
             procid: String::new(),
         };
