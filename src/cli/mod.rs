@@ -448,8 +448,10 @@ upstream gap marked, per-source counts, gaps and high-water marks, the quarantin
 open, operator releases and discards), up to three sample proofs per burst (the duplicate, the \
 effect it matched, the entry that applied it), the relay sinks (delivered, parked, lag, operator \
 actions), and the commands that reproduce each number.\n\n\
-Read-only, from one read snapshot: verify's pass plus one pass over the audit log; memory stays \
-bounded whatever the log's length. Exit 0 when the report is written and verify passed; 4 when \
+Read-only, from one read snapshot: verify's pass plus one pass over the audit log. Memory is \
+verify's: it grows with the log, as verify keeps one 32-byte key per applied entry (about 74 MiB \
+at a million entries); the report's own pass adds counters, seen sequences as ranges and capped \
+lists. Exit 0 when the report is written and verify passed; 4 when \
 it is written and verify found a violation (the report says so at the top); 1 on a usage error, \
 2 if the store cannot be read or the report cannot be written.";
 
