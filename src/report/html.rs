@@ -25,6 +25,9 @@ table#counts{width:auto;min-width:320px}
 code,.h{font:12px/1.35 ui-monospace,'DejaVu Sans Mono',Menlo,Consolas,monospace;overflow-wrap:anywhere;word-break:break-all}
 tr.attention td:first-child{border-left:4px solid #D55E00}
 tr.before-range td{background:#f6f6f6}
+ul.gaps{margin:0;padding:0;list-style:none}ul.gaps li{display:inline}ul.gaps li+li::before{content:', '}
+td.gaps{min-width:12em}td.name{min-width:7em;overflow-wrap:normal;word-break:normal}
+p.more-gaps{margin:2px 0 0}
 ol.markers{margin:4px 0 0;padding-left:28px}
 svg.timeline{width:100%;height:auto;display:block}
 .muted{color:var(--muted)}
@@ -317,7 +320,7 @@ fn source_row(s: &mut String, r: &SourceRow) {
         s,
         "<tr class=\"source{}\" data-source=\"{}\" data-applied=\"{}\" data-applied-late=\"{}\" \
          data-duplicate=\"{}\" data-conflict=\"{}\" data-stale=\"{}\" data-malformed=\"{}\" \
-         data-open=\"{}\" data-missing=\"{}\" data-gaps=\"{}\"><td>{}</td>",
+         data-open=\"{}\" data-missing=\"{}\" data-gaps=\"{}\"><td class=\"name\">{}</td>",
         if attention { " attention" } else { "" },
         e(&r.name()),
         c.get(Outcome::Applied),
@@ -341,24 +344,32 @@ fn source_row(s: &mut String, r: &SourceRow) {
     ] {
         let _ = write!(s, "<td class=\"n\">{}</td>", c.get(o));
     }
-    let _ = write!(s, "<td class=\"n\">{}</td><td>", r.open);
+    let _ = write!(s, "<td class=\"n\">{}</td><td class=\"gaps\">", r.open);
     if r.gaps.is_empty() {
         s.push_str(if r.source.is_some() { "none" } else { "-" });
     } else {
         s.push_str("<ul class=\"gaps\">");
+        // Inline, the epoch named where it changes: 20 gaps take a few lines, not a page.
+        let mut epoch = None;
         for g in &r.gaps {
+            let range = if g.from == g.to {
+                g.from.to_string()
+            } else {
+                format!("{}..{} ({})", g.from, g.to, g.to - g.from + 1)
+            };
             let _ = write!(
                 s,
-                "<li class=\"gap\" data-epoch=\"{}\" data-from=\"{}\" data-to=\"{}\">epoch {}: \
-                 {}..{} ({} missing)</li>",
+                "<li class=\"gap\" data-epoch=\"{}\" data-from=\"{}\" data-to=\"{}\">{}{range}</li>",
                 g.epoch,
                 g.from,
                 g.to,
-                g.epoch,
-                g.from,
-                g.to,
-                g.to - g.from + 1
+                if epoch == Some(g.epoch) {
+                    String::new()
+                } else {
+                    format!("epoch {}: ", g.epoch)
+                }
             );
+            epoch = Some(g.epoch);
         }
         s.push_str("</ul>");
         let more = r.gaps_total - r.gaps.len() as u64;
@@ -390,7 +401,7 @@ fn sources(s: &mut String, r: &Report) {
          high-water mark is epoch/sequence.</p><table><thead><tr><th>Source</th>\
          <th class=\"n\">applied</th><th class=\"n\">applied late</th><th class=\"n\">\
          duplicates</th><th class=\"n\">conflicts</th><th class=\"n\">stale</th><th \
-         class=\"n\">malformed</th><th class=\"n\">open</th><th>gaps</th><th>high-water</th>\
+         class=\"n\">malformed</th><th class=\"n\">open</th><th>gaps (missing)</th><th>high-water</th>\
          </tr></thead><tbody>",
     );
     if r.sources.is_empty() {
