@@ -31,12 +31,13 @@ p.more-gaps{margin:2px 0 0}
 ol.markers{margin:4px 0 0;padding-left:28px}
 svg.timeline{width:100%;height:auto;display:block}
 .muted{color:var(--muted)}
-pre.cmd{background:#f6f6f6;border:1px solid var(--line);padding:6px 8px;white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0 10px}
+pre.cmd{background:#f6f6f6;border:1px solid var(--line);padding:3px 8px;white-space:pre-wrap;overflow-wrap:anywhere;margin:1px 0 6px}
+p.what{margin:6px 0 0}
 @page{margin:14mm 12mm}
 @media print{
  body{max-width:none;padding:0;font-size:10pt}
  table{font-size:9pt}
- code,.h{font-size:8pt}
+ code,.h,pre.cmd{font-size:8pt}
  section{break-before:page}
  thead{display:table-header-group}
  tr,figure,pre.cmd{break-inside:avoid}
@@ -663,7 +664,7 @@ fn commands(s: &mut String, r: &Report) {
     for (what, cmd) in r.commands() {
         let _ = write!(
             s,
-            "<p>{}:</p><pre class=\"cmd\">{}</pre>",
+            "<p class=\"what\">{}:</p><pre class=\"cmd\">{}</pre>",
             e(&what),
             e(&cmd)
         );

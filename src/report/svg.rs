@@ -113,6 +113,25 @@ fn text_w(label: &str) -> f64 {
     label.chars().count() as f64 * FONT * 0.55
 }
 
+/// The shortest tick step of `TICK_STEPS_MS` giving at most `MAX_TICKS` ticks whose labels
+/// (of the clock that step shows, a date added where the day changes) do not overlap across
+/// `plot_w`.
+fn tick_step_fitting(span_ms: u64, plot_w: f64) -> u64 {
+    let chars = |step: u64| match step {
+        s if s < 1_000 => 12.0,
+        s if s < 60_000 => 8.0,
+        _ => 5.0,
+    };
+    TICK_STEPS_MS
+        .iter()
+        .copied()
+        .find(|&s| {
+            let gap = plot_w * s as f64 / span_ms.max(1) as f64;
+            span_ms / s <= MAX_TICKS && gap >= (chars(s) + 6.0) * FONT * 0.55 + 10.0
+        })
+        .unwrap_or_else(|| tick_step(span_ms))
+}
+
 /// The SVG of `timeline` with `markers` (numbered 1.. in order, as the list under the chart
 /// numbers them), times shown in `zone`.
 pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
@@ -279,13 +298,15 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         WIDTH - RIGHT
     );
     let span = end - start;
-    let tick = tick_step(span);
+    let tick = tick_step_fitting(span, plot_w);
     let offset = zone.offset_ms_at(start);
     let mut t = align_down(start, tick, offset);
     if t < start {
         t += tick;
     }
-    let mut last_day = String::new();
+    // The first tick's day is in the axis title; a label names its day only when it changes.
+    let mut last_day = zone.show_ms(t).get(5..10).unwrap_or("").to_string();
+    let first_day = zone.show_ms(t).get(..10).unwrap_or("").to_string();
     while t <= end {
         let shown = zone.show_ms(t);
         let day = shown.get(5..10).unwrap_or("").to_string();
@@ -329,10 +350,11 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
     let zone_name = zone_label(&zone.show_ms(start));
     let _ = write!(
         s,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time ({})</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time ({}), from {}</text>",
         LEFT + plot_w / 2.0,
         GAPS_TOP + STRIP_H + 22.0,
-        escape_html(&zone_name)
+        escape_html(&zone_name),
+        escape_html(&first_day)
     );
     // Legend: the outcomes that occur, then the marker kinds and the strips; wrapped onto a
     // second row when the first is full.
@@ -577,13 +599,33 @@ mod tests {
         let tl = tl_with(&[]);
         let svg = timeline(&tl, &[], &Zone::utc());
         // An hour's span: ticks every 10 minutes, the first labelled with its day.
-        assert!(svg.contains(">11-30 03:00</text>"), "{svg}");
+        assert!(svg.contains(">03:00</text>"), "{svg}");
         assert!(svg.contains(">03:10</text>") && svg.contains(">03:50</text>"));
-        assert!(svg.contains("time (UTC)") && svg.contains("no decisions in range"));
+        assert!(
+            svg.contains("time (UTC), from 2026-11-30") && svg.contains("no decisions in range")
+        );
         let st_johns = Zone::parse("America/St_Johns").unwrap();
         let svg = timeline(&tl, &[], &st_johns);
-        assert!(svg.contains(">11-29 23:30</text>"), "{svg}");
-        assert!(svg.contains("time (UTC-03:30)"));
+        // The day changes at the zone's midnight: that label names it.
+        assert!(
+            svg.contains(">23:30</text>") && svg.contains(">11-30 00:00</text>"),
+            "{svg}"
+        );
+        assert!(svg.contains("time (UTC-03:30), from 2026-11-29"));
+    }
+
+    #[test]
+    fn tick_labels_never_overlap() {
+        // 1.2 s of 10 ms bars: 200 ms ticks would put 12-character labels 119 units apart.
+        for span in [1_200, 3_000, 60_000, 3_600_000, 7 * 86_400_000] {
+            let step = tick_step_fitting(span, 698.0);
+            let gap = 698.0 * step as f64 / span as f64;
+            assert!(
+                gap >= text_w("00:00:00.000") + 10.0 || step >= 1_000,
+                "{span}: {step}"
+            );
+            assert!(gap >= text_w("11-30 00:00"), "{span}: {step} gives {gap}");
+        }
     }
 
     #[test]

@@ -220,11 +220,35 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
     assert_eq!(id_value(&html, "quarantine-open"), 1);
     assert!(
         s(&r, "/summary/words").starts_with(
-            "409 genuine events applied once; 300 deliveries suppressed as proven duplicates; \
-             2 held in quarantine (1 still open)"
+            "409 genuine events applied once; 3 sequences missing in 1 gap across 1 source; 300 \
+             deliveries suppressed as proven duplicates; 2 held in quarantine (1 still open)"
         ),
         "{}",
         s(&r, "/summary/words")
+    );
+    // Verified, but a gap: the banner is amber, not green, and says why on the first screen.
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
+    let header = tags(&html, "<header id=\"verdict\"")[0];
+    assert_eq!(attr(header, "data-verdict"), "missing");
+    assert!(html.contains(
+        "<div class=\"banner missing\" id=\"verify-ok\"><strong>Verified, but sequences are \
+         missing upstream</strong>: 3 sequences missing in 1 gap across 1 source."
+    ));
+    assert_eq!(
+        (
+            n(&r, "/summary/missing_sequences"),
+            n(&r, "/summary/gaps"),
+            n(&r, "/summary/sources_with_gaps")
+        ),
+        (3, 1, 1)
+    );
+    // What `run` recorded upstream: the gap it confirmed, in the verdict.
+    assert!(html.contains("<p id=\"upstream\""), "{html}");
+    assert_eq!(
+        n(&r, "/upstream_losses/gap_events"),
+        n(&stats, "/upstream_losses/gap_events"),
+        "{:?}",
+        at(&stats, "/upstream_losses")
     );
 
     // Gaps: exactly `gaps`' rows, in the JSON per source and in the HTML's gap items.
@@ -312,14 +336,16 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
             )
         );
     }
-    // The upstream gap is a mark on the timeline.
-    let gap_marks: Vec<_> = arr(&r, "/timeline/markers")
-        .iter()
-        .filter(|m| s(m, "/kind") == "gap")
-        .collect();
-    assert_eq!(gap_marks.len(), 1);
-    assert!(s(gap_marks[0], "/label").contains("CALFIRE/GAP epoch 2: 3 missing (6..8)"));
-    assert_eq!(tags(&html, "<g class=\"gap\"").len(), 1);
+    // The upstream gap is counted in its bar: one gap event leaving 3 missing, one mark in
+    // the gaps strip.
+    let (events, missing) = arr(&r, "/timeline/bars").iter().fold((0, 0), |(e, m), b| {
+        (e + n(b, "/gap_events"), m + n(b, "/missing"))
+    });
+    assert_eq!((events, missing), (1, 3));
+    let strip = html.split("<g class=\"strip gaps\"").nth(1).unwrap();
+    let strip = &strip[..strip.find("</g>").unwrap()];
+    assert_eq!(tags(strip, "<rect class=\"count\"").len(), 1);
+    assert_eq!(id_value(&html, "gap-events"), 1);
 
     // The burst: one band per recorded burst, labelled; three proofs from inside it.
     let bursts = arr(&stats, "/replay_bursts");
@@ -374,7 +400,14 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
         .map(|b| n(b, "/counts/total"))
         .sum();
     assert_eq!(total, n(&r, "/counts/total"));
-    // Check it yourself: the commands name this store.
+    // Check it yourself: every count the commands claim is what they print.
+    check_counts(&r);
+    // Without a range or pruning, `stats` and `gaps` cover what the report covers.
+    assert!(
+        arr(&r, "/commands")
+            .iter()
+            .any(|c| s(c, "/command") == format!("replay-guard stats --db {d} --format json"))
+    );
     let commands = arr(&r, "/commands");
     assert!(
         commands
@@ -415,6 +448,76 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
     assert_eq!(n(&narrowed, "/counts/total"), dumped.lines().count() as u64);
     assert_eq!(arr(&narrowed, "/sources").len(), 1);
     assert_eq!(n(&narrowed, "/counts/malformed"), 0);
+    check_counts(&narrowed);
+
+    // Several sources and a range: one dump-audit per source (it takes one), numbers that
+    // add up, no claim that `stats` matches, and `gaps` said to cover the whole log.
+    let out = dir.path().join("two.json");
+    ok(
+        &report(
+            &db,
+            "json",
+            &out,
+            &[
+                "--since",
+                &since,
+                "--source",
+                "CALFIRE/E0",
+                "--source",
+                "CALFIRE/GAP",
+            ],
+        ),
+        "report --source --source",
+    );
+    let two = parse(&std::fs::read(&out).unwrap());
+    let commands = arr(&two, "/commands");
+    for c in commands {
+        let cmd = s(c, "/command");
+        assert!(cmd.matches("--source").count() <= 1, "{cmd}");
+        assert!(!cmd.starts_with("replay-guard stats"), "{cmd}");
+        if cmd.starts_with("replay-guard gaps") {
+            assert!(s(c, "/what").contains("whole retained log"), "{c:?}");
+        }
+    }
+    let applied: Vec<&str> = commands
+        .iter()
+        .map(|c| s(c, "/command"))
+        .filter(|c| c.contains("--outcome applied "))
+        .collect();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(check_counts(&two), n(&two, "/counts/total"));
+}
+
+/// Runs each "… | wc -l" command of a report's "check it yourself" and compares what it
+/// prints with the count its description claims; the sum of the counts checked.
+fn check_counts(r: &Json) -> u64 {
+    let mut sum = 0;
+    let mut checked = 0;
+    for c in arr(r, "/commands") {
+        let (what, cmd) = (s(c, "/what"), s(c, "/command"));
+        let Some(rest) = cmd.strip_suffix(" | wc -l") else {
+            continue;
+        };
+        let claimed: u64 = what
+            .strip_prefix("the ")
+            .and_then(|w| w.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {what:?}"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} | wc -l",
+                rest.replacen("replay-guard", common::bin().to_str().unwrap(), 1)
+            ))
+            .output()
+            .unwrap();
+        let printed: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert_eq!(printed, claimed, "{what}: {cmd}");
+        sum += printed;
+        checked += 1;
+    }
+    assert!(checked > 0, "no count to check in {:?}", at(r, "/commands"));
+    sum
 }
 
 /// Runs chromium headless with `args` and `url`, its profile in `dir`; its stderr.
@@ -595,7 +698,7 @@ fn a_report_over_a_tampered_store_says_so_at_the_top_and_exits_4() {
     let body = &html[html.find("<body>").unwrap() + "<body>".len()..];
     let first = body.trim_start();
     assert!(
-        first.starts_with("<header id=\"verdict\" data-verify=\"failed\"><div class=\"banner failed\" id=\"verify-failed\""),
+        first.starts_with("<header id=\"verdict\" data-verify=\"failed\" data-verdict=\"failed\"><div class=\"banner failed\" id=\"verify-failed\""),
         "{}",
         &first[..200.min(first.len())]
     );
@@ -804,10 +907,15 @@ fn the_delivery_section_is_relay_status_with_the_operators_actions() {
     assert_eq!(row.len(), 1);
     assert_eq!(attr(row[0], "data-sink"), "cop");
     assert_eq!(attr(row[0], "data-lag"), lag.to_string());
+    assert_eq!(attr(row[0], "data-stream"), "effects");
+    assert_eq!(n(&r, "/verify/sinks/0/not_selected"), 0);
+    assert_eq!(s(&r, "/verify/sinks/0/stream"), "effects");
     assert_eq!(tags(&html, "<tr class=\"relay-action\"").len(), 1);
     assert!(html.contains("replayed &lt;export&gt;"));
     assert!(
-        html.contains("sink cop: every offset from 0 to its cursor 3 accounted for"),
+        html.contains(
+            "sink cop (effects stream): every offset from 0 to its cursor 3 accounted for"
+        ),
         "{html}"
     );
 }
