@@ -919,3 +919,141 @@ fn the_delivery_section_is_relay_status_with_the_operators_actions() {
         "{html}"
     );
 }
+
+/// `ingest` of `feed` into `db` under the config `cfg`.
+fn ingest(cfg: &Path, db: &Path, feed: &str) {
+    ok(
+        &common::run_with_stdin(
+            &[
+                "ingest",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--db",
+                db.to_str().unwrap(),
+                "-",
+            ],
+            feed.as_bytes(),
+        ),
+        "ingest",
+    );
+}
+
+#[test]
+fn open_records_keep_their_source_after_retention_and_show_from_before_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ret.redb");
+    let cfg = dir.path().join("rg.toml");
+    std::fs::write(&cfg, "[retention]\naudit_max_entries = 10\n").unwrap();
+    // A conflict of CALFIRE/E7 held open, then enough of CHP/X for retention to prune the
+    // conflict's audit entry.
+    let mut feed = vec![
+        common::msg("CALFIRE", "E7", 1, 1, "a"),
+        common::msg("CALFIRE", "E7", 1, 1, "b"),
+    ];
+    feed.extend((1..=40).map(|q| common::msg("CHP", "X", 1, q, "x")));
+    ingest(&cfg, &db, &feed.join("\n"));
+    let d = db.to_str().unwrap();
+    let first = ok(&run(&["dump-audit", "--db", d]), "dump-audit");
+    let last_ms = parse(first.lines().last().unwrap().as_bytes());
+    let since = s(&last_ms, "/recorded_at").to_string();
+    ingest(
+        &cfg,
+        &db,
+        &(41..=45)
+            .map(|q| common::msg("CHP", "X", 1, q, "x"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    let anchor = n(
+        &parse(ok(&run(&["stats", "--db", d, "--format", "json"]), "stats").as_bytes()),
+        "/audit/anchor/index",
+    );
+    assert!(anchor >= 1, "retention pruned the conflict's entry");
+
+    // Whole log, only CALFIRE/E7: its open conflict is found by its own payload.
+    let out = dir.path().join("e7.json");
+    ok(
+        &report(&db, "json", &out, &["--source", "CALFIRE/E7"]),
+        "report --source",
+    );
+    let r = parse(&std::fs::read(&out).unwrap());
+    let open = arr(&r, "/quarantine/open/listed");
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        (s(&open[0], "/agency"), s(&open[0], "/source_id")),
+        ("CALFIRE", "E7")
+    );
+    assert_eq!(n(&r, "/pruned_entries"), anchor + 1);
+    let html_path = dir.path().join("all.html");
+    ok(&report(&db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(!html.contains("(unparseable)"), "{html}");
+    assert_eq!(id_value(&html, "pruned"), anchor + 1);
+
+    // A range starting after the conflict: it is still open, listed, marked as older.
+    let out = dir.path().join("ranged.html");
+    ok(
+        &report(&db, "html", &out, &["--since", &since]),
+        "report --since",
+    );
+    let html = std::fs::read_to_string(&out).unwrap();
+    let rows = tags(&html, "<tr class=\"open");
+    assert_eq!(rows.len(), 1, "{html}");
+    assert_eq!(attr(rows[0], "data-when"), "before_range");
+    assert!(rows[0].contains("before-range"));
+    assert!(html.contains("(before the range)"));
+    assert_eq!(id_value(&html, "quarantine-open"), 1);
+}
+
+#[test]
+fn a_feed_missing_every_other_sequence_is_amber_with_capped_gaps_and_counts_per_bar() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("odd.redb");
+    let cfg = dir.path().join("rg.toml");
+    std::fs::write(&cfg, "").unwrap();
+    let feed: Vec<String> = (0..2_000)
+        .map(|i| common::msg("CHP", "ODD", 0, 2 * i + 1, "x"))
+        .collect();
+    ingest(&cfg, &db, &feed.join("\n"));
+    let json_path = dir.path().join("odd.json");
+    ok(
+        &report(&db, "json", &json_path, &[]),
+        "report --format json",
+    );
+    let r = parse(&std::fs::read(&json_path).unwrap());
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
+    assert!(
+        s(&r, "/summary/words").contains(
+            "2000 genuine events applied once; 1999 sequences missing in 1999 gaps across 1 source"
+        ),
+        "{}",
+        s(&r, "/summary/words")
+    );
+    let src = &arr(&r, "/sources")[0];
+    assert_eq!(arr(src, "/gaps").len(), 20);
+    assert_eq!(n(src, "/gaps_total"), 1999);
+    assert_eq!(n(src, "/gaps_left_off"), 1979);
+    assert_eq!(n(src, "/missing"), 1999);
+    // Gap events per bar add up to every jump, across the whole range (not the first 1,000).
+    let bars = arr(&r, "/timeline/bars");
+    let events: u64 = bars.iter().map(|b| n(b, "/gap_events")).sum();
+    assert_eq!(events, 1999);
+
+    let html_path = dir.path().join("odd.html");
+    ok(&report(&db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(html.len() < 200_000, "{} bytes", html.len());
+    assert!(html.contains("class=\"banner missing\""));
+    assert_eq!(tags(&html, "<li class=\"gap\"").len(), 20);
+    assert!(html.contains("… 1979 more"));
+    assert!(html.contains("<code>replay-guard gaps --source CHP/ODD</code>"));
+    let strip = html.split("<g class=\"strip gaps\"").nth(1).unwrap();
+    let strip = &strip[..strip.find("</g>").unwrap()];
+    let marks = tags(strip, "<rect class=\"count\"");
+    assert!(!marks.is_empty() && marks.len() <= bars.len());
+    let drawn: u64 = marks
+        .iter()
+        .map(|t| attr(t, "data-value").parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(drawn, 1999);
+}
