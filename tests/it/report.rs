@@ -1057,3 +1057,77 @@ fn a_feed_missing_every_other_sequence_is_amber_with_capped_gaps_and_counts_per_
         .sum();
     assert_eq!(drawn, 1999);
 }
+
+#[test]
+fn a_lost_broker_session_and_runs_confirmed_gap_are_in_the_verdict_and_on_the_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let bdir = dir.path().join("b");
+    let mut broker = Broker::start(&bdir, false);
+    let port_b = broker.port;
+    let c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-report-lost");
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += "[feed]\ngap_grace_ms = 200\n";
+    std::fs::write(&c.config, config).unwrap();
+    let mut c = c;
+    let seqs = |q: &[u64]| -> Vec<String> {
+        q.iter()
+            .map(|q| common::msg("fire", "engine-7", 3, *q, "x"))
+            .collect()
+    };
+    c.start();
+    c.wait_subscribed();
+    broker.publish_lines("incidents/fire", &seqs(&[1, 2, 3]), "pub-lost");
+    c.wait_applied(3, Duration::from_secs(30));
+    // The broker restarts without persistence: `run`'s session is gone.
+    let mark = c.log_text().len();
+    broker.stop();
+    let broker = Broker::start_on(&bdir, port_b, false);
+    c.wait_log("broker session lost", Duration::from_secs(30));
+    common::wait_subscribed(c.log_path(), mark, "");
+    // 4 and 5 never come.
+    broker.publish_lines("incidents/fire", &seqs(&[6, 7]), "pub-lost");
+    c.wait_applied(5, Duration::from_secs(30));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+
+    let json_path = dir.path().join("r.json");
+    ok(
+        &report(&c.db, "json", &json_path, &[]),
+        "report --format json",
+    );
+    let r = parse(&std::fs::read(&json_path).unwrap());
+    assert_eq!(n(&r, "/upstream_losses/sessions_lost"), 1);
+    assert_eq!(n(&r, "/upstream_losses/sessions_lost_in_range"), 1);
+    assert_eq!(n(&r, "/upstream_losses/gap_events"), 1);
+    assert_eq!(n(&r, "/upstream_losses/missing_sequences"), 2);
+    let lost: Vec<_> = arr(&r, "/timeline/markers")
+        .iter()
+        .filter(|m| s(m, "/kind") == "session_lost")
+        .collect();
+    assert_eq!(lost.len(), 1);
+    assert!(
+        s(lost[0], "/label").starts_with(&format!("session lost at {}", broker.url())),
+        "{lost:?}"
+    );
+
+    let html_path = dir.path().join("r.html");
+    ok(&report(&c.db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    let upstream = tags(&html, "<p id=\"upstream\"")[0];
+    assert_eq!(attr(upstream, "data-sessions-lost"), "1");
+    assert!(
+        html.contains(
+            "1 gap confirmed by run (2 sequences), 1 broker session lost, since the store was \
+             made; 1 broker session lost in range, marked on the timeline"
+        ),
+        "{html}"
+    );
+    assert_eq!(tags(&html, "<g class=\"session_lost\"").len(), 1);
+    let items = tags(&html, "<li class=\"marker\" data-kind=\"session_lost\"");
+    assert_eq!(items.len(), 1);
+    assert!(html.contains(&format!(
+        ": session lost at {} (client id rg-report-lost)",
+        broker.url()
+    )));
+    // The report's own gap: 4..5 missing, amber.
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
+}
