@@ -1071,6 +1071,133 @@ mod tests {
         assert_eq!(shell_quote(""), "''");
     }
 
+    fn report(sinks: Vec<SinkStatusRow>, sources: Vec<SourceRow>) -> Report {
+        Report {
+            options: Options {
+                since_ms: Some(1_000),
+                until_ms: None,
+                sources: vec![("A".into(), "1".into()), ("A".into(), "2".into())],
+                made_at_ms: 2_000,
+                store_name: "s.redb".into(),
+                locator: "--db s.redb".into(),
+                zone: Zone::utc(),
+            },
+            version: "0",
+            backend: "redb",
+            first_ms: None,
+            last_ms: None,
+            verify: VerifyReport::default(),
+            chain_head: [0; 32],
+            anchor: None,
+            first_kept_ms: None,
+            counts: sources.iter().fold(OutcomeCounts::default(), |mut c, s| {
+                c.merge(&s.counts);
+                c
+            }),
+            timeline: Timeline::new(1_000, 2_000, 0),
+            markers: Vec::new(),
+            markers_left_off: 0,
+            upstream: Default::default(),
+            sources,
+            open: Listed::default(),
+            resolutions: Listed::default(),
+            proofs: Vec::new(),
+            sinks,
+            relay_actions: Listed::default(),
+        }
+    }
+
+    fn sink(name: &str, stream: &str, lag: u64) -> SinkStatusRow {
+        SinkStatusRow {
+            sink: name.into(),
+            kind: "exec".into(),
+            stream: stream.into(),
+            configured: true,
+            state: "running",
+            cursor: Some(0),
+            head: lag,
+            lag_events: Some(lag),
+            lag_seconds: Some(3),
+            parked: 0,
+            retry_requested: 0,
+            delivered: 0,
+            generation: None,
+            advanced_at_ms: None,
+            last_error: None,
+            accounting: crate::json::Json::Null,
+        }
+    }
+
+    fn row(source: &str, applied: u64, gaps_total: u64, missing: u64) -> SourceRow {
+        let mut counts = OutcomeCounts::default();
+        for _ in 0..applied {
+            counts.add(Outcome::Applied);
+        }
+        SourceRow {
+            source: Some(("A".into(), source.into())),
+            counts,
+            open: 0,
+            high_water: None,
+            gaps: Vec::new(),
+            gaps_total,
+            missing,
+        }
+    }
+
+    #[test]
+    fn an_audit_sinks_lag_is_in_entries_and_missing_sequences_are_in_the_words() {
+        let r = report(
+            vec![sink("file", "effects", 30), sink("siem", "audit", 7)],
+            vec![row("1", 4, 2, 5), row("2", 3, 0, 0)],
+        );
+        let w = r.words();
+        assert!(
+            w.starts_with(
+                "7 genuine events applied once; 5 sequences missing in 2 gaps across 1 source;"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("file 30 effects behind (3 s)"), "{w}");
+        assert!(w.contains("siem 7 audit entries behind (3 s)"), "{w}");
+        assert_eq!(r.verdict(), "missing");
+        let calm = report(Vec::new(), vec![row("1", 1, 0, 0)]);
+        assert!(calm.words().contains("; no sequence missing;"));
+        assert_eq!(calm.verdict(), "ok");
+    }
+
+    #[test]
+    fn check_commands_take_one_source_each_and_claim_only_what_they_show() {
+        let r = report(Vec::new(), vec![row("1", 4, 2, 5), row("2", 3, 0, 0)]);
+        let commands = r.commands();
+        let counts: Vec<_> = commands
+            .iter()
+            .filter(|(_, c)| c.ends_with("| wc -l"))
+            .collect();
+        assert_eq!(counts.len(), 2, "{commands:?}");
+        assert_eq!(
+            counts[0].0,
+            "the 4 applied decisions of A/1 in range (counts lines)"
+        );
+        assert_eq!(
+            counts[0].1,
+            "replay-guard dump-audit --db s.redb --outcome applied --since \
+             1970-01-01T00:00:01.000Z --source A/1 --format jsonl | wc -l"
+        );
+        assert!(
+            commands
+                .iter()
+                .all(|(_, c)| c.matches("--source").count() <= 1)
+        );
+        // A ranged report: no `stats`, and `gaps` said to cover the whole retained log.
+        assert!(!commands.iter().any(|(_, c)| c.contains(" stats ")));
+        let gaps: Vec<_> = commands
+            .iter()
+            .filter(|(_, c)| c.contains(" gaps "))
+            .collect();
+        assert_eq!(gaps.len(), 2);
+        assert!(gaps.iter().all(|(w, _)| w.contains("whole retained log")));
+    }
+
     #[test]
     fn a_resolutions_operator_is_read_from_its_reason() {
         assert_eq!(
