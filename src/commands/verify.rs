@@ -78,10 +78,13 @@ pub(crate) fn sink_line(s: &verify::SinkReport) -> String {
                 a.not_selected
             ));
         }
+        // An effects sink's line reads as it always has; an audit sink's names its stream.
+        let name = match s.stream {
+            crate::store::tables::Stream::Effects => s.name.clone(),
+            crate::store::tables::Stream::Audit => format!("{} (audit stream)", s.name),
+        };
         format!(
-            "sink {} ({} stream): every {} from {} to its cursor {} accounted for{}: {parts}",
-            s.name,
-            s.stream.as_str(),
+            "sink {name}: every {} from {} to its cursor {} accounted for{}: {parts}",
             s.stream.position(),
             a.from,
             s.next,
@@ -151,6 +154,11 @@ mod tests {
             stream: Stream::Effects,
             ..s.clone()
         };
-        assert!(!sink_line(&effects).contains("not selected"));
+        let line = sink_line(&effects);
+        assert!(
+            line.starts_with("sink siem: every offset from 0 to its cursor 10")
+                && !line.contains("not selected"),
+            "{line}"
+        );
     }
 }

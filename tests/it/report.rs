@@ -913,9 +913,7 @@ fn the_delivery_section_is_relay_status_with_the_operators_actions() {
     assert_eq!(tags(&html, "<tr class=\"relay-action\"").len(), 1);
     assert!(html.contains("replayed &lt;export&gt;"));
     assert!(
-        html.contains(
-            "sink cop (effects stream): every offset from 0 to its cursor 3 accounted for"
-        ),
+        html.contains("sink cop: every offset from 0 to its cursor 3 accounted for"),
         "{html}"
     );
 }
