@@ -293,7 +293,27 @@ fn timeline(s: &mut String, r: &Report) {
         lost,
         if lost == 1 { "" } else { "s" },
     );
+    // The strips' scales, printed (the chart carries them only as attributes).
+    let busiest = |values: &mut dyn Iterator<Item = u64>| {
+        values
+            .enumerate()
+            .max_by_key(|(i, v)| (*v, std::cmp::Reverse(*i)))
+            .filter(|(_, v)| *v > 0)
+            .map(|(i, v)| (v, r.timeline.origin_ms + i as u64 * r.timeline.interval_ms))
+    };
+    let scale = |what: &str, top: Option<(u64, u64)>| match top {
+        Some((v, at)) => format!("{what}: full height {v} per bar (at {})", t(r, at)),
+        None => format!("{what}: none"),
+    };
+    let held = busiest(&mut (0..r.timeline.bars.len()).map(|i| r.timeline.held(i)));
+    let gaps = busiest(&mut r.timeline.gaps.iter().map(|g| g.0));
     s.push_str("</figure>");
+    let _ = write!(
+        s,
+        "<p class=\"muted\" id=\"strip-scales\">Strip scales: {}; {}.</p>",
+        scale("held", held),
+        scale("gaps", gaps)
+    );
     if !r.markers.is_empty() {
         s.push_str("<ol class=\"markers\">");
         for m in &r.markers {

@@ -346,6 +346,17 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
     let strip = &strip[..strip.find("</g>").unwrap()];
     assert_eq!(tags(strip, "<rect class=\"count\"").len(), 1);
     assert_eq!(id_value(&html, "gap-events"), 1);
+    // The strips' scales are printed, not only attributes: one gap event, one held delivery
+    // at most per bar (the conflict and the malformed delivery arrive apart or together).
+    let scales = &html[html
+        .find("<p class=\"muted\" id=\"strip-scales\">")
+        .unwrap()..];
+    assert!(
+        scales.contains("gaps: full height 1 per bar (at "),
+        "{}",
+        &scales[..300]
+    );
+    assert!(scales.contains("held: full height "), "{}", &scales[..300]);
 
     // The burst: one band per recorded burst, labelled; three proofs from inside it.
     let bursts = arr(&stats, "/replay_bursts");
