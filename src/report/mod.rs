@@ -1,12 +1,15 @@
 //! `report`: the after-action report's model and the one pass that gathers it from a read
-//! snapshot: `verify`'s result, a timeline of decisions per interval with the replay bursts and
-//! the upstream gaps marked on it, per-source counts and gaps, the quarantine, sample proofs of
-//! suppressed replays, the relay sinks and the commands that reproduce every number. The
-//! renderers (`html`, `svg`, `json`) take the model and return text: no I/O.
+//! snapshot: `verify`'s result and what `run` recorded as lost upstream, a timeline of
+//! decisions per interval (with the gap events and quarantined deliveries counted per bar, the
+//! replay bursts and lost broker sessions marked), per-source counts and gaps (capped, totals
+//! whole), every open quarantine record, sample proofs of suppressed replays, the relay sinks
+//! and the commands that reproduce every number. The renderers (`html`, `svg`, `json`) take
+//! the model and return text: no I/O.
 //!
-//! Memory is bounded: the audit log is read once (`Snapshot::scan_audit`) into per-interval
-//! and per-source counters, seen sequences as ranges (`RangeSet`), and capped lists; no entry
-//! is kept beyond a few samples per burst.
+//! This pass adds little to `verify`'s memory (which keeps one key per applied entry): the
+//! audit log is read once (`Snapshot::scan_audit`) into per-interval and per-source counters,
+//! seen sequences as ranges (`RangeSet`, growing with the gaps), and capped lists; no entry is
+//! kept beyond a few samples per burst.
 
 pub(crate) mod html;
 pub(crate) mod json;
