@@ -441,15 +441,20 @@ const REPORT_ABOUT: &str = "Write the after-action report of a store: one self-c
 page (inline CSS and SVG; no script, font, image or network; prints on A4 and Letter, each \
 section on its own page) or, with --format json, its JSON twin (schema \
 replay-guard.report.v1).\n\n\
-In order: the verdict (verify's result over the whole store, a red banner at the top if it \
-failed; the chain head, the retention anchor, the range, the counts in words), a timeline of \
-decisions per interval stacked by outcome with every failover replay burst shaded and every \
-upstream gap marked, per-source counts, gaps and high-water marks, the quarantine (records still \
-open, operator releases and discards), up to three sample proofs per burst (the duplicate, the \
-effect it matched, the entry that applied it), the relay sinks (delivered, parked, lag, operator \
-actions), and the commands that reproduce each number.\n\n\
-Read-only, from one read snapshot: verify's pass plus one pass over the audit log; memory stays \
-bounded whatever the log's length. Exit 0 when the report is written and verify passed; 4 when \
+In order: the verdict (verify's result over the whole store: a red banner at the top if it \
+failed, amber if it passed but sequences are missing in range; the sequences missing, the \
+upstream losses run recorded, the chain head, the retention anchor and how many entries it \
+pruned, the range, the counts in words), a timeline of decisions per interval stacked by \
+outcome with every failover replay burst shaded, every lost broker session marked, and strips \
+of deliveries held and upstream gap events per interval, per-source counts, gaps (the first 20 \
+per source) and high-water marks, the quarantine (every record still open, operator releases \
+and discards), up to three sample proofs per burst (the duplicate, the effect it matched, the \
+entry that applied it), the relay sinks (stream, delivered, parked, lag, operator actions), \
+and the commands that reproduce each number.\n\n\
+Read-only, from one read snapshot: verify's pass plus one pass over the audit log. Memory is \
+verify's: it grows with the log, as verify keeps one 32-byte key per applied entry (about 74 MiB \
+at a million entries); the report's own pass adds counters, seen sequences as ranges and capped \
+lists. Exit 0 when the report is written and verify passed; 4 when \
 it is written and verify found a violation (the report says so at the top); 1 on a usage error, \
 2 if the store cannot be read or the report cannot be written.";
 

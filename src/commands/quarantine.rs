@@ -48,7 +48,7 @@ pub fn run(args: &QuarantineArgs) -> Result<(), Failure> {
 
 /// The operator's name and reason, checked before anything is opened (`quarantine`, `relay
 /// retry|rewind|forget`). The reason is kept as typed, trimmed (listings escape what they
-/// print of it); the name must hold no `textsafe::is_unsafe` character, whether typed or
+/// print of it); the name must hold no ':' and no `textsafe::is_unsafe` character, whether typed or
 /// taken from the environment: it is written into the audit entry's reason, where a line feed
 /// or an escape sequence would let it pass for someone else.
 pub(super) fn who_and_why(
@@ -83,6 +83,19 @@ pub(super) fn who_and_why(
              separator or bidi characters{what_to_do}",
             textsafe::escape_controls(&operator),
             u32::from(c)
+        )));
+    }
+    // The audit entry reads `... by NAME: REASON`: a ':' in the name would move the split
+    // (older entries are still read as they were written).
+    if operator.contains(':') {
+        let (what, what_to_do) = match &found_in {
+            None => ("--operator", ""),
+            Some(env) => (env.as_str(), ": pass --operator NAME"),
+        };
+        return Err(Failure::Usage(anyhow!(
+            "{what} \"{}\" holds ':': an operator name may not hold ':', which separates it \
+             from the reason in the audit entry{what_to_do}",
+            textsafe::escape_controls(&operator)
         )));
     }
     Ok((operator, reason.to_string()))

@@ -66,12 +66,26 @@ pub(crate) fn sink_line(s: &verify::SinkReport) -> String {
             s.name, s.next
         )
     } else {
+        let mut parts = format!(
+            "{} delivered, {} parked, {} delivered after retry, {} skipped by an audited \
+             operator action, {} discarded by an audited operator action, {} found in the \
+             sink's own store (audited)",
+            a.delivered, a.parked, a.retried, a.skipped, a.discarded, a.adopted
+        );
+        if s.stream == crate::store::tables::Stream::Audit {
+            parts.push_str(&format!(
+                ", {} not selected by its outcomes",
+                a.not_selected
+            ));
+        }
+        // An effects sink's line reads as it always has; an audit sink's names its stream.
+        let name = match s.stream {
+            crate::store::tables::Stream::Effects => s.name.clone(),
+            crate::store::tables::Stream::Audit => format!("{} (audit stream)", s.name),
+        };
         format!(
-            "sink {}: every offset from {} to its cursor {} accounted for{}: {} delivered, {} \
-             parked, {} delivered after retry, {} skipped by an audited operator action, {} \
-             discarded by an audited operator action, {} found in the sink's own store \
-             (audited)",
-            s.name,
+            "sink {name}: every {} from {} to its cursor {} accounted for{}: {parts}",
+            s.stream.position(),
             a.from,
             s.next,
             if a.legacy {
@@ -79,12 +93,6 @@ pub(crate) fn sink_line(s: &verify::SinkReport) -> String {
             } else {
                 ""
             },
-            a.delivered,
-            a.parked,
-            a.retried,
-            a.skipped,
-            a.discarded,
-            a.adopted
         )
     };
     line.push_str(&format!(
@@ -110,4 +118,47 @@ pub fn checked(
     let total = verify::entries_to_verify(snapshot)?;
     let bar = crate::progress::Progress::bar(what, total, "audit entries");
     verify::verify_reporting(snapshot, contract, &mut |n| bar.inc(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::ledger::Accounting;
+    use crate::store::tables::Stream;
+
+    #[test]
+    fn an_audit_sinks_line_counts_the_entries_its_outcomes_passed_over() {
+        let s = verify::SinkReport {
+            name: "siem".into(),
+            stream: Stream::Audit,
+            next: 10,
+            accounting: Accounting {
+                delivered: 3,
+                not_selected: 7,
+                ..Accounting::default()
+            },
+            ..verify::SinkReport::default()
+        };
+        let line = sink_line(&s);
+        assert!(
+            line.starts_with("sink siem (audit stream): every audit index from 0 to its cursor 10")
+                && line.contains("3 delivered")
+                && line.contains("7 not selected by its outcomes"),
+            "{line}"
+        );
+        // The parts add up to the cursor.
+        let a = &s.accounting;
+        let parts = a.delivered + a.parked + a.retried + a.skipped + a.discarded + a.adopted;
+        assert_eq!(parts + a.not_selected, s.next - a.from);
+        let effects = verify::SinkReport {
+            stream: Stream::Effects,
+            ..s.clone()
+        };
+        let line = sink_line(&effects);
+        assert!(
+            line.starts_with("sink siem: every offset from 0 to its cursor 10")
+                && !line.contains("not selected"),
+            "{line}"
+        );
+    }
 }

@@ -14,7 +14,7 @@ const CSS: &str = "
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif;color:var(--ink);margin:0 auto;max-width:1180px;padding:16px 20px}
 h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:18px 0 8px;border-bottom:2px solid var(--ink)}
 .banner{padding:10px 14px;border-radius:4px;font-size:16px;margin:0 0 10px;color:#fff}
-.banner.failed{background:var(--bad)}.banner.ok{background:var(--ok)}
+.banner.failed{background:var(--bad)}.banner.ok{background:var(--ok)}.banner.missing{background:#F5B400;color:#1a1a1a}
 .words{font-size:16px;font-weight:600}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
 dl.facts dt{color:var(--muted)}dl.facts dd{margin:0}
@@ -24,14 +24,20 @@ th{background:#f0f0f0;overflow-wrap:normal;word-break:normal;hyphens:manual}td.n
 table#counts{width:auto;min-width:320px}
 code,.h{font:12px/1.35 ui-monospace,'DejaVu Sans Mono',Menlo,Consolas,monospace;overflow-wrap:anywhere;word-break:break-all}
 tr.attention td:first-child{border-left:4px solid #D55E00}
+tr.before-range td{background:#f6f6f6}
+ul.gaps{margin:0;padding:0;list-style:none}ul.gaps li{display:inline}ul.gaps li+li::before{content:', '}
+td.gaps{min-width:12em}td.name{min-width:7em;overflow-wrap:normal;word-break:normal}
+p.more-gaps{margin:2px 0 0}
+ol.markers{margin:4px 0 0;padding-left:28px}
 svg.timeline{width:100%;height:auto;display:block}
 .muted{color:var(--muted)}
-pre.cmd{background:#f6f6f6;border:1px solid var(--line);padding:6px 8px;white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0 10px}
+pre.cmd{background:#f6f6f6;border:1px solid var(--line);padding:3px 8px;white-space:pre-wrap;overflow-wrap:anywhere;margin:1px 0 6px}
+p.what{margin:6px 0 0}
 @page{margin:14mm 12mm}
 @media print{
  body{max-width:none;padding:0;font-size:10pt}
  table{font-size:9pt}
- code,.h{font-size:8pt}
+ code,.h,pre.cmd{font-size:8pt}
  section{break-before:page}
  thead{display:table-header-group}
  tr,figure,pre.cmd{break-inside:avoid}
@@ -78,8 +84,9 @@ fn verdict(s: &mut String, r: &Report) {
     let ok = v.violation.is_none();
     let _ = write!(
         s,
-        "<header id=\"verdict\" data-verify=\"{}\">",
-        if ok { "ok" } else { "failed" }
+        "<header id=\"verdict\" data-verify=\"{}\" data-verdict=\"{}\">",
+        if ok { "ok" } else { "failed" },
+        r.verdict()
     );
     match &v.violation {
         Some(why) => {
@@ -91,9 +98,22 @@ fn verdict(s: &mut String, r: &Report) {
             );
         }
         None => {
+            let (class, head) = if r.verdict() == "missing" {
+                (
+                    "banner missing",
+                    format!(
+                        "<strong>Verified, but sequences are missing upstream</strong>: {}. The \
+                         record below is intact; what never reached it is listed per source.\
+                         <br>",
+                        e(&r.missing_words())
+                    ),
+                )
+            } else {
+                ("banner ok", "<strong>Verified</strong>: ".to_string())
+            };
             let _ = write!(
                 s,
-                "<div class=\"banner ok\" id=\"verify-ok\"><strong>Verified</strong>: hash chain \
+                "<div class=\"{class}\" id=\"verify-ok\">{head}Hash chain \
                  intact over {} audit entries {}; {} effects and {} quarantine records proven \
                  against their audit entries; every relay sink's offsets accounted for.</div>",
                 v.audit_entries,
@@ -120,6 +140,25 @@ fn verdict(s: &mut String, r: &Report) {
     }
     s.push_str("<h1>After-action report</h1>");
     let _ = write!(s, "<p class=\"words\" id=\"words\">{}</p>", e(&r.words()));
+    let in_range = r.sessions_lost_in_range();
+    let _ = write!(
+        s,
+        "<p id=\"upstream\" data-gap-events=\"{}\" data-missing=\"{}\" data-sessions-lost=\"{}\" \
+         data-sessions-lost-in-range=\"{in_range}\"><strong>Upstream losses</strong> (what \
+         <code>run</code> recorded): {}{}.</p>",
+        r.upstream.gap_events,
+        r.upstream.missing_sequences,
+        r.upstream.sessions_lost,
+        e(&r.upstream_words()),
+        if in_range > 0 {
+            format!(
+                "; {in_range} broker session{} lost in range, marked on the timeline",
+                if in_range == 1 { "" } else { "s" }
+            )
+        } else {
+            String::new()
+        }
+    );
     let o = &r.options;
     let range = match (o.since_ms, o.until_ms) {
         (None, None) => "everything retained".to_string(),
@@ -164,9 +203,25 @@ fn verdict(s: &mut String, r: &Report) {
         hex(&r.chain_head),
         match r.anchor {
             Some((i, h)) => format!(
-                "entry #{i}, hash <code class=\"h\" id=\"anchor\">{}</code> (earlier entries \
-                 pruned by retention)",
-                hex(&h)
+                "entry #{i}, hash <code class=\"h\" id=\"anchor\">{}</code>: <span \
+                 id=\"pruned\" data-value=\"{}\">{}</span> entries (#0 to #{i}) pruned by \
+                 retention before the oldest retained one{}",
+                hex(&h),
+                r.pruned(),
+                r.pruned(),
+                match o.since_ms {
+                    Some(since) if r.first_kept_ms.is_some_and(|f| f <= since) => {
+                        ", all before the range".to_string()
+                    }
+                    None => "; the report covers what is retained".to_string(),
+                    Some(_) => format!(
+                        "; the range reaches back past it, so its earliest decisions are gone{}",
+                        r.first_kept_ms.map_or(String::new(), |f| format!(
+                            " (the oldest retained is from {})",
+                            o.zone.show_ms(f)
+                        ))
+                    ),
+                }
             ),
             None => "none: nothing pruned, the chain starts at the first entry".into(),
         },
@@ -212,11 +267,21 @@ fn timeline(s: &mut String, r: &Report) {
         .iter()
         .filter(|m| m.kind == super::MarkerKind::Burst)
         .count();
-    let gaps = r.markers.len() - bursts;
+    let lost = r.sessions_lost_in_range();
+    let (events, missing) = r
+        .timeline
+        .gaps
+        .iter()
+        .fold((0, 0), |(a, b), (e, m)| (a + e, b + m));
     let _ = write!(
         s,
         "<figcaption class=\"muted\">Decisions per {}, stacked by outcome. {} failover replay \
-         burst{} shaded{}; {} upstream gap{} marked{}.</figcaption></figure>",
+         burst{} shaded{}; {} broker session{} lost (ticks). Under the bars, two strips with \
+         their own scales: <strong>held</strong>, the deliveries quarantined per bar \
+         (conflict, stale, malformed), and <strong>gaps</strong>, the gap events per bar (an \
+         applied sequence jumping past its source's highest + 1): <span id=\"gap-events\" \
+         data-value=\"{events}\">{events}</span> in range, leaving {missing} sequences \
+         missing when they arrived.</figcaption>",
         super::svg::interval_words(r.timeline.interval_ms),
         bursts,
         if bursts == 1 { "" } else { "s" },
@@ -225,29 +290,58 @@ fn timeline(s: &mut String, r: &Report) {
         } else {
             ""
         },
-        gaps as u64 + r.markers_left_off,
-        if gaps as u64 + r.markers_left_off == 1 {
-            ""
-        } else {
-            "s"
-        },
-        if r.markers_left_off > 0 {
-            format!(" ({} drawn)", gaps)
-        } else {
-            String::new()
-        }
+        lost,
+        if lost == 1 { "" } else { "s" },
     );
+    // The strips' scales, printed (the chart carries them only as attributes).
+    let busiest = |values: &mut dyn Iterator<Item = u64>| {
+        values
+            .enumerate()
+            .max_by_key(|(i, v)| (*v, std::cmp::Reverse(*i)))
+            .filter(|(_, v)| *v > 0)
+            .map(|(i, v)| (v, r.timeline.origin_ms + i as u64 * r.timeline.interval_ms))
+    };
+    let scale = |what: &str, top: Option<(u64, u64)>| match top {
+        Some((v, at)) => format!("{what}: full height {v} per bar (at {})", t(r, at)),
+        None => format!("{what}: none"),
+    };
+    let held = busiest(&mut (0..r.timeline.bars.len()).map(|i| r.timeline.held(i)));
+    let gaps = busiest(&mut r.timeline.gaps.iter().map(|g| g.0));
+    s.push_str("</figure>");
+    let _ = write!(
+        s,
+        "<p class=\"muted\" id=\"strip-scales\">Strip scales: {}; {}.</p>",
+        scale("held", held),
+        scale("gaps", gaps)
+    );
+    if !r.markers.is_empty() {
+        s.push_str("<ol class=\"markers\">");
+        for m in &r.markers {
+            let when = match m.until_ms {
+                Some(u) => format!("{} to {}", t(r, m.at_ms), t(r, u)),
+                None => t(r, m.at_ms),
+            };
+            let _ = write!(
+                s,
+                "<li class=\"marker\" data-kind=\"{}\">{when}: {}</li>",
+                m.kind.as_str(),
+                e(&m.label)
+            );
+        }
+        s.push_str("</ol>");
+        left_off(s, r.markers_left_off, "stats --format json");
+    }
     s.push_str("</section>\n");
 }
 
 fn source_row(s: &mut String, r: &SourceRow) {
     let c = &r.counts;
-    let attention = r.open > 0 || !r.gaps.is_empty();
+    let attention = r.open > 0 || r.gaps_total > 0;
     let _ = write!(
         s,
         "<tr class=\"source{}\" data-source=\"{}\" data-applied=\"{}\" data-applied-late=\"{}\" \
          data-duplicate=\"{}\" data-conflict=\"{}\" data-stale=\"{}\" data-malformed=\"{}\" \
-         data-open=\"{}\" data-missing=\"{}\"><td>{}</td>",
+         data-open=\"{}\" data-missing=\"{}\" data-gaps=\"{}\"><td class=\"name\">{}</td>",
         if attention { " attention" } else { "" },
         e(&r.name()),
         c.get(Outcome::Applied),
@@ -258,6 +352,7 @@ fn source_row(s: &mut String, r: &SourceRow) {
         c.get(Outcome::Malformed),
         r.open,
         r.missing(),
+        r.gaps_total,
         e(&r.name())
     );
     for o in [
@@ -270,26 +365,45 @@ fn source_row(s: &mut String, r: &SourceRow) {
     ] {
         let _ = write!(s, "<td class=\"n\">{}</td>", c.get(o));
     }
-    let _ = write!(s, "<td class=\"n\">{}</td><td>", r.open);
+    let _ = write!(s, "<td class=\"n\">{}</td><td class=\"gaps\">", r.open);
     if r.gaps.is_empty() {
         s.push_str(if r.source.is_some() { "none" } else { "-" });
     } else {
         s.push_str("<ul class=\"gaps\">");
+        // Inline, the epoch named where it changes: 20 gaps take a few lines, not a page.
+        let mut epoch = None;
         for g in &r.gaps {
+            let range = if g.from == g.to {
+                g.from.to_string()
+            } else {
+                format!("{}..{} ({})", g.from, g.to, g.to - g.from + 1)
+            };
             let _ = write!(
                 s,
-                "<li class=\"gap\" data-epoch=\"{}\" data-from=\"{}\" data-to=\"{}\">epoch {}: \
-                 {}..{} ({} missing)</li>",
+                "<li class=\"gap\" data-epoch=\"{}\" data-from=\"{}\" data-to=\"{}\">{}{range}</li>",
                 g.epoch,
                 g.from,
                 g.to,
-                g.epoch,
-                g.from,
-                g.to,
-                g.to - g.from + 1
+                if epoch == Some(g.epoch) {
+                    String::new()
+                } else {
+                    format!("epoch {}: ", g.epoch)
+                }
             );
+            epoch = Some(g.epoch);
         }
         s.push_str("</ul>");
+        let more = r.gaps_total - r.gaps.len() as u64;
+        if more > 0 {
+            let _ = write!(
+                s,
+                "<p class=\"more-gaps\" data-value=\"{more}\">… {more} more ({} missing in \
+                 all {} gaps): <code>replay-guard gaps --source {}</code></p>",
+                r.missing,
+                r.gaps_total,
+                e(&super::shell_quote(&r.name()))
+            );
+        }
     }
     let _ = write!(
         s,
@@ -303,11 +417,12 @@ fn sources(s: &mut String, r: &Report) {
     s.push_str(
         "<section id=\"sources\"><h2>Per source</h2><p class=\"muted\">Sources with a record \
          still held in quarantine or a sequence missing come first. Gaps are the sequences \
-         missing between the lowest and highest seen in an epoch, as <code>gaps</code> lists \
-         them; the high-water mark is epoch/sequence.</p><table><thead><tr><th>Source</th>\
+         missing between the lowest and highest seen in an epoch in range, as <code>gaps</code> \
+         lists them (the first 20 per source; <code>gaps --source</code> lists them all); the \
+         high-water mark is epoch/sequence.</p><table><thead><tr><th>Source</th>\
          <th class=\"n\">applied</th><th class=\"n\">applied late</th><th class=\"n\">\
          duplicates</th><th class=\"n\">conflicts</th><th class=\"n\">stale</th><th \
-         class=\"n\">malformed</th><th class=\"n\">open</th><th>gaps</th><th>high-water</th>\
+         class=\"n\">malformed</th><th class=\"n\">open</th><th>gaps (missing)</th><th>high-water</th>\
          </tr></thead><tbody>",
     );
     if r.sources.is_empty() {
@@ -322,7 +437,9 @@ fn sources(s: &mut String, r: &Report) {
 fn quarantine(s: &mut String, r: &Report) {
     let _ = write!(
         s,
-        "<section id=\"quarantine\"><h2>Quarantine</h2><h3>Still open: {}</h3>",
+        "<section id=\"quarantine\"><h2>Quarantine</h2><h3>Still open: {}</h3><p \
+         class=\"muted\">Every record still held, whenever it was received (shaded: received \
+         before the range); its source is read from its own stored message.</p>",
         r.open.total()
     );
     if r.open.items.is_empty() {
@@ -336,12 +453,23 @@ fn quarantine(s: &mut String, r: &Report) {
         for q in &r.open.items {
             let _ = write!(
                 s,
-                "<tr class=\"open\" data-id=\"{}\"><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td><code class=\"h\">{}</code></td><td class=\"n\">{}</td>\
-                 </tr>",
+                "<tr class=\"open{}\" data-id=\"{}\" data-when=\"{}\"><td class=\"n\">{}</td>\
+                 <td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td><code class=\"h\">{}</code></td>\
+                 <td class=\"n\">{}</td></tr>",
+                if q.when == super::InRange::Before {
+                    " before-range"
+                } else {
+                    ""
+                },
                 q.id,
+                q.when.as_str(),
                 q.id,
                 t(r, q.received_at_ms),
+                match q.when {
+                    super::InRange::Before => " (before the range)",
+                    super::InRange::After => " (after the range)",
+                    super::InRange::In => "",
+                },
                 q.outcome.map_or("unknown", Outcome::as_str),
                 q.source
                     .as_ref()
@@ -403,7 +531,10 @@ fn proofs(s: &mut String, r: &Report) {
         "<section id=\"proofs\"><h2>Sample proofs</h2><p class=\"muted\">For each failover \
          replay burst, up to three of the duplicates recorded inside it, each with the effect \
          it matched (same key, same digest) and the entry that applied that effect, in \
-         <code>explain</code>'s words.</p>",
+         <code>explain</code>'s words. An effect shows two times: when its message was \
+         <em>received</em> (the effect's time, in the duplicate's sentence) and when the audit \
+         entry that applied it was <em>recorded</em> (the entry's time, under \"applied by\"); \
+         they differ by the time the decision took.</p>",
     );
     if r.proofs.is_empty() {
         s.push_str("<p>No replay burst in range.</p>");
@@ -441,9 +572,21 @@ fn proofs(s: &mut String, r: &Report) {
                 e(&p.story_local),
                 rec.key.map_or("-".to_string(), |k| hex(&k)),
                 rec.digest.map_or("-".to_string(), |d| hex(&d)),
-                p.effect_offset.map_or("-".to_string(), |o| format!("#{o}")),
+                match (p.effect_offset, p.effect_received_ms) {
+                    (Some(o), Some(at)) => format!(
+                        "#{o}<br><span class=\"received\">message received {}</span>",
+                        t(r, at)
+                    ),
+                    (Some(o), None) => format!("#{o}"),
+                    _ => "-".into(),
+                },
                 match (&p.applying, &p.applying_story_local) {
-                    (Some(a), Some(story)) => format!("entry #{}: {}", a.index, e(story)),
+                    (Some(a), Some(story)) => format!(
+                        "entry #{}, <span class=\"recorded\">entry recorded {}</span>: {}",
+                        a.index,
+                        t(r, a.record.recorded_at_ms),
+                        e(story)
+                    ),
                     _ => "pruned by retention".into(),
                 }
             );
@@ -459,26 +602,36 @@ fn delivery(s: &mut String, r: &Report) {
         s.push_str("<p>No relay sink: none configured, none with a cursor.</p>");
     } else {
         s.push_str(
-            "<table><thead><tr><th>sink</th><th>kind</th><th>state</th><th class=\"n\">\
-             delivered</th><th class=\"n\">parked</th><th class=\"n\">lag (effects)</th><th \
+            "<table><thead><tr><th>sink</th><th>kind</th><th>stream</th><th>state</th><th \
+             class=\"n\">delivered</th><th class=\"n\">parked</th><th class=\"n\">lag</th><th \
              class=\"n\">lag (s)</th><th>last error</th></tr></thead><tbody>",
         );
         for k in &r.sinks {
             let _ = write!(
                 s,
-                "<tr class=\"sink\" data-sink=\"{}\" data-delivered=\"{}\" data-parked=\"{}\" \
-                 data-lag=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td \
-                 class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                "<tr class=\"sink\" data-sink=\"{}\" data-stream=\"{}\" data-delivered=\"{}\" \
+                 data-parked=\"{}\" data-lag=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td \
+                 class=\"n\">{}</td><td>{}</td></tr>",
                 e(&k.sink),
+                e(&k.stream),
                 k.delivered,
                 k.parked,
                 k.lag_events.map_or("-".to_string(), |l| l.to_string()),
                 e(&k.sink),
                 e(&k.kind),
+                e(&k.stream),
                 k.state,
                 k.delivered,
                 k.parked,
-                k.lag_events.map_or("-".to_string(), |l| l.to_string()),
+                k.lag_events.map_or("-".to_string(), |l| format!(
+                    "{l} {}",
+                    if k.stream == "audit" {
+                        "entries"
+                    } else {
+                        "effects"
+                    }
+                )),
                 k.lag_seconds.map_or("-".to_string(), |l| l.to_string()),
                 k.last_error
                     .as_ref()
@@ -524,11 +677,17 @@ fn commands(s: &mut String, r: &Report) {
     s.push_str(
         "<section id=\"check\"><h2>Check it yourself</h2><p class=\"muted\">Each number above \
          comes from the store; these commands show the same from the same store (read-only, \
-         safe while <code>run</code> writes). <code>stats</code> and <code>gaps</code> cover \
-         the whole retained log, not only the range.</p>",
+         safe while <code>run</code> writes), each saying what it reproduces. \
+         <code>dump-audit</code> takes the report's range and one source at a time; \
+         <code>gaps</code> has no range and covers the whole retained log.</p>",
     );
     for (what, cmd) in r.commands() {
-        let _ = write!(s, "<p>{}:</p><pre class=\"cmd\">{}</pre>", e(what), e(&cmd));
+        let _ = write!(
+            s,
+            "<p class=\"what\">{}:</p><pre class=\"cmd\">{}</pre>",
+            e(&what),
+            e(&cmd)
+        );
     }
     s.push_str("</section>\n");
 }

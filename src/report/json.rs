@@ -57,6 +57,8 @@ fn source(r: &SourceRow) -> Json {
         ("counts", counts(&r.counts)),
         ("quarantine_open", num(r.open)),
         ("missing", num(r.missing())),
+        ("gaps_total", num(r.gaps_total)),
+        ("gaps_left_off", num(r.gaps_total - r.gaps.len() as u64)),
         (
             "high_water",
             r.high_water.map_or(Json::Null, |(e, q)| {
@@ -101,6 +103,10 @@ fn proof(p: &Proof) -> Json {
         ("sequence", opt_num(r.sequence)),
         ("effect_offset", opt_num(p.effect_offset)),
         (
+            "effect_received_at",
+            p.effect_received_ms.map_or(Json::Null, time),
+        ),
+        (
             "applied_by",
             p.applying.as_ref().map_or(Json::Null, entry_ref),
         ),
@@ -126,8 +132,54 @@ fn burst(b: &BurstProofs) -> Json {
     ])
 }
 
+/// What `run` recorded as lost upstream: totals since the store was made, the newest gap
+/// events and session losses (all of them kept, whatever the range).
+fn upstream(r: &Report) -> Json {
+    let u = &r.upstream;
+    obj(vec![
+        ("gap_events", num(u.gap_events)),
+        ("missing_sequences", num(u.missing_sequences)),
+        ("sessions_lost", num(u.sessions_lost)),
+        ("sessions_lost_in_range", num(r.sessions_lost_in_range())),
+        (
+            "recent_gaps",
+            Json::Array(
+                u.recent_gaps
+                    .iter()
+                    .map(|g| {
+                        obj(vec![
+                            ("at", time(g.at_ms)),
+                            ("agency", text(&g.agency)),
+                            ("source_id", text(&g.source_id)),
+                            ("epoch", num(g.epoch)),
+                            ("from", num(g.from)),
+                            ("to", num(g.to)),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ),
+        (
+            "recent_sessions_lost",
+            Json::Array(
+                u.recent_sessions_lost
+                    .iter()
+                    .map(|l| {
+                        obj(vec![
+                            ("at", time(l.at_ms)),
+                            ("broker", text(&l.broker)),
+                            ("client_id", text(&l.client_id)),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ),
+    ])
+}
+
 /// The whole report as one JSON object.
 pub fn report(r: &Report) -> Json {
+    let (missing, gaps, gappy) = r.missing();
     let o = &r.options;
     let v = &r.verify;
     let sinks_verified = v
@@ -137,6 +189,7 @@ pub fn report(r: &Report) -> Json {
             let a = &s.accounting;
             obj(vec![
                 ("sink", text(&s.name)),
+                ("stream", text(s.stream.as_str())),
                 ("cursor", num(s.next)),
                 ("unrecorded", Json::Bool(a.unrecorded)),
                 ("from", num(a.from)),
@@ -146,6 +199,7 @@ pub fn report(r: &Report) -> Json {
                 ("skipped", num(a.skipped)),
                 ("discarded", num(a.discarded)),
                 ("adopted", num(a.adopted)),
+                ("not_selected", num(a.not_selected)),
                 ("parked_checked", num(s.parked_checked)),
                 ("parked_unprovable", num(s.parked_unprovable)),
             ])
@@ -184,6 +238,7 @@ pub fn report(r: &Report) -> Json {
             "verify",
             obj(vec![
                 ("ok", Json::Bool(v.violation.is_none())),
+                ("verdict", text(r.verdict())),
                 ("violation", v.violation.as_deref().map_or(Json::Null, text)),
                 ("audit_entries", num(v.audit_entries)),
                 ("audit_from", num(v.audit_from)),
@@ -200,6 +255,8 @@ pub fn report(r: &Report) -> Json {
                 obj(vec![("index", num(i)), ("hash", text(&hex(&h)))])
             }),
         ),
+        ("pruned_entries", num(r.pruned())),
+        ("upstream_losses", upstream(r)),
         (
             "summary",
             obj(vec![
@@ -210,6 +267,9 @@ pub fn report(r: &Report) -> Json {
                 ),
                 ("quarantined", num(r.quarantined())),
                 ("quarantine_open", num(r.open.total())),
+                ("missing_sequences", num(missing)),
+                ("gaps", num(gaps)),
+                ("sources_with_gaps", num(gappy)),
                 ("words", text(&r.words())),
             ]),
         ),
@@ -236,6 +296,8 @@ pub fn report(r: &Report) -> Json {
                                         ),
                                     ),
                                     ("counts", counts(b)),
+                                    ("gap_events", num(r.timeline.gaps[i].0)),
+                                    ("missing", num(r.timeline.gaps[i].1)),
                                 ])
                             })
                             .collect(),
@@ -262,6 +324,7 @@ pub fn report(r: &Report) -> Json {
                         obj(vec![
                             ("id", num(q.id)),
                             ("received_at", time(q.received_at_ms)),
+                            ("when", text(q.when.as_str())),
                             (
                                 "outcome",
                                 text(q.outcome.map_or("unknown", Outcome::as_str)),
@@ -316,7 +379,7 @@ pub fn report(r: &Report) -> Json {
             Json::Array(
                 r.commands()
                     .into_iter()
-                    .map(|(what, cmd)| obj(vec![("what", text(what)), ("command", text(&cmd))]))
+                    .map(|(what, cmd)| obj(vec![("what", text(&what)), ("command", text(&cmd))]))
                     .collect(),
             ),
         ),

@@ -1,12 +1,15 @@
 //! `report`: the after-action report's model and the one pass that gathers it from a read
-//! snapshot: `verify`'s result, a timeline of decisions per interval with the replay bursts and
-//! the upstream gaps marked on it, per-source counts and gaps, the quarantine, sample proofs of
-//! suppressed replays, the relay sinks and the commands that reproduce every number. The
-//! renderers (`html`, `svg`, `json`) take the model and return text: no I/O.
+//! snapshot: `verify`'s result and what `run` recorded as lost upstream, a timeline of
+//! decisions per interval (with the gap events and quarantined deliveries counted per bar, the
+//! replay bursts and lost broker sessions marked), per-source counts and gaps (capped, totals
+//! whole), every open quarantine record, sample proofs of suppressed replays, the relay sinks
+//! and the commands that reproduce every number. The renderers (`html`, `svg`, `json`) take
+//! the model and return text: no I/O.
 //!
-//! Memory is bounded: the audit log is read once (`Snapshot::scan_audit`) into per-interval
-//! and per-source counters, seen sequences as ranges (`RangeSet`), and capped lists; no entry
-//! is kept beyond a few samples per burst.
+//! This pass adds little to `verify`'s memory (which keeps one key per applied entry): the
+//! audit log is read once (`Snapshot::scan_audit`) into per-interval and per-source counters,
+//! seen sequences as ranges (`RangeSet`, growing with the gaps), and capped lists; no entry is
+//! kept beyond a few samples per burst.
 
 pub(crate) mod html;
 pub(crate) mod json;
@@ -27,9 +30,11 @@ use crate::timefmt::{Zone, rfc3339_ms};
 pub const SCHEMA: &str = "replay-guard.report.v1";
 /// Suppressed replays shown per burst.
 pub const SAMPLES_PER_BURST: usize = 3;
-/// Rows a capped list (open quarantine records, resolutions, relay actions, gap marks) keeps;
-/// the rest are counted and named by the command that lists them all.
+/// Rows a capped list (open quarantine records, resolutions, relay actions, session losses)
+/// keeps; the rest are counted and named by the command that lists them all.
 pub const LISTED: usize = 1000;
+/// Gaps a source's row lists (the rest are counted and `gaps --source` lists them all).
+pub const GAPS_LISTED: usize = 20;
 /// Bars the timeline aims at, at most.
 const MAX_BARS: u64 = 200;
 /// The round intervals a bar may cover, shortest first (then whole days); below a second for
@@ -71,7 +76,8 @@ impl Options {
     }
 }
 
-/// What is drawn over the timeline's bars: a band (`until_ms` set) or a tick.
+/// What is drawn over the timeline's bars: a band (`until_ms` set) or a tick; numbered on
+/// the chart and listed under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {
     pub at_ms: u64,
@@ -84,15 +90,16 @@ pub struct Marker {
 pub enum MarkerKind {
     /// A failover replay burst (a band: connected until its replay ended).
     Burst,
-    /// An applied entry whose sequence jumped past the highest seen + 1 (a tick).
-    Gap,
+    /// A broker session `run` found lost at a (re)connect (a tick): whatever the broker
+    /// queued for it is gone.
+    SessionLost,
 }
 
 impl MarkerKind {
     pub fn as_str(self) -> &'static str {
         match self {
             MarkerKind::Burst => "burst",
-            MarkerKind::Gap => "gap",
+            MarkerKind::SessionLost => "session_lost",
         }
     }
 }
@@ -103,6 +110,9 @@ pub struct Timeline {
     pub origin_ms: u64,
     pub interval_ms: u64,
     pub bars: Vec<OutcomeCounts>,
+    /// Per bar: gap events (an applied sequence jumping past its source's highest seen + 1)
+    /// and the sequences they left missing.
+    pub gaps: Vec<(u64, u64)>,
 }
 
 impl Timeline {
@@ -117,14 +127,34 @@ impl Timeline {
             origin_ms,
             interval_ms,
             bars: vec![OutcomeCounts::default(); n as usize],
+            gaps: vec![(0, 0); n as usize],
         }
     }
 
-    /// Counts `outcome` at `t` (a time outside the bars counts in the nearest one).
-    fn add(&mut self, t: u64, outcome: Outcome) {
+    /// The bar `t` falls in (a time outside the bars: the nearest one).
+    fn bar(&self, t: u64) -> usize {
         let i = (t.saturating_sub(self.origin_ms) / self.interval_ms) as usize;
-        let last = self.bars.len() - 1;
-        self.bars[i.min(last)].add(outcome);
+        i.min(self.bars.len() - 1)
+    }
+
+    /// Counts `outcome` at `t`.
+    fn add(&mut self, t: u64, outcome: Outcome) {
+        let i = self.bar(t);
+        self.bars[i].add(outcome);
+    }
+
+    /// Counts a gap event at `t` leaving `missing` sequences missing.
+    fn add_gap(&mut self, t: u64, missing: u64) {
+        let i = self.bar(t);
+        let g = &mut self.gaps[i];
+        g.0 += 1;
+        g.1 = g.1.saturating_add(missing);
+    }
+
+    /// Deliveries quarantined (conflict, stale, malformed) in bar `i`.
+    pub fn held(&self, i: usize) -> u64 {
+        let b = &self.bars[i];
+        b.get(Outcome::Conflict) + b.get(Outcome::Stale) + b.get(Outcome::Malformed)
     }
 
     pub fn end_ms(&self) -> u64 {
@@ -170,12 +200,16 @@ pub struct SourceRow {
     pub open: u64,
     /// (epoch, sequence), from the store's source marks.
     pub high_water: Option<(u64, u64)>,
+    /// The first `GAPS_LISTED` gaps by epoch and sequence.
     pub gaps: Vec<Gap>,
+    /// All its gaps and the sequences missing in them (uncapped).
+    pub gaps_total: u64,
+    pub missing: u64,
 }
 
 impl SourceRow {
     pub fn missing(&self) -> u64 {
-        self.gaps.iter().map(|g| g.to - g.from + 1).sum()
+        self.missing
     }
 
     pub fn name(&self) -> String {
@@ -186,12 +220,34 @@ impl SourceRow {
     }
 }
 
-/// A quarantine record still open.
+/// Where a time falls relative to the report's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InRange {
+    Before,
+    In,
+    After,
+}
+
+impl InRange {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InRange::Before => "before_range",
+            InRange::In => "in_range",
+            InRange::After => "after_range",
+        }
+    }
+}
+
+/// A quarantine record still open (whenever it was received: one open from before the range
+/// is still open in it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenRecord {
     pub id: u64,
     pub received_at_ms: u64,
+    pub when: InRange,
     pub outcome: Option<Outcome>,
+    /// From its stored payload, decoded under the feed contract (`None`: it does not
+    /// decode, a malformed message).
     pub source: Option<(String, String)>,
     pub reason: String,
     pub key: Option<[u8; 32]>,
@@ -226,6 +282,8 @@ pub struct RelayAction {
 pub struct Proof {
     pub entry: AuditEntry,
     pub effect_offset: Option<u64>,
+    /// When the matched effect's message was received (`None`: its record is gone).
+    pub effect_received_ms: Option<u64>,
     /// The entry that applied the matched effect (`None`: pruned by retention).
     pub applying: Option<AuditEntry>,
     /// `explain`'s sentences for the duplicate and the applying entry, UTC and in the zone.
@@ -284,12 +342,18 @@ pub struct Report {
     pub verify: VerifyReport,
     pub chain_head: [u8; 32],
     pub anchor: Option<(u64, [u8; 32])>,
+    /// When the oldest retained audit entry was recorded (`None`: none is).
+    pub first_kept_ms: Option<u64>,
     /// Audit entries in range (of the selected sources) per outcome.
     pub counts: OutcomeCounts,
     pub timeline: Timeline,
-    /// Bursts first, then gap ticks (capped at `LISTED`; `markers_left_off` more).
+    /// Bursts, then the broker sessions lost in range (capped at `LISTED`;
+    /// `markers_left_off` more).
     pub markers: Vec<Marker>,
     pub markers_left_off: u64,
+    /// What `run` recorded as lost upstream (`Snapshot::upstream_losses`): totals since the
+    /// store was made, and the newest events.
+    pub upstream: crate::store::tables::UpstreamLosses,
     /// Sources with something open or missing first, then by name; the unparseable row last.
     pub sources: Vec<SourceRow>,
     pub open: Listed<OpenRecord>,
@@ -300,6 +364,71 @@ pub struct Report {
 }
 
 impl Report {
+    /// Sequences missing, gaps and sources with a gap, over the range (uncapped).
+    pub fn missing(&self) -> (u64, u64, u64) {
+        let gappy = self.sources.iter().filter(|s| s.gaps_total > 0);
+        (
+            gappy.clone().map(|s| s.missing).sum(),
+            gappy.clone().map(|s| s.gaps_total).sum(),
+            gappy.count() as u64,
+        )
+    }
+
+    /// "X sequences missing in Y gaps across Z sources" (or that none is).
+    pub fn missing_words(&self) -> String {
+        let (x, y, z) = self.missing();
+        if x == 0 {
+            return "no sequence missing".into();
+        }
+        format!(
+            "{x} sequence{} missing in {y} gap{} across {z} source{}",
+            plural(x),
+            plural(y),
+            plural(z)
+        )
+    }
+
+    /// Broker sessions lost in range (as `run` recorded them; the newest only).
+    pub fn sessions_lost_in_range(&self) -> u64 {
+        self.markers
+            .iter()
+            .filter(|m| m.kind == MarkerKind::SessionLost)
+            .count() as u64
+            + self.markers_left_off
+    }
+
+    /// What `run` recorded as lost upstream since the store was made, in words.
+    pub fn upstream_words(&self) -> String {
+        let u = &self.upstream;
+        format!(
+            "{} gap{} confirmed by run ({} sequence{}), {} broker session{} lost, since the \
+             store was made",
+            u.gap_events,
+            plural(u.gap_events),
+            u.missing_sequences,
+            plural(u.missing_sequences),
+            u.sessions_lost,
+            plural(u.sessions_lost)
+        )
+    }
+
+    /// How many audit entries retention pruned (all before the oldest retained one).
+    pub fn pruned(&self) -> u64 {
+        self.anchor.map_or(0, |(i, _)| i + 1)
+    }
+
+    /// The banner: `failed` (verify found a violation), `missing` (verified, but sequences
+    /// are missing upstream in range) or `ok`.
+    pub fn verdict(&self) -> &'static str {
+        if self.verify.violation.is_some() {
+            "failed"
+        } else if self.missing().0 > 0 {
+            "missing"
+        } else {
+            "ok"
+        }
+    }
+
     /// Applied once: applied, applied late, or released by an operator.
     pub fn genuine(&self) -> u64 {
         self.counts.get(Outcome::Applied)
@@ -322,17 +451,19 @@ impl Report {
             .map(|s| match s.lag_events {
                 Some(0) => format!("{} caught up", s.sink),
                 Some(n) => format!(
-                    "{} {n} effects behind ({} s)",
+                    "{} {n} {} behind ({} s)",
                     s.sink,
+                    stream_entries(&s.stream),
                     s.lag_seconds.unwrap_or(0)
                 ),
                 None => format!("{} not started", s.sink),
             })
             .collect();
         format!(
-            "{} genuine events applied once; {} deliveries suppressed as proven duplicates; {} \
-             held in quarantine ({} still open); sinks: {}.",
+            "{} genuine events applied once; {}; {} deliveries suppressed as proven duplicates; \
+             {} held in quarantine ({} still open); sinks: {}.",
             self.genuine(),
+            self.missing_words(),
             self.counts.get(Outcome::Duplicate),
             self.quarantined(),
             self.open.total(),
@@ -345,7 +476,10 @@ impl Report {
     }
 
     /// The commands that reproduce the report's numbers: (what they show, command line).
-    pub fn commands(&self) -> Vec<(&'static str, String)> {
+    /// Each claim is true as worded: `dump-audit` takes one `--source`, so several give one
+    /// command each; `gaps` and `stats` have no range, so they are offered only with what
+    /// they cover.
+    pub fn commands(&self) -> Vec<(String, String)> {
         let o = &self.options;
         let loc = &o.locator;
         let mut range = String::new();
@@ -355,69 +489,122 @@ impl Report {
         if let Some(u) = o.until_ms {
             range.push_str(&format!(" --until {}", rfc3339_ms(u)));
         }
-        let sources: Vec<String> = o
-            .sources
-            .iter()
-            .map(|(a, s)| format!(" --source {}", shell_quote(&format!("{a}/{s}"))))
-            .collect();
-        let one_source = sources.first().cloned().unwrap_or_default();
-        let mut out = vec![
-            (
-                "the verdict: chain, content and relay accounting",
-                format!("replay-guard verify {loc}"),
-            ),
-            (
-                "decisions per outcome since the store was made, sources, bursts",
-                format!("replay-guard stats {loc} --format json"),
-            ),
-        ];
-        if sources.len() > 1 {
-            for s in &sources {
+        let ranged = !range.is_empty();
+        // (flag, name) per selected source; one empty entry for all.
+        let sources: Vec<(String, Option<String>)> = if o.sources.is_empty() {
+            vec![(String::new(), None)]
+        } else {
+            o.sources
+                .iter()
+                .map(|(a, s)| {
+                    let name = format!("{a}/{s}");
+                    (format!(" --source {}", shell_quote(&name)), Some(name))
+                })
+                .collect()
+        };
+        let mut out = vec![(
+            "the verdict: chain, content and relay accounting (over the whole retained log)"
+                .to_string(),
+            format!("replay-guard verify {loc}"),
+        )];
+        for outcome in Outcome::ALL {
+            let total = self.counts.get(outcome);
+            if total == 0 {
+                continue;
+            }
+            // Relay actions name no source: they are counted whatever the selection.
+            let per_source: &[(String, Option<String>)] =
+                if outcome == Outcome::Relay || o.sources.is_empty() {
+                    &[(String::new(), None)]
+                } else {
+                    &sources
+                };
+            for (flag, name) in per_source {
+                let n = match name {
+                    Some(name) => self
+                        .sources
+                        .iter()
+                        .find(|r| r.name() == *name)
+                        .map_or(0, |r| r.counts.get(outcome)),
+                    None => total,
+                };
+                let of = name
+                    .as_ref()
+                    .map_or(String::new(), |name| format!(" of {name}"));
                 out.push((
-                    "missing sequence ranges of one source",
-                    format!("replay-guard gaps {loc}{s} --format table"),
+                    format!("the {n} {outcome} decisions{of} in range (counts lines)"),
+                    format!(
+                        "replay-guard dump-audit {loc} --outcome {outcome}{range}{flag} --format \
+                         jsonl | wc -l"
+                    ),
                 ));
             }
-        } else {
+        }
+        if self.counts.total() == 0 {
             out.push((
-                "missing sequence ranges per source and epoch",
-                format!("replay-guard gaps {loc}{one_source} --format table"),
+                "the decisions in range (none)".to_string(),
+                format!("replay-guard dump-audit {loc}{range} --format table"),
             ));
         }
-        let dump_source = if sources.len() == 1 {
-            one_source.clone()
-        } else {
-            String::new()
-        };
-        out.push((
-            "every suppressed duplicate in range",
-            format!(
-                "replay-guard dump-audit {loc} --outcome duplicate{range}{dump_source} --format table"
-            ),
-        ));
-        out.push((
-            "every decision in range, one outcome at a time (applied, conflict, ...)",
-            format!(
-                "replay-guard dump-audit {loc} --outcome applied{range}{dump_source} --format table"
-            ),
-        ));
+        for (flag, name) in &sources {
+            let whose = name
+                .as_ref()
+                .map_or("per source and epoch".to_string(), |n| format!("of {n}"));
+            let what = if ranged {
+                format!(
+                    "missing sequence ranges {whose} over the whole retained log (gaps has no \
+                     range: the report's gaps are over the range only, so this may list more)"
+                )
+            } else {
+                format!(
+                    "missing sequence ranges {whose}: the report's gaps (both over the whole \
+                     retained log)"
+                )
+            };
+            out.push((
+                what,
+                format!("replay-guard gaps {loc}{flag} --format table"),
+            ));
+        }
+        if !ranged && o.sources.is_empty() && self.anchor.is_none() {
+            out.push((
+                "decisions per outcome since the store was made, sources, bursts (the \
+                 report's counts: nothing was pruned and the report has no range)"
+                    .to_string(),
+                format!("replay-guard stats {loc} --format json"),
+            ));
+        }
         if let Some(p) = self.proofs.iter().flat_map(|b| &b.samples).next()
             && let Some(key) = p.entry.record.key
         {
             out.push((
-                "the whole story of a sample duplicate",
+                "the whole story of a sample duplicate".to_string(),
                 format!("replay-guard explain {loc} {}", crate::model::hex(&key)),
             ));
         }
         out.push((
-            "the relay sinks: delivered, parked, lag",
+            "the relay sinks: delivered, parked, lag".to_string(),
             format!("replay-guard relay status {loc}"),
         ));
         out.push((
-            "the quarantine records still open",
-            format!("replay-guard dump-quarantine {loc}{range}{dump_source} --format table"),
+            "every quarantine record still open, whenever received and of every source (the \
+             report lists those of its sources)"
+                .to_string(),
+            format!("replay-guard dump-quarantine {loc} --format table"),
         ));
         out
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// What a sink's log positions are called: "effects" or "audit entries".
+fn stream_entries(stream: &str) -> &'static str {
+    match stream {
+        "audit" => "audit entries",
+        _ => "effects",
     }
 }
 
@@ -511,7 +698,6 @@ pub fn gather(
     let mut per_source = Counts::new();
     let mut unparseable = OutcomeCounts::default();
     let mut seen = Seen::new();
-    let mut gap_marks = Listed::<Marker>::default();
     let mut resolutions = Listed::<Resolution>::default();
     let mut relay_actions = Listed::<RelayAction>::default();
     let (mut first_ms, mut last_ms) = (None::<u64>, None::<u64>);
@@ -553,17 +739,7 @@ pub fn gather(
                 && let Some(highest) = set.max()
                 && sequence > highest.saturating_add(1)
             {
-                gap_marks.push(Marker {
-                    at_ms: t,
-                    until_ms: None,
-                    kind: MarkerKind::Gap,
-                    label: format!(
-                        "{a}/{s} epoch {epoch}: {} missing ({}..{})",
-                        sequence - highest - 1,
-                        highest + 1,
-                        sequence - 1
-                    ),
-                });
+                timeline.add_gap(t, sequence - highest - 1);
             }
             set.insert(sequence);
         }
@@ -607,7 +783,7 @@ pub fn gather(
         Ok(ControlFlow::Continue(()))
     })?;
 
-    let open = open_records(snap, &options)?;
+    let open = open_records(snap, &config.feed, &options)?;
     let mut open_by_source: HashMap<Option<(String, String)>, u64> = HashMap::new();
     for q in &open.items {
         *open_by_source.entry(q.source.clone()).or_default() += 1;
@@ -617,26 +793,36 @@ pub fn gather(
         .into_iter()
         .map(|s| ((s.agency, s.source_id), s.high_water))
         .collect();
-    let mut gaps_by_source: HashMap<(String, String), Vec<Gap>> = HashMap::new();
-    for ((a, s, epoch), set) in &seen {
+    // Per source: the first `GAPS_LISTED` gaps by (epoch, from) and the uncapped totals.
+    let mut epochs: Vec<(&(String, String, u64), &RangeSet)> = seen.iter().collect();
+    epochs.sort_by(|a, b| a.0.cmp(b.0));
+    let mut gaps_by_source: HashMap<(String, String), (Vec<Gap>, u64, u64)> = HashMap::new();
+    for ((a, s, epoch), set) in epochs {
         let (Some(lowest), Some(highest)) = (set.min(), set.max()) else {
             continue;
         };
-        let list = gaps_by_source.entry((a.clone(), s.clone())).or_default();
-        list.extend(set.gaps().map(|(from, to)| Gap {
-            epoch: *epoch,
-            lowest,
-            highest,
-            from,
-            to,
-        }));
+        let (list, total, missing) = gaps_by_source.entry((a.clone(), s.clone())).or_default();
+        for (from, to) in set.gaps() {
+            *total += 1;
+            *missing += to - from + 1;
+            if list.len() < GAPS_LISTED {
+                list.push(Gap {
+                    epoch: *epoch,
+                    lowest,
+                    highest,
+                    from,
+                    to,
+                });
+            }
+        }
     }
     let mut sources: Vec<SourceRow> = per_source
         .into_iter()
         .map(|(name, counts)| {
-            let mut gaps = gaps_by_source.remove(&name).unwrap_or_default();
-            gaps.sort_by_key(|g| (g.epoch, g.from));
+            let (gaps, gaps_total, missing) = gaps_by_source.remove(&name).unwrap_or_default();
             SourceRow {
+                gaps_total,
+                missing,
                 open: open_by_source
                     .get(&Some(name.clone()))
                     .copied()
@@ -660,6 +846,8 @@ pub fn gather(
             open: open_by_source.get(&None).copied().unwrap_or(0),
             high_water: None,
             gaps: Vec::new(),
+            gaps_total: 0,
+            missing: 0,
         });
     }
 
@@ -672,8 +860,22 @@ pub fn gather(
             label: format!("{}: {} duplicates absorbed", b.broker, b.duplicates),
         })
         .collect();
-    let markers_left_off = gap_marks.left_off;
-    markers.extend(gap_marks.items);
+    let upstream = snap.upstream_losses()?;
+    let mut lost = Listed::<Marker>::default();
+    for l in upstream
+        .recent_sessions_lost
+        .iter()
+        .filter(|l| options.in_range(l.at_ms))
+    {
+        lost.push(Marker {
+            at_ms: l.at_ms,
+            until_ms: None,
+            kind: MarkerKind::SessionLost,
+            label: format!("session lost at {} (client id {})", l.broker, l.client_id),
+        });
+    }
+    let markers_left_off = lost.left_off;
+    markers.extend(lost.items);
 
     let mut proofs = Vec::with_capacity(bursts.len());
     for (burst, (n, mut kept)) in bursts.into_iter().zip(reservoirs) {
@@ -702,10 +904,12 @@ pub fn gather(
         verify,
         chain_head: meta.chain_head,
         anchor: meta.audit_anchor,
+        first_kept_ms: first_kept,
         counts,
         timeline,
         markers,
         markers_left_off,
+        upstream,
         sources,
         open,
         resolutions,
@@ -719,8 +923,13 @@ pub fn gather(
 /// A duplicate entry with the effect it matched, in `explain`'s words.
 fn prove(snap: &Snapshot, entry: AuditEntry, zone: &Zone) -> Result<Proof, StoreError> {
     let s = crate::commands::explain::Suppression::of(snap, &entry)?;
+    let effect_received_ms = match entry.record.effect_offset {
+        Some(off) => snap.effect(off)?.map(|e| e.record.received_at_ms),
+        None => None,
+    };
     Ok(Proof {
         effect_offset: entry.record.effect_offset,
+        effect_received_ms,
         story_utc: s.sentence(&entry, &Zone::utc()),
         story_local: s.sentence(&entry, zone),
         applying_story_utc: s.applying().map(|a| s.sentence(a, &Zone::utc())),
@@ -751,24 +960,39 @@ fn operator_words(reason: &str, outcome: Outcome, id: Option<u64>) -> (Option<St
     }
 }
 
-/// The quarantine records still open that were received in range, of the selected sources.
-fn open_records(snap: &Snapshot, options: &Options) -> Result<Listed<OpenRecord>, StoreError> {
+/// Every quarantine record still open, of the selected sources, whenever it was received
+/// (one from before the range is still open in it). Its source comes from its own stored
+/// payload decoded under the feed contract, as `quarantine release` decodes it: never from
+/// the audit entry of its first delivery, which retention may have pruned.
+fn open_records(
+    snap: &Snapshot,
+    contract: &crate::wire::FeedContract,
+    options: &Options,
+) -> Result<Listed<OpenRecord>, StoreError> {
     let mut open = Listed::default();
     snap.scan_quarantine::<StoreError>(0, |q| {
         let r = &q.record;
-        if !options.in_range(r.received_at_ms) {
-            return Ok(ControlFlow::Continue(()));
-        }
-        // The record does not name its source: the audit entry of its first delivery does.
-        let source = snap
-            .audit_entry(r.audit_index)?
-            .and_then(|a| a.record.agency.zip(a.record.source_id));
+        let source = crate::wire::decode(&r.payload, contract).ok().map(|m| {
+            (
+                m.source.agency().to_string(),
+                m.source.source_id().to_string(),
+            )
+        });
         if !options.wants(source.as_ref().map(|(a, s)| (a.as_str(), s.as_str()))) {
             return Ok(ControlFlow::Continue(()));
         }
+        let t = r.received_at_ms;
+        let when = if options.since_ms.is_some_and(|s| t < s) {
+            InRange::Before
+        } else if options.until_ms.is_some_and(|u| t >= u) {
+            InRange::After
+        } else {
+            InRange::In
+        };
         open.push(OpenRecord {
             id: q.id,
-            received_at_ms: r.received_at_ms,
+            received_at_ms: t,
+            when,
             outcome: Outcome::from_code(r.outcome),
             source,
             reason: r.reason.clone(),
@@ -848,6 +1072,133 @@ mod tests {
         assert_eq!(shell_quote("Cal/Fire E7"), "'Cal/Fire E7'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    fn report(sinks: Vec<SinkStatusRow>, sources: Vec<SourceRow>) -> Report {
+        Report {
+            options: Options {
+                since_ms: Some(1_000),
+                until_ms: None,
+                sources: vec![("A".into(), "1".into()), ("A".into(), "2".into())],
+                made_at_ms: 2_000,
+                store_name: "s.redb".into(),
+                locator: "--db s.redb".into(),
+                zone: Zone::utc(),
+            },
+            version: "0",
+            backend: "redb",
+            first_ms: None,
+            last_ms: None,
+            verify: VerifyReport::default(),
+            chain_head: [0; 32],
+            anchor: None,
+            first_kept_ms: None,
+            counts: sources.iter().fold(OutcomeCounts::default(), |mut c, s| {
+                c.merge(&s.counts);
+                c
+            }),
+            timeline: Timeline::new(1_000, 2_000, 0),
+            markers: Vec::new(),
+            markers_left_off: 0,
+            upstream: Default::default(),
+            sources,
+            open: Listed::default(),
+            resolutions: Listed::default(),
+            proofs: Vec::new(),
+            sinks,
+            relay_actions: Listed::default(),
+        }
+    }
+
+    fn sink(name: &str, stream: &str, lag: u64) -> SinkStatusRow {
+        SinkStatusRow {
+            sink: name.into(),
+            kind: "exec".into(),
+            stream: stream.into(),
+            configured: true,
+            state: "running",
+            cursor: Some(0),
+            head: lag,
+            lag_events: Some(lag),
+            lag_seconds: Some(3),
+            parked: 0,
+            retry_requested: 0,
+            delivered: 0,
+            generation: None,
+            advanced_at_ms: None,
+            last_error: None,
+            accounting: crate::json::Json::Null,
+        }
+    }
+
+    fn row(source: &str, applied: u64, gaps_total: u64, missing: u64) -> SourceRow {
+        let mut counts = OutcomeCounts::default();
+        for _ in 0..applied {
+            counts.add(Outcome::Applied);
+        }
+        SourceRow {
+            source: Some(("A".into(), source.into())),
+            counts,
+            open: 0,
+            high_water: None,
+            gaps: Vec::new(),
+            gaps_total,
+            missing,
+        }
+    }
+
+    #[test]
+    fn an_audit_sinks_lag_is_in_entries_and_missing_sequences_are_in_the_words() {
+        let r = report(
+            vec![sink("file", "effects", 30), sink("siem", "audit", 7)],
+            vec![row("1", 4, 2, 5), row("2", 3, 0, 0)],
+        );
+        let w = r.words();
+        assert!(
+            w.starts_with(
+                "7 genuine events applied once; 5 sequences missing in 2 gaps across 1 source;"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("file 30 effects behind (3 s)"), "{w}");
+        assert!(w.contains("siem 7 audit entries behind (3 s)"), "{w}");
+        assert_eq!(r.verdict(), "missing");
+        let calm = report(Vec::new(), vec![row("1", 1, 0, 0)]);
+        assert!(calm.words().contains("; no sequence missing;"));
+        assert_eq!(calm.verdict(), "ok");
+    }
+
+    #[test]
+    fn check_commands_take_one_source_each_and_claim_only_what_they_show() {
+        let r = report(Vec::new(), vec![row("1", 4, 2, 5), row("2", 3, 0, 0)]);
+        let commands = r.commands();
+        let counts: Vec<_> = commands
+            .iter()
+            .filter(|(_, c)| c.ends_with("| wc -l"))
+            .collect();
+        assert_eq!(counts.len(), 2, "{commands:?}");
+        assert_eq!(
+            counts[0].0,
+            "the 4 applied decisions of A/1 in range (counts lines)"
+        );
+        assert_eq!(
+            counts[0].1,
+            "replay-guard dump-audit --db s.redb --outcome applied --since \
+             1970-01-01T00:00:01.000Z --source A/1 --format jsonl | wc -l"
+        );
+        assert!(
+            commands
+                .iter()
+                .all(|(_, c)| c.matches("--source").count() <= 1)
+        );
+        // A ranged report: no `stats`, and `gaps` said to cover the whole retained log.
+        assert!(!commands.iter().any(|(_, c)| c.contains(" stats ")));
+        let gaps: Vec<_> = commands
+            .iter()
+            .filter(|(_, c)| c.contains(" gaps "))
+            .collect();
+        assert_eq!(gaps.len(), 2);
+        assert!(gaps.iter().all(|(w, _)| w.contains("whole retained log")));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The report's timeline as one inline SVG, sans-IO: the bars of decisions per interval
 //! stacked by outcome (Okabe–Ito colours), a round y-axis, a time axis in the `--tz` zone with
-//! ticks at round times, a legend, and the markers drawn generically over the bars (a band
-//! for a marker with an end, a tick for one without). Model in, `String` out.
+//! ticks at round times, two strips under it on their own scales (deliveries held in
+//! quarantine per bar, upstream gap events per bar), a legend, and the markers drawn
+//! generically over the bars (a band for a marker with an end, a tick for one without), each
+//! numbered as the list under the chart numbers it. Model in, `String` out.
 
 use std::fmt::Write as _;
 
@@ -9,12 +11,25 @@ use super::{Marker, MarkerKind, Timeline, align_down, escape_html};
 use crate::model::Outcome;
 use crate::timefmt::Zone;
 
-const WIDTH: f64 = 1000.0;
-const HEIGHT: f64 = 360.0;
-const LEFT: f64 = 64.0;
-const RIGHT: f64 = 16.0;
-const TOP: f64 = 44.0;
-const BOTTOM: f64 = 276.0;
+// The viewBox is 800 wide: printed across A4's 186 mm text width one unit is 0.23 mm, so
+// the 13-unit text prints at 8.6 pt (larger on Letter and on screen).
+const WIDTH: f64 = 800.0;
+const HEIGHT: f64 = 420.0;
+const LEFT: f64 = 84.0;
+const RIGHT: f64 = 18.0;
+const TOP: f64 = 50.0;
+const BOTTOM: f64 = 250.0;
+/// The strips under the time axis: deliveries held in quarantine per bar, and gap events per
+/// bar, each on its own scale.
+const HELD_TOP: f64 = 284.0;
+const GAPS_TOP: f64 = 312.0;
+const STRIP_H: f64 = 22.0;
+const FONT: f64 = 13.0;
+// 8 pt is 2.822 mm: across A4's 186 mm, FONT units of WIDTH must print at least that tall.
+const _: () = assert!(FONT * 186.0 / WIDTH >= 2.822);
+/// The colours of the strips: held in the conflict colour, gaps in one the bars never use.
+pub const HELD_COLOUR: &str = "#D55E00";
+pub const GAP_COLOUR: &str = "#332288";
 
 /// Outcomes bottom to top, with their colour: the Okabe–Ito palette (colour-blind safe), the
 /// quarantining outcomes in its strongest colours.
@@ -95,7 +110,32 @@ pub fn tick_step(span_ms: u64) -> u64 {
         .unwrap_or_else(|| (span_ms / MAX_TICKS / 86_400_000 + 1) * 86_400_000)
 }
 
-/// The SVG of `timeline` with `markers`, times shown in `zone`.
+/// An estimate of a label's width at `FONT` (sans-serif, about 0.55 em a character).
+fn text_w(label: &str) -> f64 {
+    label.chars().count() as f64 * FONT * 0.55
+}
+
+/// The shortest tick step of `TICK_STEPS_MS` giving at most `MAX_TICKS` ticks whose labels
+/// (of the clock that step shows, a date added where the day changes) do not overlap across
+/// `plot_w`.
+fn tick_step_fitting(span_ms: u64, plot_w: f64) -> u64 {
+    let chars = |step: u64| match step {
+        s if s < 1_000 => 12.0,
+        s if s < 60_000 => 8.0,
+        _ => 5.0,
+    };
+    TICK_STEPS_MS
+        .iter()
+        .copied()
+        .find(|&s| {
+            let gap = plot_w * s as f64 / span_ms.max(1) as f64;
+            span_ms / s <= MAX_TICKS && gap >= (chars(s) + 6.0) * FONT * 0.55 + 10.0
+        })
+        .unwrap_or_else(|| tick_step(span_ms))
+}
+
+/// The SVG of `timeline` with `markers` (numbered 1.. in order, as the list under the chart
+/// numbers them), times shown in `zone`.
 pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
     let mut s = String::new();
     let start = tl.origin_ms;
@@ -116,9 +156,11 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         tl.bars.len(),
         interval_words(tl.interval_ms)
     );
-    s.push_str(
-        "<style>text{font:11px sans-serif;fill:#222}.axis{stroke:#444;stroke-width:1}\
-         .grid{stroke:#ddd;stroke-width:1}.burst text{font-weight:bold}</style>",
+    let _ = write!(
+        s,
+        "<style>text{{font:{FONT}px sans-serif;fill:#222}}.axis{{stroke:#444;stroke-width:1}}\
+         .grid{{stroke:#ddd;stroke-width:1}}.burst text,.session_lost text{{font-weight:bold}}\
+         </style>"
     );
     // Y gridlines and labels.
     let step = y_step(y_max);
@@ -137,7 +179,7 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
     }
     let _ = write!(
         s,
-        "<text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" \
+        "<text x=\"16\" y=\"{:.1}\" transform=\"rotate(-90 16 {:.1})\" \
          text-anchor=\"middle\">decisions per {}</text>",
         (TOP + BOTTOM) / 2.0,
         (TOP + BOTTOM) / 2.0,
@@ -171,19 +213,54 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         }
     }
     s.push_str("</g>");
-    // Markers over the bars.
+    // The strips: each bar's count on the strip's own scale, at least 2 units high for any
+    // count above zero, so one conflict among thousands still shows.
+    let held: Vec<u64> = (0..tl.bars.len()).map(|i| tl.held(i)).collect();
+    let gaps: Vec<u64> = tl.gaps.iter().map(|g| g.0).collect();
+    for (class, top, values, colour) in [
+        ("held", HELD_TOP, &held, HELD_COLOUR),
+        ("gaps", GAPS_TOP, &gaps, GAP_COLOUR),
+    ] {
+        let max = values.iter().copied().max().unwrap_or(0);
+        let _ = write!(
+            s,
+            "<g class=\"strip {class}\" data-max=\"{max}\"><rect x=\"{LEFT}\" y=\"{top}\" \
+             width=\"{plot_w:.1}\" height=\"{STRIP_H}\" fill=\"#f4f4f4\"/><text x=\"{:.1}\" \
+             y=\"{:.1}\" text-anchor=\"end\">{class}</text>",
+            LEFT - 6.0,
+            top + STRIP_H - 6.0
+        );
+        for (i, &n) in values.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let h = (n as f64 / max as f64 * STRIP_H).max(2.0);
+            let _ = write!(
+                s,
+                "<rect class=\"count\" data-bar=\"{i}\" data-value=\"{n}\" x=\"{:.2}\" \
+                 y=\"{:.2}\" width=\"{:.2}\" height=\"{h:.2}\" fill=\"{colour}\"><title>{n} \
+                 {class}</title></rect>",
+                LEFT + i as f64 * bar_w + pad,
+                top + STRIP_H - h,
+                (bar_w - 2.0 * pad).max(1.0)
+            );
+        }
+        s.push_str("</g>");
+    }
+    // Markers over the bars, numbered as listed under the chart.
     let mut band = 0usize;
-    for m in markers {
-        let label = escape_html(&m.label);
+    for (k, m) in markers.iter().enumerate() {
+        let number = k + 1;
+        let label = escape_html(&format!("{number}. {}", m.label));
         let class = m.kind.as_str();
         match m.until_ms {
             Some(until) => {
                 let x0 = x(m.at_ms);
                 let w = (x(until) - x0).max(3.0);
-                let ly = 14.0 + (band % 2) as f64 * 14.0;
+                let ly = 18.0 + (band % 2) as f64 * 16.0;
                 band += 1;
-                let (anchor, lx) = if x0 > LEFT + plot_w / 2.0 {
-                    ("end", x0 + w)
+                let (anchor, lx) = if x0 + text_w(&label) > WIDTH - RIGHT {
+                    ("end", (x0 + w).min(WIDTH - 2.0))
                 } else {
                     ("start", x0)
                 };
@@ -199,21 +276,18 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
             }
             None => {
                 let xx = x(m.at_ms);
-                let colour = if m.kind == MarkerKind::Gap {
-                    "#D55E00"
-                } else {
-                    "#333333"
-                };
                 let _ = write!(
                     s,
                     "<g class=\"{class}\"><title>{label}</title><line x1=\"{xx:.2}\" \
-                     y1=\"{TOP}\" x2=\"{xx:.2}\" y2=\"{BOTTOM}\" stroke=\"{colour}\" \
-                     stroke-dasharray=\"2 2\"/><path d=\"M{:.2} {:.1} L{:.2} {:.1} L{xx:.2} \
-                     {TOP} Z\" fill=\"{colour}\"/></g>",
-                    xx - 4.0,
-                    TOP - 7.0,
-                    xx + 4.0,
-                    TOP - 7.0
+                     y1=\"{TOP}\" x2=\"{xx:.2}\" y2=\"{BOTTOM}\" stroke=\"#000000\" \
+                     stroke-width=\"1.5\" stroke-dasharray=\"6 3\"/><path d=\"M{:.2} {:.1} \
+                     L{:.2} {:.1} L{xx:.2} {TOP} Z\" fill=\"#000000\"/><text x=\"{xx:.2}\" \
+                     y=\"{:.1}\" text-anchor=\"middle\">{number}</text></g>",
+                    xx - 5.0,
+                    TOP - 9.0,
+                    xx + 5.0,
+                    TOP - 9.0,
+                    TOP - 12.0
                 );
             }
         }
@@ -226,13 +300,15 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         WIDTH - RIGHT
     );
     let span = end - start;
-    let tick = tick_step(span);
+    let tick = tick_step_fitting(span, plot_w);
     let offset = zone.offset_ms_at(start);
     let mut t = align_down(start, tick, offset);
     if t < start {
         t += tick;
     }
-    let mut last_day = String::new();
+    // The first tick's day is in the axis title; a label names its day only when it changes.
+    let mut last_day = zone.show_ms(t).get(5..10).unwrap_or("").to_string();
+    let first_day = zone.show_ms(t).get(..10).unwrap_or("").to_string();
     while t <= end {
         let shown = zone.show_ms(t);
         let day = shown.get(5..10).unwrap_or("").to_string();
@@ -254,12 +330,21 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         };
         last_day = day;
         let xx = x(t);
+        // A label that would run past either edge is inset: anchored at its tick's side.
+        let half = text_w(&label) / 2.0;
+        let anchor = if xx + half > WIDTH - 2.0 {
+            "end"
+        } else if xx - half < 2.0 {
+            "start"
+        } else {
+            "middle"
+        };
         let _ = write!(
             s,
             "<line class=\"axis\" x1=\"{xx:.2}\" y1=\"{BOTTOM}\" x2=\"{xx:.2}\" y2=\"{:.1}\"/>\
-             <text class=\"tick\" x=\"{xx:.2}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+             <text class=\"tick\" x=\"{xx:.2}\" y=\"{:.1}\" text-anchor=\"{anchor}\">{}</text>",
             BOTTOM + 5.0,
-            BOTTOM + 18.0,
+            BOTTOM + 20.0,
             escape_html(&label)
         );
         t += tick;
@@ -267,55 +352,68 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
     let zone_name = zone_label(&zone.show_ms(start));
     let _ = write!(
         s,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time ({})</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time ({}), from {}</text>",
         LEFT + plot_w / 2.0,
-        BOTTOM + 36.0,
-        escape_html(&zone_name)
+        GAPS_TOP + STRIP_H + 22.0,
+        escape_html(&zone_name),
+        escape_html(&first_day)
     );
-    // Legend: the outcomes that occur, then the marker kinds.
+    // Legend: the outcomes that occur, then the marker kinds and the strips; wrapped onto a
+    // second row when the first is full.
     let mut totals = crate::model::OutcomeCounts::default();
     for b in &tl.bars {
         totals.merge(b);
     }
-    let mut lx = LEFT;
-    let ly = HEIGHT - 14.0;
-    s.push_str("<g class=\"legend\">");
+    let square = |colour: &str| {
+        format!("<rect x=\"{{x}}\" y=\"{{y}}\" width=\"12\" height=\"12\" fill=\"{colour}\"/>")
+    };
+    let mut items: Vec<(String, String)> = Vec::new();
     for (o, colour) in PALETTE {
-        if totals.get(o) == 0 {
-            continue;
+        if totals.get(o) > 0 {
+            items.push((square(colour), o.to_string()));
         }
-        let _ = write!(
-            s,
-            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"11\" height=\"11\" fill=\"{colour}\"/>\
-             <text x=\"{:.1}\" y=\"{ly:.1}\">{o}</text>",
-            ly - 9.0,
-            lx + 15.0
-        );
-        lx += 22.0 + 7.0 * o.as_str().len() as f64;
     }
     if markers.iter().any(|m| m.kind == MarkerKind::Burst) {
-        let _ = write!(
-            s,
-            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"11\" height=\"11\" fill=\"#000000\" \
-             fill-opacity=\"0.10\" stroke=\"#333333\" stroke-dasharray=\"2 2\"/><text \
-             x=\"{:.1}\" y=\"{ly:.1}\">replay burst</text>",
-            ly - 9.0,
-            lx + 15.0
-        );
-        lx += 110.0;
+        items.push((
+            "<rect x=\"{x}\" y=\"{y}\" width=\"12\" height=\"12\" fill=\"#000000\" \
+             fill-opacity=\"0.10\" stroke=\"#333333\" stroke-dasharray=\"2 2\"/>"
+                .into(),
+            "replay burst".into(),
+        ));
     }
-    if markers.iter().any(|m| m.kind == MarkerKind::Gap) {
+    if markers.iter().any(|m| m.kind == MarkerKind::SessionLost) {
+        items.push((
+            "<rect x=\"{x}\" y=\"{y}\" width=\"3\" height=\"12\" fill=\"#000000\"/>".into(),
+            "broker session lost".into(),
+        ));
+    }
+    if held.iter().any(|n| *n > 0) {
+        items.push((square(HELD_COLOUR), "held in quarantine (strip)".into()));
+    }
+    if gaps.iter().any(|n| *n > 0) {
+        items.push((square(GAP_COLOUR), "upstream gap events (strip)".into()));
+    }
+    let mut lx = LEFT;
+    let mut ly = HEIGHT - 32.0;
+    s.push_str("<g class=\"legend\">");
+    for (swatch, name) in items {
+        let w = 17.0 + text_w(&name) + 14.0;
+        if lx + w > WIDTH - RIGHT && lx > LEFT {
+            lx = LEFT;
+            ly += 20.0;
+        }
+        s.push_str(
+            &swatch
+                .replace("{x}", &format!("{lx:.1}"))
+                .replace("{y}", &format!("{:.1}", ly - 10.0)),
+        );
         let _ = write!(
             s,
-            "<path d=\"M{lx:.1} {:.1} L{:.1} {:.1} L{:.1} {:.1} Z\" fill=\"#D55E00\"/><text \
-             x=\"{:.1}\" y=\"{ly:.1}\">upstream gap</text>",
-            ly - 9.0,
-            lx + 10.0,
-            ly - 9.0,
-            lx + 5.0,
-            ly + 1.0,
-            lx + 15.0
+            "<text x=\"{:.1}\" y=\"{ly:.1}\">{}</text>",
+            lx + 17.0,
+            escape_html(&name)
         );
+        lx += w;
     }
     if totals.total() == 0 {
         let _ = write!(
@@ -423,15 +521,79 @@ mod tests {
             Marker {
                 at_ms: T + 900_000,
                 until_ms: None,
-                kind: MarkerKind::Gap,
-                label: "CAL/E1 epoch 1: 3 missing (4..6)".into(),
+                kind: MarkerKind::SessionLost,
+                label: "session lost at mqtt://a:1883 (client id rg)".into(),
             },
         ];
         let svg = timeline(&tl, &markers, &Zone::utc());
         assert_eq!(count(&svg, "<g class=\"burst\">"), 2);
-        assert_eq!(count(&svg, "<g class=\"gap\">"), 1);
-        assert!(svg.contains("300 duplicates absorbed"));
+        assert_eq!(count(&svg, "<g class=\"session_lost\">"), 1);
+        // Numbered as the list under the chart numbers them.
+        assert!(
+            svg.contains(">1. mqtt://b:1883: 300 duplicates absorbed</text>"),
+            "{svg}"
+        );
+        assert!(svg.contains("text-anchor=\"middle\">3</text>"), "{svg}");
+        assert!(svg.contains(">broker session lost</text>"));
         assert!(!svg.contains("<script>") && svg.contains("&lt;script&gt;"));
+    }
+
+    #[test]
+    fn gaps_are_a_count_per_bar_in_their_own_strip_in_a_colour_no_bar_uses() {
+        let mut tl = tl_with(&[(0, Outcome::Applied, 5000), (7, Outcome::Conflict, 1)]);
+        // 19,999 gap events, all in the first bars: one rect per bar with any, not per gap.
+        tl.gaps[0] = (19_000, 19_000);
+        tl.gaps[1] = (999, 999);
+        let svg = timeline(&tl, &[], &Zone::utc());
+        let gaps = svg
+            .split("<g class=\"strip gaps\"")
+            .nth(1)
+            .unwrap()
+            .split("</g>")
+            .next()
+            .unwrap();
+        assert_eq!(count(gaps, "<rect class=\"count\""), 2, "{gaps}");
+        assert!(gaps.contains("data-max=\"19000\"") && gaps.contains("data-value=\"999\""));
+        assert!(gaps.contains(&format!("fill=\"{GAP_COLOUR}\"")));
+        assert!(PALETTE.iter().all(|(_, c)| *c != GAP_COLOUR) && GAP_COLOUR != HELD_COLOUR);
+        // One conflict beside 5,000 applied still shows in the held strip.
+        let held = svg.split("<g class=\"strip held\"").nth(1).unwrap();
+        assert!(
+            held.contains("data-bar=\"7\" data-value=\"1\"") && held.contains("height=\"22.00\""),
+            "{held}"
+        );
+    }
+
+    #[test]
+    fn text_prints_at_8_pt_or_more_on_a4_and_axis_labels_stay_inside() {
+        // A4 less 2 x 12 mm margins: 186 mm for the viewBox's width; 8 pt = 2.822 mm.
+        // (FONT against WIDTH is checked at compile time, beside the constants.)
+        let tl = tl_with(&[]);
+        let svg = timeline(&tl, &[], &Zone::utc());
+        assert!(!svg.contains("font:11px") && svg.contains("font:13px"));
+        // The last tick (03:50 of an hour's bars ending at 03:52:30) sits near the right edge:
+        // every tick label ends inside the viewBox.
+        for tag in svg.split("<text class=\"tick\" ").skip(1) {
+            let x: f64 = tag
+                .split("x=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let label = tag.split('>').nth(1).unwrap().split('<').next().unwrap();
+            let w = text_w(label);
+            let (lo, hi) = if tag.contains("text-anchor=\"end\"") {
+                (x - w, x)
+            } else if tag.contains("text-anchor=\"start\"") {
+                (x, x + w)
+            } else {
+                (x - w / 2.0, x + w / 2.0)
+            };
+            assert!(lo >= 0.0 && hi <= WIDTH, "{label} at {x}: {lo}..{hi}");
+        }
     }
 
     #[test]
@@ -439,13 +601,33 @@ mod tests {
         let tl = tl_with(&[]);
         let svg = timeline(&tl, &[], &Zone::utc());
         // An hour's span: ticks every 10 minutes, the first labelled with its day.
-        assert!(svg.contains(">11-30 03:00</text>"), "{svg}");
+        assert!(svg.contains(">03:00</text>"), "{svg}");
         assert!(svg.contains(">03:10</text>") && svg.contains(">03:50</text>"));
-        assert!(svg.contains("time (UTC)") && svg.contains("no decisions in range"));
+        assert!(
+            svg.contains("time (UTC), from 2026-11-30") && svg.contains("no decisions in range")
+        );
         let st_johns = Zone::parse("America/St_Johns").unwrap();
         let svg = timeline(&tl, &[], &st_johns);
-        assert!(svg.contains(">11-29 23:30</text>"), "{svg}");
-        assert!(svg.contains("time (UTC-03:30)"));
+        // The day changes at the zone's midnight: that label names it.
+        assert!(
+            svg.contains(">23:30</text>") && svg.contains(">11-30 00:00</text>"),
+            "{svg}"
+        );
+        assert!(svg.contains("time (UTC-03:30), from 2026-11-29"));
+    }
+
+    #[test]
+    fn tick_labels_never_overlap() {
+        // 1.2 s of 10 ms bars: 200 ms ticks would put 12-character labels 119 units apart.
+        for span in [1_200, 3_000, 60_000, 3_600_000, 7 * 86_400_000] {
+            let step = tick_step_fitting(span, 698.0);
+            let gap = 698.0 * step as f64 / span as f64;
+            assert!(
+                gap >= text_w("00:00:00.000") + 10.0 || step >= 1_000,
+                "{span}: {step}"
+            );
+            assert!(gap >= text_w("11-30 00:00"), "{span}: {step} gives {gap}");
+        }
     }
 
     #[test]

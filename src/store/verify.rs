@@ -36,6 +36,8 @@ pub struct VerifyReport {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SinkReport {
     pub name: String,
+    /// The log it delivers (its cursor counts positions of that log).
+    pub stream: super::tables::Stream,
     /// Its cursor: every offset below it is accounted for by `accounting`.
     pub next: u64,
     pub accounting: super::ledger::Accounting,
@@ -321,6 +323,7 @@ fn sink_problem(
     }
     let mut report = SinkReport {
         name: name.to_string(),
+        stream,
         next: rec.next,
         accounting: acc,
         ..SinkReport::default()

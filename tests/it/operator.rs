@@ -549,6 +549,40 @@ fn has_terminal_controls(bytes: &[u8]) -> Option<char> {
 }
 
 #[test]
+fn operator_names_holding_a_colon_are_refused_as_they_would_split_wrongly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, audit_before) = one_conflict(dir.path());
+    let dbs = db.to_str().unwrap();
+    let cfg = config(dir.path(), "");
+    let commands: [&[&str]; 5] = [
+        &["quarantine", "release", "0", "--db", dbs],
+        &["quarantine", "discard", "0", "--db", dbs],
+        &["relay", "retry", "--sink", "s", "--all", "--db", dbs],
+        &["relay", "rewind", "--sink", "s", "--to", "0", "--db", dbs],
+        &["relay", "forget", "--sink", "s", "--config", &cfg],
+    ];
+    for command in commands {
+        for name in ["eve: admin", "eve:admin"] {
+            let mut args = command.to_vec();
+            args.extend(["--reason", "checked by radio", "--operator", name]);
+            let out = common::run(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("--operator \"{name}\" holds ':'"))
+                    && err.contains("separates it from the reason"),
+                "{args:?}: {err}"
+            );
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+    }
+    let audit = common::run(&["dump-audit", "--db", dbs]);
+    assert_eq!(audit.stdout, audit_before);
+    assert_eq!(rows("dump-quarantine", &db).len(), 1);
+}
+
+#[test]
 fn operator_names_with_control_or_bidi_characters_are_refused_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (db, audit_before) = one_conflict(dir.path());

@@ -220,11 +220,35 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
     assert_eq!(id_value(&html, "quarantine-open"), 1);
     assert!(
         s(&r, "/summary/words").starts_with(
-            "409 genuine events applied once; 300 deliveries suppressed as proven duplicates; \
-             2 held in quarantine (1 still open)"
+            "409 genuine events applied once; 3 sequences missing in 1 gap across 1 source; 300 \
+             deliveries suppressed as proven duplicates; 2 held in quarantine (1 still open)"
         ),
         "{}",
         s(&r, "/summary/words")
+    );
+    // Verified, but a gap: the banner is amber, not green, and says why on the first screen.
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
+    let header = tags(&html, "<header id=\"verdict\"")[0];
+    assert_eq!(attr(header, "data-verdict"), "missing");
+    assert!(html.contains(
+        "<div class=\"banner missing\" id=\"verify-ok\"><strong>Verified, but sequences are \
+         missing upstream</strong>: 3 sequences missing in 1 gap across 1 source."
+    ));
+    assert_eq!(
+        (
+            n(&r, "/summary/missing_sequences"),
+            n(&r, "/summary/gaps"),
+            n(&r, "/summary/sources_with_gaps")
+        ),
+        (3, 1, 1)
+    );
+    // What `run` recorded upstream: the gap it confirmed, in the verdict.
+    assert!(html.contains("<p id=\"upstream\""), "{html}");
+    assert_eq!(
+        n(&r, "/upstream_losses/gap_events"),
+        n(&stats, "/upstream_losses/gap_events"),
+        "{:?}",
+        at(&stats, "/upstream_losses")
     );
 
     // Gaps: exactly `gaps`' rows, in the JSON per source and in the HTML's gap items.
@@ -312,14 +336,27 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
             )
         );
     }
-    // The upstream gap is a mark on the timeline.
-    let gap_marks: Vec<_> = arr(&r, "/timeline/markers")
-        .iter()
-        .filter(|m| s(m, "/kind") == "gap")
-        .collect();
-    assert_eq!(gap_marks.len(), 1);
-    assert!(s(gap_marks[0], "/label").contains("CALFIRE/GAP epoch 2: 3 missing (6..8)"));
-    assert_eq!(tags(&html, "<g class=\"gap\"").len(), 1);
+    // The upstream gap is counted in its bar: one gap event leaving 3 missing, one mark in
+    // the gaps strip.
+    let (events, missing) = arr(&r, "/timeline/bars").iter().fold((0, 0), |(e, m), b| {
+        (e + n(b, "/gap_events"), m + n(b, "/missing"))
+    });
+    assert_eq!((events, missing), (1, 3));
+    let strip = html.split("<g class=\"strip gaps\"").nth(1).unwrap();
+    let strip = &strip[..strip.find("</g>").unwrap()];
+    assert_eq!(tags(strip, "<rect class=\"count\"").len(), 1);
+    assert_eq!(id_value(&html, "gap-events"), 1);
+    // The strips' scales are printed, not only attributes: one gap event, one held delivery
+    // at most per bar (the conflict and the malformed delivery arrive apart or together).
+    let scales = &html[html
+        .find("<p class=\"muted\" id=\"strip-scales\">")
+        .unwrap()..];
+    assert!(
+        scales.contains("gaps: full height 1 per bar (at "),
+        "{}",
+        &scales[..300]
+    );
+    assert!(scales.contains("held: full height "), "{}", &scales[..300]);
 
     // The burst: one band per recorded burst, labelled; three proofs from inside it.
     let bursts = arr(&stats, "/replay_bursts");
@@ -374,7 +411,14 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
         .map(|b| n(b, "/counts/total"))
         .sum();
     assert_eq!(total, n(&r, "/counts/total"));
-    // Check it yourself: the commands name this store.
+    // Check it yourself: every count the commands claim is what they print.
+    check_counts(&r);
+    // Without a range or pruning, `stats` and `gaps` cover what the report covers.
+    assert!(
+        arr(&r, "/commands")
+            .iter()
+            .any(|c| s(c, "/command") == format!("replay-guard stats --db {d} --format json"))
+    );
     let commands = arr(&r, "/commands");
     assert!(
         commands
@@ -415,6 +459,76 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
     assert_eq!(n(&narrowed, "/counts/total"), dumped.lines().count() as u64);
     assert_eq!(arr(&narrowed, "/sources").len(), 1);
     assert_eq!(n(&narrowed, "/counts/malformed"), 0);
+    check_counts(&narrowed);
+
+    // Several sources and a range: one dump-audit per source (it takes one), numbers that
+    // add up, no claim that `stats` matches, and `gaps` said to cover the whole log.
+    let out = dir.path().join("two.json");
+    ok(
+        &report(
+            &db,
+            "json",
+            &out,
+            &[
+                "--since",
+                &since,
+                "--source",
+                "CALFIRE/E0",
+                "--source",
+                "CALFIRE/GAP",
+            ],
+        ),
+        "report --source --source",
+    );
+    let two = parse(&std::fs::read(&out).unwrap());
+    let commands = arr(&two, "/commands");
+    for c in commands {
+        let cmd = s(c, "/command");
+        assert!(cmd.matches("--source").count() <= 1, "{cmd}");
+        assert!(!cmd.starts_with("replay-guard stats"), "{cmd}");
+        if cmd.starts_with("replay-guard gaps") {
+            assert!(s(c, "/what").contains("whole retained log"), "{c:?}");
+        }
+    }
+    let applied: Vec<&str> = commands
+        .iter()
+        .map(|c| s(c, "/command"))
+        .filter(|c| c.contains("--outcome applied "))
+        .collect();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(check_counts(&two), n(&two, "/counts/total"));
+}
+
+/// Runs each "… | wc -l" command of a report's "check it yourself" and compares what it
+/// prints with the count its description claims; the sum of the counts checked.
+fn check_counts(r: &Json) -> u64 {
+    let mut sum = 0;
+    let mut checked = 0;
+    for c in arr(r, "/commands") {
+        let (what, cmd) = (s(c, "/what"), s(c, "/command"));
+        let Some(rest) = cmd.strip_suffix(" | wc -l") else {
+            continue;
+        };
+        let claimed: u64 = what
+            .strip_prefix("the ")
+            .and_then(|w| w.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {what:?}"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} | wc -l",
+                rest.replacen("replay-guard", common::bin().to_str().unwrap(), 1)
+            ))
+            .output()
+            .unwrap();
+        let printed: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert_eq!(printed, claimed, "{what}: {cmd}");
+        sum += printed;
+        checked += 1;
+    }
+    assert!(checked > 0, "no count to check in {:?}", at(r, "/commands"));
+    sum
 }
 
 /// Runs chromium headless with `args` and `url`, its profile in `dir`; its stderr.
@@ -595,7 +709,7 @@ fn a_report_over_a_tampered_store_says_so_at_the_top_and_exits_4() {
     let body = &html[html.find("<body>").unwrap() + "<body>".len()..];
     let first = body.trim_start();
     assert!(
-        first.starts_with("<header id=\"verdict\" data-verify=\"failed\"><div class=\"banner failed\" id=\"verify-failed\""),
+        first.starts_with("<header id=\"verdict\" data-verify=\"failed\" data-verdict=\"failed\"><div class=\"banner failed\" id=\"verify-failed\""),
         "{}",
         &first[..200.min(first.len())]
     );
@@ -804,10 +918,225 @@ fn the_delivery_section_is_relay_status_with_the_operators_actions() {
     assert_eq!(row.len(), 1);
     assert_eq!(attr(row[0], "data-sink"), "cop");
     assert_eq!(attr(row[0], "data-lag"), lag.to_string());
+    assert_eq!(attr(row[0], "data-stream"), "effects");
+    assert_eq!(n(&r, "/verify/sinks/0/not_selected"), 0);
+    assert_eq!(s(&r, "/verify/sinks/0/stream"), "effects");
     assert_eq!(tags(&html, "<tr class=\"relay-action\"").len(), 1);
     assert!(html.contains("replayed &lt;export&gt;"));
     assert!(
         html.contains("sink cop: every offset from 0 to its cursor 3 accounted for"),
         "{html}"
     );
+}
+
+/// `ingest` of `feed` into `db` under the config `cfg`.
+fn ingest(cfg: &Path, db: &Path, feed: &str) {
+    ok(
+        &common::run_with_stdin(
+            &[
+                "ingest",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--db",
+                db.to_str().unwrap(),
+                "-",
+            ],
+            feed.as_bytes(),
+        ),
+        "ingest",
+    );
+}
+
+#[test]
+fn open_records_keep_their_source_after_retention_and_show_from_before_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ret.redb");
+    let cfg = dir.path().join("rg.toml");
+    std::fs::write(&cfg, "[retention]\naudit_max_entries = 10\n").unwrap();
+    // A conflict of CALFIRE/E7 held open, then enough of CHP/X for retention to prune the
+    // conflict's audit entry.
+    let mut feed = vec![
+        common::msg("CALFIRE", "E7", 1, 1, "a"),
+        common::msg("CALFIRE", "E7", 1, 1, "b"),
+    ];
+    feed.extend((1..=40).map(|q| common::msg("CHP", "X", 1, q, "x")));
+    ingest(&cfg, &db, &feed.join("\n"));
+    let d = db.to_str().unwrap();
+    let first = ok(&run(&["dump-audit", "--db", d]), "dump-audit");
+    let last_ms = parse(first.lines().last().unwrap().as_bytes());
+    let since = s(&last_ms, "/recorded_at").to_string();
+    ingest(
+        &cfg,
+        &db,
+        &(41..=45)
+            .map(|q| common::msg("CHP", "X", 1, q, "x"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    let anchor = n(
+        &parse(ok(&run(&["stats", "--db", d, "--format", "json"]), "stats").as_bytes()),
+        "/audit/anchor/index",
+    );
+    assert!(anchor >= 1, "retention pruned the conflict's entry");
+
+    // Whole log, only CALFIRE/E7: its open conflict is found by its own payload.
+    let out = dir.path().join("e7.json");
+    ok(
+        &report(&db, "json", &out, &["--source", "CALFIRE/E7"]),
+        "report --source",
+    );
+    let r = parse(&std::fs::read(&out).unwrap());
+    let open = arr(&r, "/quarantine/open/listed");
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        (s(&open[0], "/agency"), s(&open[0], "/source_id")),
+        ("CALFIRE", "E7")
+    );
+    assert_eq!(n(&r, "/pruned_entries"), anchor + 1);
+    let html_path = dir.path().join("all.html");
+    ok(&report(&db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(!html.contains("(unparseable)"), "{html}");
+    assert_eq!(id_value(&html, "pruned"), anchor + 1);
+
+    // A range starting after the conflict: it is still open, listed, marked as older.
+    let out = dir.path().join("ranged.html");
+    ok(
+        &report(&db, "html", &out, &["--since", &since]),
+        "report --since",
+    );
+    let html = std::fs::read_to_string(&out).unwrap();
+    let rows = tags(&html, "<tr class=\"open");
+    assert_eq!(rows.len(), 1, "{html}");
+    assert_eq!(attr(rows[0], "data-when"), "before_range");
+    assert!(rows[0].contains("before-range"));
+    assert!(html.contains("(before the range)"));
+    assert_eq!(id_value(&html, "quarantine-open"), 1);
+}
+
+#[test]
+fn a_feed_missing_every_other_sequence_is_amber_with_capped_gaps_and_counts_per_bar() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("odd.redb");
+    let cfg = dir.path().join("rg.toml");
+    std::fs::write(&cfg, "").unwrap();
+    let feed: Vec<String> = (0..2_000)
+        .map(|i| common::msg("CHP", "ODD", 0, 2 * i + 1, "x"))
+        .collect();
+    ingest(&cfg, &db, &feed.join("\n"));
+    let json_path = dir.path().join("odd.json");
+    ok(
+        &report(&db, "json", &json_path, &[]),
+        "report --format json",
+    );
+    let r = parse(&std::fs::read(&json_path).unwrap());
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
+    assert!(
+        s(&r, "/summary/words").contains(
+            "2000 genuine events applied once; 1999 sequences missing in 1999 gaps across 1 source"
+        ),
+        "{}",
+        s(&r, "/summary/words")
+    );
+    let src = &arr(&r, "/sources")[0];
+    assert_eq!(arr(src, "/gaps").len(), 20);
+    assert_eq!(n(src, "/gaps_total"), 1999);
+    assert_eq!(n(src, "/gaps_left_off"), 1979);
+    assert_eq!(n(src, "/missing"), 1999);
+    // Gap events per bar add up to every jump, across the whole range (not the first 1,000).
+    let bars = arr(&r, "/timeline/bars");
+    let events: u64 = bars.iter().map(|b| n(b, "/gap_events")).sum();
+    assert_eq!(events, 1999);
+
+    let html_path = dir.path().join("odd.html");
+    ok(&report(&db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(html.len() < 200_000, "{} bytes", html.len());
+    assert!(html.contains("class=\"banner missing\""));
+    assert_eq!(tags(&html, "<li class=\"gap\"").len(), 20);
+    assert!(html.contains("… 1979 more"));
+    assert!(html.contains("<code>replay-guard gaps --source CHP/ODD</code>"));
+    let strip = html.split("<g class=\"strip gaps\"").nth(1).unwrap();
+    let strip = &strip[..strip.find("</g>").unwrap()];
+    let marks = tags(strip, "<rect class=\"count\"");
+    assert!(!marks.is_empty() && marks.len() <= bars.len());
+    let drawn: u64 = marks
+        .iter()
+        .map(|t| attr(t, "data-value").parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(drawn, 1999);
+}
+
+#[test]
+fn a_lost_broker_session_and_runs_confirmed_gap_are_in_the_verdict_and_on_the_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let bdir = dir.path().join("b");
+    let mut broker = Broker::start(&bdir, false);
+    let port_b = broker.port;
+    let c = Consumer::new(dir.path(), &[broker.url()], "v5", "rg-report-lost");
+    let mut config = std::fs::read_to_string(&c.config).unwrap();
+    config += "[feed]\ngap_grace_ms = 200\n";
+    std::fs::write(&c.config, config).unwrap();
+    let mut c = c;
+    let seqs = |q: &[u64]| -> Vec<String> {
+        q.iter()
+            .map(|q| common::msg("fire", "engine-7", 3, *q, "x"))
+            .collect()
+    };
+    c.start();
+    c.wait_subscribed();
+    broker.publish_lines("incidents/fire", &seqs(&[1, 2, 3]), "pub-lost");
+    c.wait_applied(3, Duration::from_secs(30));
+    // The broker restarts without persistence: `run`'s session is gone.
+    let mark = c.log_text().len();
+    broker.stop();
+    let broker = Broker::start_on(&bdir, port_b, false);
+    c.wait_log("broker session lost", Duration::from_secs(30));
+    common::wait_subscribed(c.log_path(), mark, "");
+    // 4 and 5 never come.
+    broker.publish_lines("incidents/fire", &seqs(&[6, 7]), "pub-lost");
+    c.wait_applied(5, Duration::from_secs(30));
+    assert_eq!(c.stop(Duration::from_secs(10)), Some(0), "{}", c.log_text());
+
+    let json_path = dir.path().join("r.json");
+    ok(
+        &report(&c.db, "json", &json_path, &[]),
+        "report --format json",
+    );
+    let r = parse(&std::fs::read(&json_path).unwrap());
+    assert_eq!(n(&r, "/upstream_losses/sessions_lost"), 1);
+    assert_eq!(n(&r, "/upstream_losses/sessions_lost_in_range"), 1);
+    assert_eq!(n(&r, "/upstream_losses/gap_events"), 1);
+    assert_eq!(n(&r, "/upstream_losses/missing_sequences"), 2);
+    let lost: Vec<_> = arr(&r, "/timeline/markers")
+        .iter()
+        .filter(|m| s(m, "/kind") == "session_lost")
+        .collect();
+    assert_eq!(lost.len(), 1);
+    assert!(
+        s(lost[0], "/label").starts_with(&format!("session lost at {}", broker.url())),
+        "{lost:?}"
+    );
+
+    let html_path = dir.path().join("r.html");
+    ok(&report(&c.db, "html", &html_path, &[]), "report");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    let upstream = tags(&html, "<p id=\"upstream\"")[0];
+    assert_eq!(attr(upstream, "data-sessions-lost"), "1");
+    assert!(
+        html.contains(
+            "1 gap confirmed by run (2 sequences), 1 broker session lost, since the store was \
+             made; 1 broker session lost in range, marked on the timeline"
+        ),
+        "{html}"
+    );
+    assert_eq!(tags(&html, "<g class=\"session_lost\"").len(), 1);
+    let items = tags(&html, "<li class=\"marker\" data-kind=\"session_lost\"");
+    assert_eq!(items.len(), 1);
+    assert!(html.contains(&format!(
+        ": session lost at {} (client id rg-report-lost)",
+        broker.url()
+    )));
+    // The report's own gap: 4..5 missing, amber.
+    assert_eq!(s(&r, "/verify/verdict"), "missing");
 }
