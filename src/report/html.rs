@@ -99,15 +99,27 @@ fn verdict(s: &mut String, r: &Report) {
         }
         None => {
             let (class, head) = if r.verdict() == "missing" {
-                (
-                    "banner missing",
-                    format!(
-                        "<strong>Verified, but sequences are missing upstream</strong>: {}. The \
-                         record below is intact; what never reached it is listed per source.\
-                         <br>",
+                let lost = r.sessions_lost_in_range();
+                let words = match (r.missing().0 > 0, lost > 0) {
+                    (true, false) => format!(
+                        "<strong>Verified, but sequences are missing upstream</strong>: {}. \
+                         The record below is intact; what never reached it is listed per \
+                         source.",
                         e(&r.missing_words())
                     ),
-                )
+                    (missing, _) => format!(
+                        "<strong>Verified, but a broker lost replay-guard's session</strong> \
+                         ({lost} time{} in range): anything published while replay-guard was \
+                         away may never have reached it{}. The record below is intact.",
+                        if lost == 1 { "" } else { "s" },
+                        if missing {
+                            format!("; {}", e(&r.missing_words()))
+                        } else {
+                            String::new()
+                        }
+                    ),
+                };
+                ("banner missing", format!("{words}<br>"))
             } else {
                 ("banner ok", "<strong>Verified</strong>: ".to_string())
             };

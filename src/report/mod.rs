@@ -93,6 +93,9 @@ pub enum MarkerKind {
     /// A broker session `run` found lost at a (re)connect (a tick): whatever the broker
     /// queued for it is gone.
     SessionLost,
+    /// Any other (re)connect of `run` to a broker (a lighter tick): a broker switch or a
+    /// reconnect, its session kept or new.
+    Connect,
 }
 
 impl MarkerKind {
@@ -100,6 +103,7 @@ impl MarkerKind {
         match self {
             MarkerKind::Burst => "burst",
             MarkerKind::SessionLost => "session_lost",
+            MarkerKind::Connect => "connect",
         }
     }
 }
@@ -422,7 +426,7 @@ impl Report {
     pub fn verdict(&self) -> &'static str {
         if self.verify.violation.is_some() {
             "failed"
-        } else if self.missing().0 > 0 {
+        } else if self.missing().0 > 0 || self.sessions_lost_in_range() > 0 {
             "missing"
         } else {
             "ok"
@@ -874,8 +878,35 @@ pub fn gather(
             label: format!("session lost at {} (client id {})", l.broker, l.client_id),
         });
     }
+    // Every other connect in range: the broker switches and reconnects, so each is on the
+    // timeline whether or not a replay burst followed it.
+    for c in upstream.recent_connects.iter().filter(|c| {
+        options.in_range(c.at_ms)
+            && !upstream
+                .recent_sessions_lost
+                .iter()
+                .any(|l| l.at_ms == c.at_ms && l.broker == c.broker)
+    }) {
+        lost.push(Marker {
+            at_ms: c.at_ms,
+            until_ms: None,
+            kind: MarkerKind::Connect,
+            label: format!(
+                "connected to {} (client id {}; {})",
+                c.broker,
+                c.client_id,
+                if c.session_present {
+                    "session kept"
+                } else {
+                    "new session"
+                }
+            ),
+        });
+    }
     let markers_left_off = lost.left_off;
-    markers.extend(lost.items);
+    let mut ticks = lost.items;
+    ticks.sort_by_key(|m| m.at_ms);
+    markers.extend(ticks);
 
     let mut proofs = Vec::with_capacity(bursts.len());
     for (burst, (n, mut kept)) in bursts.into_iter().zip(reservoirs) {

@@ -276,12 +276,17 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
             }
             None => {
                 let xx = x(m.at_ms);
+                // A lost session in black; any other connect in grey, thinner.
+                let (ink, width) = match m.kind {
+                    MarkerKind::SessionLost => ("#000000", 1.5),
+                    _ => ("#777777", 1.0),
+                };
                 let _ = write!(
                     s,
                     "<g class=\"{class}\"><title>{label}</title><line x1=\"{xx:.2}\" \
-                     y1=\"{TOP}\" x2=\"{xx:.2}\" y2=\"{BOTTOM}\" stroke=\"#000000\" \
-                     stroke-width=\"1.5\" stroke-dasharray=\"6 3\"/><path d=\"M{:.2} {:.1} \
-                     L{:.2} {:.1} L{xx:.2} {TOP} Z\" fill=\"#000000\"/><text x=\"{xx:.2}\" \
+                     y1=\"{TOP}\" x2=\"{xx:.2}\" y2=\"{BOTTOM}\" stroke=\"{ink}\" \
+                     stroke-width=\"{width}\" stroke-dasharray=\"6 3\"/><path d=\"M{:.2} {:.1} \
+                     L{:.2} {:.1} L{xx:.2} {TOP} Z\" fill=\"{ink}\"/><text x=\"{xx:.2}\" \
                      y=\"{:.1}\" text-anchor=\"middle\">{number}</text></g>",
                     xx - 5.0,
                     TOP - 9.0,
@@ -385,6 +390,12 @@ pub fn timeline(tl: &Timeline, markers: &[Marker], zone: &Zone) -> String {
         items.push((
             "<rect x=\"{x}\" y=\"{y}\" width=\"3\" height=\"12\" fill=\"#000000\"/>".into(),
             "broker session lost".into(),
+        ));
+    }
+    if markers.iter().any(|m| m.kind == MarkerKind::Connect) {
+        items.push((
+            "<rect x=\"{x}\" y=\"{y}\" width=\"2\" height=\"12\" fill=\"#777777\"/>".into(),
+            "broker connect".into(),
         ));
     }
     if held.iter().any(|n| *n > 0) {

@@ -366,6 +366,19 @@ fn a_report_of_a_real_failover_says_what_stats_gaps_and_verify_say() {
         "{}: 300 duplicates absorbed",
         s(&bursts[0], "/broker")
     )));
+    // Every connect is a tick of its own: A twice (the first start and the restart), then
+    // the switch to B, which the burst's band also covers.
+    let connects: Vec<String> = arr(&r, "/timeline/markers")
+        .iter()
+        .filter(|m| s(m, "/kind") == "connect")
+        .map(|m| s(m, "/label").to_string())
+        .collect();
+    assert_eq!(connects.len(), 3, "{connects:?}");
+    assert!(
+        connects[2].starts_with(&format!("connected to {} ", s(&bursts[0], "/broker"))),
+        "{connects:?}"
+    );
+    assert_eq!(tags(&html, "<g class=\"connect\"").len(), 3);
     let proofs = arr(&r, "/proofs");
     assert_eq!(proofs.len(), 1);
     assert_eq!(s(&proofs[0], "/broker"), s(&bursts[0], "/broker"));
@@ -1137,6 +1150,27 @@ fn a_lost_broker_session_and_runs_confirmed_gap_are_in_the_verdict_and_on_the_ti
         ": session lost at {} (client id rg-report-lost)",
         broker.url()
     )));
-    // The report's own gap: 4..5 missing, amber.
+    // The report's own gap: 4..5 missing, amber; the banner names the lost session first.
     assert_eq!(s(&r, "/verify/verdict"), "missing");
+    assert!(
+        html.contains(
+            "Verified, but a broker lost replay-guard's session</strong> (1 time in range)"
+        ),
+        "{html}"
+    );
+    // The first connect (a new session, nothing consumed yet) is a broker connect of its own;
+    // the reconnect that found the session gone is the session-lost tick, not a second one.
+    let connects: Vec<_> = arr(&r, "/timeline/markers")
+        .iter()
+        .filter(|m| s(m, "/kind") == "connect")
+        .collect();
+    assert_eq!(connects.len(), 1, "{connects:?}");
+    assert_eq!(
+        s(connects[0], "/label"),
+        format!(
+            "connected to {} (client id rg-report-lost; new session)",
+            broker.url()
+        )
+    );
+    assert_eq!(tags(&html, "<g class=\"connect\"").len(), 1);
 }
