@@ -39,7 +39,8 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
     } else {
         None
     };
-    let (_, reader) = super::open_reader(&args.db)?;
+    let config = super::config(&args.db)?;
+    let (_, reader) = super::open_reader_of(&config)?;
     let out = BufWriter::new(crate::output::stdout());
     let from = args.after.map_or(0, |a| a.saturating_add(1));
     let mut printer = match table {
@@ -47,7 +48,15 @@ pub fn run(table: Table, args: &DumpArgs) -> Result<(), Failure> {
         Table::Effects => Printer::start::<EffectRow>(args.format, &zone, out),
         Table::Quarantine => Printer::start::<QuarantineRow>(args.format, &zone, out),
     }?;
-    follow(&reader, table, &filter, from, stop.as_ref(), &mut printer)
+    follow(
+        &reader,
+        table,
+        &filter,
+        &config.feed,
+        from,
+        stop.as_ref(),
+        &mut printer,
+    )
 }
 
 /// How long after `--until` `--follow` keeps looking for entries stamped before it.
@@ -60,6 +69,7 @@ pub fn follow<W: Write>(
     reader: &Reader,
     table: Table,
     filter: &Filter,
+    contract: &crate::wire::FeedContract,
     from: u64,
     stop: Option<&StopFlag>,
     printer: &mut Printer<'_, W>,
@@ -69,7 +79,7 @@ pub fn follow<W: Write>(
         // Taken before the snapshot: whatever commits after it is stamped at or after it.
         let round_started = crate::timefmt::now_ms();
         let snapshot = reader.begin()?;
-        next = dump_from(&snapshot, table, filter, next, stop, printer)?;
+        next = dump_from(&snapshot, table, filter, contract, next, stop, printer)?;
         drop(snapshot);
         printer.flush()?;
         let Some(stop) = stop else {
@@ -104,6 +114,7 @@ pub fn dump_from<W: Write>(
     txn: &Snapshot,
     table: Table,
     filter: &Filter,
+    contract: &crate::wire::FeedContract,
     from: u64,
     stop: Option<&StopFlag>,
     printer: &mut Printer<'_, W>,
@@ -137,10 +148,19 @@ pub fn dump_from<W: Write>(
         Table::Quarantine => txn.scan_quarantine(from, |q| {
             let r = &q.record;
             // Quarantine records do not name their source: the audit entry of their first
-            // delivery does (none for malformed messages).
+            // delivery does (none for malformed messages), and once retention pruned that
+            // entry, the stored message decoded under the feed contract (as `report` and
+            // `quarantine release` read it).
             let source = if filter.wants_source() {
-                txn.audit_entry(r.audit_index)?
-                    .and_then(|a| a.record.agency.zip(a.record.source_id))
+                match txn.audit_entry(r.audit_index)? {
+                    Some(a) => a.record.agency.zip(a.record.source_id),
+                    None => crate::wire::decode(&r.payload, contract).ok().map(|m| {
+                        (
+                            m.source.agency().to_string(),
+                            m.source.source_id().to_string(),
+                        )
+                    }),
+                }
             } else {
                 None
             };

@@ -66,7 +66,7 @@ pub fn open_reader(
     open_reader_of(&config(args)?)
 }
 
-fn open_reader_of(
+pub fn open_reader_of(
     config: &crate::config::Config,
 ) -> Result<(std::path::PathBuf, crate::store::Reader), Failure> {
     if let crate::config::StoreLocation::Postgres(pg) = config.location()? {

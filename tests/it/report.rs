@@ -1006,6 +1006,21 @@ fn open_records_keep_their_source_after_retention_and_show_from_before_the_range
         ("CALFIRE", "E7")
     );
     assert_eq!(n(&r, "/pruned_entries"), anchor + 1);
+    // `dump-quarantine --source`, the page's own check, finds it the same way.
+    let listed = ok(
+        &run(&[
+            "dump-quarantine",
+            "--db",
+            d,
+            "--source",
+            "CALFIRE/E7",
+            "--format",
+            "jsonl",
+        ]),
+        "dump-quarantine --source",
+    );
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert_eq!(s(&parse(listed.as_bytes()), "/outcome"), "conflict");
     let html_path = dir.path().join("all.html");
     ok(&report(&db, "html", &html_path, &[]), "report");
     let html = std::fs::read_to_string(&html_path).unwrap();
