@@ -370,6 +370,7 @@ impl Stats {
     fn upstream_json(&self) -> Json {
         let u = &self.upstream;
         let hour = u.last_hour(self.now_ms);
+        let recent = recent_losses(u);
         let obj = |fields: Vec<(&str, Json)>| {
             Json::Object(
                 fields
@@ -390,39 +391,8 @@ impl Stats {
                     ("sessions_lost", num(hour.sessions_lost)),
                 ]),
             ),
-            (
-                "recent_gaps",
-                Json::Array(
-                    u.recent_gaps
-                        .iter()
-                        .map(|g| {
-                            obj(vec![
-                                ("at", time(g.at_ms)),
-                                ("agency", text(&g.agency)),
-                                ("source_id", text(&g.source_id)),
-                                ("epoch", num(g.epoch)),
-                                ("missing_from", num(g.from)),
-                                ("missing_to", num(g.to)),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
-            (
-                "recent_sessions_lost",
-                Json::Array(
-                    u.recent_sessions_lost
-                        .iter()
-                        .map(|l| {
-                            obj(vec![
-                                ("at", time(l.at_ms)),
-                                ("broker", text(&l.broker)),
-                                ("client_id", text(&l.client_id)),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
+            recent.0,
+            recent.1,
         ])
     }
 
@@ -660,4 +630,48 @@ impl Stats {
         s.push_str(&format!("{:<15}{}\n", "tables", tables.join(", ")));
         s
     }
+}
+
+/// The newest gap events and session losses of `u` as `stats --format json` and `report
+/// --format json` both print them: `recent_gaps` and `recent_sessions_lost`.
+pub(crate) fn recent_losses(
+    u: &crate::store::tables::UpstreamLosses,
+) -> ((&'static str, Json), (&'static str, Json)) {
+    let obj = |fields: Vec<(&str, Json)>| {
+        Json::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        )
+    };
+    let gaps = u
+        .recent_gaps
+        .iter()
+        .map(|g| {
+            obj(vec![
+                ("at", time(g.at_ms)),
+                ("agency", text(&g.agency)),
+                ("source_id", text(&g.source_id)),
+                ("epoch", num(g.epoch)),
+                ("missing_from", num(g.from)),
+                ("missing_to", num(g.to)),
+            ])
+        })
+        .collect();
+    let lost = u
+        .recent_sessions_lost
+        .iter()
+        .map(|l| {
+            obj(vec![
+                ("at", time(l.at_ms)),
+                ("broker", text(&l.broker)),
+                ("client_id", text(&l.client_id)),
+            ])
+        })
+        .collect();
+    (
+        ("recent_gaps", Json::Array(gaps)),
+        ("recent_sessions_lost", Json::Array(lost)),
+    )
 }

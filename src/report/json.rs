@@ -136,44 +136,14 @@ fn burst(b: &BurstProofs) -> Json {
 /// events and session losses (all of them kept, whatever the range).
 fn upstream(r: &Report) -> Json {
     let u = &r.upstream;
+    let recent = crate::commands::stats::recent_losses(u);
     obj(vec![
         ("gap_events", num(u.gap_events)),
         ("missing_sequences", num(u.missing_sequences)),
         ("sessions_lost", num(u.sessions_lost)),
         ("sessions_lost_in_range", num(r.sessions_lost_in_range())),
-        (
-            "recent_gaps",
-            Json::Array(
-                u.recent_gaps
-                    .iter()
-                    .map(|g| {
-                        obj(vec![
-                            ("at", time(g.at_ms)),
-                            ("agency", text(&g.agency)),
-                            ("source_id", text(&g.source_id)),
-                            ("epoch", num(g.epoch)),
-                            ("from", num(g.from)),
-                            ("to", num(g.to)),
-                        ])
-                    })
-                    .collect(),
-            ),
-        ),
-        (
-            "recent_sessions_lost",
-            Json::Array(
-                u.recent_sessions_lost
-                    .iter()
-                    .map(|l| {
-                        obj(vec![
-                            ("at", time(l.at_ms)),
-                            ("broker", text(&l.broker)),
-                            ("client_id", text(&l.client_id)),
-                        ])
-                    })
-                    .collect(),
-            ),
-        ),
+        recent.0,
+        recent.1,
     ])
 }
 
