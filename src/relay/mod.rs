@@ -354,17 +354,10 @@ mod tests {
         };
         let ev = Event::of_effect("urn:x", 9, &r);
         assert_eq!(ev.outcome, "applied_late");
-        let names: Vec<&str> = ev.fields.iter().map(|(k, _)| *k).collect();
+        // The fields are `envelope::effect_fields`' (whose order its own test checks).
         assert_eq!(
-            names,
-            [
-                "key",
-                "source",
-                "sequence",
-                "epoch",
-                "outcome",
-                "effect_offset"
-            ]
+            ev.fields,
+            envelope::effect_fields(&envelope::EffectView::of(9, &r)).1
         );
         assert_eq!(ev.fields[1].1, "fire/e7");
         assert_eq!(ev.fields[5].1, "9");
