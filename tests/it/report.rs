@@ -975,9 +975,6 @@ fn open_records_keep_their_source_after_retention_and_show_from_before_the_range
     feed.extend((1..=40).map(|q| common::msg("CHP", "X", 1, q, "x")));
     ingest(&cfg, &db, &feed.join("\n"));
     let d = db.to_str().unwrap();
-    let first = ok(&run(&["dump-audit", "--db", d]), "dump-audit");
-    let last_ms = parse(first.lines().last().unwrap().as_bytes());
-    let since = s(&last_ms, "/recorded_at").to_string();
     ingest(
         &cfg,
         &db,
@@ -991,6 +988,18 @@ fn open_records_keep_their_source_after_retention_and_show_from_before_the_range
         "/audit/anchor/index",
     );
     assert!(anchor >= 1, "retention pruned the conflict's entry");
+    // The range starts at the second ingest's first entry: a process started after the first
+    // ingest ended, so strictly later than the conflict (the first ingest's messages may all
+    // share one millisecond).
+    let since = ok(
+        &run(&["dump-audit", "--db", d, "--format", "jsonl"]),
+        "dump-audit",
+    )
+    .lines()
+    .map(|l| parse(l.as_bytes()))
+    .find(|e| s(e, "/source_id") == "X" && n(e, "/sequence") == 41)
+    .map(|e| s(&e, "/recorded_at").to_string())
+    .expect("the second ingest's first entry is kept");
 
     // Whole log, only CALFIRE/E7: its open conflict is found by its own payload.
     let out = dir.path().join("e7.json");
