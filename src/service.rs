@@ -278,15 +278,16 @@ impl PendingGaps {
         Some(Duration::from_millis(due.saturating_sub(self.now())))
     }
 
-    /// Confirms the due candidates (`all`: every one, at shutdown).
-    fn confirm(&mut self, store: &mut Backend, metrics: &Metrics, all: bool) {
+    /// Confirms the due candidates (`all`: every one, at shutdown); `Some` with the error
+    /// when the write failed and latches the store (`latches`).
+    fn confirm(&mut self, store: &mut Backend, metrics: &Metrics, all: bool) -> Option<StoreError> {
         let due = if all {
             self.candidates.take_all()
         } else {
             self.candidates.take_due(self.now())
         };
         if due.is_empty() {
-            return;
+            return None;
         }
         match store.confirm_gaps(&due, now_ms()) {
             Ok(missing) => {
@@ -294,6 +295,7 @@ impl PendingGaps {
                 for g in &missing {
                     metrics.gap(&g.agency, g.gap.missing());
                 }
+                None
             }
             Err(StoreError::Unreachable(why)) if !all => {
                 tracing::debug!(error = %why, candidates = due.len(), "gap candidates not confirmed yet: {why}");
@@ -301,6 +303,7 @@ impl PendingGaps {
                     .now()
                     .saturating_add(self.grace_ms.max(CONFIRM_RETRY_MS));
                 self.candidates.add(due, again);
+                None
             }
             // Not silent: what could not be checked is warned as possibly missing.
             Err(e) => {
@@ -322,6 +325,7 @@ impl PendingGaps {
                          could not be confirmed ({e}): check `gaps`"
                     );
                 }
+                latches(e)
             }
         }
     }
@@ -352,18 +356,28 @@ pub(crate) fn warn_gaps(gaps: &[ReportedGap]) {
 /// The store thread's part of a (re)connect: from now on batches are consumed as
 /// `client_id`; a CONNACK without a session under a client id the store consumed under
 /// means the broker dropped whatever it had queued for us: a warning, a metric, a record.
+/// A failed write of the store thread's own (a connect noted, gap candidates confirmed, a
+/// burst recorded) that is not a PostgreSQL outage: redb refuses every write after an I/O
+/// error ("Previous I/O error occurred"), so the next batch is answered with this error, the
+/// cause, instead of being committed (a commit error is fatal; no retry on a latched store).
+fn latches(e: StoreError) -> Option<StoreError> {
+    (!matches!(e, StoreError::Unreachable(_))).then_some(e)
+}
+
+/// Notes a (re)connect; `Some` with the error when the write failed and latches the store
+/// (`latches`).
 fn on_connected(
     store: &mut Backend,
     metrics: &Metrics,
     (broker, client_id, session_present): (String, String, bool),
-) {
+) -> Option<StoreError> {
     let loss = store.note_connect(&broker, &client_id, session_present, now_ms());
     store.consume_as(crate::store::upstream::ConsumedAs {
         client_id: client_id.clone(),
         broker: broker.clone(),
     });
     match loss {
-        Ok(None) => {}
+        Ok(None) => None,
         Ok(Some(_)) => {
             metrics.session_lost(&broker);
             let id = crate::textsafe::escape_controls(&client_id);
@@ -375,20 +389,28 @@ fn on_connected(
                  the session it consumed under: anything published while replay-guard was \
                  away may be lost (check the producers, `gaps`, and the broker's persistence)"
             );
+            None
         }
-        // Only a connect without a session asks the store; it could not be read, so whether
-        // the session was one the store consumed under (a loss) is unknown: say so.
-        Err(e) => tracing::warn!(
-            outcome = "session_lost",
-            %broker,
-            client_id = %client_id,
-            error = %e,
-            "broker session possibly lost: {broker} answered the connect of client id {} \
-             without a session, and the store could not be read to tell whether replay-guard \
-             consumed under it before ({e}): if it did, anything published while it was away \
-             may be lost",
-            crate::textsafe::escape_controls(&client_id)
-        ),
+        Err(e) if session_present => {
+            tracing::warn!(%broker, error = %e, "could not note the connect to {broker}: {e}");
+            latches(e)
+        }
+        // The store could not be read, so whether the session was one the store consumed
+        // under (a loss) is unknown: say so.
+        Err(e) => {
+            tracing::warn!(
+                outcome = "session_lost",
+                %broker,
+                client_id = %client_id,
+                error = %e,
+                "broker session possibly lost: {broker} answered the connect of client id {} \
+                 without a session, and the store could not be read to tell whether \
+                 replay-guard consumed under it before ({e}): if it did, anything published \
+                 while it was away may be lost",
+                crate::textsafe::escape_controls(&client_id)
+            );
+            latches(e)
+        }
     }
 }
 
@@ -412,6 +434,8 @@ impl StoreWorker {
             .name("store".into())
             .spawn(move || {
                 let mut gaps = PendingGaps::new(gap_grace);
+                // The error of a failed write of the thread's own, answered to the next batch.
+                let mut latched: Option<StoreError> = None;
                 loop {
                     // Wait for a job, or until gap candidates fall due (a quiet feed's too).
                     let job = match gaps.wait() {
@@ -419,7 +443,7 @@ impl StoreWorker {
                         Some(wait) => match rx.recv_timeout(wait) {
                             Ok(job) => Some(job),
                             Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                                gaps.confirm(&mut store, &metrics, false);
+                                latched = latched.or(gaps.confirm(&mut store, &metrics, false));
                                 continue;
                             }
                             Err(std_mpsc::RecvTimeoutError::Disconnected) => None,
@@ -428,6 +452,10 @@ impl StoreWorker {
                     let Some(job) = job else { break };
                     match job {
                         Job::Batch(batch, reply) => {
+                            if let Some(e) = latched.take() {
+                                let _ = reply.send(Err(e));
+                                return;
+                            }
                             let mut result = commit_with_retry(
                                 &mut store, &batch, &since, &last, &stop, &metrics,
                             );
@@ -453,22 +481,25 @@ impl StoreWorker {
                                 return; // latched: no retry loop
                             }
                             // After the reply: confirming never delays an acknowledgement.
-                            gaps.confirm(&mut store, &metrics, false);
+                            latched = latched.or(gaps.confirm(&mut store, &metrics, false));
                         }
                         Job::Burst(burst) => {
                             if let Err(e) = store.record_burst(&burst) {
                                 tracing::warn!(error = %e, "could not record the replay burst: {e}");
+                                latched = latched.or(latches(e));
                             }
                         }
                         Job::Connected {
                             broker,
                             client_id,
                             session_present,
-                        } => on_connected(
-                            &mut store,
-                            &metrics,
-                            (broker, client_id, session_present),
-                        ),
+                        } => {
+                            latched = latched.or(on_connected(
+                                &mut store,
+                                &metrics,
+                                (broker, client_id, session_present),
+                            ))
+                        }
                     }
                 }
                 // Draining: what is still a candidate is confirmed now, without the grace.
