@@ -7,7 +7,9 @@
    broker, same run, interleaved ROUNDS times. Reports msg/s of each and the ratio b/a.
 2. Restart after kill -9 with a 1,000,000-entry window: time from process start to the first
    commit (READY + first batch) on a database holding 1M applied messages.
-3. Peak RSS of `run` during the drains (from /proc/PID/status VmHWM).
+3. Peak RSS of `run` during the drains (from /proc/PID/status VmHWM), and while draining N
+   more messages into the 1,000,000-entry window of step 2 with the metrics endpoint on
+   (scraped every 0.2 s) and one `mqtt` sink.
 
 4. With RG_WITH_SINK=1: what a running relay costs the feed. Each round also drains the same
    feed with one `mqtt` [[sink]] configured (to a second private Mosquitto), and reports the
@@ -20,7 +22,7 @@
    to the run without. RG_METRICS_ONLY=1
    skips the restart measurement (also with another RG_BIN, for a baseline in the same run).
 
-Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3)
+Usage: scripts/bench-run.py [N] [ROUNDS]     (defaults 100000 and 3; ROUNDS 0: steps 2-3 only)
 Env:   RG_MAX_BATCH, RG_RECEIVE_MAXIMUM, RG_CACHE_MB override [commit] max_batch,
        [mqtt] receive_maximum and [store] cache_mb; RG_BIN another replay-guard binary (to
        compare builds, e.g. redb concurrency modes).
@@ -200,9 +202,10 @@ def main():
                 print(f"round {r + 1}: replay-guard with one mqtt sink {sink_rates[-1]:,.0f} msg/s, "
                       f"ratio to no sink {sink_rates[-1] / rg_rates[-1]:.2f}", flush=True)
         med = lambda xs: sorted(xs)[len(xs) // 2]
-        print(f"median: mosquitto_sub {med(sub_rates):,.0f} msg/s, replay-guard {med(rg_rates):,.0f} msg/s, "
-              f"ratio {med(rg_rates) / med(sub_rates):.2f}")
-        print(f"peak RSS of run: {max(rss) / 1024:.1f} MiB")
+        if rg_rates:  # ROUNDS 0: only the 1M-window measurements below
+            print(f"median: mosquitto_sub {med(sub_rates):,.0f} msg/s, replay-guard {med(rg_rates):,.0f} msg/s, "
+                  f"ratio {med(rg_rates) / med(sub_rates):.2f}")
+            print(f"peak RSS of run: {max(rss) / 1024:.1f} MiB")
         if sink_port:
             print(f"median with one mqtt sink: {med(sink_rates):,.0f} msg/s, ratio to no sink "
                   f"{med(sink_rates) / med(rg_rates):.2f}")
@@ -234,6 +237,32 @@ def main():
         _, first = run_until(cfg, 1, rss2)
         print(f"kill -9 -> restart -> first commit with a 1,000,000-entry window: {first:.3f} s; "
               f"peak RSS {max(rss2) / 1024:.1f} MiB")
+        # Memory while draining N messages into that 1M-entry window, with the metrics endpoint
+        # on (scraped every 0.2 s) and one mqtt sink delivering to a second broker.
+        full_dir = os.path.join(tmp, "full")
+        os.mkdir(full_dir)
+        full_broker, full_sink_port = start_broker(full_dir)
+        mport = free_port()
+        cfg = write_config(tmp, port, db, window=86400, sink_port=full_sink_port, metrics_port=mport)
+        publish(port, feed(N, 3))
+        stop = threading.Event()
+
+        def scrape():
+            while not stop.wait(0.2):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read()
+                except OSError:
+                    pass
+        th = threading.Thread(target=scrape)
+        th.start()
+        rss3 = []
+        t, _ = run_until(cfg, N, rss3)
+        stop.set()
+        th.join()
+        full_broker.terminate()
+        full_broker.wait()
+        print(f"draining {N} into the 1,000,000-entry window with metrics and one mqtt sink: "
+              f"{N / t:,.0f} msg/s, peak RSS {max(rss3) / 1024:.1f} MiB")
         broker.terminate()
         broker.wait()
     finally:

@@ -67,7 +67,10 @@ pub struct Delivery {
     pub token: Option<AckToken>,
 }
 
-/// What an acknowledgement needs: the packet and the connection it arrived on.
+/// What an acknowledgement needs: the packet id and the connection it arrived on. Only the
+/// id is kept, not the PUBLISH: a token waits for its batch's commit (and, when rumqttc's
+/// request channel is full, in `AckQueue`), and a whole packet would keep its payload, and
+/// the read buffer that payload was cut from, alive that long.
 #[derive(Debug)]
 pub struct AckToken {
     generation: u64,
@@ -80,10 +83,32 @@ impl Stamped for AckToken {
     }
 }
 
-#[derive(Debug)]
+/// The packet id of a QoS 1 PUBLISH, by protocol (the client that acknowledges it must speak
+/// the same one).
+#[derive(Debug, Clone, Copy)]
 enum PubRef {
-    V311(rumqttc::Publish),
-    V5(v5::mqttbytes::v5::Publish),
+    V311(u16),
+    V5(u16),
+}
+
+impl PubRef {
+    /// The PUBLISH rumqttc's `try_ack` takes: it reads only the QoS and the packet id.
+    fn ack_v311(pkid: u16) -> rumqttc::Publish {
+        let mut p = rumqttc::Publish::new("", rumqttc::QoS::AtLeastOnce, Vec::new());
+        p.pkid = pkid;
+        p
+    }
+
+    fn ack_v5(pkid: u16) -> v5::mqttbytes::v5::Publish {
+        let mut p = v5::mqttbytes::v5::Publish::new(
+            "",
+            v5::mqttbytes::QoS::AtLeastOnce,
+            Vec::new(),
+            None,
+        );
+        p.pkid = pkid;
+        p
+    }
 }
 
 enum Client {
@@ -166,11 +191,14 @@ impl TransportHandle {
 
 fn try_ack(client: &Client, t: &AckToken) -> bool {
     match (client, &t.publish) {
-        (Client::V311(c), PubRef::V311(p)) => c.try_ack(p).is_ok(),
-        (Client::V5(c), PubRef::V5(p)) => c.try_ack(p).is_ok(),
+        (Client::V311(c), PubRef::V311(pkid)) => c.try_ack(&PubRef::ack_v311(*pkid)).is_ok(),
+        (Client::V5(c), PubRef::V5(pkid)) => c.try_ack(&PubRef::ack_v5(*pkid)).is_ok(),
         _ => false,
     }
 }
+
+/// Publishes the feed's connection may have in flight: it sends none.
+const FEED_OUTGOING_INFLIGHT: u16 = 8;
 
 fn request_capacity(cfg: &MqttConfig) -> usize {
     // Room for a whole in-flight window of PUBACKs plus subscribes and the disconnect.
@@ -269,7 +297,10 @@ fn build(
                 .set_session_expiry_interval(Some(cfg.session_expiry_seconds))
                 .set_receive_maximum(Some(cfg.receive_maximum))
                 .set_max_packet_size(Some(max_packet_u32))
-                .set_request_channel_capacity(cap);
+                .set_request_channel_capacity(cap)
+                // The feed's connection publishes nothing; rumqttc otherwise sizes its table of
+                // outgoing publishes for 65,535 of them (14 MiB).
+                .set_outgoing_inflight_upper_limit(FEED_OUTGOING_INFLIGHT);
             let (c, l) = v5::AsyncClient::new(o, cap);
             (Client::V5(c), Loop::V5(l))
         }
@@ -278,7 +309,8 @@ fn build(
             o.set_manual_acks(true)
                 .set_clean_session(false)
                 .set_max_packet_size(max_packet, max_packet)
-                .set_request_channel_capacity(cap);
+                .set_request_channel_capacity(cap)
+                .set_inflight(FEED_OUTGOING_INFLIGHT);
             let (c, l) = rumqttc::AsyncClient::new(o, cap);
             (Client::V311(c), Loop::V311(l))
         }
@@ -331,7 +363,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                 payload: p.payload.to_vec(),
                 token: (p.qos != v5::mqttbytes::QoS::AtMostOnce).then(|| AckToken {
                     generation,
-                    publish: PubRef::V5(p),
+                    publish: PubRef::V5(p.pkid),
                 }),
             }),
             Ok(v5::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => Polled::DisconnectSent,
@@ -370,7 +402,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                     payload: p.payload.to_vec(),
                     token: (p.qos != rumqttc::QoS::AtMostOnce).then(|| AckToken {
                         generation,
-                        publish: PubRef::V311(p),
+                        publish: PubRef::V311(p.pkid),
                     }),
                 })
             }
