@@ -8,6 +8,8 @@ holds N entries). Configurations, interleaved ROUNDS times: redb with 1 member, 
 with 1 member, PostgreSQL with 3 members. Also `mosquitto_sub -q 1` as the broker's ceiling.
 
 Usage: scripts/bench-pg-run.py [N] [ROUNDS]   (defaults 30000 and 2)
+Environment: RG_BIN, the binary measured (default target/release/replay-guard); RG_OLD_BIN,
+another build (e.g. the last release) measured in the same rounds, alternating, as the baseline.
 Needs: mosquitto, mosquitto_sub, psql, the local PostgreSQL on 127.0.0.1:5432 (trust, user
 postgres), and the release builds (cargo build --release --bins --examples). Creates and
 drops its own database (rg_bench_run_PID); starts its own brokers on free loopback ports.
@@ -18,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 30_000
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "replay-guard")
+BIN = os.environ.get("RG_BIN") or os.path.join(ROOT, "target", "release", "replay-guard")
+OLD_BIN = os.environ.get("RG_OLD_BIN")
 PUB = os.path.join(ROOT, "target", "release", "examples", "publish")
 DB = f"rg_bench_run_{os.getpid()}"
 PSQL = ["psql", "-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "-X", "-A", "-t", "-q"]
@@ -54,7 +57,8 @@ def decided(store, schema):
         return 0
 
 
-def measure(d, port, store, members, lines, tag):
+def measure(d, port, store, members, lines, tag, binary=None):
+    binary = binary or BIN
     procs, target = [], None
     for m in range(members):
         cfg = os.path.join(d, f"{tag}-{m}.toml")
@@ -70,7 +74,7 @@ def measure(d, port, store, members, lines, tag):
         with open(cfg, "w") as f:
             f.write(head + f'[mqtt]\nbrokers = ["mqtt://127.0.0.1:{port}"]\nclient_id = "{tag}-{m}"\n'
                     f'topics = ["bench/#"]\n{share}')
-        procs.append(subprocess.Popen([BIN, "run", "--config", cfg], stdout=subprocess.DEVNULL,
+        procs.append(subprocess.Popen([binary, "run", "--config", cfg], stdout=subprocess.DEVNULL,
                                       stderr=open(os.path.join(d, f"{tag}-{m}.log"), "w")))
     time.sleep(1.5)  # connected and subscribed (the schema made)
     t0 = time.monotonic()
@@ -110,9 +114,13 @@ def main():
             rates = [measure(d, port, "redb", 1, lines, f"redb_{r}"),
                      measure(d, port, "pg", 1, lines, f"pg1_{r}"),
                      measure(d, port, "pg", 3, lines, f"pg3_{r}")]
-            print(f"round {r + 1}: mosquitto_sub {base:,.0f} msg/s; run redb 1 member {rates[0]:,.0f}; "
-                  f"run postgres 1 member {rates[1]:,.0f}; run postgres 3 members {rates[2]:,.0f} msg/s",
-                  flush=True)
+            line = (f"round {r + 1}: mosquitto_sub {base:,.0f} msg/s; run redb 1 member {rates[0]:,.0f}; "
+                    f"run postgres 1 member {rates[1]:,.0f}; run postgres 3 members {rates[2]:,.0f} msg/s")
+            if OLD_BIN:
+                old = [measure(d, port, "pg", 1, lines, f"old_pg1_{r}", OLD_BIN),
+                       measure(d, port, "pg", 3, lines, f"old_pg3_{r}", OLD_BIN)]
+                line += f"; old build: postgres 1 member {old[0]:,.0f}, 3 members {old[1]:,.0f} msg/s"
+            print(line, flush=True)
     finally:
         broker.terminate()
         broker.wait()

@@ -82,3 +82,14 @@ pub fn sink_panic_requested(sink: &str) -> bool {
         .and_then(|path| std::fs::read_to_string(path).ok())
         .is_some_and(|name| name.trim() == sink)
 }
+
+/// The relay's test hook for the PostgreSQL wake-up's test: with the environment variable
+/// `REPLAY_GUARD_TEST_RELAY_POLL_MS` set, the relay's head poll and an idle sink's look for
+/// new events wait that many milliseconds instead of `default`, so only a notification wakes
+/// it in time. Unset (always, outside that test), `default`.
+pub fn relay_poll(default: std::time::Duration) -> std::time::Duration {
+    std::env::var("REPLAY_GUARD_TEST_RELAY_POLL_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(default, std::time::Duration::from_millis)
+}

@@ -33,8 +33,12 @@ const CURSOR_FLUSH: Duration = Duration::from_millis(200);
 /// How often a task looks for operator actions (`relay retry|rewind`) from other processes,
 /// and an idle standalone relay for new effects when nothing wakes it.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
-/// How often the standalone relay looks for new effects (`run` wakes it on each commit).
+/// How often the standalone relay looks for new effects on a redb file (`run` wakes it on
+/// each commit).
 const POLL_EVERY: Duration = Duration::from_millis(20);
+/// How often the relay looks for new effects on PostgreSQL, where commits are announced
+/// (LISTEN/NOTIFY): a lost notification or a reconnection's gap costs at most this.
+const POLL_LISTENING: Duration = Duration::from_secs(1);
 /// Least time between two `last_error` writes of one sink.
 const ERROR_NOTE_EVERY: Duration = Duration::from_secs(5);
 /// Most events a sink's own cursor may pass over at start; beyond, they are delivered again
@@ -400,10 +404,30 @@ async fn run_all(
     stop: watch::Receiver<bool>,
     hard: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
-    // Standalone, or on a store other members commit to: watch the log's head.
+    // Standalone, or on a store other members commit to: watch the log's head. PostgreSQL
+    // announces each commit on the schema's channel: a connection of our own LISTENs, and the
+    // poll is only the fallback.
     let polled = wake.is_none() || shared.shared_store;
     let wake = wake.unwrap_or_default();
     if polled {
+        let listen = shared.store.lock().ok().and_then(|g| match g.as_ref() {
+            Some(Backend::Postgres(pg)) => Some(pg.config().clone()),
+            _ => None,
+        });
+        let notified = Arc::new(tokio::sync::Notify::new());
+        let poll_every = crate::testing::relay_poll(if listen.is_some() {
+            POLL_LISTENING
+        } else {
+            POLL_EVERY
+        });
+        let listener = listen.map(|cfg| {
+            let channel = crate::store::postgres::channel(&cfg.schema);
+            tokio::spawn(crate::store::postgres::follow_commits(
+                cfg,
+                channel,
+                notified.clone(),
+            ))
+        });
         let s = shared.clone();
         let mut stop = stop.clone();
         let bump = wake.clone();
@@ -424,9 +448,13 @@ async fn run_all(
                     bump.bump();
                 }
                 tokio::select! {
-                    _ = stop.changed() => return,
-                    () = tokio::time::sleep(POLL_EVERY) => {}
+                    _ = stop.changed() => break,
+                    () = tokio::time::sleep(poll_every) => {}
+                    () = notified.notified() => {}
                 }
+            }
+            if let Some(l) = listener {
+                l.abort();
             }
         });
     }
@@ -703,7 +731,7 @@ impl SinkTask {
             if batch.is_empty() {
                 self.flush(true).await?;
                 self.status(Phase::Idle, None);
-                if self.wait(RELOAD_EVERY).await == Woken::Stop {
+                if self.wait(crate::testing::relay_poll(RELOAD_EVERY)).await == Woken::Stop {
                     return Ok(());
                 }
                 continue;

@@ -71,7 +71,8 @@
 //!   `sslmode`, wrong CA and host name refused in words (`run`, `ingest` exit 1 at once),
 //!   channel binding, a client certificate, the postgres sink over verify-full and refused.
 //! - `pg_relay`: the relay on a PostgreSQL store: the same relay writes as on redb, one
-//!   deliverer per sink with the others standing by, relays and `run` members through kill -9s.
+//!   deliverer per sink with the others standing by, relays and `run` members through kill -9s;
+//!   the relay woken by LISTEN/NOTIFY, again after its listening connection is killed.
 //! - `relay_pg`: the postgres sink against the real PostgreSQL: exactly once, cursor with
 //!   the rows, reconnect, poison, concurrent table creation; `kill -9` of `relay`.
 //! - `health`: the monitoring check on real stores (redb and PostgreSQL): OK, WARNING and

@@ -2,7 +2,9 @@
 //! and audit entries as on a redb file; one member holds a sink and the others stand by until
 //! its session ends; two standalone relays on one schema, the deliverer killed with kill -9
 //! again and again, deliver every effect with its one id; `run` members on a shared
-//! subscription deliver what the group applies, through kill -9s.
+//! subscription deliver what the group applies, through kill -9s; a standalone relay is woken
+//! by each commit (LISTEN/NOTIFY, the poll made an hour long) and listens again after its
+//! connection is killed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -593,4 +595,72 @@ fn run_members_on_a_shared_subscription_deliver_what_the_group_applies_through_k
     let verify = common::run(&["verify", "--config", cfg.to_str().unwrap()]);
     assert_eq!(verify.status.code(), Some(0));
     eprintln!("{kills} kills, {repeats} repeated arrivals of {TOTAL} effects");
+}
+
+/// The pids of the sessions LISTENing on database `db` (the relay's wake-up connection).
+fn listeners(db: &PgDb) -> Vec<String> {
+    db.sql(&format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN %'",
+        db.name
+    ))
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+#[test]
+fn a_standalone_relay_on_postgres_is_woken_by_each_commit_and_listens_again_after_its_connection_is_killed()
+ {
+    let db = PgDb::new("relay_listen");
+    let dsn = db.dsn();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = receiver(&out);
+    let config = dir.path().join("rg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"postgres\"\ndsn = {dsn:?}\nschema = {SCHEMA:?}\n\
+             [service]\nshutdown_timeout_seconds = 5\n{}",
+            sink_toml(&script)
+        ),
+    )
+    .unwrap();
+    ingest(&config, dir.path(), 0, 20);
+    // The head poll and an idle sink's own look wait an hour: within the deadlines below
+    // only a notification (or the look right after a LISTEN) can wake the relay.
+    let log = dir.path().join("relay.log");
+    let mut relay = common::logged_command(&["relay", "--config", config.to_str().unwrap()], &log)
+        .env("REPLAY_GUARD_TEST_RELAY_POLL_MS", "3600000")
+        .spawn()
+        .unwrap();
+    let limit = Duration::from_secs(30);
+    wait_delivered(&dsn, 20, limit);
+    common::wait_until("the relay LISTENs", limit, || listeners(&db).len() == 1);
+    // Idle (its cursor was written at the head just before it waited): a commit wakes it.
+    ingest(&config, dir.path(), 20, 40);
+    wait_delivered(&dsn, 40, limit);
+
+    // Its LISTEN connection killed: it connects and listens again, and commits wake it.
+    let first = listeners(&db);
+    db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'");
+    common::wait_until("the relay LISTENs again", limit, || {
+        let now = listeners(&db);
+        now.len() == 1 && now != first
+    });
+    ingest(&config, dir.path(), 40, 60);
+    wait_delivered(&dsn, 60, limit);
+
+    // A commit while no one listens is found by the look right after the next LISTEN.
+    db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'");
+    ingest(&config, dir.path(), 60, 80);
+    wait_delivered(&dsn, 80, limit);
+
+    assert_eq!(sigterm(&mut relay), Some(0));
+    assert_eq!(assert_each_effect_arrived_with_one_id(&out, 80), 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("listening for commits") && text.contains("connecting again"),
+        "{text}"
+    );
 }

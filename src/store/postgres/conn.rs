@@ -5,10 +5,20 @@
 //! Every round trip has a deadline (`[store] statement_timeout_ms`), and so has the whole
 //! connection attempt (the dsn's `connect_timeout`): a server or proxy that stops answering
 //! without closing the connection is a lost connection, not a silent stall.
+//!
+//! Writes whose answer nothing waits for (a transaction's array inserts, its BEGIN and lock)
+//! are queued (`defer`) and pipelined in front of the next statement that needs an answer
+//! (a read, the COMMIT): PostgreSQL runs them in order on the session, so the read sees them,
+//! and their errors are reported first. A batch so costs a handful of round trips.
+//!
+//! The relay's wake-up lives here too: `follow_commits` LISTENs on the schema's channel, on
+//! which every commit that appended to a log NOTIFYs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
@@ -138,6 +148,67 @@ pub struct Conn {
     /// Set when a round trip missed its deadline: the session's state is unknown (a request
     /// may still be on its way), so the connection is never used again.
     given_up: Cell<bool>,
+    /// Statements queued by `defer`, sent in front of the next round trip.
+    pending: RefCell<Vec<Deferred>>,
+    /// The open transaction appended to the effect or audit log: its COMMIT notifies.
+    appended: Cell<bool>,
+}
+
+/// A parameter of a deferred statement, owned until it is sent.
+pub type Param = Box<dyn ToSql + Sync + Send>;
+
+/// A statement queued by `Conn::defer`.
+enum Deferred {
+    /// A simple-protocol statement (no parameters: BEGIN, a lock).
+    Simple(String),
+    /// A prepared statement and its parameters.
+    Prepared(Statement, Vec<Param>),
+}
+
+/// A pipelined statement's future, its answer dropped.
+type Sent<'a> = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + 'a>>;
+
+/// Polls every future in `sent` and then `last`, in that order (so their requests leave in
+/// that order), until all have answered; the first error among `sent` wins over `last`'s
+/// outcome (a statement after a failed one only reports the aborted transaction).
+async fn in_order<T>(
+    sent: Vec<Sent<'_>>,
+    last: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let mut sent: Vec<Option<Sent<'_>>> = sent.into_iter().map(Some).collect();
+    let mut first_error = None;
+    let mut last = std::pin::pin!(last);
+    let mut outcome = None;
+    std::future::poll_fn(|cx| {
+        for slot in sent.iter_mut() {
+            if let Some(f) = slot
+                && let Poll::Ready(r) = f.as_mut().poll(cx)
+            {
+                *slot = None;
+                if let Err(e) = r
+                    && first_error.is_none()
+                {
+                    first_error = Some(e);
+                }
+            }
+        }
+        if outcome.is_none()
+            && let Poll::Ready(r) = last.as_mut().poll(cx)
+        {
+            outcome = Some(r);
+        }
+        if outcome.is_some() && sent.iter().all(Option::is_none) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    match (first_error, outcome) {
+        (Some(e), _) => Err(e),
+        (None, Some(r)) => r,
+        (None, None) => unreachable!("polled to the end above"),
+    }
 }
 
 impl Conn {
@@ -173,6 +244,8 @@ impl Conn {
             sink_locks: RefCell::new(HashSet::new()),
             statement_timeout: cfg.statement_timeout,
             given_up: Cell::new(false),
+            pending: RefCell::new(Vec::new()),
+            appended: Cell::new(false),
         };
         // `CREATE ... IF NOT EXISTS` on every start must not log a NOTICE each time. The
         // keepalives let the server notice within about 25 s a member that vanished (a cut
@@ -204,23 +277,40 @@ impl Conn {
         self.given_up.get() || self.client.is_closed()
     }
 
-    /// Runs one round trip to its answer or its deadline. A missed deadline is a lost
-    /// connection (`Unreachable`): the caller drops this one and retries on a new one, as
-    /// after a closed socket; a COMMIT among them has an unknown outcome, as then.
-    fn round_trip<T>(
-        &self,
-        f: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    /// Runs one round trip to its answer or its deadline, the deferred statements sent in
+    /// front of it (their first error is its error). A missed deadline is a lost connection
+    /// (`Unreachable`): the caller drops this one and retries on a new one, as after a closed
+    /// socket; a COMMIT among them has an unknown outcome, as then.
+    fn round_trip<'a, T>(
+        &'a self,
+        f: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
     ) -> Result<T, StoreError> {
+        let pending = self.pending.take();
         if self.given_up.get() {
             return Err(StoreError::Unreachable(format!(
                 "the connection to {} was given up after a missed deadline",
                 self.target
             )));
         }
+        let sent: Vec<Sent<'_>> = pending
+            .iter()
+            .map(|d| -> Sent<'_> {
+                match d {
+                    Deferred::Simple(sql) => Box::pin(self.client.batch_execute(sql)),
+                    Deferred::Prepared(st, params) => Box::pin(async move {
+                        let refs: Vec<&(dyn ToSql + Sync)> = params
+                            .iter()
+                            .map(|p| -> &(dyn ToSql + Sync) { &**p })
+                            .collect();
+                        self.client.execute(st, &refs).await.map(|_| ())
+                    }),
+                }
+            })
+            .collect();
         let within = self.statement_timeout;
         match self
             .rt
-            .block_on(async { tokio::time::timeout(within, f).await })
+            .block_on(async { tokio::time::timeout(within, in_order(sent, f)).await })
         {
             Ok(r) => r.map_err(|e| classify(&e)),
             Err(_) => {
@@ -237,6 +327,41 @@ impl Conn {
 
     pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
         self.round_trip(self.client.batch_execute(sql))
+    }
+
+    /// Queues `sql` (simple protocol, no parameters) to be sent in front of the next round
+    /// trip.
+    pub fn defer_batch(&self, sql: &str) {
+        self.pending
+            .borrow_mut()
+            .push(Deferred::Simple(sql.to_string()));
+    }
+
+    /// Queues the prepared `sql` with `params` to be sent in front of the next round trip;
+    /// its error, if any, is that round trip's. (Preparing it the first time is a round trip
+    /// of its own, which sends what is queued before.)
+    pub fn defer(&self, sql: &str, params: Vec<Param>) -> Result<(), StoreError> {
+        let st = self.statement(sql)?;
+        self.pending
+            .borrow_mut()
+            .push(Deferred::Prepared(st, params));
+        Ok(())
+    }
+
+    /// Forgets the queued statements (the transaction is being rolled back).
+    pub fn discard_deferred(&self) {
+        self.pending.borrow_mut().clear();
+        self.appended.set(false);
+    }
+
+    /// Notes that the open transaction appends to a log (its COMMIT notifies the relays).
+    pub fn note_appended(&self) {
+        self.appended.set(true);
+    }
+
+    /// Whether the open transaction appended to a log; resets it.
+    pub fn take_appended(&self) -> bool {
+        self.appended.replace(false)
     }
 
     /// The prepared statement for `sql` (prepared on first use).
@@ -256,9 +381,143 @@ impl Conn {
         self.round_trip(self.client.query(&st, params))
     }
 
+    /// Several reads in one round trip (after the deferred statements): each one's rows.
+    pub fn queries(
+        &self,
+        reads: &[(&str, &[&(dyn ToSql + Sync)])],
+    ) -> Result<Vec<Vec<Row>>, StoreError> {
+        let mut sts = Vec::with_capacity(reads.len());
+        for (sql, _) in reads {
+            sts.push(self.statement(sql)?);
+        }
+        let client = &self.client;
+        self.round_trip(async move {
+            let mut futures: Vec<_> = sts
+                .iter()
+                .zip(reads)
+                .map(|(st, (_, params))| Box::pin(client.query(st, params)))
+                .collect();
+            // Every request is sent (first poll) before any answer is awaited.
+            let mut out: Vec<Option<Result<Vec<Row>, tokio_postgres::Error>>> =
+                futures.iter().map(|_| None).collect();
+            std::future::poll_fn(|cx| {
+                for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+                    if o.is_none()
+                        && let Poll::Ready(r) = f.as_mut().poll(cx)
+                    {
+                        *o = Some(r);
+                    }
+                }
+                if out.iter().all(Option::is_some) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            out.into_iter()
+                .map(|o| o.unwrap_or_else(|| unreachable!("polled to the end above")))
+                .collect()
+        })
+    }
+
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         let st = self.statement(sql)?;
         self.round_trip(self.client.execute(&st, params))
+    }
+}
+
+/// Wakes `woken` on each commit announced on `channel` (see `PgStore`'s COMMIT), on a
+/// connection of its own that LISTENs, and once right after the LISTEN (for what committed
+/// while nothing listened); returns when that connection is lost or cannot be made: whether
+/// it listened, and why it ended. The caller connects again (`follow_commits`).
+async fn listen(cfg: &PgConfig, channel: &str, woken: &tokio::sync::Notify) -> (bool, StoreError) {
+    let connected =
+        tokio::time::timeout(cfg.connect_deadline(), cfg.config.connect(cfg.tls.clone())).await;
+    let (client, mut connection) = match connected {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return (false, classify(&e)),
+        Err(_) => {
+            let why = format!(
+                "{} did not complete the connection (connect_timeout)",
+                cfg.target()
+            );
+            return (false, StoreError::Unreachable(why));
+        }
+    };
+    let (tx, mut notified) = tokio::sync::mpsc::unbounded_channel();
+    // Drives the connection (it runs only when polled) and passes each notification on.
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                    if tx.send(()).is_err() {
+                        return None;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(classify(&e)),
+                None => return None,
+            }
+        }
+    });
+    let listening = tokio::time::timeout(
+        cfg.statement_timeout,
+        client.batch_execute(&format!("LISTEN {channel}")),
+    )
+    .await;
+    let (listened, lost) = match listening {
+        Ok(Ok(())) => {
+            woken.notify_one();
+            while notified.recv().await.is_some() {
+                woken.notify_one();
+            }
+            (true, None)
+        }
+        Ok(Err(e)) => (false, Some(classify(&e))),
+        Err(_) => (
+            false,
+            Some(StoreError::Unreachable(format!(
+                "{} did not answer LISTEN within {} ms",
+                cfg.target(),
+                cfg.statement_timeout.as_millis()
+            ))),
+        ),
+    };
+    driver.abort();
+    let ended = driver.await.ok().flatten();
+    drop(client);
+    let why = lost.or(ended).unwrap_or_else(|| {
+        StoreError::Unreachable(format!("the connection to {} ended", cfg.target()))
+    });
+    (listened, why)
+}
+
+/// Keeps a connection LISTENing on `channel` for as long as it is polled, waking `woken` on
+/// each notification and after each (re)connection; a lost connection is made again after a
+/// backoff (0.1 s doubling to 5 s). Meanwhile the caller's slower poll covers the gap.
+pub async fn follow_commits(
+    cfg: PgConfig,
+    channel: String,
+    woken: std::sync::Arc<tokio::sync::Notify>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    // Warned about this outage already: the next attempts' failures are debug lines.
+    let mut warned = false;
+    loop {
+        let (listened, e) = listen(&cfg, &channel, &woken).await;
+        if listened {
+            backoff = Duration::from_millis(100);
+            warned = false;
+        }
+        if warned {
+            tracing::debug!(error = %e, "listening for commits on {}: {e}", cfg.target());
+        } else {
+            tracing::warn!(error = %e, "the relay's connection listening for commits on {} ended ({e}); connecting again, polling meanwhile", cfg.target());
+            warned = true;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 

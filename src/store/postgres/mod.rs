@@ -17,7 +17,7 @@ mod tx;
 pub mod view;
 
 use conn::Conn;
-pub use conn::{DEFAULT_STATEMENT_TIMEOUT, PgConfig, describe};
+pub use conn::{DEFAULT_STATEMENT_TIMEOUT, PgConfig, describe, follow_commits};
 use schema::{PG_SCHEMA_VERSION, Sql};
 use tx::PgTx;
 
@@ -33,6 +33,8 @@ pub struct PgStore {
     cfg: PgConfig,
     opts: StoreOptions,
     sql: Sql,
+    /// `NOTIFY` on the schema's channel, then `COMMIT`.
+    notify_commit: String,
     conn: Option<Conn>,
     /// Whom `run` consumes as, recorded by the next batch.
     consumption: crate::store::upstream::Consumption,
@@ -50,11 +52,17 @@ impl PgStore {
     pub fn unmigrated(cfg: PgConfig, opts: StoreOptions) -> PgStore {
         PgStore {
             sql: Sql::new(&cfg.schema),
+            notify_commit: format!("NOTIFY {}; COMMIT", channel(&cfg.schema)),
             cfg,
             opts,
             conn: None,
             consumption: Default::default(),
         }
+    }
+
+    /// The connection settings (the relay's LISTEN connection uses them too).
+    pub fn config(&self) -> &PgConfig {
+        &self.cfg
     }
 
     /// Makes a connection if there is none or it was lost.
@@ -73,17 +81,25 @@ impl PgStore {
         f: impl FnOnce(&Conn, &Sql) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
         self.conn()?;
-        let (Some(conn), sql) = (&self.conn, &self.sql) else {
+        let (Some(conn), sql) = (self.conn.as_ref(), &self.sql) else {
             return Err(StoreError::Unreachable("no connection".into()));
         };
         let result = (|| {
-            conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED")?;
-            conn.batch(&sql.lock)?;
+            // Sent with the transaction's first read (or its COMMIT): one round trip less each.
+            conn.defer_batch("BEGIN ISOLATION LEVEL READ COMMITTED");
+            conn.defer_batch(&sql.lock);
             let r = f(conn, sql)?;
-            conn.batch("COMMIT")?;
+            // A commit that appended to a log wakes the relays that LISTEN on the schema's
+            // channel; NOTIFY inside the transaction is delivered only if it commits.
+            if conn.take_appended() {
+                conn.batch(&self.notify_commit)?;
+            } else {
+                conn.batch("COMMIT")?;
+            }
             Ok(r)
         })();
         if let Err(e) = &result {
+            conn.discard_deferred();
             if matches!(e, StoreError::Unreachable(_)) || conn.is_closed() {
                 self.conn = None;
             } else {
@@ -206,8 +222,17 @@ impl PgStore {
     ) -> Result<BatchReport, StoreError> {
         let opts = self.opts.clone();
         let consumed_as = self.consumption.pending().cloned();
+        let positions: Vec<(&str, &str, u64, u64)> = batch
+            .iter()
+            .filter_map(|i| i.decoded.as_ref().ok())
+            .map(|m| {
+                let (agency, source_id) = (m.source.agency(), m.source.source_id());
+                (agency, source_id, m.position.epoch, m.position.sequence)
+            })
+            .collect();
         let report = self.in_txn(|conn, sql| {
-            let mut w = Writer::open(PgTx::begin(conn, sql)?, &opts)?;
+            let tx = PgTx::begin_batch(conn, sql, &positions)?;
+            let mut w = Writer::open(tx, &opts)?;
             let report = w.decide_batch(batch, now_ms, consumed_as.as_ref())?;
             w.finish()?.flush()?;
             Ok(report)
@@ -269,6 +294,17 @@ impl PgStore {
             Ok(())
         })
     }
+}
+
+/// The channel a schema's commits are announced on (`NOTIFY`), which the relays `LISTEN`
+/// on: `rg_` and the schema's name, cut to PostgreSQL's 63-byte identifiers (two schemas
+/// that share their first 60 bytes then share a channel: a wake-up too many, no harm).
+pub fn channel(schema: &str) -> String {
+    let mut name = format!("rg_{schema}");
+    while name.len() > 63 {
+        name.pop();
+    }
+    name
 }
 
 /// What `migrate` found and did.

@@ -121,14 +121,18 @@ impl Sql {
                 "INSERT INTO {s}.meta (name, record) SELECT * FROM unnest($1::text[], $2::bytea[]) \
                  ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
             ),
+            // The window entry is looked up by its whole key in a fenced subquery (`OFFSET 0`):
+            // a plan cached while the table was small may otherwise probe by `source_no` alone
+            // and filter the rest, a cost that grows with the window.
             prefetch: f(
                 "SELECT b.agency, b.source_id, i.no, src.record, b.epoch, b.sequence, w.record \
                  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
                    AS b(agency, source_id, epoch, sequence) \
                  LEFT JOIN {s}.source_ids i ON i.agency = b.agency AND i.source_id = b.source_id \
                  LEFT JOIN {s}.sources src ON src.no = i.no \
-                 LEFT JOIN {s}.window_entries w ON w.source_no = i.no AND w.epoch = b.epoch \
-                   AND w.sequence = b.sequence",
+                 LEFT JOIN LATERAL (SELECT record FROM {s}.window_entries \
+                   WHERE source_no = i.no AND epoch = b.epoch AND sequence = b.sequence \
+                   OFFSET 0) w ON true",
             ),
             source_no: f("SELECT no FROM {s}.source_ids WHERE agency = $1 AND source_id = $2"),
             source_ids_insert: f("INSERT INTO {s}.source_ids (agency, source_id, no) \

@@ -1,14 +1,16 @@
 //! `Tx` on PostgreSQL: one transaction (opened and committed by `PgStore`) under the
 //! schema's advisory lock. Point reads are cached for the batch (valid: no other member
 //! writes while the lock is held); writes are kept in memory and sent as one array statement
-//! per table (`flush`), before any range scan of that table and before COMMIT. A batch so
-//! costs about a dozen round trips whatever its size.
+//! per table (`flush`), queued on the connection and pipelined in front of the next range
+//! scan of that table or the COMMIT. A batch's BEGIN, lock, meta rows, relay cursors and
+//! prefetch share one round trip; a batch so costs about half a dozen round trips whatever
+//! its size.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hash;
 use std::ops::{Range, RangeInclusive};
 
-use super::conn::Conn;
+use super::conn::{Conn, Param};
 use super::schema::Sql;
 use crate::store::StoreError;
 use crate::store::tables::*;
@@ -30,6 +32,38 @@ pub(super) fn un(x: i64) -> u64 {
 /// A range bound: offsets, indices and ids stay below 2^63, so an open end is `i64::MAX`.
 pub(super) fn bound(x: u64) -> i64 {
     i64::try_from(x).unwrap_or(i64::MAX)
+}
+
+/// `prefetch`'s parameters: the positions' agencies, source ids, epochs and sequences.
+fn prefetch_params<'p>(
+    positions: &[(&'p str, &'p str, u64, u64)],
+) -> (Vec<&'p str>, Vec<&'p str>, Vec<i64>, Vec<i64>) {
+    let mut a = Vec::with_capacity(positions.len());
+    let mut s = Vec::with_capacity(positions.len());
+    let mut e = Vec::with_capacity(positions.len());
+    let mut q = Vec::with_capacity(positions.len());
+    for (agency, source_id, epoch, sequence) in positions {
+        a.push(*agency);
+        s.push(*source_id);
+        e.push(db(*epoch));
+        q.push(db(*sequence));
+    }
+    (a, s, e, q)
+}
+
+/// The lowest position the cursors of `stream` still need (`Tx::lowest_cursor`), from rows of
+/// (name, cursor, lowest parked offset at or above the floor).
+fn lowest_needed(rows: &[(String, SinkRecord, Option<u64>)], stream: Stream) -> Option<u64> {
+    let mut low: Option<u64> = None;
+    for (_, rec, first_parked) in rows {
+        // A cursor of a stream this build does not know holds both logs.
+        if rec.stream().is_some_and(|s| s != stream) {
+            continue;
+        }
+        let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
+        low = Some(low.map_or(needed, |l| l.min(needed)));
+    }
+    low
 }
 
 /// What a chunked scan calls with each row's key and record bytes.
@@ -97,6 +131,16 @@ pub struct PgTx<'c> {
     /// Appended, not yet sent (offsets above every stored one).
     new_effects: Vec<(i64, Vec<u8>)>,
     new_audit: BTreeMap<u64, AuditRecord>,
+    /// The relay's cursors with each sink's lowest parked offset, read once per transaction
+    /// (dropped when this transaction writes a cursor or a parked event).
+    cursors: Option<Vec<(String, SinkRecord, Option<u64>)>>,
+    /// The batch's positions were fetched with the meta rows (`begin_batch`).
+    prefetched: bool,
+}
+
+/// A deferred statement's parameter.
+fn param<T: tokio_postgres::types::ToSql + Sync + Send + 'static>(v: T) -> Param {
+    Box::new(v)
 }
 
 fn decode_col<K: KeyText, R: Record>(
@@ -110,14 +154,40 @@ fn decode_col<K: KeyText, R: Record>(
 impl<'c> PgTx<'c> {
     /// Inside an open transaction that holds the schema's lock: reads the meta rows.
     pub fn begin(conn: &'c Conn, sql: &'c Sql) -> Result<PgTx<'c>, StoreError> {
-        let mut meta = HashMap::new();
-        for row in conn.query(&sql.meta_all, &[])? {
-            meta.insert(row.get::<_, String>(0), row.get::<_, Vec<u8>>(1));
-        }
-        Ok(PgTx {
+        let rows = conn.query(&sql.meta_all, &[])?;
+        let mut tx = PgTx::empty(conn, sql);
+        tx.absorb_meta(rows);
+        Ok(tx)
+    }
+
+    /// `begin` for a batch: the meta rows, the relay's cursors and the batch's positions
+    /// (`Tx::prefetch`) in one round trip, behind the deferred BEGIN and lock.
+    pub fn begin_batch(
+        conn: &'c Conn,
+        sql: &'c Sql,
+        positions: &[(&str, &str, u64, u64)],
+    ) -> Result<PgTx<'c>, StoreError> {
+        let (a, s, e, q) = prefetch_params(positions);
+        let mut rows = conn
+            .queries(&[
+                (&sql.meta_all, &[]),
+                (&sql.cursors_needed, &[&0i64]),
+                (&sql.prefetch, &[&a, &s, &e, &q]),
+            ])?
+            .into_iter();
+        let mut tx = PgTx::empty(conn, sql);
+        tx.absorb_meta(rows.next().unwrap_or_default());
+        tx.absorb_cursors(rows.next().unwrap_or_default())?;
+        tx.absorb_prefetch(rows.next().unwrap_or_default())?;
+        tx.prefetched = true;
+        Ok(tx)
+    }
+
+    fn empty(conn: &'c Conn, sql: &'c Sql) -> PgTx<'c> {
+        PgTx {
             conn,
             sql,
-            meta,
+            meta: HashMap::new(),
             meta_dirty: HashSet::new(),
             source_ids: HashMap::new(),
             new_source_ids: Vec::new(),
@@ -128,7 +198,65 @@ impl<'c> PgTx<'c> {
             fp_by_id: Point::new(),
             new_effects: Vec::new(),
             new_audit: BTreeMap::new(),
-        })
+            cursors: None,
+            prefetched: false,
+        }
+    }
+
+    fn absorb_meta(&mut self, rows: Vec<tokio_postgres::Row>) {
+        for row in rows {
+            self.meta
+                .insert(row.get::<_, String>(0), row.get::<_, Vec<u8>>(1));
+        }
+    }
+
+    /// Rows of `cursors_needed`: each sink's name, cursor and lowest parked offset (at or
+    /// above the floor asked for).
+    fn absorb_cursors(&mut self, rows: Vec<tokio_postgres::Row>) -> Result<(), StoreError> {
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.get(0);
+            let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
+            let parked = row.get::<_, Option<i64>>(2).map(un);
+            out.push((name, rec, parked));
+        }
+        self.cursors = Some(out);
+        Ok(())
+    }
+
+    /// Rows of `prefetch`: each position's source number and record and window entry.
+    fn absorb_prefetch(&mut self, rows: Vec<tokio_postgres::Row>) -> Result<(), StoreError> {
+        for row in rows {
+            let agency: String = row.get(0);
+            let source_id: String = row.get(1);
+            let no: Option<i64> = row.get(2);
+            let ids_key = (agency, source_id);
+            match no {
+                None => {
+                    self.source_ids.entry(ids_key).or_insert(None);
+                }
+                Some(no) => {
+                    let no = un(no);
+                    self.source_ids.entry(ids_key).or_insert(Some(no));
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        self.sources.known.entry(no)
+                    {
+                        let rec: Option<Vec<u8>> = row.get(3);
+                        let rec = rec.map(|b| decode_col(SOURCES, &no, &b)).transpose()?;
+                        v.insert(rec);
+                    }
+                    let wkey = (no, un(row.get(4)), un(row.get(5)));
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        self.window.known.entry(wkey)
+                    {
+                        let rec: Option<Vec<u8>> = row.get(6);
+                        let rec = rec.map(|b| decode_col(WINDOW, &wkey, &b)).transpose()?;
+                        v.insert(rec);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn meta_record<T: Record>(&self, entry: MetaEntry<T>) -> Result<Option<T>, StoreError> {
@@ -150,8 +278,9 @@ impl<'c> PgTx<'c> {
         }
         let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
             std::mem::take(&mut self.new_effects).into_iter().unzip();
-        self.conn.execute(&self.sql.effects_insert, &[&k, &v])?;
-        Ok(())
+        self.conn.note_appended();
+        self.conn
+            .defer(&self.sql.effects_insert, vec![param(k), param(v)])
     }
 
     fn flush_audit(&mut self) -> Result<(), StoreError> {
@@ -162,27 +291,31 @@ impl<'c> PgTx<'c> {
             .into_iter()
             .map(|(i, r)| (db(i), AUDIT.encode(&r)))
             .unzip();
-        self.conn.execute(&self.sql.audit_insert, &[&k, &v])?;
-        Ok(())
+        self.conn.note_appended();
+        self.conn
+            .defer(&self.sql.audit_insert, vec![param(k), param(v)])
     }
 
     fn flush_quarantine(&mut self) -> Result<(), StoreError> {
         let (up, del) = self.quarantine.take_dirty();
         if !del.is_empty() {
             let ids: Vec<i64> = del.into_iter().map(db).collect();
-            self.conn.execute(&self.sql.quarantine_delete, &[&ids])?;
+            self.conn
+                .defer(&self.sql.quarantine_delete, vec![param(ids)])?;
         }
         if !up.is_empty() {
             let (k, v): (Vec<i64>, Vec<Vec<u8>>) = up
                 .into_iter()
                 .map(|(id, r)| (db(id), QUARANTINE.encode(&r)))
                 .unzip();
-            self.conn.execute(&self.sql.quarantine_upsert, &[&k, &v])?;
+            self.conn
+                .defer(&self.sql.quarantine_upsert, vec![param(k), param(v)])?;
         }
         Ok(())
     }
 
-    /// Sends every write still in memory; the transaction is then ready to commit.
+    /// Queues every write still in memory on the connection; the transaction is then ready
+    /// to commit (the COMMIT sends them).
     pub fn flush(&mut self) -> Result<(), StoreError> {
         if !self.new_source_ids.is_empty() {
             let mut a = Vec::new();
@@ -193,8 +326,10 @@ impl<'c> PgTx<'c> {
                 s.push(source_id);
                 n.push(db(no));
             }
-            self.conn
-                .execute(&self.sql.source_ids_insert, &[&a, &s, &n])?;
+            self.conn.defer(
+                &self.sql.source_ids_insert,
+                vec![param(a), param(s), param(n)],
+            )?;
         }
         let (up, _) = self.sources.take_dirty();
         if !up.is_empty() {
@@ -202,7 +337,8 @@ impl<'c> PgTx<'c> {
                 .into_iter()
                 .map(|(no, r)| (db(no), SOURCES.encode(&r)))
                 .unzip();
-            self.conn.execute(&self.sql.sources_upsert, &[&k, &v])?;
+            self.conn
+                .defer(&self.sql.sources_upsert, vec![param(k), param(v)])?;
         }
         let (up, del) = self.window.take_dirty();
         if !del.is_empty() {
@@ -212,7 +348,8 @@ impl<'c> PgTx<'c> {
                 b.push(db(e));
                 c.push(db(s));
             }
-            self.conn.execute(&self.sql.window_delete, &[&a, &b, &c])?;
+            self.conn
+                .defer(&self.sql.window_delete, vec![param(a), param(b), param(c)])?;
         }
         if !up.is_empty() {
             let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -222,8 +359,10 @@ impl<'c> PgTx<'c> {
                 c.push(db(s));
                 d.push(WINDOW.encode(&r));
             }
-            self.conn
-                .execute(&self.sql.window_upsert, &[&a, &b, &c, &d])?;
+            self.conn.defer(
+                &self.sql.window_upsert,
+                vec![param(a), param(b), param(c), param(d)],
+            )?;
         }
         self.flush_effects()?;
         self.flush_audit()?;
@@ -231,22 +370,25 @@ impl<'c> PgTx<'c> {
         let (up, del) = self.fp.take_dirty();
         if !del.is_empty() {
             let fps: Vec<Vec<u8>> = del.iter().map(|f| f.to_vec()).collect();
-            self.conn.execute(&self.sql.fp_delete, &[&fps])?;
+            self.conn.defer(&self.sql.fp_delete, vec![param(fps)])?;
         }
         if !up.is_empty() {
             let (k, v): (Vec<Vec<u8>>, Vec<i64>) =
                 up.into_iter().map(|(fp, id)| (fp.to_vec(), db(id))).unzip();
-            self.conn.execute(&self.sql.fp_upsert, &[&k, &v])?;
+            self.conn
+                .defer(&self.sql.fp_upsert, vec![param(k), param(v)])?;
         }
         let (up, del) = self.fp_by_id.take_dirty();
         if !del.is_empty() {
             let ids: Vec<i64> = del.into_iter().map(db).collect();
-            self.conn.execute(&self.sql.fp_by_id_delete, &[&ids])?;
+            self.conn
+                .defer(&self.sql.fp_by_id_delete, vec![param(ids)])?;
         }
         if !up.is_empty() {
             let (k, v): (Vec<i64>, Vec<Vec<u8>>) =
                 up.into_iter().map(|(id, fp)| (db(id), fp.to_vec())).unzip();
-            self.conn.execute(&self.sql.fp_by_id_upsert, &[&k, &v])?;
+            self.conn
+                .defer(&self.sql.fp_by_id_upsert, vec![param(k), param(v)])?;
         }
         if !self.meta_dirty.is_empty() {
             let mut names = Vec::new();
@@ -258,7 +400,7 @@ impl<'c> PgTx<'c> {
                 }
             }
             self.conn
-                .execute(&self.sql.meta_upsert, &[&names, &records])?;
+                .defer(&self.sql.meta_upsert, vec![param(names), param(records)])?;
         }
         Ok(())
     }
@@ -294,50 +436,13 @@ impl<'c> PgTx<'c> {
 
 impl Tx for PgTx<'_> {
     fn prefetch(&mut self, positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
-        if positions.is_empty() {
+        // `begin_batch` fetched these very positions already.
+        if std::mem::take(&mut self.prefetched) || positions.is_empty() {
             return Ok(());
         }
-        let mut a = Vec::new();
-        let mut s = Vec::new();
-        let mut e = Vec::new();
-        let mut q = Vec::new();
-        for (agency, source_id, epoch, sequence) in positions {
-            a.push(*agency);
-            s.push(*source_id);
-            e.push(db(*epoch));
-            q.push(db(*sequence));
-        }
-        for row in self.conn.query(&self.sql.prefetch, &[&a, &s, &e, &q])? {
-            let agency: String = row.get(0);
-            let source_id: String = row.get(1);
-            let no: Option<i64> = row.get(2);
-            let ids_key = (agency, source_id);
-            match no {
-                None => {
-                    self.source_ids.entry(ids_key).or_insert(None);
-                }
-                Some(no) => {
-                    let no = un(no);
-                    self.source_ids.entry(ids_key).or_insert(Some(no));
-                    if let std::collections::hash_map::Entry::Vacant(v) =
-                        self.sources.known.entry(no)
-                    {
-                        let rec: Option<Vec<u8>> = row.get(3);
-                        let rec = rec.map(|b| decode_col(SOURCES, &no, &b)).transpose()?;
-                        v.insert(rec);
-                    }
-                    let wkey = (no, un(row.get(4)), un(row.get(5)));
-                    if let std::collections::hash_map::Entry::Vacant(v) =
-                        self.window.known.entry(wkey)
-                    {
-                        let rec: Option<Vec<u8>> = row.get(6);
-                        let rec = rec.map(|b| decode_col(WINDOW, &wkey, &b)).transpose()?;
-                        v.insert(rec);
-                    }
-                }
-            }
-        }
-        Ok(())
+        let (a, s, e, q) = prefetch_params(positions);
+        let rows = self.conn.query(&self.sql.prefetch, &[&a, &s, &e, &q])?;
+        self.absorb_prefetch(rows)
     }
 
     fn meta(&mut self) -> Result<Meta, StoreError> {
@@ -488,11 +593,10 @@ impl Tx for PgTx<'_> {
 
     fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         self.flush_effects()?;
-        self.conn.execute(
+        self.conn.defer(
             &self.sql.effects_delete_range,
-            &[&bound(*range.start()), &bound(*range.end())],
-        )?;
-        Ok(())
+            vec![param(bound(*range.start())), param(bound(*range.end()))],
+        )
     }
 
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError> {
@@ -535,11 +639,10 @@ impl Tx for PgTx<'_> {
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         self.flush_audit()?;
-        self.conn.execute(
+        self.conn.defer(
             &self.sql.audit_delete_range,
-            &[&bound(*range.start()), &bound(*range.end())],
-        )?;
-        Ok(())
+            vec![param(bound(*range.start())), param(bound(*range.end()))],
+        )
     }
 
     fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
@@ -638,19 +741,28 @@ impl Tx for PgTx<'_> {
     }
 
     fn lowest_cursor(&mut self, stream: Stream, floor: u64) -> Result<Option<u64>, StoreError> {
-        let mut low: Option<u64> = None;
+        // Read once per transaction, each sink's lowest parked offset of all: the floors of
+        // both logs are answered from the same rows.
+        if self.cursors.is_none() {
+            let rows = self.conn.query(&self.sql.cursors_needed, &[&0i64])?;
+            self.absorb_cursors(rows)?;
+        }
+        let cached = self.cursors.as_deref().unwrap_or_default();
+        // An event parked below the floor (by a version before parked events held retention)
+        // holds nothing: then ask for the lowest at or above the floor.
+        let below = cached.iter().any(|(_, rec, parked)| {
+            rec.stream().is_none_or(|s| s == stream) && parked.is_some_and(|p| p < floor)
+        });
+        if !below {
+            return Ok(lowest_needed(cached, stream));
+        }
+        let mut rows = Vec::new();
         for row in self.conn.query(&self.sql.cursors_needed, &[&db(floor)])? {
             let name: String = row.get(0);
             let rec = decode_col(SINK_CURSORS, &name.as_str(), row.get::<_, &[u8]>(1))?;
-            // A cursor of a stream this build does not know holds both logs.
-            if rec.stream().is_some_and(|s| s != stream) {
-                continue;
-            }
-            let first_parked = row.get::<_, Option<i64>>(2).map(un);
-            let needed = first_parked.map_or(rec.next, |p| p.min(rec.next));
-            low = Some(low.map_or(needed, |l| l.min(needed)));
+            rows.push((name, rec, row.get::<_, Option<i64>>(2).map(un)));
         }
-        Ok(low)
+        Ok(lowest_needed(&rows, stream))
     }
 
     fn ledger(
@@ -701,6 +813,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn put_sink_cursor(&mut self, name: &str, record: &SinkRecord) -> Result<(), StoreError> {
+        self.cursors = None;
         self.conn.execute(
             &self.sql.cursor_upsert,
             &[&name, &SINK_CURSORS.encode(record)],
@@ -709,6 +822,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn remove_sink_cursor(&mut self, name: &str) -> Result<Option<SinkRecord>, StoreError> {
+        self.cursors = None;
         let rows = self.conn.query(&self.sql.cursor_delete, &[&name])?;
         rows.first()
             .map(|row| decode_col(SINK_CURSORS, &name, row.get::<_, &[u8]>(0)))
@@ -741,6 +855,7 @@ impl Tx for PgTx<'_> {
         offset: u64,
         record: &ParkedRecord,
     ) -> Result<bool, StoreError> {
+        self.cursors = None;
         let rows = self.conn.query(
             &self.sql.parked_upsert,
             &[&name, &db(offset), &SINK_PARKED.encode(record)],
@@ -749,6 +864,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn remove_parked(&mut self, name: &str, range: RangeInclusive<u64>) -> Result<u64, StoreError> {
+        self.cursors = None;
         let (lo, hi) = (bound(*range.start()), bound(*range.end()));
         self.conn
             .execute(&self.sql.parked_delete_range, &[&name, &lo, &hi])
