@@ -1376,7 +1376,8 @@ impl SinkTask {
             {
                 reading = Some(Box::pin(self.read_from(from, max)));
             }
-            let tick = idle_since.map_or(CURSOR_FLUSH, |t| CURSOR_FLUSH.saturating_sub(t.elapsed()));
+            let tick =
+                idle_since.map_or(CURSOR_FLUSH, |t| CURSOR_FLUSH.saturating_sub(t.elapsed()));
             let pending = !win.is_empty();
             tokio::select! {
                 r = async {
@@ -1478,16 +1479,20 @@ impl SinkTask {
     }
 
     /// Whether an operator asked to retry a parked event of this sink (`relay retry`).
-    async fn retry_wanted(&self) -> Result<bool, RelayError> {
+    fn retry_wanted(
+        &self,
+    ) -> impl std::future::Future<Output = Result<bool, RelayError>> + Send + 'static {
         let name = self.name().to_string();
-        self.ctx
-            .shared
-            .read(move |s| {
-                Ok(s.sink_parked(Some(&name))?
-                    .iter()
-                    .any(|p| p.record.retry_requested_at_ms.is_some()))
-            })
-            .await
+        let shared = self.ctx.shared.clone();
+        async move {
+            shared
+                .read(move |s| {
+                    Ok(s.sink_parked(Some(&name))?
+                        .iter()
+                        .any(|p| p.record.retry_requested_at_ms.is_some()))
+                })
+                .await
+        }
     }
 
     /// Between two attempts at a failing batch: follows operator actions; `true` when one

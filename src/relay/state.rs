@@ -853,11 +853,19 @@ mod tests {
         read_into(&mut w, 1_000);
         // 12 acknowledged, then the connection is lost with 88 in flight.
         let a = s.attempt(w.pending(), 12, retry("connection lost"));
-        assert!(matches!(a.step, Step::BackOff { failures: 1, .. }), "{:?}", a.step);
+        assert!(
+            matches!(a.step, Step::BackOff { failures: 1, .. }),
+            "{:?}",
+            a.step
+        );
         assert_eq!(s.next(), 12);
         w.restart(s.next());
         assert!(w.is_empty());
-        assert_eq!(w.wants(), Some((12, 50)), "the unacknowledged suffix goes out again");
+        assert_eq!(
+            w.wants(),
+            Some((12, 50)),
+            "the unacknowledged suffix goes out again"
+        );
         // A refusal of the front event parks it; the window goes on after it.
         read_into(&mut w, 1_000);
         let Step::Park(p) = s.attempt(w.pending(), 0, refused("0x87")).step else {

@@ -205,6 +205,20 @@ pub struct Publisher {
     /// one message in flight and widens the window by one per PUBACK, so a message that makes
     /// the broker close the connection takes few acknowledgements of others with it.
     cautious: bool,
+    /// A connection being made.
+    connecting: Option<Connecting>,
+}
+
+/// A connection being made, on a task of its own: a `progress` call cancelled meanwhile
+/// finds it again, so no connection is abandoned half made.
+type Connecting = tokio::task::JoinHandle<Result<Connection, TransportError>>;
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if let Some(c) = &self.connecting {
+            c.abort();
+        }
+    }
 }
 
 /// A message handed over and not yet reported.
@@ -260,11 +274,12 @@ impl Flight {
     /// The next message to queue while fewer than `window` are in flight and no failure
     /// stops it: its number and the sizes of its topic and payload.
     fn peek(&self, window: usize) -> Option<(u64, usize, usize)> {
-        if self.in_flight >= window || self.failure.as_ref().is_some_and(|(i, _)| *i <= self.next)
-        {
+        if self.in_flight >= window || self.failure.as_ref().is_some_and(|(i, _)| *i <= self.next) {
             return None;
         }
-        let slot = self.slots.get(usize::try_from(self.next - self.base).ok()?)?;
+        let slot = self
+            .slots
+            .get(usize::try_from(self.next - self.base).ok()?)?;
         let (topic, payload) = slot.message.as_ref()?;
         Some((self.next, topic.len(), payload.len()))
     }
@@ -337,7 +352,11 @@ impl Flight {
             self.base += 1;
             acked += 1;
         }
-        if self.failure.as_ref().is_some_and(|(at, _)| *at <= self.base) {
+        if self
+            .failure
+            .as_ref()
+            .is_some_and(|(at, _)| *at <= self.base)
+        {
             let failure = self.failure.take().map(|(_, e)| e);
             return Some(Published { acked, failure });
         }
@@ -370,6 +389,7 @@ impl Publisher {
             since: Instant::now(),
             refused: None,
             cautious: false,
+            connecting: None,
         }
     }
 
@@ -421,7 +441,24 @@ impl Publisher {
         }
         if self.conn.is_none() {
             let at = self.flight.base;
-            match tokio::time::timeout_at(deadline, self.connect()).await {
+            let connecting = self
+                .connecting
+                .get_or_insert_with(|| tokio::spawn(Publisher::connect(self.sink.clone())));
+            let made = match tokio::time::timeout_at(deadline, connecting).await {
+                Ok(Ok(made)) => Ok(made),
+                Ok(Err(e)) => Ok(Err(TransportError::Connect {
+                    broker: self.sink.broker.to_string(),
+                    why: format!("the connecting task failed: {e}"),
+                })),
+                Err(elapsed) => {
+                    if let Some(c) = &self.connecting {
+                        c.abort();
+                    }
+                    Err(elapsed)
+                }
+            };
+            self.connecting = None;
+            match made {
                 Ok(Ok(c)) => {
                     self.window = if std::mem::take(&mut self.cautious) {
                         1
@@ -430,7 +467,9 @@ impl Publisher {
                     };
                     self.conn = Some(c);
                 }
-                Ok(Err(e)) => self.flight.fail(at, PublishError::Connection(e.to_string())),
+                Ok(Err(e)) => self
+                    .flight
+                    .fail(at, PublishError::Connection(e.to_string())),
                 Err(_) => self.flight.fail(at, PublishError::Timeout(limit)),
             }
         }
@@ -486,8 +525,7 @@ impl Publisher {
                 return;
             };
             if let Err(e) = queue(&conn.client, &topic, payload) {
-                self.flight
-                    .fail(n, PublishError::Connection(e.to_string()));
+                self.flight.fail(n, PublishError::Connection(e.to_string()));
                 return;
             }
         }
@@ -541,8 +579,9 @@ impl Publisher {
         }
     }
 
-    async fn connect(&self) -> Result<Connection, TransportError> {
-        let s = &self.sink;
+    /// Connects (a future of its own, kept across cancelled `progress` calls).
+    async fn connect(sink: MqttSink) -> Result<Connection, TransportError> {
+        let s = &sink;
         let endpoint = Endpoint {
             broker: &s.broker,
             client_id: &s.client_id,
@@ -606,6 +645,9 @@ impl Publisher {
     /// Sends DISCONNECT and waits a moment for it to leave; the next `publish` reconnects.
     pub async fn close(&mut self) {
         self.flight.clear();
+        if let Some(c) = self.connecting.take() {
+            c.abort();
+        }
         let Some(mut conn) = self.conn.take() else {
             return;
         };
@@ -845,8 +887,15 @@ mod tests {
     fn a_refusal_mid_window_is_reported_once_the_prefix_before_it_is_acknowledged() {
         let mut f = flight(4, 20);
         f.acked(1, None);
-        assert_eq!(f.acked(3, Some(refused())), Some(2), "the refused message's digest");
-        assert_eq!(f.take_progress().map(|p| (p.acked, p.failure)), Some((1, None)));
+        assert_eq!(
+            f.acked(3, Some(refused())),
+            Some(2),
+            "the refused message's digest"
+        );
+        assert_eq!(
+            f.take_progress().map(|p| (p.acked, p.failure)),
+            Some((1, None))
+        );
         f.acked(2, None);
         assert_eq!(
             f.take_progress(),
@@ -867,7 +916,10 @@ mod tests {
             f.acked(pkid, None);
         }
         f.lost(PublishError::Connection("gone".into()));
-        assert_eq!(f.take_progress().map(|p| (p.acked, p.failure)), Some((3, None)));
+        assert_eq!(
+            f.take_progress().map(|p| (p.acked, p.failure)),
+            Some((3, None))
+        );
         let mut f = flight(3, 20);
         f.acked(1, None);
         f.lost(PublishError::Connection("gone".into()));
