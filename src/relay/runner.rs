@@ -565,6 +565,15 @@ struct SinkTask {
     not_selected: std::collections::BTreeSet<u64>,
 }
 
+/// A cursor write under way beside a windowed sink's deliveries (`SinkTask::start_flush`).
+struct Flushing {
+    write: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<CursorWrite, RelayError>> + Send>,
+    >,
+    /// Where it moves the cursor.
+    to: u64,
+}
+
 /// What `read_batch` found.
 struct Read {
     /// An event parked with `on_poison = "block"` holds the cursor.
@@ -1332,6 +1341,7 @@ impl SinkTask {
         let mut hold = false;
         let mut idle_since: Option<Instant> = None;
         let mut failing = false;
+        let mut flushing: Option<Flushing> = None;
         loop {
             let stopping = stop_seen || self.stopping();
             if win.is_empty() && reading.is_none() {
@@ -1339,6 +1349,7 @@ impl SinkTask {
                     break;
                 }
                 if hold {
+                    self.settle_flush(&mut flushing).await?;
                     self.retry_requested().await?;
                     hold = false;
                     if moved(self) {
@@ -1355,7 +1366,11 @@ impl SinkTask {
                     idle_since = None;
                 }
             }
-            self.flush(false).await?;
+            // The cursor is written beside the deliveries (a write in progress is finished
+            // before any other write of this sink: a park, a backoff's, a retried event's).
+            if flushing.is_none() {
+                flushing = self.start_flush();
+            }
             if moved(self) {
                 self.sink.forget();
                 break;
@@ -1425,6 +1440,7 @@ impl SinkTask {
                     // A failure: the sink forgot everything handed over; what is read from
                     // here on starts at the cursor again.
                     let front = win.pending().get(attempted.delivered).cloned();
+                    self.settle_flush(&mut flushing).await?;
                     self.sink.forget();
                     reading = None;
                     win.restart(self.state.next());
@@ -1462,6 +1478,16 @@ impl SinkTask {
                     // Stopping (or nobody can ask any more): nothing more is read.
                     stop_seen = true;
                 }
+                w = async {
+                    match flushing.as_mut() {
+                        Some(f) => (&mut f.write).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some(f) = flushing.take() {
+                        self.flushed(f.to, w).await?;
+                    }
+                }
                 _ = async { hard.wait_for(|h| *h).await.is_ok() } => {
                     tracing::warn!(sink = %self.ctx.cfg.name, "shutdown timeout: abandoning the deliveries in flight to sink {}", self.ctx.cfg.name);
                     self.sink.forget();
@@ -1475,7 +1501,63 @@ impl SinkTask {
                 }
             }
         }
+        self.settle_flush(&mut flushing).await
+    }
+
+    /// The cursor write `flush(false)` would make now, started beside the window's
+    /// deliveries (`None`: none due, or one with parked events, which `flush` makes).
+    fn start_flush(&mut self) -> Option<Flushing> {
+        if self.state.has_parked() {
+            return None;
+        }
+        let FlushDue::Write {
+            generation,
+            from,
+            to,
+        } = self
+            .state
+            .flush_due(false, self.flushed_at.elapsed(), CURSOR_FLUSH)
+        else {
+            return None;
+        };
+        let name = self.name().to_string();
+        let passed: Vec<u64> = self.not_selected.range(from..to).copied().collect();
+        let shared = self.ctx.shared.clone();
+        Some(Flushing {
+            write: Box::pin(async move {
+                shared
+                    .write(move |s| {
+                        s.advance_sink_passing(&name, generation, from, to, &[], &passed, now_ms())
+                    })
+                    .await
+            }),
+            to,
+        })
+    }
+
+    /// Follows a cursor write `start_flush` made, as `flush` does.
+    async fn flushed(
+        &mut self,
+        to: u64,
+        w: Result<CursorWrite, RelayError>,
+    ) -> Result<(), RelayError> {
+        let w = w?;
+        self.not_selected = self.not_selected.split_off(&to);
+        self.flushed_at = Instant::now();
+        self.adopt(w);
+        self.refresh_lag(true).await;
         Ok(())
+    }
+
+    /// Finishes the cursor write in progress, if any.
+    async fn settle_flush(&mut self, flushing: &mut Option<Flushing>) -> Result<(), RelayError> {
+        match flushing.take() {
+            Some(f) => {
+                let w = f.write.await;
+                self.flushed(f.to, w).await
+            }
+            None => Ok(()),
+        }
     }
 
     /// Whether an operator asked to retry a parked event of this sink (`relay retry`).

@@ -1,5 +1,7 @@
 //! Publishing at QoS 1 for the relay's `mqtt` sink: one connection, many publishes in flight,
-//! and the acknowledged prefix reported in order.
+//! and the acknowledged prefix reported in order. Messages are handed over (`Publisher::hand`)
+//! while earlier ones are in flight, so the window stays full across the relay's batches;
+//! what is in flight is tracked sans-IO (`Flight`).
 //!
 //! A connection lives only as long as it is healthy. On any error (a lost connection, a
 //! timeout, a DISCONNECT from the broker, an attempt that ends with publishes still in flight)
