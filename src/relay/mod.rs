@@ -9,7 +9,10 @@
 //!
 //! A sink is driven through `Sink::deliver`: it is handed a batch of events in effect-offset
 //! order and says how many of them, from the front, were delivered, and what went wrong with
-//! the next one. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
+//! the next one. A windowed sink (`mqtt`) is instead handed events as the runner reads them
+//! (`Sink::hand`) and reports the acknowledged prefix as it grows (`Sink::acked`), so that
+//! events of the next batch go out while the previous batch's acknowledgements are on their
+//! way. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
 //! the rules of `state`, which does no I/O.
 
 pub mod envelope;
@@ -284,6 +287,40 @@ impl Sink {
             Sink::Http(s) => s.deliver(batch, cursor).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
             Sink::Syslog(s) => s.deliver(batch, cursor).await,
+        }
+    }
+
+    /// Whether the sink takes events as a window (`hand`, `acked`, `forget`) that the runner
+    /// keeps full across its batches, rather than batch by batch (`deliver`).
+    pub fn windowed(&self) -> bool {
+        matches!(self, Sink::Mqtt(_))
+    }
+
+    /// Windowed: hands `events` (the ones after those handed over before, in offset order)
+    /// to the sink, which sends them behind those in flight. A sink without the mode ignores
+    /// them.
+    pub fn hand(&mut self, events: &[Event]) {
+        if let Sink::Mqtt(s) = self {
+            s.hand(events);
+        }
+    }
+
+    /// Windowed: waits until more of the events handed over are acknowledged from the
+    /// front (`delivered`, never 0 without a failure while any are pending), or one fails:
+    /// `failure` is then that of the event after the acknowledged ones, and the sink has
+    /// forgotten every event handed over (the runner hands the rest over again). Cancel-safe.
+    pub async fn acked(&mut self) -> Attempt {
+        match self {
+            Sink::Mqtt(s) => s.acked().await,
+            _ => Attempt::retry(0, "the sink takes no window"),
+        }
+    }
+
+    /// Windowed: forgets every event handed over and not yet reported (an operator moved the
+    /// cursor, or the relay stops): whatever of them still arrives is delivered again later.
+    pub fn forget(&mut self) {
+        if let Sink::Mqtt(s) = self {
+            s.forget();
         }
     }
 

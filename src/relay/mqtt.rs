@@ -7,13 +7,17 @@ use std::time::Duration;
 use super::{Attempt, CursorAfter, Event, Failure};
 use crate::config::MqttSink as MqttSinkConfig;
 use crate::config::TOPIC_PLACEHOLDERS;
-use crate::transport::publish::{Message, PublishError, Publisher, topic_name_problem};
+use crate::transport::publish::{PublishError, Publisher, topic_name_problem};
 
 pub struct MqttSink {
     /// Boxed: the client's state is large beside the other sinks.
     publisher: Box<Publisher>,
     template: String,
     timeout: Duration,
+    /// The event after those handed to the publisher fills the template with no topic name:
+    /// reported as poison once the publisher reports all before it; nothing after it is
+    /// taken until then.
+    poison: Option<Failure>,
 }
 
 impl MqttSink {
@@ -22,47 +26,85 @@ impl MqttSink {
             publisher: Box::new(Publisher::new(cfg)),
             template: cfg.topic.clone(),
             timeout,
+            poison: None,
         }
     }
 
-    pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
-        let topics: Vec<String> = batch.iter().map(|e| fill(&self.template, e)).collect();
-        // Events up to the first unusable topic are published; that one is poison.
-        let bad = topics
-            .iter()
-            .enumerate()
-            .find_map(|(i, t)| topic_name_problem(t).map(|why| (i, why)));
-        let upto = bad.map_or(batch.len(), |(i, _)| i);
-        let messages: Vec<Message<'_>> = batch[..upto]
-            .iter()
-            .zip(&topics)
-            .map(|(e, t)| Message {
-                topic: t,
-                payload: &e.json,
-            })
-            .collect();
-        let out = self.publisher.publish(&messages, self.timeout).await;
+    /// Hands `events` over, to be published after those handed over before (the windowed
+    /// mode: `acked` reports them).
+    pub fn hand(&mut self, events: &[Event]) {
+        for e in events {
+            if self.poison.is_some() {
+                return;
+            }
+            let topic = fill(&self.template, e);
+            if let Some(why) = topic_name_problem(&topic) {
+                self.poison = Some(Failure::Poison {
+                    reason: format!(
+                        "the topic template {:?} gives {:?}, which {why}: not a valid MQTT topic \
+                         name",
+                        self.template,
+                        shorten(&topic)
+                    ),
+                    response: String::new(),
+                });
+                return;
+            }
+            self.publisher.hand(topic, e.json.as_bytes().to_vec());
+        }
+    }
+
+    /// Waits until more of what was handed over is acknowledged from the front, or a failure
+    /// (after which nothing handed over is pending). Cancel-safe.
+    pub async fn acked(&mut self) -> Attempt {
+        if self.publisher.pending() == 0 {
+            return Attempt {
+                delivered: 0,
+                failure: self.poison.take(),
+            };
+        }
+        let out = self.publisher.progress(self.timeout).await;
         if let Some(f) = out.failure {
+            self.poison = None;
             return Attempt {
                 delivered: out.acked,
                 failure: Some(failure(f)),
             };
         }
-        match bad {
-            None => Attempt::all(batch.len()),
-            Some((i, why)) => Attempt {
-                delivered: i,
-                failure: Some(Failure::Poison {
-                    reason: format!(
-                        "the topic template {:?} gives {:?}, which {why}: not a valid MQTT topic \
-                         name",
-                        self.template,
-                        shorten(&topics[i])
-                    ),
-                    response: String::new(),
-                }),
-            },
+        let failure = if self.publisher.pending() == 0 {
+            self.poison.take()
+        } else {
+            None
+        };
+        Attempt {
+            delivered: out.acked,
+            failure,
         }
+    }
+
+    /// Forgets everything handed over.
+    pub fn forget(&mut self) {
+        self.poison = None;
+        self.publisher.forget();
+    }
+
+    pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
+        // Anything left by a call abandoned mid-way is not ours to report.
+        self.forget();
+        self.hand(batch);
+        let mut delivered = 0;
+        while delivered < batch.len() {
+            let a = self.acked().await;
+            delivered += a.delivered;
+            if a.failure.is_some() || a.delivered == 0 {
+                self.forget();
+                return Attempt {
+                    delivered,
+                    failure: a.failure,
+                };
+            }
+        }
+        Attempt::all(batch.len())
     }
 
     pub async fn close(&mut self) {

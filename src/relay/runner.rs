@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use super::envelope;
 use super::state::{
     self, Adopted, Adoption, Block, FAILING, FlushDue, Jitter, Park, Phase, Retried, SinkState,
-    SinkStatus, Step,
+    SinkStatus, Step, Window,
 };
 use super::{Attempt, CursorAfter, Event, Sink};
 use crate::config::StoreLocation;
@@ -593,6 +593,15 @@ struct SinkTask {
     not_selected: std::collections::BTreeSet<u64>,
 }
 
+/// A cursor write under way beside a windowed sink's deliveries (`SinkTask::start_flush`).
+struct Flushing {
+    write: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<CursorWrite, RelayError>> + Send>,
+    >,
+    /// Where it moves the cursor.
+    to: u64,
+}
+
 /// What `read_batch` found.
 struct Read {
     /// An event parked with `on_poison = "block"` holds the cursor.
@@ -746,7 +755,11 @@ impl SinkTask {
                 }
             }
             self.status(Phase::Delivering, None);
-            self.deliver(&batch).await?;
+            if self.sink.windowed() {
+                self.pump(batch, scanned_to).await?;
+            } else {
+                self.deliver(&batch).await?;
+            }
             if self.flushed_at.elapsed() >= CURSOR_FLUSH || self.state.has_parked() {
                 self.flush(false).await?;
             }
@@ -1193,73 +1206,87 @@ impl SinkTask {
     /// cursor, and else the next batch from it. An audit sink's entries that its `outcomes`
     /// does not select are noted (`not_selected`), not offered.
     async fn read_batch(&mut self) -> Result<Read, RelayError> {
-        let (from, max) = (self.state.next(), self.ctx.cfg.batch_max);
-        let source = self.ctx.shared.source.clone();
-        let name = self.name().to_string();
-        let (stream, selection) = (self.ctx.cfg.stream, self.selection());
         let (read, passed) = self
-            .ctx
-            .shared
-            .read(move |snap| {
-                if snap
-                    .sink_parked_at(&name, from)?
-                    .is_some_and(|p| p.blocking)
-                {
-                    return Ok((
-                        Read {
-                            blocked: true,
-                            events: Vec::new(),
-                            scanned_to: from,
-                        },
-                        Vec::new(),
-                    ));
-                }
-                let mut events = Vec::with_capacity(max.min(1024));
-                let mut passed = Vec::new();
-                let mut scanned_to = from;
-                // Entries passed over count too, so one batch reads a bounded stretch.
-                let scan_max = max.saturating_mul(16).max(1024);
-                let mut scanned = 0;
-                let mut push = |pos: u64, ev: Option<Event>| {
-                    scanned_to = pos + 1;
-                    scanned += 1;
-                    match ev {
-                        Some(ev) => events.push(ev),
-                        None => passed.push(pos),
-                    }
-                    if events.len() >= max || scanned >= scan_max {
-                        std::ops::ControlFlow::Break(())
-                    } else {
-                        std::ops::ControlFlow::Continue(())
-                    }
-                };
-                match stream {
-                    Stream::Effects => snap.scan_effects::<StoreError>(from, |e| {
-                        Ok(push(
-                            e.offset,
-                            Some(Event::of_effect(&source, e.offset, &e.record)),
-                        ))
-                    })?,
-                    Stream::Audit => snap.scan_audit::<StoreError>(from, |e| {
-                        let selected = selection
-                            .as_ref()
-                            .is_none_or(|s| s.contains(&e.record.outcome));
-                        let ev = selected.then(|| Event::of_audit(&source, &e));
-                        Ok(push(e.index, ev))
-                    })?,
-                }
-                Ok((
-                    Read {
-                        blocked: false,
-                        events,
-                        scanned_to,
-                    },
-                    passed,
-                ))
-            })
+            .read_from(self.state.next(), self.ctx.cfg.batch_max)
             .await?;
         self.not_selected.extend(passed);
         Ok(read)
+    }
+
+    /// `read_batch` from `from`, at most `max` events, as a future that borrows nothing of
+    /// the task (the windowed sink's reads run beside its acknowledgements); the audit
+    /// entries passed over come back beside the read, for `not_selected`.
+    fn read_from(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<(Read, Vec<u64>), RelayError>> + Send + 'static
+    {
+        let source = self.ctx.shared.source.clone();
+        let name = self.name().to_string();
+        let (stream, selection) = (self.ctx.cfg.stream, self.selection());
+        let shared = self.ctx.shared.clone();
+        async move {
+            shared
+                .read(move |snap| {
+                    if snap
+                        .sink_parked_at(&name, from)?
+                        .is_some_and(|p| p.blocking)
+                    {
+                        return Ok((
+                            Read {
+                                blocked: true,
+                                events: Vec::new(),
+                                scanned_to: from,
+                            },
+                            Vec::new(),
+                        ));
+                    }
+                    let mut events = Vec::with_capacity(max.min(1024));
+                    let mut passed = Vec::new();
+                    let mut scanned_to = from;
+                    // Entries passed over count too, so one batch reads a bounded stretch.
+                    let scan_max = max.saturating_mul(16).max(1024);
+                    let mut scanned = 0;
+                    let mut push = |pos: u64, ev: Option<Event>| {
+                        scanned_to = pos + 1;
+                        scanned += 1;
+                        match ev {
+                            Some(ev) => events.push(ev),
+                            None => passed.push(pos),
+                        }
+                        if events.len() >= max || scanned >= scan_max {
+                            std::ops::ControlFlow::Break(())
+                        } else {
+                            std::ops::ControlFlow::Continue(())
+                        }
+                    };
+                    match stream {
+                        Stream::Effects => snap.scan_effects::<StoreError>(from, |e| {
+                            Ok(push(
+                                e.offset,
+                                Some(Event::of_effect(&source, e.offset, &e.record)),
+                            ))
+                        })?,
+                        Stream::Audit => snap.scan_audit::<StoreError>(from, |e| {
+                            let selected = selection
+                                .as_ref()
+                                .is_none_or(|s| s.contains(&e.record.outcome));
+                            let ev = selected.then(|| Event::of_audit(&source, &e));
+                            Ok(push(e.index, ev))
+                        })?,
+                    }
+                    Ok((
+                        Read {
+                            blocked: false,
+                            events,
+                            scanned_to,
+                        },
+                        passed,
+                    ))
+                })
+                .await
+        }
     }
 
     /// Delivers `batch` until all of it is delivered or parked, or the relay stops; after
@@ -1315,6 +1342,267 @@ impl SinkTask {
             }
         }
         Ok(())
+    }
+
+    /// Delivers through a windowed sink from the cursor on, starting with `first` (read up to
+    /// `scanned_to`): the next events are read and handed over while earlier ones await
+    /// their acknowledgement (`state::Window`), and the cursor moves over the acknowledged
+    /// prefix only. A failure is followed as `deliver` follows it (backoff, park, block);
+    /// everything after the cursor is then handed over again. Returns once nothing is pending
+    /// and the log held nothing more for `CURSOR_FLUSH`, or the sink blocks, an operator moves
+    /// the cursor, or the relay stops (what is in flight is acknowledged first, unless the
+    /// shutdown timeout is reached).
+    async fn pump(&mut self, first: Vec<Event>, scanned_to: u64) -> Result<(), RelayError> {
+        type Reading = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(Read, Vec<u64>), RelayError>> + Send>,
+        >;
+        self.state.begin_batch();
+        let generation = self.state.generation();
+        let moved = |t: &SinkTask| t.state.generation() != generation;
+        let mut win = Window::new(self.state.next(), self.ctx.cfg.batch_max);
+        self.sink.hand(&first);
+        win.read(first, scanned_to);
+        let mut reading: Option<Reading> = None;
+        let (mut stop, mut hard) = (self.ctx.stop.clone(), self.ctx.hard.clone());
+        let (mut stop_seen, mut wake_closed) = (false, false);
+        // Parked events an operator asked to retry go out once the window is empty.
+        let mut hold = false;
+        let mut idle_since: Option<Instant> = None;
+        let mut failing = false;
+        let mut flushing: Option<Flushing> = None;
+        loop {
+            let stopping = stop_seen || self.stopping();
+            if win.is_empty() && reading.is_none() {
+                if stopping {
+                    break;
+                }
+                if hold {
+                    self.settle_flush(&mut flushing).await?;
+                    self.retry_requested().await?;
+                    hold = false;
+                    if moved(self) {
+                        break;
+                    }
+                    win.restart(self.state.next());
+                }
+                if win.drained() {
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= CURSOR_FLUSH {
+                        break;
+                    }
+                } else {
+                    idle_since = None;
+                }
+            }
+            // The cursor is written beside the deliveries (a write in progress is finished
+            // before any other write of this sink: a park, a backoff's, a retried event's).
+            if flushing.is_none() {
+                flushing = self.start_flush();
+            }
+            if moved(self) {
+                self.sink.forget();
+                break;
+            }
+            if self.reloaded_at.is_none_or(|t| t.elapsed() >= RELOAD_EVERY) {
+                self.reload_if_moved().await?;
+                hold |= self.retry_wanted().await?;
+                self.reloaded_at = Some(Instant::now());
+                if moved(self) {
+                    self.sink.forget();
+                    break;
+                }
+            }
+            if reading.is_none()
+                && !stopping
+                && !hold
+                && let Some((from, max)) = win.wants()
+            {
+                reading = Some(Box::pin(self.read_from(from, max)));
+            }
+            let tick =
+                idle_since.map_or(CURSOR_FLUSH, |t| CURSOR_FLUSH.saturating_sub(t.elapsed()));
+            let pending = !win.is_empty();
+            tokio::select! {
+                r = async {
+                    match reading.as_mut() {
+                        Some(f) => f.await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    reading = None;
+                    let (read, passed) = r?;
+                    self.not_selected.extend(passed);
+                    if read.blocked {
+                        // An event parked to block holds the cursor: the work loop waits there.
+                        if win.is_empty() {
+                            break;
+                        }
+                        win.read(Vec::new(), read.scanned_to);
+                        continue;
+                    }
+                    self.sink.hand(&read.events);
+                    win.read(read.events, read.scanned_to);
+                    if win.is_empty() {
+                        // Only entries this audit sink does not select: passed over.
+                        if let Some(to) = win.acked(0) {
+                            self.state.advance_to(to);
+                        }
+                    }
+                }
+                a = self.sink.acked(), if pending => {
+                    let Attempt { delivered, failure } = a;
+                    let attempted = self.state.attempt(win.pending(), delivered, failure);
+                    if let Some(class) = attempted.unblocked {
+                        tracing::info!(sink = %self.ctx.cfg.name, %class, "the receiver accepts events again: the sink is no longer blocked");
+                    }
+                    if attempted.step == Step::Go {
+                        if let Some(to) = win.acked(attempted.delivered) {
+                            self.state.advance_to(to);
+                        }
+                        if failing {
+                            failing = false;
+                            self.status(Phase::Delivering, None);
+                        }
+                        continue;
+                    }
+                    // A failure: the sink forgot everything handed over; what is read from
+                    // here on starts at the cursor again.
+                    let front = win.pending().get(attempted.delivered).cloned();
+                    self.settle_flush(&mut flushing).await?;
+                    self.sink.forget();
+                    reading = None;
+                    win.restart(self.state.next());
+                    failing = true;
+                    match attempted.step {
+                        Step::Go | Step::End => {}
+                        Step::BackOff { failures, after, error, state } => {
+                            if self.back_off(failures, after, &error, state).await
+                                || self.followed(moved).await?
+                            {
+                                break;
+                            }
+                        }
+                        Step::Park(park) => {
+                            let Some(ev) = front else {
+                                break;
+                            };
+                            if self.park(&park, &ev).await? || moved(self) {
+                                break;
+                            }
+                            self.state.passed(park);
+                        }
+                        Step::Block(block) => {
+                            self.block(&block).await?;
+                            break;
+                        }
+                    }
+                    win.restart(self.state.next());
+                }
+                r = self.ctx.wake.changed(), if win.drained() && !wake_closed => {
+                    wake_closed = r.is_err();
+                    win.woken();
+                }
+                _ = async { stop.wait_for(|s| *s).await.is_ok() }, if !stop_seen => {
+                    // Stopping (or nobody can ask any more): nothing more is read.
+                    stop_seen = true;
+                }
+                w = async {
+                    match flushing.as_mut() {
+                        Some(f) => (&mut f.write).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some(f) = flushing.take() {
+                        self.flushed(f.to, w).await?;
+                    }
+                }
+                _ = async { hard.wait_for(|h| *h).await.is_ok() } => {
+                    tracing::warn!(sink = %self.ctx.cfg.name, "shutdown timeout: abandoning the deliveries in flight to sink {}", self.ctx.cfg.name);
+                    self.sink.forget();
+                    break;
+                }
+                () = tokio::time::sleep(tick) => {
+                    // The log is looked at again at least this often, woken or not.
+                    if win.drained() && !pending {
+                        win.woken();
+                    }
+                }
+            }
+        }
+        self.settle_flush(&mut flushing).await
+    }
+
+    /// The cursor write `flush(false)` would make now, started beside the window's
+    /// deliveries (`None`: none due, or one with parked events, which `flush` makes).
+    fn start_flush(&mut self) -> Option<Flushing> {
+        if self.state.has_parked() {
+            return None;
+        }
+        let FlushDue::Write {
+            generation,
+            from,
+            to,
+        } = self
+            .state
+            .flush_due(false, self.flushed_at.elapsed(), CURSOR_FLUSH)
+        else {
+            return None;
+        };
+        let name = self.name().to_string();
+        let passed: Vec<u64> = self.not_selected.range(from..to).copied().collect();
+        let shared = self.ctx.shared.clone();
+        Some(Flushing {
+            write: Box::pin(async move {
+                shared
+                    .write(move |s| {
+                        s.advance_sink_passing(&name, generation, from, to, &[], &passed, now_ms())
+                    })
+                    .await
+            }),
+            to,
+        })
+    }
+
+    /// Follows a cursor write `start_flush` made, as `flush` does.
+    async fn flushed(
+        &mut self,
+        to: u64,
+        w: Result<CursorWrite, RelayError>,
+    ) -> Result<(), RelayError> {
+        let w = w?;
+        self.not_selected = self.not_selected.split_off(&to);
+        self.flushed_at = Instant::now();
+        self.adopt(w);
+        self.refresh_lag(true).await;
+        Ok(())
+    }
+
+    /// Finishes the cursor write in progress, if any.
+    async fn settle_flush(&mut self, flushing: &mut Option<Flushing>) -> Result<(), RelayError> {
+        match flushing.take() {
+            Some(f) => {
+                let w = f.write.await;
+                self.flushed(f.to, w).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether an operator asked to retry a parked event of this sink (`relay retry`).
+    fn retry_wanted(
+        &self,
+    ) -> impl std::future::Future<Output = Result<bool, RelayError>> + Send + 'static {
+        let name = self.name().to_string();
+        let shared = self.ctx.shared.clone();
+        async move {
+            shared
+                .read(move |s| {
+                    Ok(s.sink_parked(Some(&name))?
+                        .iter()
+                        .any(|p| p.record.retry_requested_at_ms.is_some()))
+                })
+                .await
+        }
     }
 
     /// Between two attempts at a failing batch: follows operator actions; `true` when one

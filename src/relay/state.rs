@@ -1,6 +1,7 @@
 //! A relay sink's rules, sans-IO: backoff with jitter, when a refused event is parked or
-//! blocks the sink, how the outcome of a cursor write is adopted, whether a sink's own cursor
-//! is taken over, and the status it reports. No tokio, no store or sink calls, no clock:
+//! blocks the sink, a windowed sink's events in flight across batches, how the outcome of a
+//! cursor write is adopted, whether a sink's own cursor is taken over, and the status it
+//! reports. No tokio, no store or sink calls, no clock:
 //! `runner`'s tasks do the I/O and follow what these say; time and the seed are passed in.
 
 use std::fmt;
@@ -618,6 +619,82 @@ impl SinkState {
     }
 }
 
+/// The events handed to a windowed sink (`Sink::windowed`) and not yet acknowledged, in
+/// offset order, and where the log is read next. The next events are read and handed over
+/// while earlier ones await their acknowledgement (up to two batches are pending), so the sink
+/// never waits for a batch's last acknowledgement before it sends the next batch. Only the
+/// acknowledged prefix leaves the window (`acked`), and the cursor follows it
+/// (`SinkState::attempt` on `pending`); after a failure the window starts again at the cursor
+/// (`restart`): everything after it is handed over again.
+#[derive(Clone, Debug)]
+pub struct Window {
+    events: std::collections::VecDeque<Event>,
+    /// The log position after the last one read (an audit sink's passed-over entries too).
+    read_to: u64,
+    /// Events read at a time; more are read once no more than this many are pending.
+    batch: usize,
+    /// The last read found nothing more in the log.
+    drained: bool,
+}
+
+impl Window {
+    /// An empty window reading from `next`, `batch` events at a time.
+    pub fn new(next: u64, batch: usize) -> Window {
+        Window {
+            events: std::collections::VecDeque::new(),
+            read_to: next,
+            batch: batch.max(1),
+            drained: false,
+        }
+    }
+
+    /// Where to read next and how many, when there is room and the log may hold more.
+    pub fn wants(&self) -> Option<(u64, usize)> {
+        (!self.drained && self.events.len() <= self.batch).then_some((self.read_to, self.batch))
+    }
+
+    /// `events` were read from where `wants` said, up to `scanned_to`, and handed over.
+    pub fn read(&mut self, events: Vec<Event>, scanned_to: u64) {
+        self.drained = events.is_empty();
+        self.read_to = self.read_to.max(scanned_to);
+        self.events.extend(events);
+    }
+
+    /// The log has grown since it was found drained.
+    pub fn woken(&mut self) {
+        self.drained = false;
+    }
+
+    pub fn drained(&self) -> bool {
+        self.drained
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The events handed over and not yet acknowledged.
+    pub fn pending(&mut self) -> &[Event] {
+        self.events.make_contiguous()
+    }
+
+    /// The first `n` pending events were acknowledged (`Attempted::delivered`). Once none is
+    /// pending, the position the cursor may pass to: the end of what was read (audit entries
+    /// passed over after the last event included).
+    pub fn acked(&mut self, n: usize) -> Option<u64> {
+        self.events.drain(..n.min(self.events.len()));
+        self.events.is_empty().then_some(self.read_to)
+    }
+
+    /// Nothing handed over is pending any more (a failure, an operator moved the cursor):
+    /// reading starts again at the cursor, `next`.
+    pub fn restart(&mut self, next: u64) {
+        self.events.clear();
+        self.read_to = next;
+        self.drained = false;
+    }
+}
+
 /// What to make of the cursor a sink keeps beside its data (`Sink::stored_cursor`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Adoption {
@@ -735,6 +812,88 @@ mod tests {
         };
         assert!(!s.park(&p, &rest[0], 7));
         s.passed(p);
+    }
+
+    /// Reads what `w` wants from a log of events at every offset below `head`.
+    fn read_into(w: &mut Window, head: u64) -> Vec<Event> {
+        let (from, max) = w.wants().expect("room for more");
+        let to = head.min(from + max as u64);
+        let events: Vec<Event> = (from..to).map(|o| ev(o, "a")).collect();
+        w.read(events.clone(), to.max(from));
+        events
+    }
+
+    #[test]
+    fn a_window_hands_over_the_next_batch_before_the_previous_one_is_acknowledged() {
+        let mut s = state_at(0);
+        let mut w = Window::new(s.next(), 100);
+        assert_eq!(read_into(&mut w, 1_000).len(), 100);
+        // Not one acknowledgement yet, and the next batch is read and handed over already.
+        assert_eq!(w.wants(), Some((100, 100)));
+        assert_eq!(read_into(&mut w, 1_000)[0].offset, 100);
+        assert_eq!(w.wants(), None, "two batches pending: no more");
+        // The sink acknowledges the first 30: the cursor moves over them, no further.
+        let a = s.attempt(w.pending(), 30, None);
+        assert_eq!((a.delivered, &a.step), (30, &Step::Go));
+        assert_eq!(w.acked(30), None);
+        assert_eq!(s.next(), 30);
+        assert_eq!(w.wants(), None);
+        // 70 more: a batch's worth is pending, so the third batch is read, from 200.
+        s.attempt(w.pending(), 70, None);
+        w.acked(70);
+        assert_eq!((s.next(), w.wants()), (100, Some((200, 100))));
+        assert_eq!(w.pending()[0].offset, 100);
+    }
+
+    #[test]
+    fn a_failure_mid_window_keeps_the_acknowledged_prefix_and_reads_again_from_it() {
+        let mut s = state_at(0);
+        let mut w = Window::new(0, 50);
+        read_into(&mut w, 1_000);
+        read_into(&mut w, 1_000);
+        // 12 acknowledged, then the connection is lost with 88 in flight.
+        let a = s.attempt(w.pending(), 12, retry("connection lost"));
+        assert!(
+            matches!(a.step, Step::BackOff { failures: 1, .. }),
+            "{:?}",
+            a.step
+        );
+        assert_eq!(s.next(), 12);
+        w.restart(s.next());
+        assert!(w.is_empty());
+        assert_eq!(
+            w.wants(),
+            Some((12, 50)),
+            "the unacknowledged suffix goes out again"
+        );
+        // A refusal of the front event parks it; the window goes on after it.
+        read_into(&mut w, 1_000);
+        let Step::Park(p) = s.attempt(w.pending(), 0, refused("0x87")).step else {
+            panic!()
+        };
+        assert_eq!(p.offset, 12);
+        assert!(!s.park(&p, &w.pending()[0].clone(), 1));
+        s.passed(p);
+        w.restart(s.next());
+        assert_eq!(w.wants(), Some((13, 50)));
+    }
+
+    #[test]
+    fn a_drained_window_reads_again_once_woken_and_lets_the_cursor_pass_skipped_entries() {
+        let mut s = state_at(0);
+        let mut w = Window::new(0, 10);
+        w.read(vec![ev(0, "a"), ev(3, "a")], 5);
+        assert_eq!(w.wants(), Some((5, 10)));
+        w.read(Vec::new(), 5);
+        assert!(w.drained());
+        assert_eq!(w.wants(), None);
+        w.woken();
+        assert_eq!(w.wants(), Some((5, 10)));
+        s.attempt(w.pending(), 2, None);
+        // Entries 4 (not selected by an audit sink) lie before the end of the read.
+        assert_eq!(w.acked(2), Some(5));
+        s.advance_to(5);
+        assert_eq!(s.next(), 5);
     }
 
     #[test]

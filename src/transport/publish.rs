@@ -1,5 +1,7 @@
 //! Publishing at QoS 1 for the relay's `mqtt` sink: one connection, many publishes in flight,
-//! and the acknowledged prefix reported in order.
+//! and the acknowledged prefix reported in order. Messages are handed over (`Publisher::hand`)
+//! while earlier ones are in flight, so the window stays full across the relay's batches;
+//! what is in flight is tracked sans-IO (`Flight`).
 //!
 //! A connection lives only as long as it is healthy. On any error (a lost connection, a
 //! timeout, a DISCONNECT from the broker, an attempt that ends with publishes still in flight)
@@ -17,7 +19,7 @@
 //! here from `Incoming::PubAck`.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rumqttc::v5;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
@@ -36,13 +38,6 @@ const MQTT_MAX_PACKET: usize = 268_435_460;
 const MAX_INCOMING: u32 = 64 * 1024;
 /// How long `close` waits for the DISCONNECT to leave.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
-
-/// One message to publish.
-#[derive(Debug, Clone, Copy)]
-pub struct Message<'a> {
-    pub topic: &'a str,
-    pub payload: &'a str,
-}
 
 /// Why publishing stopped before the end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,12 +85,13 @@ impl std::fmt::Display for PublishError {
     }
 }
 
-/// What one `publish` call achieved.
+/// What one `progress` call found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
-    /// How many messages, from the front, the broker acknowledged (successfully).
+    /// How many more messages, from the front of those pending, the broker acknowledged
+    /// (successfully).
     pub acked: usize,
-    /// Why `messages[acked]` was not; `None` only when all were.
+    /// Why the message after them was not; then nothing handed over is pending any more.
     pub failure: Option<PublishError>,
 }
 
@@ -187,224 +183,380 @@ impl Drop for Connection {
     }
 }
 
-/// A QoS 1 publisher to one broker, connected lazily.
+/// A QoS 1 publisher to one broker, connected lazily. Messages are handed over (`hand`) and
+/// published behind those in flight, up to the window; `progress` reports how many more were
+/// acknowledged from the front, so the caller can keep the window full across its batches.
 pub struct Publisher {
     sink: MqttSink,
     conn: Option<Connection>,
+    /// The messages handed over and not yet reported.
+    flight: Flight,
+    /// Most publishes in flight on the current connection (grows by one per PUBACK up to
+    /// the connection's window after a cautious start).
+    window: usize,
+    /// When the message at the front of `flight` started waiting: it must be acknowledged
+    /// within the limit of `progress` from then, or the connection is dropped.
+    since: Instant,
     /// The last message the broker refused (a PUBACK failure code), by digest. Some brokers
     /// (Mosquitto 2.0) close the connection right after such a PUBACK, and the PUBACKs of
     /// the messages before it can be lost with the connection: when the refused message comes
-    /// round again it is reported at once, not sent into the same close again.
+    /// round again it is reported at once, not sent into the same close again. Forgotten once
+    /// everything handed over after it was acknowledged.
     refused: Option<(u64, PublishError)>,
-    /// The last call ended on a lost connection or a timeout: the next one starts with one
-    /// message in flight and widens the window by one per PUBACK, so a message that makes the
-    /// broker close the connection takes few acknowledgements of others with it.
+    /// The last failure was a lost connection or a timeout: the next connection starts with
+    /// one message in flight and widens the window by one per PUBACK, so a message that makes
+    /// the broker close the connection takes few acknowledgements of others with it.
     cautious: bool,
-    /// A `publish` call is under way; still set at the next call if the last one was dropped
-    /// mid-way (cancelled), whose connection may then hold publishes in flight.
-    busy: bool,
+    /// A connection being made.
+    connecting: Option<Connecting>,
 }
 
-/// Progress of one `publish` call, kept outside the future so a timeout can read it.
-struct Progress {
-    /// Whether each message was acknowledged.
-    acked: Vec<bool>,
-    /// Acknowledged from the front.
-    prefix: usize,
-    /// The lowest-index failure so far.
-    failure: Option<(usize, PublishError)>,
-    /// Publishes queued and not yet acknowledged.
+/// A connection being made, on a task of its own: a `progress` call cancelled meanwhile
+/// finds it again, so no connection is abandoned half made.
+type Connecting = tokio::task::JoinHandle<Result<Connection, TransportError>>;
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if let Some(c) = &self.connecting {
+            c.abort();
+        }
+    }
+}
+
+/// A message handed over and not yet reported.
+struct Slot {
+    /// Topic and payload until queued to the client.
+    message: Option<(String, Vec<u8>)>,
+    digest: u64,
+    acked: bool,
+}
+
+/// The messages handed to a `Publisher` and not yet reported, in order, sans-IO: which are
+/// queued to the client, the packet id each went out with, which the broker acknowledged, and
+/// the first failure. Messages are numbered in the order handed over; `base` is the number of
+/// the first one not yet reported. Only the acknowledged prefix is ever reported: a PUBACK out
+/// of order waits for the ones before it.
+#[derive(Default)]
+struct Flight {
+    slots: VecDeque<Slot>,
+    base: u64,
+    /// The number of the next message to queue.
+    next: u64,
+    /// Queued, waiting for their packet id (in queue order).
+    unsent: VecDeque<u64>,
+    by_pkid: HashMap<u16, u64>,
+    /// Queued and not yet acknowledged.
     in_flight: usize,
+    /// The lowest-numbered failure: nothing at or after it is queued.
+    failure: Option<(u64, PublishError)>,
 }
 
-impl Progress {
-    fn fail(&mut self, at: usize, e: PublishError) {
+impl Flight {
+    /// Messages handed over and not yet reported.
+    fn pending(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Hands a message over; returns its number.
+    fn push(&mut self, topic: String, payload: Vec<u8>, digest: u64) -> u64 {
+        self.slots.push_back(Slot {
+            message: Some((topic, payload)),
+            digest,
+            acked: false,
+        });
+        self.base + self.slots.len() as u64 - 1
+    }
+
+    fn fail(&mut self, at: u64, e: PublishError) {
         if self.failure.as_ref().is_none_or(|(i, _)| at < *i) {
             self.failure = Some((at, e));
         }
     }
 
-    fn advance(&mut self) {
-        while self.acked.get(self.prefix).copied().unwrap_or(false) {
-            self.prefix += 1;
+    /// The next message to queue while fewer than `window` are in flight and no failure
+    /// stops it: its number and the sizes of its topic and payload.
+    fn peek(&self, window: usize) -> Option<(u64, usize, usize)> {
+        if self.in_flight >= window || self.failure.as_ref().is_some_and(|(i, _)| *i <= self.next) {
+            return None;
+        }
+        let slot = self
+            .slots
+            .get(usize::try_from(self.next - self.base).ok()?)?;
+        let (topic, payload) = slot.message.as_ref()?;
+        Some((self.next, topic.len(), payload.len()))
+    }
+
+    /// Takes the message `peek` named, to queue it.
+    fn take_next(&mut self) -> Option<(String, Vec<u8>)> {
+        let k = usize::try_from(self.next - self.base).ok()?;
+        let m = self.slots.get_mut(k)?.message.take()?;
+        self.unsent.push_back(self.next);
+        self.in_flight += 1;
+        self.next += 1;
+        Some(m)
+    }
+
+    /// A queued message went out with `pkid` (in queue order).
+    fn sent(&mut self, pkid: u16) {
+        if let Some(n) = self.unsent.pop_front() {
+            self.by_pkid.insert(pkid, n);
         }
     }
 
-    /// The outcome, once the prefix reached the end or the first failure.
-    fn settled(&self) -> Option<Published> {
-        if let Some((at, e)) = &self.failure
-            && self.prefix >= *at
-        {
-            return Some(Published {
-                acked: *at,
-                failure: Some(e.clone()),
-            });
+    /// The first message handed over and not acknowledged.
+    fn first_unacked(&self) -> u64 {
+        self.base + self.slots.iter().take_while(|s| s.acked).count() as u64
+    }
+
+    /// A PUBACK for `pkid`; a refusal returns the refused message's digest.
+    fn acked(&mut self, pkid: u16, refused: Option<PublishError>) -> Option<u64> {
+        let Some(n) = self.by_pkid.remove(&pkid) else {
+            let at = self.first_unacked();
+            self.fail(
+                at,
+                PublishError::Connection(format!(
+                    "the broker acknowledged packet id {pkid}, which is not in flight"
+                )),
+            );
+            return None;
+        };
+        self.in_flight -= 1;
+        let k = usize::try_from(n - self.base).ok()?;
+        match refused {
+            None => {
+                if let Some(s) = self.slots.get_mut(k) {
+                    s.acked = true;
+                }
+                None
+            }
+            Some(e) => {
+                self.fail(n, e);
+                self.slots.get(k).map(|s| s.digest)
+            }
         }
-        (self.prefix == self.acked.len()).then_some(Published {
-            acked: self.prefix,
+    }
+
+    /// The connection ended: the first message not acknowledged (if any) fails with `e`.
+    fn lost(&mut self, e: PublishError) {
+        let at = self.first_unacked();
+        if at < self.base + self.slots.len() as u64 {
+            self.fail(at, e);
+        }
+    }
+
+    /// What is new at the front: how many more were acknowledged, and the failure of the next
+    /// one once the acknowledged prefix reached it (then nothing handed over is pending any
+    /// more: what follows the failure is handed over again by the caller). `None`: nothing.
+    fn take_progress(&mut self) -> Option<Published> {
+        let mut acked = 0;
+        while self.slots.front().is_some_and(|s| s.acked) {
+            self.slots.pop_front();
+            self.base += 1;
+            acked += 1;
+        }
+        if self
+            .failure
+            .as_ref()
+            .is_some_and(|(at, _)| *at <= self.base)
+        {
+            let failure = self.failure.take().map(|(_, e)| e);
+            return Some(Published { acked, failure });
+        }
+        (acked > 0).then_some(Published {
+            acked,
             failure: None,
         })
+    }
+
+    /// Forgets everything handed over (the numbering goes on).
+    fn clear(&mut self) {
+        self.base += self.slots.len() as u64;
+        self.next = self.base;
+        self.slots.clear();
+        self.unsent.clear();
+        self.by_pkid.clear();
+        self.in_flight = 0;
+        self.failure = None;
     }
 }
 
 impl Publisher {
-    /// No I/O yet: the first `publish` connects.
+    /// No I/O yet: the first `progress` connects.
     pub fn new(sink: &MqttSink) -> Publisher {
         Publisher {
             sink: sink.clone(),
             conn: None,
+            flight: Flight::default(),
+            window: 1,
+            since: Instant::now(),
             refused: None,
             cautious: false,
-            busy: false,
+            connecting: None,
         }
     }
 
-    /// Publishes `messages` at QoS 1, retain false, pipelined up to the broker's receive
-    /// maximum, and returns how many from the front were acknowledged and what stopped the
-    /// next one. Connects first if needed; the whole call is bounded by `limit`.
-    pub async fn publish(&mut self, messages: &[Message<'_>], limit: Duration) -> Published {
-        let mut progress = Progress {
-            acked: vec![false; messages.len()],
-            prefix: 0,
-            failure: None,
-            in_flight: 0,
-        };
-        if messages.is_empty() {
+    /// Messages handed over and not yet reported by `progress`.
+    pub fn pending(&self) -> usize {
+        self.flight.pending()
+    }
+
+    /// Hands a message over, to be published at QoS 1, retain false, after those handed
+    /// before it (sent by `progress`, as the window allows).
+    pub fn hand(&mut self, topic: String, payload: Vec<u8>) {
+        let digest = message_digest(&topic, &payload);
+        if self.flight.pending() == 0 {
+            self.since = Instant::now();
+        }
+        let n = self.flight.push(topic, payload, digest);
+        if self.refused.as_ref().is_some_and(|(d, _)| *d == digest)
+            && let Some((_, e)) = self.refused.take()
+        {
+            self.flight.fail(n, e);
+        }
+    }
+
+    /// Forgets everything handed over; a connection with publishes still in flight is dropped
+    /// (their late PUBACKs must never be matched against messages handed over later).
+    pub fn forget(&mut self) {
+        if self.flight.in_flight > 0 {
+            self.conn = None;
+        }
+        self.flight.clear();
+    }
+
+    /// Publishes what was handed over, pipelined up to the broker's receive maximum, until
+    /// more of it is acknowledged from the front or a failure: returns how many more were
+    /// acknowledged and, on a failure, what stopped the one after them (everything handed over
+    /// is then forgotten: the caller hands the rest over again). Connects first if needed.
+    /// The message at the front must be acknowledged within `limit` of its turn. Cancel-safe:
+    /// a call dropped mid-way loses nothing; the next one goes on.
+    pub async fn progress(&mut self, limit: Duration) -> Published {
+        if self.flight.pending() == 0 {
             return Published {
                 acked: 0,
                 failure: None,
             };
         }
-        if self.busy {
-            self.conn = None;
-            self.cautious = true;
+        let deadline = tokio::time::Instant::from_std(self.since + limit);
+        if self.flight.in_flight == 0 {
+            self.drop_if_lost();
         }
-        self.busy = true;
-        let run = self.run(messages, &mut progress);
-        let out = match tokio::time::timeout(limit, run).await {
-            Ok(out) => out,
-            Err(_) => {
-                progress.fail(progress.prefix, PublishError::Timeout(limit));
-                progress.settled().unwrap_or(Published {
-                    acked: progress.prefix,
-                    failure: Some(PublishError::Timeout(limit)),
-                })
-            }
-        };
-        // A connection is kept only if nothing is left in flight on it and it did not fail:
-        // a late PUBACK must never be matched against the next call's messages.
-        let healthy = matches!(
-            out.failure,
-            None | Some(PublishError::Refused { .. } | PublishError::TooLarge { .. })
-        );
-        if progress.in_flight > 0 || !healthy {
-            self.conn = None;
-        }
-        self.cautious = !healthy;
-        self.busy = false;
-        out
-    }
-
-    async fn run(&mut self, messages: &[Message<'_>], progress: &mut Progress) -> Published {
-        self.drop_if_lost();
         if self.conn.is_none() {
-            match self.connect().await {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    return Published {
-                        acked: 0,
-                        failure: Some(PublishError::Connection(e.to_string())),
-                    };
-                }
-            }
-        }
-        let Some(conn) = self.conn.as_mut() else {
-            return Published {
-                acked: 0,
-                failure: Some(PublishError::Connection("not connected".into())),
-            };
-        };
-        // Messages queued and waiting for their packet id, in queue order.
-        let mut unsent: VecDeque<usize> = VecDeque::new();
-        let mut by_pkid: HashMap<u16, usize> = HashMap::new();
-        let mut next = 0usize;
-        // Publishing stops at the first failure: what follows would only be re-sent.
-        let mut stop = messages.len();
-        if let Some((digest, e)) = self.refused.take()
-            && let Some(k) = messages.iter().position(|m| message_digest(m) == digest)
-        {
-            progress.fail(k, e);
-            stop = k;
-        }
-        let mut window = if self.cautious { 1 } else { conn.window };
-        loop {
-            while progress.in_flight < window && next < stop {
-                let m = messages[next];
-                if let Some(max) = conn.max_packet {
-                    let size = packet_size_v5(m.topic.len(), m.payload.len());
-                    if size > max as usize {
-                        progress.fail(next, PublishError::TooLarge { size, max });
-                        stop = next;
-                        break;
+            let at = self.flight.base;
+            let connecting = self
+                .connecting
+                .get_or_insert_with(|| tokio::spawn(Publisher::connect(self.sink.clone())));
+            let made = match tokio::time::timeout_at(deadline, connecting).await {
+                Ok(Ok(made)) => Ok(made),
+                Ok(Err(e)) => Ok(Err(TransportError::Connect {
+                    broker: self.sink.broker.to_string(),
+                    why: format!("the connecting task failed: {e}"),
+                })),
+                Err(elapsed) => {
+                    if let Some(c) = &self.connecting {
+                        c.abort();
                     }
+                    Err(elapsed)
                 }
-                if let Err(e) = queue(&conn.client, m) {
-                    progress.fail(next, PublishError::Connection(e.to_string()));
-                    stop = next;
-                    break;
+            };
+            self.connecting = None;
+            match made {
+                Ok(Ok(c)) => {
+                    self.window = if std::mem::take(&mut self.cautious) {
+                        1
+                    } else {
+                        c.window
+                    };
+                    self.conn = Some(c);
                 }
-                unsent.push_back(next);
-                progress.in_flight += 1;
-                next += 1;
+                Ok(Err(e)) => self
+                    .flight
+                    .fail(at, PublishError::Connection(e.to_string())),
+                Err(_) => self.flight.fail(at, PublishError::Timeout(limit)),
             }
-            progress.advance();
-            if let Some(out) = progress.settled() {
-                return out;
+        }
+        loop {
+            self.fill();
+            if let Some(out) = self.flight.take_progress() {
+                return self.report(out);
             }
-            let Some(report) = conn.reports.recv().await else {
-                progress.fail(
-                    progress.prefix,
-                    PublishError::Connection("the connection task ended".into()),
-                );
-                stop = next;
+            let at = self.flight.first_unacked();
+            let Some(conn) = self.conn.as_mut() else {
+                self.flight
+                    .fail(at, PublishError::Connection("not connected".into()));
                 continue;
             };
-            match report {
-                Report::Sent(pkid) => {
-                    if let Some(i) = unsent.pop_front() {
-                        by_pkid.insert(pkid, i);
-                    }
-                }
-                Report::Acked { pkid, refused } => {
-                    let Some(i) = by_pkid.remove(&pkid) else {
-                        progress.fail(
-                            progress.prefix,
-                            PublishError::Connection(format!(
-                                "the broker acknowledged packet id {pkid}, which is not in flight"
-                            )),
-                        );
-                        stop = next;
-                        continue;
-                    };
-                    progress.in_flight -= 1;
-                    // Slow start after a loss: the window doubles per round trip.
-                    window = (window + 1).min(conn.window);
-                    match refused {
-                        None => progress.acked[i] = true,
-                        Some(e) => {
-                            self.refused = Some((message_digest(&messages[i]), e.clone()));
-                            progress.fail(i, e);
-                            stop = stop.min(next);
+            let mut lost = false;
+            tokio::select! {
+                r = conn.reports.recv() => match r {
+                    Some(r) => {
+                        lost |= handle(&mut self.flight, &mut self.refused, &mut self.window, conn.window, r);
+                        // Whatever else has arrived, before reporting.
+                        while let Ok(r) = conn.reports.try_recv() {
+                            lost |= handle(&mut self.flight, &mut self.refused, &mut self.window, conn.window, r);
                         }
                     }
-                }
-                Report::Lost(e) => {
-                    progress.fail(progress.prefix, PublishError::Connection(e));
-                    stop = next;
-                }
-                Report::Connected { .. } => {}
+                    None => {
+                        self.flight.lost(PublishError::Connection("the connection task ended".into()));
+                        lost = true;
+                    }
+                },
+                () = tokio::time::sleep_until(deadline) => self.flight.fail(at, PublishError::Timeout(limit)),
+            }
+            if lost {
+                // Never used again: what it left unacknowledged has failed above.
+                self.conn = None;
             }
         }
+    }
+
+    /// Queues to the client what the window allows.
+    fn fill(&mut self) {
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        while let Some((n, topic, payload)) = self.flight.peek(self.window) {
+            if let Some(max) = conn.max_packet {
+                let size = packet_size_v5(topic, payload);
+                if size > max as usize {
+                    self.flight.fail(n, PublishError::TooLarge { size, max });
+                    return;
+                }
+            }
+            let Some((topic, payload)) = self.flight.take_next() else {
+                return;
+            };
+            if let Err(e) = queue(&conn.client, &topic, payload) {
+                self.flight.fail(n, PublishError::Connection(e.to_string()));
+                return;
+            }
+        }
+    }
+
+    /// Follows what `progress` reports: after a failure the connection is kept only if
+    /// nothing is left in flight on it and it did not fail.
+    fn report(&mut self, out: Published) -> Published {
+        match &out.failure {
+            Some(e) => {
+                let healthy = matches!(
+                    e,
+                    PublishError::Refused { .. } | PublishError::TooLarge { .. }
+                );
+                if self.flight.in_flight > 0 || !healthy {
+                    self.conn = None;
+                }
+                // What follows the failure is handed over again.
+                self.flight.clear();
+                self.cautious = !healthy;
+            }
+            None => {
+                self.since = Instant::now();
+                if self.flight.pending() == 0 {
+                    self.refused = None;
+                }
+            }
+        }
+        out
     }
 
     /// Forgets a connection that broke while idle.
@@ -429,8 +581,9 @@ impl Publisher {
         }
     }
 
-    async fn connect(&self) -> Result<Connection, TransportError> {
-        let s = &self.sink;
+    /// Connects (a future of its own, kept across cancelled `progress` calls).
+    async fn connect(sink: MqttSink) -> Result<Connection, TransportError> {
+        let s = &sink;
         let endpoint = Endpoint {
             broker: &s.broker,
             client_id: &s.client_id,
@@ -493,6 +646,10 @@ impl Publisher {
 
     /// Sends DISCONNECT and waits a moment for it to leave; the next `publish` reconnects.
     pub async fn close(&mut self) {
+        self.flight.clear();
+        if let Some(c) = self.connecting.take() {
+            c.abort();
+        }
         let Some(mut conn) = self.conn.take() else {
             return;
         };
@@ -506,20 +663,46 @@ impl Publisher {
     }
 }
 
-fn message_digest(m: &Message<'_>) -> u64 {
+fn message_digest(topic: &str, payload: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    m.topic.hash(&mut h);
-    m.payload.hash(&mut h);
+    topic.hash(&mut h);
+    payload.hash(&mut h);
     h.finish()
 }
 
-fn queue(client: &Client, m: Message<'_>) -> Result<(), TransportError> {
-    let payload = m.payload.as_bytes().to_vec();
+/// Follows one report of the connection's task; `true` when the connection is over.
+fn handle(
+    flight: &mut Flight,
+    refused: &mut Option<(u64, PublishError)>,
+    window: &mut usize,
+    max_window: usize,
+    report: Report,
+) -> bool {
+    match report {
+        Report::Sent(pkid) => flight.sent(pkid),
+        Report::Acked { pkid, refused: r } => {
+            // Slow start after a loss: the window doubles per round trip.
+            *window = (*window + 1).min(max_window);
+            let e = r.clone();
+            if let (Some(digest), Some(e)) = (flight.acked(pkid, r), e) {
+                *refused = Some((digest, e));
+            }
+        }
+        Report::Lost(e) => {
+            flight.lost(PublishError::Connection(e));
+            return true;
+        }
+        Report::Connected { .. } => {}
+    }
+    false
+}
+
+fn queue(client: &Client, topic: &str, payload: Vec<u8>) -> Result<(), TransportError> {
     match client {
         Client::V5(c) => c
             .try_publish_with_properties(
-                m.topic,
+                topic,
                 v5::mqttbytes::QoS::AtLeastOnce,
                 false,
                 payload,
@@ -531,7 +714,7 @@ fn queue(client: &Client, m: Message<'_>) -> Result<(), TransportError> {
             )
             .map_err(|e| TransportError::Queue(e.to_string())),
         Client::V311(c) => c
-            .try_publish(m.topic, rumqttc::QoS::AtLeastOnce, false, payload)
+            .try_publish(topic, rumqttc::QoS::AtLeastOnce, false, payload)
             .map_err(|e| TransportError::Queue(e.to_string())),
     }
 }
@@ -649,6 +832,117 @@ fn report_v311(event: rumqttc::Event) -> Option<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flight of `n` messages, queued under a window of `window` and sent with packet ids
+    /// from 1, as the connection's task would report them.
+    fn flight(n: usize, window: usize) -> Flight {
+        let mut f = Flight::default();
+        for i in 0..n {
+            f.push(format!("t/{i}"), vec![b'x'; i], i as u64);
+        }
+        let mut pkid = 0;
+        while f.peek(window).is_some() {
+            assert!(f.take_next().is_some());
+            pkid += 1;
+            f.sent(pkid);
+        }
+        f
+    }
+
+    fn refused() -> PublishError {
+        PublishError::Refused {
+            code: 0x87,
+            name: "not authorized",
+            reason_string: None,
+        }
+    }
+
+    #[test]
+    fn only_the_acknowledged_prefix_is_reported_whatever_order_the_pubacks_come_in() {
+        let mut f = flight(3, 20);
+        assert_eq!(f.in_flight, 3);
+        assert_eq!(f.acked(2, None), None);
+        assert_eq!(f.take_progress(), None, "the first is not acknowledged yet");
+        f.acked(1, None);
+        let two = Published {
+            acked: 2,
+            failure: None,
+        };
+        assert_eq!(f.take_progress(), Some(two));
+        // A message handed over meanwhile goes out behind the one still in flight.
+        f.push("t/3".into(), Vec::new(), 3);
+        assert_eq!(f.peek(20).map(|p| p.0), Some(3));
+        f.acked(3, None);
+        assert_eq!(f.take_progress().map(|p| p.acked), Some(1));
+        assert_eq!(f.pending(), 1);
+    }
+
+    #[test]
+    fn the_window_bounds_what_is_in_flight() {
+        let mut f = flight(5, 2);
+        assert_eq!((f.in_flight, f.peek(2)), (2, None));
+        f.acked(1, None);
+        assert!(f.peek(2).is_some());
+    }
+
+    #[test]
+    fn a_refusal_mid_window_is_reported_once_the_prefix_before_it_is_acknowledged() {
+        let mut f = flight(4, 20);
+        f.acked(1, None);
+        assert_eq!(
+            f.acked(3, Some(refused())),
+            Some(2),
+            "the refused message's digest"
+        );
+        assert_eq!(
+            f.take_progress().map(|p| (p.acked, p.failure)),
+            Some((1, None))
+        );
+        f.acked(2, None);
+        assert_eq!(
+            f.take_progress(),
+            Some(Published {
+                acked: 1,
+                failure: Some(refused())
+            })
+        );
+        // Nothing is queued after a failure, and the caller hands the rest over again.
+        f.clear();
+        assert_eq!((f.pending(), f.in_flight, f.peek(20)), (0, 0, None));
+    }
+
+    #[test]
+    fn a_lost_connection_fails_the_first_unacknowledged_message_only_if_there_is_one() {
+        let mut f = flight(3, 20);
+        for pkid in 1..=3 {
+            f.acked(pkid, None);
+        }
+        f.lost(PublishError::Connection("gone".into()));
+        assert_eq!(
+            f.take_progress().map(|p| (p.acked, p.failure)),
+            Some((3, None))
+        );
+        let mut f = flight(3, 20);
+        f.acked(1, None);
+        f.lost(PublishError::Connection("gone".into()));
+        assert_eq!(
+            f.take_progress(),
+            Some(Published {
+                acked: 1,
+                failure: Some(PublishError::Connection("gone".into()))
+            })
+        );
+        // A PUBACK for a packet id not in flight fails the connection at the front.
+        let mut f = flight(2, 20);
+        f.acked(9, None);
+        assert!(matches!(
+            f.take_progress(),
+            Some(Published {
+                acked: 0,
+                failure: Some(PublishError::Connection(_))
+            })
+        ));
+    }
 
     #[test]
     fn packet_size_matches_rumqttc() {

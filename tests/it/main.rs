@@ -15,6 +15,9 @@
 //! - `inspect`: `dump-*` filters, CSV and `--follow`; `explain`; `gaps`; `--tz` on `dump-*`,
 //!   `explain` and `stats` text; one-line usage errors.
 //! - `broker`: a real Mosquitto per test on a free loopback port (harness).
+//! - `relay_window`: the relay's window through `relay` and a scripted MQTT 5 broker: the
+//!   next batch published before the PUBACKs of the one before, a loss mid-window
+//!   re-publishing exactly the unacknowledged suffix.
 //! - `relay_mqtt`: the `mqtt` sink against a second Mosquitto: order, v5 properties, PUBACK
 //!   refusals as poison, the downstream broker killed mid-batch (rumqttc #1056); a scripted
 //!   broker whose PUBACKs arrive with the end of the connection.
@@ -130,6 +133,7 @@ mod relay_model;
 mod relay_mqtt;
 mod relay_pg;
 mod relay_syslog;
+mod relay_window;
 mod report;
 mod service;
 mod systemd;
