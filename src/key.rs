@@ -68,6 +68,7 @@ impl Sha256Sink {
         }
     }
 
+    #[inline]
     pub(crate) fn update(&mut self, bytes: &[u8]) {
         if self.len + bytes.len() > SINK_BYTES {
             self.hash.update(&self.buf[..self.len]);
@@ -88,12 +89,14 @@ impl Sha256Sink {
 }
 
 impl Sink for Sha256Sink {
+    #[inline]
     fn put(&mut self, s: &str) {
         self.update(s.as_bytes());
     }
+    #[inline]
     fn put_byte(&mut self, b: u8) {
         if self.len == SINK_BYTES {
-            self.hash.update(&self.buf);
+            self.hash.update(self.buf);
             self.len = 0;
         }
         self.buf[self.len] = b;
