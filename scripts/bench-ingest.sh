@@ -8,6 +8,8 @@
 # Env:   BENCH_KEEP=1  keep the temp dir (feed, database, logs) and print its path.
 #        BENCH_CONFIG=FILE  pass --config FILE to ingest (default: built-in defaults,
 #                           i.e. 64 MiB cache, window 600 s / 1,000,000 entries, batch 512).
+#        RG_BIN=PATH  run that binary instead of building this tree's (compare two builds
+#                     in one session, alternating).
 set -euo pipefail
 
 N="${1:-1000000}"
@@ -28,8 +30,12 @@ if ! command -v python3 >/dev/null 2>&1; then
 fi
 
 cd "$(dirname "$0")/.."
-cargo build --release
-BIN="$PWD/target/release/replay-guard"
+if [ -n "${RG_BIN:-}" ]; then
+    BIN="$RG_BIN"
+else
+    cargo build --release
+    BIN="$PWD/target/release/replay-guard"
+fi
 
 TMP="$(mktemp -d -t replay-guard-bench.XXXXXX)"
 if [ "${BENCH_KEEP:-0}" = "1" ]; then
@@ -41,51 +47,7 @@ FEED="$TMP/feed.jsonl"
 DB="$TMP/bench.redb"
 
 echo "generating $N messages into $FEED ..." >&2
-python3 - "$N" "$FEED" <<'PY'
-import random
-import sys
-
-n, path = int(sys.argv[1]), sys.argv[2]
-SOURCES, AGENCIES, SIZE = 50, 5, 200
-REPLAY_EVERY, REPLAY_SPAN = 10, 15000
-KINDS = ["fire", "medical", "traffic", "hazmat", "rescue", "alarm"]
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def payload(s, seq):
-    # A pure function of (source, sequence), so a replay is byte-identical.
-    r = random.Random(s * 1_000_003 + seq)
-    head = (
-        '{"agency":"agency-%d","source_id":"unit-%03d","epoch":1,"sequence":%d,'
-        '"kind":"%s","priority":%d,"lat":%d.%06d,"lon":%d.%06d,"note":"'
-        % (s % AGENCIES, s, seq, r.choice(KINDS), r.randint(1, 5),
-           r.randint(40, 49), r.randrange(10**6), r.randint(0, 9), r.randrange(10**6))
-    )
-    pad = max(1, SIZE - len(head) - 2)
-    return head + "".join(r.choice(LETTERS) for _ in range(pad)) + '"}'
-
-
-rng = random.Random(42)
-nxt = [1] * SOURCES
-replays = 0
-with open(path, "w") as f:
-    out = []
-    for i in range(1, n + 1):
-        s = rng.randrange(SOURCES)
-        top = nxt[s] - 1
-        if i % REPLAY_EVERY == 0 and top > 0:
-            out.append(payload(s, top - rng.randrange(min(top, REPLAY_SPAN))))
-            replays += 1
-        else:
-            out.append(payload(s, nxt[s]))
-            nxt[s] += 1
-        if len(out) >= 10000:
-            f.write("\n".join(out) + "\n")
-            out = []
-    if out:
-        f.write("\n".join(out) + "\n")
-print("generated %d messages (%d replays)" % (n, replays), file=sys.stderr)
-PY
+python3 scripts/lib/ingest_feed.py "$N" "$FEED"
 
 FEED_BYTES=$(stat -c %s "$FEED")
 ARGS=(ingest --db "$DB")

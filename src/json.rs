@@ -4,7 +4,7 @@
 //! duplicate member names are rejected (I-JSON; a parser that keeps "the last one" would let two
 //! readers disagree on a message's key), and nesting depth is bounded before any recursion.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
 
 /// A parsed JSON value. Objects keep member order; numbers keep their text.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +35,12 @@ pub enum JsonError {
 
 /// Parses one JSON text (RFC 8259), allowing at most `max_depth` nested arrays/objects.
 pub fn parse(bytes: &[u8], max_depth: usize) -> Result<Json, JsonError> {
+    parse_borrowed(bytes, max_depth).map(Value::into_owned)
+}
+
+/// `parse`, into a tree that borrows its strings and numbers from `bytes` (a string is copied
+/// only when it holds an escape). The one reader: `parse` is this, made owned.
+pub(crate) fn parse_borrowed(bytes: &[u8], max_depth: usize) -> Result<Value<'_>, JsonError> {
     let text = std::str::from_utf8(bytes).map_err(|e| JsonError::NotUtf8(e.valid_up_to()))?;
     let mut p = Parser {
         s: text.as_bytes(),
@@ -51,6 +57,23 @@ pub fn parse(bytes: &[u8], max_depth: usize) -> Result<Json, JsonError> {
     Ok(v)
 }
 
+/// A parsed JSON value borrowing from its input (`parse_borrowed`): the feed's hot path reads
+/// the contract's fields and the canonical form from it without copying the payload.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Value<'a> {
+    Null,
+    Bool(bool),
+    /// Validated JSON number text, exactly as received.
+    Number(&'a str),
+    String(Cow<'a, str>),
+    Array(Vec<Value<'a>>),
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+/// Objects up to this many members check a new name against each earlier one (no hashing, no
+/// allocation); a larger object switches to a set, so a huge object stays linear.
+const LINEAR_NAME_CHECK: usize = 16;
+
 struct Parser<'a> {
     s: &'a [u8],
     text: &'a str,
@@ -58,7 +81,7 @@ struct Parser<'a> {
     max_depth: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn err(&self, what: &'static str) -> JsonError {
         JsonError::Syntax {
             offset: self.i,
@@ -82,30 +105,31 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<Json, JsonError> {
+    fn value(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
         match self.peek() {
             None => Err(self.err("unexpected end of input")),
             Some(b'{') => self.object(depth + 1),
             Some(b'[') => self.array(depth + 1),
-            Some(b'"') => Ok(Json::String(self.string()?)),
-            Some(b't') if self.eat(b"true") => Ok(Json::Bool(true)),
-            Some(b'f') if self.eat(b"false") => Ok(Json::Bool(false)),
-            Some(b'n') if self.eat(b"null") => Ok(Json::Null),
+            Some(b'"') => Ok(Value::String(self.string()?)),
+            Some(b't') if self.eat(b"true") => Ok(Value::Bool(true)),
+            Some(b'f') if self.eat(b"false") => Ok(Value::Bool(false)),
+            Some(b'n') if self.eat(b"null") => Ok(Value::Null),
             Some(b'-' | b'0'..=b'9') => self.number(),
             Some(_) => Err(self.err("expected a value")),
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Json, JsonError> {
+    fn object(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
         if depth > self.max_depth {
             return Err(JsonError::TooDeep(self.max_depth));
         }
         self.i += 1;
-        let mut members: Vec<(String, Json)> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::with_capacity(8);
+        // Built only once the object outgrows `LINEAR_NAME_CHECK`; a borrowed name costs no copy.
+        let mut seen: Option<std::collections::HashSet<Cow<'a, str>>> = None;
         self.ws();
         if self.eat(b"}") {
-            return Ok(Json::Object(members));
+            return Ok(Value::Object(members));
         }
         loop {
             self.ws();
@@ -119,8 +143,21 @@ impl Parser<'_> {
             }
             self.ws();
             let v = self.value(depth)?;
-            if !seen.insert(name.clone()) {
-                return Err(JsonError::DuplicateKey(name));
+            let duplicate = match &mut seen {
+                Some(set) => !set.insert(name.clone()),
+                None => {
+                    let found = members.iter().any(|(k, _)| *k == name);
+                    if !found && members.len() >= LINEAR_NAME_CHECK {
+                        let mut set: std::collections::HashSet<Cow<'a, str>> =
+                            members.iter().map(|(k, _)| k.clone()).collect();
+                        set.insert(name.clone());
+                        seen = Some(set);
+                    }
+                    found
+                }
+            };
+            if duplicate {
+                return Err(JsonError::DuplicateKey(name.into_owned()));
             }
             members.push((name, v));
             self.ws();
@@ -128,13 +165,13 @@ impl Parser<'_> {
                 continue;
             }
             if self.eat(b"}") {
-                return Ok(Json::Object(members));
+                return Ok(Value::Object(members));
             }
             return Err(self.err("expected ',' or '}'"));
         }
     }
 
-    fn array(&mut self, depth: usize) -> Result<Json, JsonError> {
+    fn array(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
         if depth > self.max_depth {
             return Err(JsonError::TooDeep(self.max_depth));
         }
@@ -142,7 +179,7 @@ impl Parser<'_> {
         let mut items = Vec::new();
         self.ws();
         if self.eat(b"]") {
-            return Ok(Json::Array(items));
+            return Ok(Value::Array(items));
         }
         loop {
             self.ws();
@@ -152,7 +189,7 @@ impl Parser<'_> {
                 continue;
             }
             if self.eat(b"]") {
-                return Ok(Json::Array(items));
+                return Ok(Value::Array(items));
             }
             return Err(self.err("expected ',' or ']'"));
         }
@@ -171,10 +208,23 @@ impl Parser<'_> {
         Ok(v)
     }
 
-    fn string(&mut self) -> Result<String, JsonError> {
+    /// A string without escapes is borrowed as it stands; the first escape switches to a copy.
+    fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
         self.i += 1; // opening quote
-        let mut out = String::new();
-        let mut run_start = self.i;
+        let start = self.i;
+        self.i += plain_prefix(&self.s[self.i..]);
+        match self.peek() {
+            None => return Err(self.err("unterminated string")),
+            Some(b'"') => {
+                let s = &self.text[start..self.i];
+                self.i += 1;
+                return Ok(Cow::Borrowed(s));
+            }
+            Some(b'\\') => {}
+            Some(_) => return Err(self.err("control character in string")),
+        }
+        let mut out = String::with_capacity(self.i - start + 16);
+        let mut run_start = start;
         loop {
             let Some(b) = self.peek() else {
                 return Err(self.err("unterminated string"));
@@ -183,7 +233,7 @@ impl Parser<'_> {
                 b'"' => {
                     out.push_str(&self.text[run_start..self.i]);
                     self.i += 1;
-                    return Ok(out);
+                    return Ok(Cow::Owned(out));
                 }
                 b'\\' => {
                     out.push_str(&self.text[run_start..self.i]);
@@ -235,7 +285,7 @@ impl Parser<'_> {
         self.i - start
     }
 
-    fn number(&mut self) -> Result<Json, JsonError> {
+    fn number(&mut self) -> Result<Value<'a>, JsonError> {
         let start = self.i;
         self.eat(b"-");
         if self.eat(b"0") {
@@ -257,8 +307,140 @@ impl Parser<'_> {
                 return Err(self.err("expected exponent digits"));
             }
         }
-        Ok(Json::Number(self.text[start..self.i].to_string()))
+        Ok(Value::Number(&self.text[start..self.i]))
     }
+}
+
+impl<'a> Value<'a> {
+    /// The owned `Json` of this value.
+    pub(crate) fn into_owned(self) -> Json {
+        match self {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(b),
+            Value::Number(n) => Json::Number(n.to_string()),
+            Value::String(s) => Json::String(s.into_owned()),
+            Value::Array(items) => Json::Array(items.into_iter().map(Value::into_owned).collect()),
+            Value::Object(members) => Json::Object(
+                members
+                    .into_iter()
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// RFC 6901 JSON pointer lookup, as `Json::pointer`.
+    pub(crate) fn pointer(&self, pointer: &Pointer) -> Option<&Value<'a>> {
+        let mut cur = self;
+        for token in &pointer.tokens {
+            cur = match cur {
+                Value::Object(members) => {
+                    members.iter().find(|(k, _)| k == token).map(|(_, v)| v)?
+                }
+                Value::Array(items) => items.get(array_index(token)?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+
+    /// Writes the canonical form, as `Json::to_canonical` does, sorting each object's members
+    /// in place first (so no list of references is allocated per object).
+    pub(crate) fn write_canonical(&mut self, out: &mut impl Sink) -> Result<(), JsonError> {
+        match self {
+            Value::Null => out.put("null"),
+            Value::Bool(b) => out.put(if *b { "true" } else { "false" }),
+            Value::Number(n) => write_canonical_number(out, n)?,
+            Value::String(s) => write_string(out, s),
+            Value::Array(items) => {
+                out.put_byte(b'[');
+                for (i, v) in items.iter_mut().enumerate() {
+                    if i > 0 {
+                        out.put_byte(b',');
+                    }
+                    v.write_canonical(out)?;
+                }
+                out.put_byte(b']');
+            }
+            Value::Object(members) => {
+                members.sort_by(|a, b| member_order(&a.0, &b.0));
+                out.put_byte(b'{');
+                for (i, (k, v)) in members.iter_mut().enumerate() {
+                    if i > 0 {
+                        out.put_byte(b',');
+                    }
+                    write_string(out, k);
+                    out.put_byte(b':');
+                    v.write_canonical(out)?;
+                }
+                out.put_byte(b'}');
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the writers put text: a `String`, or a hasher that never holds the text whole
+/// (`key::message_digest` streams the canonical form into SHA-256).
+pub trait Sink {
+    fn put(&mut self, s: &str);
+    /// Puts one ASCII byte (a quote, a bracket, a separator).
+    fn put_byte(&mut self, b: u8);
+}
+
+impl Sink for String {
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+    fn put_byte(&mut self, b: u8) {
+        debug_assert!(b.is_ascii());
+        self.push(char::from(b));
+    }
+}
+
+/// The canonical order of member names: by UTF-16 code units (RFC 8785). UTF-8 byte order is
+/// code point order, which differs from UTF-16 order only between a character in
+/// U+E000..=U+FFFF (lead byte 0xEE or 0xEF) and one above U+FFFF (lead byte 0xF0 or more), so
+/// names compare as bytes unless both differ first at such a lead byte.
+fn member_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i] >= 0xEE && y[i] >= 0xEE => a.encode_utf16().cmp(b.encode_utf16()),
+        Some(i) => x[i].cmp(&y[i]),
+    }
+}
+
+/// How many bytes at the start of `s` a JSON string holds as they stand: up to the first `"`,
+/// `\\` or control character (or all of `s`). Eight bytes at a time.
+fn plain_prefix(s: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while let Some(chunk) = s.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        // Nonzero exactly when some byte is below 0x20, or equal to `"` or `\\` (zero after
+        // the xor); which byte is then found one at a time below.
+        let hit = ((w.wrapping_sub(ONES * 0x20) & !w)
+            | (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash))
+            & HIGH;
+        if hit != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while let Some(&b) = s.get(i) {
+        if b < 0x20 || b == b'"' || b == b'\\' {
+            break;
+        }
+        i += 1;
+    }
+    i
 }
 
 impl Json {
@@ -396,7 +578,7 @@ impl Json {
 
     fn write_canonical(&self, out: &mut String) -> Result<(), JsonError> {
         match self {
-            Json::Number(n) => out.push_str(&canonical_number(n)?),
+            Json::Number(n) => write_canonical_number(out, n)?,
             Json::Array(items) => {
                 out.push('[');
                 for (i, v) in items.iter().enumerate() {
@@ -409,7 +591,7 @@ impl Json {
             }
             Json::Object(members) => {
                 let mut sorted: Vec<&(String, Json)> = members.iter().collect();
-                sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+                sorted.sort_by(|a, b| member_order(&a.0, &b.0));
                 out.push('{');
                 for (i, (k, v)) in sorted.into_iter().enumerate() {
                     if i > 0 {
@@ -522,31 +704,78 @@ pub enum PointerError {
 
 /// Writes a JSON string with JCS escaping: `\"`, `\\`, `\b \f \n \r \t`, other controls as
 /// `\u00xx` (lowercase hex), everything else literally.
-pub fn write_string(out: &mut String, s: &str) {
-    out.push('"');
+pub fn write_string(out: &mut (impl Sink + ?Sized), s: &str) {
+    out.put_byte(b'"');
+    let bytes = s.as_bytes();
     let mut run_start = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&s[run_start..i]);
-        if escape.is_empty() {
-            let _ = write!(out, "\\u{b:04x}");
-        } else {
-            out.push_str(escape);
+    loop {
+        let i = run_start + plain_prefix(&bytes[run_start..]);
+        let Some(&b) = bytes.get(i) else { break };
+        out.put(&s[run_start..i]);
+        match b {
+            b'"' => out.put("\\\""),
+            b'\\' => out.put("\\\\"),
+            0x08 => out.put("\\b"),
+            0x0c => out.put("\\f"),
+            b'\n' => out.put("\\n"),
+            b'\r' => out.put("\\r"),
+            b'\t' => out.put("\\t"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                for c in [
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 0xf)],
+                ] {
+                    out.put_byte(c);
+                }
+            }
         }
         run_start = i + 1;
     }
-    out.push_str(&s[run_start..]);
-    out.push('"');
+    out.put(&s[run_start..]);
+    out.put_byte(b'"');
+}
+
+/// Writes `canonical_number(text)`. The usual spellings (an integer of at most 21 digits, a
+/// decimal fraction without trailing zeros or exponent and, below 1, at most five zeros after
+/// the point) are already canonical and are written as they stand, with no allocation.
+fn write_canonical_number(out: &mut (impl Sink + ?Sized), text: &str) -> Result<(), JsonError> {
+    if is_canonical_number(text) {
+        out.put(text);
+    } else {
+        out.put(&canonical_number(text)?);
+    }
+    Ok(())
+}
+
+/// Whether a valid JSON number's text is its own canonical form, for the common shapes only
+/// (`false` means "compute it", never "it is not").
+fn is_canonical_number(text: &str) -> bool {
+    let unsigned = text.strip_prefix('-').unwrap_or(text);
+    let (int, frac) = match unsigned.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (unsigned, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    // JSON allows a leading zero only as the whole integer part.
+    if !digits(int) || (int.len() > 1 && int.starts_with('0')) {
+        return false;
+    }
+    match frac {
+        // `-0` is written `0`; more than 21 digits take the exponent form.
+        None => int.len() <= 21 && text != "-0",
+        Some(f) => {
+            if !digits(f) || f.ends_with('0') {
+                return false;
+            }
+            // Below 1: `0.` and up to five zeros before the first digit (then `1e-7` form).
+            int != "0" || f.bytes().take_while(|&b| b == b'0').count() <= 5
+        }
+    }
 }
 
 /// Largest exponent magnitude read or written: 15 digits.
@@ -556,6 +785,7 @@ const MAX_EXPONENT: u64 = 999_999_999_999_999;
 /// `0.1E1` are all `1`, while `0.1` and `0.10000000000000000001` stay different (no f64).
 /// Integers are written in full up to 21 digits; beyond that, and below 1e-6, `d.ddde±N`.
 pub fn canonical_number(text: &str) -> Result<String, JsonError> {
+    use std::fmt::Write as _;
     let range = || JsonError::NumberRange(text.to_string());
     let (negative, rest) = match text.strip_prefix('-') {
         Some(r) => (true, r),
@@ -720,6 +950,96 @@ mod tests {
             v.to_canonical().unwrap(),
             "{\"\u{1F600}\":1,\"\u{FF61}\":2}"
         );
+    }
+
+    #[test]
+    fn duplicate_member_names_are_refused_in_small_and_large_objects_alike() {
+        // Small objects compare names one by one; from LINEAR_NAME_CHECK members on, a set.
+        for n in [
+            1,
+            2,
+            LINEAR_NAME_CHECK - 1,
+            LINEAR_NAME_CHECK,
+            LINEAR_NAME_CHECK + 5,
+            200,
+        ] {
+            let names: Vec<String> = (0..n).map(|i| format!("\"m{i}\":{i}")).collect();
+            let ok = format!("{{{}}}", names.join(","));
+            assert!(p(&ok).is_ok(), "{n} distinct members");
+            for dup in [0, n / 2, n - 1] {
+                let text = format!("{{{},\"m{dup}\":null}}", names.join(","));
+                assert_eq!(
+                    p(&text),
+                    Err(JsonError::DuplicateKey(format!("m{dup}"))),
+                    "{n} members, m{dup} again"
+                );
+            }
+        }
+        // Names compare decoded: an escape spells the same name.
+        assert_eq!(
+            p(r#"{"ab":1,"a\u0062":2}"#),
+            Err(JsonError::DuplicateKey("ab".into()))
+        );
+        let many: Vec<String> = (0..40).map(|i| format!("\"k{i}\":0")).collect();
+        let text = format!("{{{},\"\\u006b7\":1}}", many.join(","));
+        assert_eq!(p(&text), Err(JsonError::DuplicateKey("k7".into())));
+        // A later syntax error is not reached: the duplicate is refused where it is read.
+        assert!(matches!(
+            p(r#"{"a":1,"a":2,"#),
+            Err(JsonError::DuplicateKey(_))
+        ));
+    }
+
+    #[test]
+    fn strings_without_escapes_are_borrowed_and_with_escapes_decoded() {
+        let text = r#"{"plain":"abc def ghijklmnop","esc":"a\"b\u00e9","k\n":"x"}"#;
+        let Ok(Value::Object(members)) = parse_borrowed(text.as_bytes(), 4) else {
+            panic!("an object")
+        };
+        assert!(matches!(members[0].0, Cow::Borrowed("plain")));
+        assert!(matches!(
+            members[0].1,
+            Value::String(Cow::Borrowed("abc def ghijklmnop"))
+        ));
+        assert_eq!(members[1].1, Value::String(Cow::Owned("a\"bé".into())));
+        assert_eq!(members[2].0, "k\n");
+        // A control character is refused at its own offset, as before the fast scan.
+        for (text, at) in [
+            ("\"abcdefghij\u{1}\"", 11),
+            ("\"a\u{1f}\"", 2),
+            ("\"\\n\u{0}\"", 3),
+        ] {
+            assert_eq!(
+                p(text),
+                Err(JsonError::Syntax {
+                    offset: at,
+                    what: "control character in string"
+                }),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_plain_prefix_stops_at_the_first_byte_a_string_must_escape() {
+        let naive = |s: &[u8]| {
+            s.iter()
+                .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
+                .unwrap_or(s.len())
+        };
+        let mut cases: Vec<Vec<u8>> = vec![b"".to_vec(), "é€😀 plain text".into()];
+        for len in 0..20 {
+            for at in 0..len {
+                for special in [b'"', b'\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xff, b'!', b']'] {
+                    let mut v = vec![b'a'; len];
+                    v[at] = special;
+                    cases.push(v);
+                }
+            }
+        }
+        for c in &cases {
+            assert_eq!(plain_prefix(c), naive(c), "{c:?}");
+        }
     }
 
     #[test]
@@ -948,12 +1268,58 @@ mod vs_serde_json {
             })
     }
 
+    /// The borrowed reader's canonical form (the feed's digest) is the owned tree's, byte for
+    /// byte, and both readers accept and refuse alike.
+    fn canonical_alike(text: &str) -> Result<(), TestCaseError> {
+        let owned = parse(text.as_bytes(), DEPTH);
+        let borrowed = parse_borrowed(text.as_bytes(), DEPTH);
+        match (owned, borrowed) {
+            (Ok(o), Ok(mut b)) => {
+                let mut direct = String::new();
+                let got = b.write_canonical(&mut direct).map(|()| direct);
+                prop_assert_eq!(got, o.to_canonical(), "{:?}", text);
+            }
+            (o, b) => prop_assert_eq!(o.map(|_| ()), b.map(|_| ())),
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
 
         #[test]
         fn documents_read_alike(text in doc()) {
             check(&text)?;
+            canonical_alike(&text)?;
+        }
+
+        #[test]
+        fn canonical_forms_of_both_trees_are_identical(
+            names in prop::collection::vec("([a-d]|[é€]|\u{FF61}|\u{1F600}|\u{E000}|\u{10000}){0,3}", 0..8),
+            numbers in prop::collection::vec("-?(0|[1-9][0-9]{0,24})(\\.[0-9]{1,9})?([eE][+-]?[0-9]{1,3})?", 8),
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            let members: Vec<String> = names
+                .iter()
+                .filter(|n| seen.insert(n.as_str()))
+                .zip(numbers.iter().cycle())
+                .map(|(k, v)| format!("{}:[{v},\"{k}\"]", Json::String(k.clone()).to_compact()))
+                .collect();
+            canonical_alike(&format!("{{{}}}", members.join(",")))?;
+        }
+
+        #[test]
+        fn a_number_written_as_it_stands_is_its_canonical_form(
+            text in "-?(0|[1-9][0-9]{0,25})(\\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?"
+        ) {
+            if is_canonical_number(&text) {
+                prop_assert_eq!(canonical_number(&text).ok(), Some(text.clone()));
+            }
+        }
+
+        #[test]
+        fn member_order_is_utf16_order(a in "\\PC{0,6}", b in "\\PC{0,6}") {
+            prop_assert_eq!(member_order(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
         }
 
         #[test]
@@ -992,6 +1358,7 @@ mod vs_serde_json {
             "-1e-400",
         ] {
             check(text).unwrap();
+            canonical_alike(text).unwrap();
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use sha2::{Digest as _, Sha256};
 
-use crate::json::{Json, JsonError, Pointer};
+use crate::json::{Json, JsonError, Pointer, Sink, Value};
 use crate::model::{Digest, IdempotencyKey, Position, Source};
 
 /// Domain-separation prefix of key v1 (includes the trailing NUL).
@@ -38,6 +38,70 @@ pub fn message_digest(message: &Json, ignore: &[Pointer]) -> Result<Digest, Json
     Ok(Digest::from_hash(
         Sha256::digest(canonical.as_bytes()).into(),
     ))
+}
+
+/// `message_digest` with no `ignore` pointers, of a borrowed tree (the feed's path,
+/// `wire::decode`): the canonical form is streamed into the hasher, never held whole. Sorts
+/// each object's members in place.
+pub(crate) fn canonical_digest(message: &mut Value<'_>) -> Result<Digest, JsonError> {
+    let mut sink = Sha256Sink::new();
+    message.write_canonical(&mut sink)?;
+    Ok(Digest::from_hash(sink.finish()))
+}
+
+const SINK_BYTES: usize = 512;
+
+/// SHA-256 of text written in many small pieces (the canonical writers' `Sink`), gathered
+/// into whole blocks before they reach the hasher; the text is never held whole.
+pub(crate) struct Sha256Sink {
+    hash: Sha256,
+    buf: [u8; SINK_BYTES],
+    len: usize,
+}
+
+impl Sha256Sink {
+    pub(crate) fn new() -> Sha256Sink {
+        Sha256Sink {
+            hash: Sha256::new(),
+            buf: [0; SINK_BYTES],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > SINK_BYTES {
+            self.hash.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() > SINK_BYTES {
+                self.hash.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    pub(crate) fn finish(mut self) -> [u8; 32] {
+        self.hash.update(&self.buf[..self.len]);
+        self.hash.finalize().into()
+    }
+}
+
+impl Sink for Sha256Sink {
+    #[inline]
+    fn put(&mut self, s: &str) {
+        self.update(s.as_bytes());
+    }
+    #[inline]
+    fn put_byte(&mut self, b: u8) {
+        if self.len == SINK_BYTES {
+            self.hash.update(self.buf);
+            self.len = 0;
+        }
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
 }
 
 /// SHA-256 over data that arrives in pieces (an oversized input line).
@@ -167,6 +231,28 @@ mod tests {
             message_digest(&a, &[]).unwrap(),
             message_digest(&b, &[]).unwrap()
         );
+    }
+
+    #[test]
+    fn the_streamed_digest_equals_the_digest_of_the_whole_canonical_text() {
+        let long = "x".repeat(3 * SINK_BYTES);
+        for text in [
+            r#"{"b":[1,2.0,{"z":null,"y":"\u0007"}],"a":"é😀","c":-0.0e3}"#.to_string(),
+            format!(r#"{{"pad":"{long}","n":1e400,"m":{{"q":"{long}"}}}}"#),
+            "{}".to_string(),
+        ] {
+            let mut borrowed = crate::json::parse_borrowed(text.as_bytes(), 32).unwrap();
+            let owned = parse(text.as_bytes(), 32).unwrap();
+            let want = Sha256::digest(owned.to_canonical().unwrap().as_bytes());
+            assert_eq!(
+                canonical_digest(&mut borrowed).unwrap().as_bytes()[..],
+                want[..]
+            );
+            assert_eq!(
+                message_digest(&owned, &[]).unwrap().as_bytes()[..],
+                want[..]
+            );
+        }
     }
 
     fn ptrs(list: &[&str]) -> Vec<Pointer> {

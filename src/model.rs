@@ -102,6 +102,16 @@ pub fn hex_into(out: &mut String, bytes: &[u8]) {
     }
 }
 
+/// Writes the lowercase hex of `bytes` into `out`, two digits per byte (`out` holds exactly
+/// `2 * bytes.len()`; extra bytes of either are left alone).
+pub(crate) fn hex_bytes(out: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
+    }
+}
+
 /// Parses 64 hex digits (either case) into 32 bytes.
 pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     let bytes = s.as_bytes();

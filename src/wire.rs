@@ -1,8 +1,8 @@
 //! Payload bytes -> `Message`: the feed contract, its limits and the `DecodeError` of each way a
 //! payload can fail it. Pure: no I/O, never panics on input.
 
-use crate::json::{self, Json, JsonError, Pointer};
-use crate::key::{derive_key, message_digest, sha256};
+use crate::json::{self, JsonError, Pointer, Value};
+use crate::key::{canonical_digest, derive_key, message_digest, sha256};
 use crate::model::{MAX_NAME_BYTES, Message, Position, Source, hex};
 
 /// Default `max_payload_bytes`: 256 KiB.
@@ -131,8 +131,8 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
             sha256: sha256(&[payload]),
         });
     }
-    let value = json::parse(payload, contract.max_depth)?;
-    if !matches!(value, Json::Object(_)) {
+    let mut value = json::parse_borrowed(payload, contract.max_depth)?;
+    if !matches!(value, Value::Object(_)) {
         return Err(DecodeError::NotObject(kind(&value)));
     }
     let agency = name(&value, &contract.agency, "agency")?;
@@ -145,7 +145,11 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
     let source = Source::new(agency, source_id);
     let position = Position { epoch, sequence };
     let key = derive_key(&source, position);
-    let digest = message_digest(&value, &contract.digest_ignore)?;
+    let digest = if contract.digest_ignore.is_empty() {
+        canonical_digest(&mut value)?
+    } else {
+        message_digest(&value.into_owned(), &contract.digest_ignore)?
+    };
     Ok(Message {
         source,
         position,
@@ -154,14 +158,14 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
     })
 }
 
-fn kind(v: &Json) -> &'static str {
+fn kind(v: &Value<'_>) -> &'static str {
     match v {
-        Json::Null => "null",
-        Json::Bool(_) => "boolean",
-        Json::Number(_) => "number",
-        Json::String(_) => "string",
-        Json::Array(_) => "array",
-        Json::Object(_) => "object",
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
     }
 }
 
@@ -169,21 +173,21 @@ fn pointer_text(p: &Pointer) -> String {
     p.to_string()
 }
 
-fn name(v: &Json, p: &Pointer, field: &'static str) -> Result<String, DecodeError> {
+fn name(v: &Value<'_>, p: &Pointer, field: &'static str) -> Result<String, DecodeError> {
     match v.pointer(p) {
         None => Err(DecodeError::Missing {
             field,
             pointer: pointer_text(p),
         }),
-        Some(Json::String(s)) if s.is_empty() => Err(DecodeError::Invalid {
+        Some(Value::String(s)) if s.is_empty() => Err(DecodeError::Invalid {
             field,
             why: "is an empty string".into(),
         }),
-        Some(Json::String(s)) if s.len() > MAX_NAME_BYTES => Err(DecodeError::Invalid {
+        Some(Value::String(s)) if s.len() > MAX_NAME_BYTES => Err(DecodeError::Invalid {
             field,
             why: format!("is {} bytes long (at most {MAX_NAME_BYTES})", s.len()),
         }),
-        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Value::String(s)) => Ok(s.to_string()),
         Some(other) => Err(DecodeError::Invalid {
             field,
             why: format!("must be a string, found a {}", kind(other)),
@@ -191,7 +195,7 @@ fn name(v: &Json, p: &Pointer, field: &'static str) -> Result<String, DecodeErro
     }
 }
 
-fn required_u64(v: &Json, p: &Pointer, field: &'static str) -> Result<u64, DecodeError> {
+fn required_u64(v: &Value<'_>, p: &Pointer, field: &'static str) -> Result<u64, DecodeError> {
     match v.pointer(p) {
         None => Err(DecodeError::Missing {
             field,
@@ -202,8 +206,8 @@ fn required_u64(v: &Json, p: &Pointer, field: &'static str) -> Result<u64, Decod
 }
 
 /// Accepts only a plain unsigned integer literal (`0`, `42`), never `4.0`, `4e1`, `-1` or `"4"`.
-fn as_u64(v: &Json, field: &'static str) -> Result<u64, DecodeError> {
-    let Json::Number(text) = v else {
+fn as_u64(v: &Value<'_>, field: &'static str) -> Result<u64, DecodeError> {
+    let Value::Number(text) = v else {
         return Err(DecodeError::Invalid {
             field,
             why: format!("must be an unsigned integer, found a {}", kind(v)),

@@ -187,7 +187,8 @@ fn read_lines(
                 if line.iter().all(|b| matches!(b, b' ' | b'\t')) {
                     continue;
                 }
-                Incoming::decode(topic, std::mem::take(&mut line), now_ms(), &config.feed)
+                // A copy of exactly the line's length; `line` keeps its capacity for the next.
+                Incoming::decode(topic, line.clone(), now_ms(), &config.feed)
             }
             Line::Oversized { size, sha256 } => Incoming::oversized(
                 topic,

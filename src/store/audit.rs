@@ -3,9 +3,9 @@
 //! Canonical JSON is the JCS form produced by `json::Json::to_canonical`, so the chain can be
 //! checked from `dump-audit` output alone.
 
-use crate::json::{Json, write_string};
-use crate::key::sha256;
-use crate::model::{Outcome, hex, hex_into};
+use crate::json::{Json, Sink, write_string};
+use crate::key::Sha256Sink;
+use crate::model::{Outcome, hex, hex_bytes};
 use crate::store::tables::AuditRecord;
 use crate::timefmt::rfc3339_ms;
 
@@ -36,59 +36,56 @@ pub fn body_fields(index: u64, r: &AuditRecord) -> Vec<(String, Json)> {
     ]
 }
 
-/// The canonical JSON of `body_fields`, written directly (it is on the commit path). Equal to
-/// `Json::Object(body_fields(..)).to_canonical()`; a test holds the two together.
-pub fn canonical_body(index: u64, r: &AuditRecord) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(512);
+/// The canonical JSON of `body_fields`, written directly (it is on the commit path, streamed
+/// into SHA-256 by `entry_hash`). Equal to `Json::Object(body_fields(..)).to_canonical()`; a
+/// test holds the two together.
+fn write_body(out: &mut impl Sink, index: u64, r: &AuditRecord) {
     let mut first = true;
-    let mut key = |out: &mut String, name: &str| {
-        out.push_str(if first { "{\"" } else { ",\"" });
+    let mut key = |out: &mut dyn Sink, name: &str| {
+        out.put(if first { "{\"" } else { ",\"" });
         first = false;
-        out.push_str(name);
-        out.push_str("\":");
+        out.put(name);
+        out.put("\":");
     };
-    let opt_str = |out: &mut String, v: &Option<String>| match v {
+    let opt_str = |out: &mut dyn Sink, v: &Option<String>| match v {
         Some(s) => write_string(out, s),
-        None => out.push_str("null"),
+        None => out.put("null"),
     };
-    let opt_num = |out: &mut String, v: Option<u64>| match v {
-        Some(n) => {
-            let _ = write!(out, "{n}");
-        }
-        None => out.push_str("null"),
+    let opt_num = |out: &mut dyn Sink, v: Option<u64>| match v {
+        Some(n) => put_u64(out, n),
+        None => out.put("null"),
     };
-    let opt_hex = |out: &mut String, v: &Option<[u8; 32]>| match v {
+    let opt_hex = |out: &mut dyn Sink, v: &Option<[u8; 32]>| match v {
         Some(b) => {
-            out.push('"');
-            hex_into(out, b);
-            out.push('"');
+            let mut text = [b'"'; 66];
+            hex_bytes(&mut text[1..65], b);
+            out.put(std::str::from_utf8(&text).unwrap_or_default());
         }
-        None => out.push_str("null"),
+        None => out.put("null"),
     };
     // Member names are ASCII, so JCS's UTF-16 order is plain byte order, fixed here.
-    key(&mut out, "agency");
-    opt_str(&mut out, &r.agency);
-    key(&mut out, "digest");
-    opt_hex(&mut out, &r.digest);
-    key(&mut out, "effect_offset");
-    opt_num(&mut out, r.effect_offset);
-    key(&mut out, "epoch");
-    opt_num(&mut out, r.epoch);
-    key(&mut out, "index");
-    opt_num(&mut out, Some(index));
-    key(&mut out, "key");
-    opt_hex(&mut out, &r.key);
-    key(&mut out, "outcome");
+    key(out, "agency");
+    opt_str(out, &r.agency);
+    key(out, "digest");
+    opt_hex(out, &r.digest);
+    key(out, "effect_offset");
+    opt_num(out, r.effect_offset);
+    key(out, "epoch");
+    opt_num(out, r.epoch);
+    key(out, "index");
+    opt_num(out, Some(index));
+    key(out, "key");
+    opt_hex(out, &r.key);
+    key(out, "outcome");
     write_string(
-        &mut out,
+        out,
         Outcome::from_code(r.outcome).map_or("unknown", Outcome::as_str),
     );
-    key(&mut out, "quarantine_id");
-    opt_num(&mut out, r.quarantine_id);
-    key(&mut out, "reason");
-    write_string(&mut out, &r.reason);
-    key(&mut out, "recorded_at");
+    key(out, "quarantine_id");
+    opt_num(out, r.quarantine_id);
+    key(out, "reason");
+    write_string(out, &r.reason);
+    key(out, "recorded_at");
     // A batch shares one timestamp: format it once per batch, not per entry.
     thread_local!(static LAST: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) });
     LAST.with_borrow_mut(|(ms, text)| {
@@ -96,21 +93,38 @@ pub fn canonical_body(index: u64, r: &AuditRecord) -> String {
             *ms = r.recorded_at_ms;
             *text = rfc3339_ms(r.recorded_at_ms);
         }
-        write_string(&mut out, text);
+        write_string(out, text);
     });
-    key(&mut out, "sequence");
-    opt_num(&mut out, r.sequence);
-    key(&mut out, "source_id");
-    opt_str(&mut out, &r.source_id);
-    key(&mut out, "topic");
-    write_string(&mut out, &r.topic);
-    out.push('}');
-    out
+    key(out, "sequence");
+    opt_num(out, r.sequence);
+    key(out, "source_id");
+    opt_str(out, &r.source_id);
+    key(out, "topic");
+    write_string(out, &r.topic);
+    out.put_byte(b'}');
+}
+
+/// Writes `n` in decimal.
+fn put_u64(out: &mut dyn Sink, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// The hash an entry with this body and predecessor must carry.
 pub fn entry_hash(index: u64, r: &AuditRecord, prev_hash: &[u8; 32]) -> [u8; 32] {
-    sha256(&[prev_hash, canonical_body(index, r).as_bytes()])
+    let mut h = Sha256Sink::new();
+    h.update(prev_hash);
+    write_body(&mut h, index, r);
+    h.finish()
 }
 
 #[cfg(test)]
@@ -148,7 +162,9 @@ mod tests {
         };
         for (i, r) in [(0u64, &full), (18_446_744_073_709_551_615, &sparse)] {
             let generic = Json::Object(body_fields(i, r)).to_canonical().unwrap();
-            assert_eq!(canonical_body(i, r), generic);
+            let mut direct = String::new();
+            write_body(&mut direct, i, r);
+            assert_eq!(direct, generic);
         }
     }
 }

@@ -59,14 +59,26 @@ pub(super) struct Writer<T: Tx> {
     marks: Option<RetentionMarks>,
     marks_dirty: bool,
     counters: Counters,
-    /// The lowest relay sink cursor (read only when retention prunes effects): retention
-    /// never removes an effect a sink has not delivered or parked.
-    pub(super) lowest_cursor: Option<u64>,
-    /// The lowest audit sink cursor (read only when retention prunes the audit log): retention
-    /// never removes an audit entry an audit sink has not delivered or parked.
-    pub(super) lowest_audit_cursor: Option<u64>,
     /// Upstream gaps the batch's applied messages revealed, in delivery order.
     gaps: Vec<ReportedGap>,
+    /// The effect record and audit entry of the message being decided, kept between
+    /// messages so their strings and payload buffer are allocated once per batch.
+    effect_buf: Option<EffectRecord>,
+    audit_buf: Option<AuditRecord>,
+}
+
+/// `dst = src`, in `dst`'s own allocation.
+fn refill(dst: &mut String, src: &str) {
+    dst.clear();
+    dst.push_str(src);
+}
+
+/// `dst = Some(src)`, in `dst`'s own allocation when it has one.
+fn refill_some(dst: &mut Option<String>, src: &str) {
+    match dst {
+        Some(d) => refill(d, src),
+        None => *dst = Some(src.to_string()),
+    }
 }
 
 pub(super) fn pos_pair(p: Position) -> (u64, u64) {
@@ -141,22 +153,8 @@ impl<T: Tx> Writer<T> {
                 c
             }
         };
-        let lowest_cursor = if opts.retention.effects.is_active() {
-            let floor = tx.retention_marks()?.unwrap_or_default().effects_floor;
-            tx.lowest_cursor(Stream::Effects, floor)?
-        } else {
-            None
-        };
-        let lowest_audit_cursor = if opts.retention.audit.is_active() {
-            let floor = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
-            tx.lowest_cursor(Stream::Audit, floor)?
-        } else {
-            None
-        };
         Ok(Writer {
             tx,
-            lowest_cursor,
-            lowest_audit_cursor,
             opts: opts.clone(),
             meta,
             names: HashMap::new(),
@@ -165,6 +163,8 @@ impl<T: Tx> Writer<T> {
             marks_dirty: false,
             counters,
             gaps: Vec::new(),
+            effect_buf: None,
+            audit_buf: None,
         })
     }
 
@@ -281,22 +281,37 @@ impl<T: Tx> Writer<T> {
                 unreachable!("decide never returns {}", decision.outcome)
             }
         }
-        self.append_audit(AuditRecord {
-            recorded_at_ms: now_ms,
-            outcome: decision.outcome.code(),
-            key: Some(*msg.key.as_bytes()),
-            agency: Some(msg.source.agency().into()),
-            source_id: Some(msg.source.source_id().into()),
-            epoch: Some(msg.position.epoch),
-            sequence: Some(msg.position.sequence),
-            topic: incoming.topic.clone(),
-            reason: decision.reason,
-            digest: Some(*msg.digest.as_bytes()),
-            effect_offset,
-            quarantine_id,
+        let mut rec = self.audit_buf.take().unwrap_or_else(|| AuditRecord {
+            recorded_at_ms: 0,
+            outcome: 0,
+            key: None,
+            agency: None,
+            source_id: None,
+            epoch: None,
+            sequence: None,
+            topic: String::new(),
+            reason: String::new(),
+            digest: None,
+            effect_offset: None,
+            quarantine_id: None,
             prev_hash: [0; 32],
             hash: [0; 32],
-        })?;
+        });
+        rec.recorded_at_ms = now_ms;
+        rec.outcome = decision.outcome.code();
+        rec.key = Some(*msg.key.as_bytes());
+        refill_some(&mut rec.agency, msg.source.agency());
+        refill_some(&mut rec.source_id, msg.source.source_id());
+        rec.epoch = Some(msg.position.epoch);
+        rec.sequence = Some(msg.position.sequence);
+        refill(&mut rec.topic, &incoming.topic);
+        rec.reason = decision.reason;
+        rec.digest = Some(*msg.digest.as_bytes());
+        rec.effect_offset = effect_offset;
+        rec.quarantine_id = quarantine_id;
+        let appended = self.chain_audit(&mut rec);
+        self.audit_buf = Some(rec);
+        appended?;
         Ok(Decided {
             outcome: decision.outcome,
             audit_index,
@@ -316,21 +331,36 @@ impl<T: Tx> Writer<T> {
     ) -> Result<u64, StoreError> {
         let offset = self.meta.next_effect;
         self.meta.next_effect += 1;
-        let effect = EffectRecord {
-            source_no: no,
-            epoch: msg.position.epoch,
-            sequence: msg.position.sequence,
-            received_at_ms: origin.received_at_ms,
-            key: *msg.key.as_bytes(),
-            agency: msg.source.agency().into(),
-            source_id: msg.source.source_id().into(),
-            topic: origin.topic.to_string(),
-            late: origin.late,
-            released: origin.released,
-            audit_index: origin.audit_index,
-            payload: origin.payload.to_vec(),
-        };
-        self.tx.put_effect(offset, &effect)?;
+        let mut effect = self.effect_buf.take().unwrap_or_else(|| EffectRecord {
+            source_no: 0,
+            epoch: 0,
+            sequence: 0,
+            received_at_ms: 0,
+            key: [0; 32],
+            agency: String::new(),
+            source_id: String::new(),
+            topic: String::new(),
+            late: false,
+            released: false,
+            audit_index: 0,
+            payload: Vec::new(),
+        });
+        effect.source_no = no;
+        effect.epoch = msg.position.epoch;
+        effect.sequence = msg.position.sequence;
+        effect.received_at_ms = origin.received_at_ms;
+        effect.key = *msg.key.as_bytes();
+        refill(&mut effect.agency, msg.source.agency());
+        refill(&mut effect.source_id, msg.source.source_id());
+        refill(&mut effect.topic, origin.topic);
+        effect.late = origin.late;
+        effect.released = origin.released;
+        effect.audit_index = origin.audit_index;
+        effect.payload.clear();
+        effect.payload.extend_from_slice(origin.payload);
+        let put = self.tx.put_effect(offset, &effect);
+        self.effect_buf = Some(effect);
+        put?;
         let w = WindowRecord {
             digest: *msg.digest.as_bytes(),
             effect_offset: offset,
@@ -456,10 +486,15 @@ impl<T: Tx> Writer<T> {
     }
 
     pub(super) fn append_audit(&mut self, mut rec: AuditRecord) -> Result<u64, StoreError> {
+        self.chain_audit(&mut rec)
+    }
+
+    /// Chains `rec` (its `prev_hash` and `hash` are set here) and stores it at the next index.
+    fn chain_audit(&mut self, rec: &mut AuditRecord) -> Result<u64, StoreError> {
         let index = self.meta.next_audit;
         rec.prev_hash = self.meta.chain_head;
-        rec.hash = audit::entry_hash(index, &rec, &rec.prev_hash);
-        self.tx.put_audit(index, &rec)?;
+        rec.hash = audit::entry_hash(index, rec, &rec.prev_hash);
+        self.tx.put_audit(index, rec)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;
         if let Some(n) = self.counters.by_outcome.get_mut(usize::from(rec.outcome)) {

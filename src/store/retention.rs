@@ -111,9 +111,13 @@ impl<T: Tx> Writer<T> {
     ) -> Result<u64, StoreError> {
         let start = self.meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         let end = self.meta.next_audit;
-        // Never past what an audit sink has yet to deliver.
+        if !self.front_due(Stream::Audit, start, end, keep, now_ms, *budget)? {
+            return Ok(0);
+        }
+        // Never past what an audit sink has yet to deliver or parked.
         let held = self
-            .lowest_audit_cursor
+            .tx
+            .lowest_cursor(Stream::Audit, start)?
             .map_or(end, |c| c.min(end))
             .max(start);
         let mut front = Front::new(end - start, keep, now_ms, budget);
@@ -142,13 +146,18 @@ impl<T: Tx> Writer<T> {
         marks: &mut RetentionMarks,
     ) -> Result<u64, StoreError> {
         let start = marks.effects_floor;
-        // Never into the window (the effect log is its time index), nor past what a relay
-        // sink has yet to deliver.
-        let end = self
-            .lowest_cursor
-            .map_or(self.meta.window_start, |c| c.min(self.meta.window_start))
-            .max(start);
         let len = self.meta.next_effect.saturating_sub(start);
+        // Never into the window (the effect log is its time index), nor past what a relay
+        // sink has yet to deliver or parked.
+        let window = self.meta.window_start.max(start);
+        if !self.front_due(Stream::Effects, start, window, keep, now_ms, *budget)? {
+            return Ok(0);
+        }
+        let end = self
+            .tx
+            .lowest_cursor(Stream::Effects, start)?
+            .map_or(window, |c| c.min(window))
+            .max(start);
         let mut front = Front::new(len, keep, now_ms, budget);
         self.tx.scan_effect_heads(start..end, &mut |offset, head| {
             Ok(front.visit(offset, head.received_at_ms))
@@ -160,6 +169,43 @@ impl<T: Tx> Writer<T> {
         self.tx.remove_effects(start..=last)?;
         marks.effects_floor = last + 1;
         Ok(due.len() as u64)
+    }
+
+    /// Whether the oldest entry of a log (at `start`, of those below `end`) is due: one read,
+    /// so a commit with nothing to prune never reads the sinks' cursors (the lowest cursor is
+    /// read only by a commit that will prune, once per log).
+    fn front_due(
+        &mut self,
+        stream: Stream,
+        start: u64,
+        end: u64,
+        keep: LogRetention,
+        now_ms: u64,
+        budget: u64,
+    ) -> Result<bool, StoreError> {
+        if budget == 0 || start >= end {
+            return Ok(false);
+        }
+        let len = match stream {
+            Stream::Audit => self.meta.next_audit,
+            Stream::Effects => self.meta.next_effect,
+        }
+        .saturating_sub(start);
+        let mut one = 1;
+        let mut front = Front::new(len, keep, now_ms, &mut one);
+        match stream {
+            Stream::Audit => self
+                .tx
+                .scan_audit_heads(start..start + 1, &mut |index, head| {
+                    Ok(front.visit(index, head.recorded_at_ms))
+                })?,
+            Stream::Effects => self
+                .tx
+                .scan_effect_heads(start..start + 1, &mut |offset, head| {
+                    Ok(front.visit(offset, head.received_at_ms))
+                })?,
+        }
+        Ok(!front.due.is_empty())
     }
 
     fn prune_quarantine(
