@@ -100,12 +100,8 @@ impl PubRef {
     }
 
     fn ack_v5(pkid: u16) -> v5::mqttbytes::v5::Publish {
-        let mut p = v5::mqttbytes::v5::Publish::new(
-            "",
-            v5::mqttbytes::QoS::AtLeastOnce,
-            Vec::new(),
-            None,
-        );
+        let mut p =
+            v5::mqttbytes::v5::Publish::new("", v5::mqttbytes::QoS::AtLeastOnce, Vec::new(), None);
         p.pkid = pkid;
         p
     }

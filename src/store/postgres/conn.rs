@@ -166,38 +166,59 @@ enum Deferred {
 }
 
 /// A pipelined statement's future, its answer dropped.
-type Sent<'a> = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + 'a>>;
+type Sent<'a, E = tokio_postgres::Error> = Pin<Box<dyn Future<Output = Result<(), E>> + 'a>>;
 
 /// Polls every future in `sent` and then `last`, in that order (so their requests leave in
 /// that order), until all have answered; the first error among `sent` wins over `last`'s
 /// outcome (a statement after a failed one only reports the aborted transaction).
-async fn in_order<T>(
-    sent: Vec<Sent<'_>>,
-    last: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, tokio_postgres::Error> {
-    let mut sent: Vec<Option<Sent<'_>>> = sent.into_iter().map(Some).collect();
+///
+/// A future that fails at its first poll failed in the client (its parameters could not be
+/// encoded: a wrong type, a value too large to transmit) and sent nothing, so the server's
+/// transaction is not aborted by it: the futures after it, and `last` (the COMMIT, say), are
+/// then never polled, never sent. Only those already sent are driven to their answers.
+async fn in_order<T, E>(
+    sent: Vec<Sent<'_, E>>,
+    last: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let mut sent: Vec<Option<Sent<'_, E>>> = sent.into_iter().map(Some).collect();
     let mut first_error = None;
     let mut last = std::pin::pin!(last);
     let mut outcome = None;
+    // How many futures of `sent` have been polled (sent) so far, and whether one failed
+    // before sending (nothing after it may be sent).
+    let mut started = 0;
+    let mut refused = false;
     std::future::poll_fn(|cx| {
-        for slot in sent.iter_mut() {
-            if let Some(f) = slot
-                && let Poll::Ready(r) = f.as_mut().poll(cx)
-            {
-                *slot = None;
-                if let Err(e) = r
-                    && first_error.is_none()
-                {
-                    first_error = Some(e);
+        for (i, slot) in sent.iter_mut().enumerate() {
+            if refused && i >= started {
+                break;
+            }
+            let first_poll = i >= started;
+            if let Some(f) = slot {
+                if first_poll {
+                    started = i + 1;
+                }
+                if let Poll::Ready(r) = f.as_mut().poll(cx) {
+                    *slot = None;
+                    if let Err(e) = r {
+                        if first_poll {
+                            refused = true;
+                        }
+                        if first_error.is_none() {
+                            first_error = Some(e);
+                        }
+                    }
                 }
             }
         }
-        if outcome.is_none()
+        if !refused
+            && outcome.is_none()
             && let Poll::Ready(r) = last.as_mut().poll(cx)
         {
             outcome = Some(r);
         }
-        if outcome.is_some() && sent.iter().all(Option::is_none) {
+        let sent_done = sent[..started].iter().all(Option::is_none);
+        if (refused && sent_done) || (outcome.is_some() && sent.iter().all(Option::is_none)) {
             Poll::Ready(())
         } else {
             Poll::Pending
@@ -564,6 +585,80 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A statement future that records that it was polled (sent) and answers `answer`, at
+    /// once or after one `Pending` (an answer from the server).
+    fn statement<'a>(
+        log: &'a std::cell::RefCell<Vec<&'static str>>,
+        name: &'static str,
+        answer: Result<(), &'static str>,
+        at_once: bool,
+    ) -> Sent<'a, &'static str> {
+        Box::pin(async move {
+            log.borrow_mut().push(name);
+            if !at_once {
+                let mut yielded = false;
+                std::future::poll_fn(|cx| {
+                    if yielded {
+                        Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+            }
+            answer
+        })
+    }
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_statement_refused_before_sending_stops_what_follows_and_the_commit() {
+        let log = std::cell::RefCell::new(Vec::new());
+        let sent = vec![
+            statement(&log, "insert audit", Ok(()), false),
+            statement(
+                &log,
+                "insert effects",
+                Err("value too large to transmit"),
+                true,
+            ),
+            statement(&log, "insert window", Ok(()), false),
+        ];
+        let commit = statement(&log, "COMMIT", Ok(()), false);
+        let r = block_on(in_order(sent, commit));
+        assert_eq!(r, Err("value too large to transmit"));
+        assert_eq!(
+            log.into_inner(),
+            ["insert audit", "insert effects"],
+            "nothing after the refused statement is sent, the COMMIT least of all"
+        );
+    }
+
+    #[test]
+    fn a_server_error_is_reported_first_and_everything_is_sent_in_order() {
+        let log = std::cell::RefCell::new(Vec::new());
+        let sent = vec![
+            statement(&log, "a", Ok(()), false),
+            statement(&log, "b", Err("unique violation"), false),
+            statement(&log, "c", Err("transaction aborted"), false),
+        ];
+        let commit = statement(&log, "COMMIT", Ok(()), false);
+        assert_eq!(block_on(in_order(sent, commit)), Err("unique violation"));
+        assert_eq!(log.into_inner(), ["a", "b", "c", "COMMIT"]);
+        let log = std::cell::RefCell::new(Vec::new());
+        let sent = vec![statement(&log, "a", Ok(()), true)];
+        let commit = async { Ok::<_, &'static str>(7) };
+        assert_eq!(block_on(in_order(sent, commit)), Ok(7));
+    }
 
     #[test]
     fn keepalives_and_deadlines_have_defaults_and_the_dsn_overrides_keepalives() {

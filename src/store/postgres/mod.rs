@@ -52,7 +52,7 @@ impl PgStore {
     pub fn unmigrated(cfg: PgConfig, opts: StoreOptions) -> PgStore {
         PgStore {
             sql: Sql::new(&cfg.schema),
-            notify_commit: format!("NOTIFY {}; COMMIT", channel(&cfg.schema)),
+            notify_commit: format!("NOTIFY {}", channel(&cfg.schema)),
             cfg,
             opts,
             conn: None,
@@ -89,12 +89,15 @@ impl PgStore {
             conn.defer_batch("BEGIN ISOLATION LEVEL READ COMMITTED");
             conn.defer_batch(&sql.lock);
             let r = f(conn, sql)?;
+            conn.batch("COMMIT")?;
             // A commit that appended to a log wakes the relays that LISTEN on the schema's
-            // channel; NOTIFY inside the transaction is delivered only if it commits.
-            if conn.take_appended() {
-                conn.batch(&self.notify_commit)?;
-            } else {
-                conn.batch("COMMIT")?;
+            // channel, with a NOTIFY of its own after the COMMIT: inside the transaction, a
+            // full notification queue (a listener that stopped reading, anywhere on the
+            // server) would fail every commit. A lost wake-up costs one head poll.
+            if conn.take_appended()
+                && let Err(e) = conn.batch(&self.notify_commit)
+            {
+                tracing::debug!(error = %e, "NOTIFY after a commit failed; the relays poll the head");
             }
             Ok(r)
         })();
