@@ -720,7 +720,7 @@ impl SinkTask {
             let Read {
                 blocked,
                 events: mut batch,
-                scanned_to,
+                mut scanned_to,
             } = self.read_batch().await?;
             if blocked {
                 self.status(Phase::Blocked, None);
@@ -749,9 +749,12 @@ impl SinkTask {
                 if self.sleep(self.ctx.cfg.linger).await == Woken::Stop {
                     return Ok(());
                 }
-                let more = self.read_batch().await?.events;
-                if more.len() > batch.len() {
-                    batch = more;
+                // The read kept says how far the log was scanned: the window reads on from
+                // there, so an event is never handed over twice.
+                let more = self.read_batch().await?;
+                if more.events.len() > batch.len() {
+                    batch = more.events;
+                    scanned_to = more.scanned_to;
                 }
             }
             self.status(Phase::Delivering, None);
@@ -1360,6 +1363,10 @@ impl SinkTask {
         let generation = self.state.generation();
         let moved = |t: &SinkTask| t.state.generation() != generation;
         let mut win = Window::new(self.state.next(), self.ctx.cfg.batch_max);
+        // A window starts empty, at the cursor: whatever an earlier pump left in flight (it
+        // returned on an error) is forgotten, or its acknowledgements would be credited to
+        // this window's events.
+        self.sink.forget();
         self.sink.hand(&first);
         win.read(first, scanned_to);
         let mut reading: Option<Reading> = None;

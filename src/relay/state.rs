@@ -392,7 +392,8 @@ impl SinkState {
         let delivered = delivered.min(rest.len());
         let mut unblocked = None;
         if let Some(last) = delivered.checked_sub(1).and_then(|k| rest.get(k)) {
-            self.next = last.offset + 1;
+            // Never backwards: a cursor moves only forward over what was delivered.
+            self.next = self.next.max(last.offset + 1);
             self.failures = 0;
             self.refusals = None;
             unblocked = self.blocked.take();
@@ -821,6 +822,19 @@ mod tests {
         let events: Vec<Event> = (from..to).map(|o| ev(o, "a")).collect();
         w.read(events.clone(), to.max(from));
         events
+    }
+
+    #[test]
+    fn an_acknowledged_prefix_never_moves_the_cursor_backwards() {
+        let mut s = SinkState::new(false);
+        let first: Vec<Event> = (0..10).map(|o| ev(o, "a/u1")).collect();
+        s.attempt(&first, 10, None);
+        assert_eq!(s.next(), 10);
+        // Events handed over twice (a read that overlapped the one before): their
+        // acknowledgement says nothing new, and the cursor stays where it was.
+        let again: Vec<Event> = (3..7).map(|o| ev(o, "a/u1")).collect();
+        s.attempt(&again, 4, None);
+        assert_eq!(s.next(), 10);
     }
 
     #[test]

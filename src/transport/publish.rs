@@ -488,6 +488,9 @@ impl Publisher {
             };
             let mut lost = false;
             tokio::select! {
+                // Reports already queued win over a deadline that passed meanwhile (the
+                // caller may have been busy elsewhere): acknowledged is not timed out.
+                biased;
                 r = conn.reports.recv() => match r {
                     Some(r) => {
                         lost |= handle(&mut self.flight, &mut self.refused, &mut self.window, conn.window, r);

@@ -97,7 +97,9 @@ impl PgStore {
             if conn.take_appended()
                 && let Err(e) = conn.batch(&self.notify_commit)
             {
-                tracing::debug!(error = %e, "NOTIFY after a commit failed; the relays poll the head");
+                // The commit stands; a connection this left given up is made again by the
+                // next batch, and this says why.
+                tracing::warn!(error = %e, "the NOTIFY after a commit failed (the commit stands; the relays find it by polling the head): {e}");
             }
             Ok(r)
         })();
