@@ -415,22 +415,7 @@ mod tests {
     fn audit() -> AuditEntry {
         AuditEntry {
             index: 0,
-            record: AuditRecord {
-                recorded_at_ms: 0,
-                outcome: 0,
-                key: None,
-                agency: None,
-                source_id: None,
-                epoch: None,
-                sequence: None,
-                topic: String::new(),
-                reason: String::new(),
-                digest: None,
-                effect_offset: None,
-                quarantine_id: None,
-                prev_hash: [0; 32],
-                hash: [0; 32],
-            },
+            record: AuditRecord::default(),
         }
     }
 

@@ -81,6 +81,19 @@ fn refill_some(dst: &mut Option<String>, src: &str) {
     }
 }
 
+/// The (agency, source id, epoch, sequence) of each decodable delivery of `batch`: what a
+/// backend prefetches before the batch is decided.
+pub(super) fn positions(batch: &[Incoming]) -> Vec<(&str, &str, u64, u64)> {
+    batch
+        .iter()
+        .filter_map(|i| i.decoded.as_ref().ok())
+        .map(|m| {
+            let (agency, source_id) = (m.source.agency(), m.source.source_id());
+            (agency, source_id, m.position.epoch, m.position.sequence)
+        })
+        .collect()
+}
+
 pub(super) fn pos_pair(p: Position) -> (u64, u64) {
     (p.epoch, p.sequence)
 }
@@ -103,15 +116,7 @@ impl<T: Tx> Writer<T> {
         now_ms: u64,
         consumed_as: Option<&ConsumedAs>,
     ) -> Result<BatchReport, StoreError> {
-        let positions: Vec<(&str, &str, u64, u64)> = batch
-            .iter()
-            .filter_map(|i| i.decoded.as_ref().ok())
-            .map(|m| {
-                let (agency, source_id) = (m.source.agency(), m.source.source_id());
-                (agency, source_id, m.position.epoch, m.position.sequence)
-            })
-            .collect();
-        self.tx.prefetch(&positions)?;
+        self.tx.prefetch(&positions(batch))?;
         let mut budget = batch.len() as u64 + EVICTION_SLACK;
         let mut report = BatchReport::default();
         report.evicted += self.evict(now_ms, &mut budget)?;
@@ -281,22 +286,7 @@ impl<T: Tx> Writer<T> {
                 unreachable!("decide never returns {}", decision.outcome)
             }
         }
-        let mut rec = self.audit_buf.take().unwrap_or_else(|| AuditRecord {
-            recorded_at_ms: 0,
-            outcome: 0,
-            key: None,
-            agency: None,
-            source_id: None,
-            epoch: None,
-            sequence: None,
-            topic: String::new(),
-            reason: String::new(),
-            digest: None,
-            effect_offset: None,
-            quarantine_id: None,
-            prev_hash: [0; 32],
-            hash: [0; 32],
-        });
+        let mut rec = self.audit_buf.take().unwrap_or_default();
         rec.recorded_at_ms = now_ms;
         rec.outcome = decision.outcome.code();
         rec.key = Some(*msg.key.as_bytes());

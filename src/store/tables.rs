@@ -1094,7 +1094,7 @@ pub struct EffectRecord {
     pub payload: Vec<u8>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct AuditRecord {
     // Must start with exactly the fields of `AuditHead`, in its order.
     pub recorded_at_ms: u64,

@@ -357,7 +357,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
             Ok(v5::Event::Incoming(v5::Incoming::Publish(p))) => Polled::Publish(Delivery {
                 topic: String::from_utf8_lossy(&p.topic).into_owned(),
                 payload: p.payload.to_vec(),
-                token: (p.qos != v5::mqttbytes::QoS::AtMostOnce).then(|| AckToken {
+                token: (p.qos != v5::mqttbytes::QoS::AtMostOnce).then_some(AckToken {
                     generation,
                     publish: PubRef::V5(p.pkid),
                 }),
@@ -396,7 +396,7 @@ async fn poll_once(l: &mut Loop, generation: u64) -> Polled {
                 Polled::Publish(Delivery {
                     topic: p.topic.clone(),
                     payload: p.payload.to_vec(),
-                    token: (p.qos != rumqttc::QoS::AtMostOnce).then(|| AckToken {
+                    token: (p.qos != rumqttc::QoS::AtMostOnce).then_some(AckToken {
                         generation,
                         publish: PubRef::V311(p.pkid),
                     }),

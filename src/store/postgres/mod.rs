@@ -227,14 +227,7 @@ impl PgStore {
     ) -> Result<BatchReport, StoreError> {
         let opts = self.opts.clone();
         let consumed_as = self.consumption.pending().cloned();
-        let positions: Vec<(&str, &str, u64, u64)> = batch
-            .iter()
-            .filter_map(|i| i.decoded.as_ref().ok())
-            .map(|m| {
-                let (agency, source_id) = (m.source.agency(), m.source.source_id());
-                (agency, source_id, m.position.epoch, m.position.sequence)
-            })
-            .collect();
+        let positions = crate::store::engine::positions(batch);
         let report = self.in_txn(|conn, sql| {
             let tx = PgTx::begin_batch(conn, sql, &positions)?;
             let mut w = Writer::open(tx, &opts)?;
