@@ -423,18 +423,8 @@ mod tests {
         Effect {
             offset: 0,
             record: EffectRecord {
-                source_no: 0,
-                epoch: 0,
-                sequence: 0,
-                received_at_ms: 0,
-                key: [0; 32],
-                agency: String::new(),
-                source_id: String::new(),
-                topic: String::new(),
-                late: false,
-                released: false,
-                audit_index: 0,
                 payload: payload.to_vec(),
+                ..EffectRecord::default()
             },
         }
     }

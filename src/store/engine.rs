@@ -321,20 +321,7 @@ impl<T: Tx> Writer<T> {
     ) -> Result<u64, StoreError> {
         let offset = self.meta.next_effect;
         self.meta.next_effect += 1;
-        let mut effect = self.effect_buf.take().unwrap_or_else(|| EffectRecord {
-            source_no: 0,
-            epoch: 0,
-            sequence: 0,
-            received_at_ms: 0,
-            key: [0; 32],
-            agency: String::new(),
-            source_id: String::new(),
-            topic: String::new(),
-            late: false,
-            released: false,
-            audit_index: 0,
-            payload: Vec::new(),
-        });
+        let mut effect = self.effect_buf.take().unwrap_or_default();
         effect.source_no = no;
         effect.epoch = msg.position.epoch;
         effect.sequence = msg.position.sequence;

@@ -1075,7 +1075,7 @@ pub struct EffectHead {
     pub received_at_ms: u64,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct EffectRecord {
     // Must start with exactly the fields of `EffectHead`, in its order.
     pub source_no: u64,
