@@ -7,6 +7,7 @@
 //! Usage: `cargo run --release --example http_receiver -- PORT_FILE EXPECT [BODY_FILE]`; it
 //! binds 127.0.0.1:0 and writes the port to PORT_FILE, and the first request's body to
 //! BODY_FILE (a real event, for a baseline client to send). It exits after printing.
+//! `DELAY_MS=n` in the environment holds each answer n ms (a remote receiver's round trip).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
@@ -41,6 +42,10 @@ fn main() {
 }
 
 fn serve(conn: TcpStream, count: &Mutex<Count>, expect: u64) {
+    let delay = std::env::var("DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis);
     conn.set_nodelay(true).ok();
     let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::with_capacity(64 * 1024, conn);
@@ -95,6 +100,9 @@ fn serve(conn: TcpStream, count: &Mutex<Count>, expect: u64) {
                 )
             })
         };
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
         let sent = w
             .write_all(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n")
             .is_ok();

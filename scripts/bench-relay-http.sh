@@ -10,7 +10,10 @@
 # Usage: scripts/bench-relay-http.sh [N]      (N defaults to 100000)
 # Needs: python3 (the feed), ab (apt-get install apache2-utils) for the baseline (skipped with
 # a note if missing). Env: BENCH_KEEP=1 keeps the temp dir; BATCH_MAX=n and MAX_IN_FLIGHT=n
-# set the sink's batch_max and max_in_flight (defaults 100 and 1, the http sink's defaults).
+# set the sink's batch_max and max_in_flight (defaults 100 and 1, the http sink's defaults);
+# DELAY_MS=n holds each of the receiver's answers n ms (a remote receiver's round trip; the
+# baseline is then skipped: ab -c 1 would measure only the delay); RG_BIN=path relays with
+# another replay-guard binary (an older build, for a comparison in the same session).
 set -euo pipefail
 
 N="${1:-100000}"
@@ -25,7 +28,7 @@ MAX_IN_FLIGHT="${MAX_IN_FLIGHT:-1}"
 
 cd "$(dirname "$0")/.."
 cargo build --release --bin replay-guard --example http_receiver
-BIN="$PWD/target/release/replay-guard"
+BIN="${RG_BIN:-$PWD/target/release/replay-guard}"
 RECV="$PWD/target/release/examples/http_receiver"
 
 TMP="$(mktemp -d -t replay-guard-http-bench.XXXXXX)"
@@ -81,7 +84,9 @@ echo "relay (http sink, batch_max $BATCH_MAX, max_in_flight $MAX_IN_FLIGHT): $(c
 python3 -c "import sys; n,a,b=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]); print('relay wall from start: %.3f s, %.0f events/s' % (b-a, n/(b-a)))" "$N" "$t0" "$t1"
 echo "event body: $(wc -c <"$TMP/relay.body") bytes"
 
-if command -v ab >/dev/null 2>&1; then
+if [ -n "${DELAY_MS:-}" ]; then
+    echo "baseline skipped: DELAY_MS is set"
+elif command -v ab >/dev/null 2>&1; then
     start_receiver ab
     KEY="\"$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$TMP/relay.body")\""
     ab -q -k -c 1 -n "$N" -p "$TMP/relay.body" -T 'application/cloudevents+json; charset=utf-8' \

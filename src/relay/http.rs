@@ -5,7 +5,8 @@
 //! is one (a sensitive header value: hyper never prints it; `url` prints its query redacted, so
 //! neither reaches a log line or error).
 //! With `max_in_flight` > 1, up to that many requests go at once on as many connections, never
-//! two for the same source, so each source's events still arrive in log order.
+//! two for the same source, so each source's events still arrive in log order; the sink is
+//! windowed (`Lanes`): the requests in flight are not held to one of the runner's batches.
 //!
 //! hyper's client is named only here, its I/O adapter in `hyper_io` (ARCHITECTURE.md). The status classes, `Retry-After` and the
 //! Structured-Field string are pure functions below, unit-tested.
@@ -17,6 +18,7 @@
 //! - any other 3xx or 4xx (redirects are not followed): the event is poisoned (parked), with
 //!   the status line and the first `RESPONSE_KEPT` bytes of the body.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,7 +30,7 @@ use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types;
 
@@ -60,10 +62,13 @@ pub struct HttpSink {
     /// Built on the first `https://` delivery (it reads `ca_file` or the system's trust
     /// store), then reused.
     tls: Option<TlsConnector>,
-    /// Requests in flight at once, each on its own connection, for different sources.
-    max_in_flight: usize,
     /// Open keep-alive connections not in use, at most `max_in_flight`.
     idle: Vec<Conn>,
+    /// The events handed over and not yet reported (the windowed mode).
+    lanes: Lanes,
+    /// The requests in flight, each with its event's number in `lanes`.
+    requests: JoinSet<(Option<Conn>, Result<(), Failure>)>,
+    request_of: HashMap<tokio::task::Id, u64>,
 }
 
 /// Where and how requests go; shared by the requests in flight.
@@ -342,79 +347,82 @@ impl HttpSink {
             ca_file: cfg.ca_file.clone(),
             client_identity: cfg.client_identity.clone(),
             tls: None,
-            max_in_flight: max_in_flight.max(1),
             idle: Vec::new(),
+            lanes: Lanes::new(max_in_flight),
+            requests: JoinSet::new(),
+            request_of: HashMap::new(),
         })
     }
 
     /// POSTs the events, one request each, and reports the delivered prefix and the failure
-    /// of the event after it. With `max_in_flight` 1, in log order, stopping at the first
-    /// failure; otherwise see `deliver_concurrently`.
+    /// of the event after it: the window (`hand`, `acked`) over this one batch.
     pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
-        let tls = match self.tls_connector() {
-            Ok(t) => t,
-            Err(e) => return Attempt::retry(0, e.to_string()),
-        };
-        if self.max_in_flight > 1 {
-            return self.deliver_concurrently(batch, tls).await;
-        }
-        let mut conn = self.idle.pop();
-        for (i, ev) in batch.iter().enumerate() {
-            if let Err(failure) = post(&self.target, tls.as_ref(), &mut conn, ev).await {
-                self.idle.extend(conn);
+        // Anything left by a call abandoned mid-way is not ours to report.
+        self.forget();
+        self.hand(batch);
+        let mut delivered = 0;
+        while delivered < batch.len() {
+            let a = self.acked().await;
+            delivered += a.delivered;
+            if a.failure.is_some() || a.delivered == 0 {
+                self.forget();
                 return Attempt {
-                    delivered: i,
-                    failure: Some(failure),
+                    delivered,
+                    failure: a.failure,
                 };
             }
         }
-        self.idle.extend(conn);
         Attempt::all(batch.len())
     }
 
-    /// Up to `max_in_flight` requests at once, each on its own connection, never two for the
-    /// same source (agency, source_id): within a source, events go one after the other in
-    /// log order. After a failure no event at or after it is started; the events before it
-    /// are finished, so the report is exact: the delivered prefix and the failure of the event
-    /// after it. Events of other sources after the failed one that were already delivered are
-    /// delivered again when the runner retries from there (same `Idempotency-Key`).
-    async fn deliver_concurrently(
-        &mut self,
-        batch: &[Event],
-        tls: Option<TlsConnector>,
-    ) -> Attempt {
-        enum State {
-            Waiting,
-            Flying,
-            Delivered,
-            Failed(Failure),
+    /// Hands `events` over, to be POSTed after those handed over before (the windowed mode:
+    /// `acked` reports them).
+    pub fn hand(&mut self, events: &[Event]) {
+        for e in events {
+            self.lanes.hand(e.clone());
         }
-        let n = batch.len();
-        let mut state: Vec<State> = (0..n).map(|_| State::Waiting).collect();
-        let source = |i: usize| (batch[i].agency.as_str(), batch[i].source_id.as_str());
-        let mut flying = std::collections::HashSet::new();
-        let mut task_event = std::collections::HashMap::new();
-        // No event at or after `limit` (the first failure) is started.
-        let mut limit = n;
-        let mut first_waiting = 0;
-        let mut tasks = tokio::task::JoinSet::new();
+    }
+
+    /// Starts what `Lanes` allows and waits until more of what was handed over is delivered
+    /// from the front, or the event after the delivered ones failed: every event handed over
+    /// is then forgotten (the requests still in flight are abandoned; the runner hands the
+    /// events over again). Cancel-safe: the requests run as tasks, and their state is kept
+    /// here between calls.
+    pub async fn acked(&mut self) -> Attempt {
         loop {
-            let mut i = first_waiting;
-            while i < limit && tasks.len() < self.max_in_flight {
-                if matches!(state[i], State::Waiting) && flying.insert(source(i)) {
-                    state[i] = State::Flying;
-                    let (target, tls, ev) = (self.target.clone(), tls.clone(), batch[i].clone());
-                    let mut conn = self.idle.pop();
-                    let task = tasks.spawn(async move {
-                        let r = post(&target, tls.as_ref(), &mut conn, &ev).await;
-                        (conn, r)
-                    });
-                    task_event.insert(task.id(), i);
+            if let Some(a) = self.lanes.report() {
+                if a.failure.is_some() {
+                    self.forget();
                 }
-                i += 1;
+                return a;
             }
-            let Some(joined) = tasks.join_next_with_id().await else {
-                break;
+            if self.lanes.is_empty() {
+                return Attempt {
+                    delivered: 0,
+                    failure: None,
+                };
+            }
+            let tls = match self.tls_connector() {
+                Ok(t) => t,
+                Err(e) => {
+                    self.forget();
+                    return Attempt::retry(0, e.to_string());
+                }
+            };
+            while let Some((n, ev)) = self.lanes.start() {
+                let (target, tls) = (self.target.clone(), tls.clone());
+                let mut conn = self.idle.pop();
+                let task = self.requests.spawn(async move {
+                    let r = post(&target, tls.as_ref(), &mut conn, &ev).await;
+                    (conn, r)
+                });
+                self.request_of.insert(task.id(), n);
+            }
+            let Some(joined) = self.requests.join_next_with_id().await else {
+                // `Lanes` starts the front event whenever nothing is in flight, so this is
+                // not reached; were it, nothing would ever be reported.
+                self.forget();
+                return Attempt::retry(0, "no request in flight for the pending events");
             };
             let (id, result) = match joined {
                 Ok((id, (conn, r))) => {
@@ -429,37 +437,19 @@ impl HttpSink {
                     }),
                 ),
             };
-            let Some(i) = task_event.remove(&id) else {
-                continue;
-            };
-            flying.remove(&source(i));
-            state[i] = match result {
-                Ok(()) => State::Delivered,
-                Err(f) => {
-                    limit = limit.min(i);
-                    State::Failed(f)
-                }
-            };
-            while first_waiting < n && !matches!(state[first_waiting], State::Waiting) {
-                first_waiting += 1;
+            if let Some(n) = self.request_of.remove(&id) {
+                self.lanes.finished(n, result);
             }
         }
-        let delivered = state
-            .iter()
-            .take_while(|s| matches!(s, State::Delivered))
-            .count();
-        match state
-            .get_mut(delivered)
-            .map(|s| std::mem::replace(s, State::Waiting))
-        {
-            None => Attempt::all(n),
-            Some(State::Failed(f)) => Attempt {
-                delivered,
-                failure: Some(f),
-            },
-            // Every event before the first failure is finished before the loop ends.
-            Some(_) => Attempt::retry(delivered, "the batch was cut short"),
-        }
+    }
+
+    /// Forgets every event handed over; the requests in flight are abandoned (their
+    /// connections closed).
+    pub fn forget(&mut self) {
+        self.lanes.clear();
+        self.requests.abort_all();
+        self.requests.detach_all();
+        self.request_of.clear();
     }
 
     /// Closes the connections: hyper shuts each socket down (a TLS close_notify first) once
@@ -488,6 +478,146 @@ impl HttpSink {
         let t = tls_connector(self.ca_file.as_deref(), self.client_identity.as_ref())?;
         self.tls = Some(t.clone());
         Ok(Some(t))
+    }
+}
+
+/// The events handed to the sink and not yet reported, and which of them may be POSTed now
+/// (sans-IO; `HttpSink::acked` makes the requests): at most `max` at once, never two of one
+/// source (agency, source_id), so each source's events arrive in log order; none at or after
+/// the first failure. Reports the delivered prefix as it grows; a failure once no request is
+/// in flight any more, so the report is exact: the delivered prefix and the failure of the
+/// event after it. Events of other sources after the failed one that were already delivered
+/// are delivered again when the runner hands them over again (same `Idempotency-Key`).
+#[derive(Debug)]
+struct Lanes {
+    /// In log order; `slots[0]` is event number `front` (numbers are never reused, so a
+    /// request's result that arrives after `clear` matches nothing).
+    slots: VecDeque<Slot>,
+    front: u64,
+    max: usize,
+    flying: usize,
+    /// The sources with a request in flight (at most `max`: a list is quicker than a set).
+    busy: Vec<(String, String)>,
+    /// The number of the first failed event: nothing at or after it is started.
+    stop: u64,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Waiting(Event),
+    /// Its request is in flight, for this source.
+    Flying((String, String)),
+    Delivered,
+    Failed(Failure),
+}
+
+impl Lanes {
+    fn new(max: usize) -> Lanes {
+        Lanes {
+            slots: VecDeque::new(),
+            front: 0,
+            max: max.max(1),
+            flying: 0,
+            busy: Vec::new(),
+            stop: u64::MAX,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn hand(&mut self, ev: Event) {
+        self.slots.push_back(Slot::Waiting(ev));
+    }
+
+    /// The next event to POST, by number, if one may start now (it is then in flight).
+    fn start(&mut self) -> Option<(u64, Event)> {
+        if self.flying >= self.max {
+            return None;
+        }
+        let limit = usize::try_from(self.stop.saturating_sub(self.front)).unwrap_or(usize::MAX);
+        let i = self.slots.iter().take(limit).position(|s| match s {
+            Slot::Waiting(ev) => !self
+                .busy
+                .iter()
+                .any(|(a, s)| *a == ev.agency && *s == ev.source_id),
+            _ => false,
+        })?;
+        let source = match &self.slots[i] {
+            Slot::Waiting(ev) => (ev.agency.clone(), ev.source_id.clone()),
+            _ => return None,
+        };
+        let Slot::Waiting(ev) = std::mem::replace(&mut self.slots[i], Slot::Flying(source.clone()))
+        else {
+            return None;
+        };
+        self.busy.push(source);
+        self.flying += 1;
+        Some((self.front + i as u64, ev))
+    }
+
+    /// The request for event `n` ended with `result`.
+    fn finished(&mut self, n: u64, result: Result<(), Failure>) {
+        let Some(i) = n
+            .checked_sub(self.front)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|i| *i < self.slots.len())
+        else {
+            return;
+        };
+        let Slot::Flying(source) = &self.slots[i] else {
+            return;
+        };
+        if let Some(b) = self.busy.iter().position(|b| b == source) {
+            self.busy.swap_remove(b);
+        }
+        self.flying -= 1;
+        self.slots[i] = match result {
+            Ok(()) => Slot::Delivered,
+            Err(f) => {
+                self.stop = self.stop.min(n);
+                Slot::Failed(f)
+            }
+        };
+    }
+
+    /// What to report now: the delivered events from the front (they leave), and the failure
+    /// of the event after them once it is at the front (then everything is cleared); `None`
+    /// while the front awaits its request.
+    fn report(&mut self) -> Option<Attempt> {
+        let delivered = self
+            .slots
+            .iter()
+            .take_while(|s| matches!(s, Slot::Delivered))
+            .count();
+        self.slots.drain(..delivered);
+        self.front += delivered as u64;
+        // Requests after the failed one still in flight are let finish first: the receiver
+        // is never sent an event again while it may still be working on it, and their
+        // connections are kept.
+        let failure = if self.flying == 0 && matches!(self.slots.front(), Some(Slot::Failed(_))) {
+            match self.slots.pop_front() {
+                Some(Slot::Failed(f)) => Some(f),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if failure.is_some() {
+            self.front += 1;
+            self.clear();
+        }
+        (delivered > 0 || failure.is_some()).then_some(Attempt { delivered, failure })
+    }
+
+    /// Forgets every event handed over.
+    fn clear(&mut self) {
+        self.front += self.slots.len() as u64;
+        self.slots.clear();
+        self.busy.clear();
+        self.flying = 0;
+        self.stop = u64::MAX;
     }
 }
 
@@ -930,5 +1060,115 @@ mod tests {
         for (code, class) in table {
             assert_eq!(classify(*code), *class, "{code}");
         }
+    }
+
+    fn ev(offset: u64, source: &str) -> Event {
+        Event {
+            offset,
+            id: format!("id-{offset}"),
+            key: [0; 32],
+            agency: "fire".into(),
+            source_id: source.into(),
+            topic: "t".into(),
+            json: "{}".into(),
+            outcome: "applied".into(),
+            fields: Vec::new(),
+        }
+    }
+
+    fn started(l: &mut Lanes) -> Vec<u64> {
+        std::iter::from_fn(|| l.start())
+            .map(|(n, e)| {
+                assert_eq!(n, e.offset, "events are numbered as handed over");
+                n
+            })
+            .collect()
+    }
+
+    fn poison() -> Failure {
+        Failure::Poison {
+            reason: "HTTP 422".into(),
+            response: String::new(),
+        }
+    }
+
+    #[test]
+    fn lanes_start_up_to_max_never_two_of_a_source_and_report_the_delivered_prefix() {
+        let mut l = Lanes::new(3);
+        for (i, s) in ["a", "a", "b", "c", "d"].iter().enumerate() {
+            l.hand(ev(i as u64, s));
+        }
+        // 1 waits for 0 (same source); 2 and 3 fill the three lanes.
+        assert_eq!(started(&mut l), [0, 2, 3]);
+        l.finished(2, Ok(()));
+        // Delivered out of order: nothing to report until the front is.
+        assert!(l.report().is_none());
+        assert_eq!(started(&mut l), [4]);
+        l.finished(0, Ok(()));
+        let a = l.report().unwrap();
+        assert_eq!((a.delivered, a.failure.is_none()), (1, true));
+        // Source a is free again: 1 starts; the front is now 1.
+        assert_eq!(started(&mut l), [1]);
+        l.finished(1, Ok(()));
+        assert_eq!(l.report().unwrap().delivered, 2, "1 and the earlier 2");
+        // More handed over behind those in flight: the window stays full across batches.
+        l.hand(ev(5, "e"));
+        assert_eq!(started(&mut l), [5]);
+        l.finished(3, Ok(()));
+        l.finished(4, Ok(()));
+        l.finished(5, Ok(()));
+        assert_eq!(l.report().unwrap().delivered, 3);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_failure_is_reported_once_no_request_is_in_flight_and_then_all_is_forgotten() {
+        let mut l = Lanes::new(4);
+        for (i, s) in ["a", "b", "c", "d", "e", "c"].iter().enumerate() {
+            l.hand(ev(i as u64, s));
+        }
+        assert_eq!(started(&mut l), [0, 1, 2, 3]);
+        l.finished(2, Err(poison()));
+        // Nothing at or after the failed event starts, though a lane is free.
+        assert!(started(&mut l).is_empty());
+        assert!(l.report().is_none(), "0 and 1 are still in flight");
+        l.finished(1, Ok(()));
+        l.finished(0, Ok(()));
+        let a = l.report().unwrap();
+        assert_eq!((a.delivered, a.failure.is_none()), (2, true));
+        // 3 is still in flight: the failure waits for it.
+        assert!(l.report().is_none());
+        l.finished(3, Ok(()));
+        let a = l.report().unwrap();
+        assert_eq!(a.delivered, 0);
+        assert!(matches!(a.failure, Some(Failure::Poison { .. })));
+        assert!(
+            l.is_empty(),
+            "3 (delivered after the failure) is handed over again"
+        );
+        // A result of the forgotten window matches nothing; numbering goes on.
+        l.finished(3, Ok(()));
+        l.hand(ev(6, "a"));
+        assert_eq!(l.start().map(|(n, _)| n), Some(6));
+        assert!(l.report().is_none());
+    }
+
+    #[test]
+    fn a_failure_at_the_front_is_reported_at_once() {
+        let mut l = Lanes::new(1);
+        l.hand(ev(0, "a"));
+        l.hand(ev(1, "b"));
+        assert_eq!(started(&mut l), [0], "one lane");
+        l.finished(
+            0,
+            Err(Failure::Retry {
+                error: "503".into(),
+                after: None,
+            }),
+        );
+        let a = l.report().unwrap();
+        assert_eq!(a.delivered, 0);
+        assert!(matches!(a.failure, Some(Failure::Retry { .. })));
+        assert!(l.is_empty());
     }
 }

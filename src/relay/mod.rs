@@ -9,10 +9,10 @@
 //!
 //! A sink is driven through `Sink::deliver`: it is handed a batch of events in effect-offset
 //! order and says how many of them, from the front, were delivered, and what went wrong with
-//! the next one. A windowed sink (`mqtt`) is instead handed events as the runner reads them
-//! (`Sink::hand`) and reports the acknowledged prefix as it grows (`Sink::acked`), so that
-//! events of the next batch go out while the previous batch's acknowledgements are on their
-//! way. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
+//! the next one. A windowed sink (`mqtt`, `http`) is instead handed events as the runner
+//! reads them (`Sink::hand`) and reports the acknowledged prefix as it grows (`Sink::acked`),
+//! so that events of the next batch go out while the previous batch's acknowledgements are on
+//! their way. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
 //! the rules of `state`, which does no I/O.
 
 pub mod envelope;
@@ -293,15 +293,17 @@ impl Sink {
     /// Whether the sink takes events as a window (`hand`, `acked`, `forget`) that the runner
     /// keeps full across its batches, rather than batch by batch (`deliver`).
     pub fn windowed(&self) -> bool {
-        matches!(self, Sink::Mqtt(_))
+        matches!(self, Sink::Mqtt(_) | Sink::Http(_))
     }
 
     /// Windowed: hands `events` (the ones after those handed over before, in offset order)
     /// to the sink, which sends them behind those in flight. A sink without the mode ignores
     /// them.
     pub fn hand(&mut self, events: &[Event]) {
-        if let Sink::Mqtt(s) = self {
-            s.hand(events);
+        match self {
+            Sink::Mqtt(s) => s.hand(events),
+            Sink::Http(s) => s.hand(events),
+            _ => {}
         }
     }
 
@@ -312,6 +314,7 @@ impl Sink {
     pub async fn acked(&mut self) -> Attempt {
         match self {
             Sink::Mqtt(s) => s.acked().await,
+            Sink::Http(s) => s.acked().await,
             _ => Attempt::retry(0, "the sink takes no window"),
         }
     }
@@ -319,8 +322,10 @@ impl Sink {
     /// Windowed: forgets every event handed over and not yet reported (an operator moved the
     /// cursor, or the relay stops): whatever of them still arrives is delivered again later.
     pub fn forget(&mut self) {
-        if let Sink::Mqtt(s) = self {
-            s.forget();
+        match self {
+            Sink::Mqtt(s) => s.forget(),
+            Sink::Http(s) => s.forget(),
+            _ => {}
         }
     }
 

@@ -91,6 +91,9 @@ struct Log {
     /// `HOLD_LIMIT`): requests that are really concurrent meet there.
     hold: usize,
     barrier: usize,
+    /// `barrier` requests were outstanding at once: the held ones go on (the request that
+    /// met the barrier is answered, and no longer outstanding, before they wake).
+    met: bool,
 }
 
 /// Longest a held request waits for the others.
@@ -271,13 +274,13 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             if *same > 1 {
                 l.source_overlap = true;
             }
+            if l.outstanding >= l.barrier {
+                l.met = true;
+            }
             cv.notify_all();
             if l.hold > 0 {
                 l.hold -= 1;
-                l = cv
-                    .wait_timeout_while(l, HOLD_LIMIT, |l| l.outstanding < l.barrier)
-                    .unwrap()
-                    .0;
+                l = cv.wait_timeout_while(l, HOLD_LIMIT, |l| !l.met).unwrap().0;
             }
             let n = l.seen.len();
             let hang = l.hang.as_deref() == Some(id.as_str());
@@ -830,20 +833,33 @@ fn ingested_with(
     n: u64,
     sink: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>, String) {
+    ingested_from(dir, n, sink, 3, 16, 5000)
+}
+
+/// `ingested_with` from `sources` sources taking turns, the sink reading `batch_max` at a time
+/// with `timeout_ms`.
+fn ingested_from(
+    dir: &Path,
+    n: u64,
+    sink: &str,
+    sources: u64,
+    batch_max: usize,
+    timeout_ms: u64,
+) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>, String) {
     let db = dir.join("rg.redb");
     let cfg = dir.join("rg.toml");
     std::fs::write(
         &cfg,
         format!(
             "[store]\npath = {:?}\n\n[[sink]]\nname = \"cop\"\nkind = \"http\"\n{sink}\
-             timeout_ms = 5000\nbatch_max = 16\nbackoff_initial_ms = 10\nbackoff_max_ms = 200\n",
+             timeout_ms = {timeout_ms}\nbatch_max = {batch_max}\nbackoff_initial_ms = 10\nbackoff_max_ms = 200\n",
             db.to_str().unwrap()
         ),
     )
     .unwrap();
     let feed = dir.join("feed.jsonl");
     let lines: String = (0..n)
-        .map(|i| common::msg("fire", ["e1", "e2", "e3"][(i % 3) as usize], 1, i, "x") + "\n")
+        .map(|i| common::msg("fire", &format!("e{}", i % sources + 1), 1, i, "x") + "\n")
         .collect();
     std::fs::write(&feed, lines).unwrap();
     let out = common::run(&[
@@ -1124,6 +1140,57 @@ fn relay_command_delivers_all_but_the_refused_event_parks_it_and_delivers_it_on_
     assert!(seen.iter().filter(|s| s.id() == refused).count() >= 2);
     let ids_seen: BTreeSet<String> = seen.iter().map(Seen::id).collect();
     assert!(seen.len() > ids_seen.len() + 3, "retries happened");
+}
+
+/// The requests in flight are not held to one batch: with `batch_max` 4 and `max_in_flight`
+/// 8, the next batch is read and sent while the first awaits its answers. The receiver holds
+/// the first 8 requests until 8 are outstanding at once: a sink that waits for each batch's
+/// last answer before it sends the next batch never has more than 4 (the barrier then gives
+/// up after `HOLD_LIMIT`, within the sink's `timeout_ms`, and `most_outstanding` says 4).
+#[test]
+fn the_relay_keeps_max_in_flight_requests_going_across_batch_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(1, false, None);
+    rx.with(|l| {
+        l.hold = 8;
+        l.barrier = 8;
+    });
+    let sink = format!(
+        "url = \"http://127.0.0.1:{}/cop\"\nmax_in_flight = 8\nlinger_ms = 0\n",
+        rx.port()
+    );
+    let (cfg, _db, ids, _) = ingested_from(dir.path(), 64, &sink, 8, 4, 30_000);
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    rx.await_until(Duration::from_secs(60), "every event", |l| {
+        l.accepted.len() >= ids.len()
+    });
+    let text = stop_relay(relay, &log);
+
+    let (most, overlap) = rx.with(|l| (l.most_outstanding, l.source_overlap));
+    assert_eq!(
+        most, 8,
+        "requests outstanding at once, batches of 4\n{text}"
+    );
+    assert!(
+        !overlap,
+        "two requests of one source were in flight at once\n{text}"
+    );
+    // Each once (nothing failed), and per source in log order.
+    let accepted = rx.accepted();
+    assert_eq!(
+        accepted.iter().collect::<BTreeSet<_>>(),
+        ids.iter().collect::<BTreeSet<_>>()
+    );
+    assert_eq!(accepted.len(), ids.len(), "each event once");
+    let offset = |id: &String| ids.iter().position(|i| i == id).unwrap();
+    let mut last: BTreeMap<usize, usize> = BTreeMap::new();
+    for id in &accepted {
+        let o = offset(id);
+        if let Some(prev) = last.insert(o % 8, o) {
+            assert!(prev < o, "source {} got {o} after {prev}", o % 8);
+        }
+    }
 }
 
 #[test]
