@@ -11,7 +11,7 @@ use super::ConfigError;
 pub const MAX_BATCH_LIMIT: usize = 65_535;
 pub const DEFAULT_MAX_BATCH: usize = 1000;
 /// How long a batch waits for more messages after its first one before it commits anyway.
-pub const DEFAULT_LINGER_MS: u64 = 10;
+pub const DEFAULT_LINGER_MS: u64 = 2;
 /// How long an upstream gap may stay open (the sequences between arriving late, here or at
 /// another member of a shared subscription) before it is reported.
 pub const DEFAULT_GAP_GRACE_MS: u64 = 5_000;

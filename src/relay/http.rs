@@ -443,18 +443,20 @@ impl HttpSink {
         }
     }
 
-    /// Forgets every event handed over; the requests in flight are abandoned (their
-    /// connections closed).
+    /// Forgets every event handed over. Requests in flight are not cut off: the receiver may
+    /// be working on them, so their sources stay busy (and they count against
+    /// `max_in_flight`) until they end, and what they come to is dropped.
     pub fn forget(&mut self) {
-        self.lanes.clear();
-        self.requests.abort_all();
-        self.requests.detach_all();
-        self.request_of.clear();
+        self.lanes.forget();
     }
 
     /// Closes the connections: hyper shuts each socket down (a TLS close_notify first) once
     /// its request handle is gone.
     pub async fn close(&mut self) {
+        self.lanes.abort();
+        self.requests.abort_all();
+        self.requests.detach_all();
+        self.request_of.clear();
         for mut conn in self.idle.drain(..) {
             let task = conn.task.take();
             drop(conn);
@@ -496,8 +498,11 @@ struct Lanes {
     front: u64,
     max: usize,
     flying: usize,
-    /// The sources with a request in flight (at most `max`: a list is quicker than a set).
+    /// The sources with a request in flight (at most `max`: a list is quicker than a set),
+    /// forgotten events' requests included.
     busy: Vec<(String, String)>,
+    /// Requests of forgotten events still in flight, by number, with their source.
+    abandoned: Vec<(u64, (String, String))>,
     /// The number of the first failed event: nothing at or after it is started.
     stop: u64,
 }
@@ -519,6 +524,7 @@ impl Lanes {
             max: max.max(1),
             flying: 0,
             busy: Vec::new(),
+            abandoned: Vec::new(),
             stop: u64::MAX,
         }
     }
@@ -559,6 +565,11 @@ impl Lanes {
 
     /// The request for event `n` ended with `result`.
     fn finished(&mut self, n: u64, result: Result<(), Failure>) {
+        if let Some(a) = self.abandoned.iter().position(|(m, _)| *m == n) {
+            let (_, source) = self.abandoned.swap_remove(a);
+            self.release(&source);
+            return;
+        }
         let Some(i) = n
             .checked_sub(self.front)
             .and_then(|i| usize::try_from(i).ok())
@@ -569,10 +580,8 @@ impl Lanes {
         let Slot::Flying(source) = &self.slots[i] else {
             return;
         };
-        if let Some(b) = self.busy.iter().position(|b| b == source) {
-            self.busy.swap_remove(b);
-        }
-        self.flying -= 1;
+        let source = source.clone();
+        self.release(&source);
         self.slots[i] = match result {
             Ok(()) => Slot::Delivered,
             Err(f) => {
@@ -580,6 +589,13 @@ impl Lanes {
                 Slot::Failed(f)
             }
         };
+    }
+
+    fn release(&mut self, source: &(String, String)) {
+        if let Some(b) = self.busy.iter().position(|b| b == source) {
+            self.busy.swap_remove(b);
+        }
+        self.flying = self.flying.saturating_sub(1);
     }
 
     /// What to report now: the delivered events from the front (they leave), and the failure
@@ -606,18 +622,30 @@ impl Lanes {
         };
         if failure.is_some() {
             self.front += 1;
-            self.clear();
+            self.forget();
         }
         (delivered > 0 || failure.is_some()).then_some(Attempt { delivered, failure })
     }
 
-    /// Forgets every event handed over.
-    fn clear(&mut self) {
-        self.front += self.slots.len() as u64;
-        self.slots.clear();
+    /// Forgets every event handed over; those in flight are abandoned: their sources stay
+    /// busy until their requests end (`finished`).
+    fn forget(&mut self) {
+        let n = self.slots.len() as u64;
+        for (i, slot) in self.slots.drain(..).enumerate() {
+            if let Slot::Flying(source) = slot {
+                self.abandoned.push((self.front + i as u64, source));
+            }
+        }
+        self.front += n;
+        self.stop = u64::MAX;
+    }
+
+    /// Forgets everything, the requests in flight too (they were cut off).
+    fn abort(&mut self) {
+        self.forget();
+        self.abandoned.clear();
         self.busy.clear();
         self.flying = 0;
-        self.stop = u64::MAX;
     }
 }
 
@@ -1146,11 +1174,41 @@ mod tests {
             l.is_empty(),
             "3 (delivered after the failure) is handed over again"
         );
-        // A result of the forgotten window matches nothing; numbering goes on.
-        l.finished(3, Ok(()));
+        // Numbering goes on.
         l.hand(ev(6, "a"));
         assert_eq!(l.start().map(|(n, _)| n), Some(6));
         assert!(l.report().is_none());
+    }
+
+    #[test]
+    fn a_forgotten_events_request_keeps_its_source_busy_and_its_lane_until_it_ends() {
+        let mut l = Lanes::new(2);
+        l.hand(ev(0, "a"));
+        l.hand(ev(1, "b"));
+        assert_eq!(started(&mut l), [0, 1]);
+        // An operator moved the cursor: the window is forgotten with 0 and 1 in flight.
+        l.forget();
+        assert!(l.is_empty());
+        l.hand(ev(2, "a"));
+        l.hand(ev(3, "c"));
+        // The receiver may still be working on 0 (source a) and 1: nothing starts.
+        assert!(started(&mut l).is_empty());
+        l.finished(1, Ok(()));
+        assert_eq!(started(&mut l), [3], "a lane is free, source a is not");
+        assert!(l.report().is_none(), "what 1 came to is not reported");
+        l.finished(0, Err(poison()));
+        assert!(l.report().is_none(), "nor what 0 came to");
+        assert_eq!(started(&mut l), [2]);
+        l.finished(2, Ok(()));
+        l.finished(3, Ok(()));
+        let a = l.report().unwrap();
+        assert_eq!((a.delivered, a.failure.is_none()), (2, true));
+        // Cut off (the sink closes): nothing stays busy.
+        l.hand(ev(4, "a"));
+        assert_eq!(started(&mut l), [4]);
+        l.abort();
+        l.hand(ev(5, "a"));
+        assert_eq!(started(&mut l), [5]);
     }
 
     #[test]
