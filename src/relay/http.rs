@@ -34,7 +34,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types;
 
-use super::{Attempt, CursorAfter, Event, Failure};
+use super::{Attempt, Event, Failure};
 use crate::config::{HttpSink as HttpConfig, HttpUrl};
 use crate::hyper_io::Io;
 use crate::timefmt::{days_from_civil, days_in_month};
@@ -352,27 +352,6 @@ impl HttpSink {
             requests: JoinSet::new(),
             request_of: HashMap::new(),
         })
-    }
-
-    /// POSTs the events, one request each, and reports the delivered prefix and the failure
-    /// of the event after it: the window (`hand`, `acked`) over this one batch.
-    pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
-        // Anything left by a call abandoned mid-way is not ours to report.
-        self.forget();
-        self.hand(batch);
-        let mut delivered = 0;
-        while delivered < batch.len() {
-            let a = self.acked().await;
-            delivered += a.delivered;
-            if a.failure.is_some() || a.delivered == 0 {
-                self.forget();
-                return Attempt {
-                    delivered,
-                    failure: a.failure,
-                };
-            }
-        }
-        Attempt::all(batch.len())
     }
 
     /// Hands `events` over, to be POSTed after those handed over before (the windowed mode:
@@ -1091,17 +1070,7 @@ mod tests {
     }
 
     fn ev(offset: u64, source: &str) -> Event {
-        Event {
-            offset,
-            id: format!("id-{offset}"),
-            key: [0; 32],
-            agency: "fire".into(),
-            source_id: source.into(),
-            topic: "t".into(),
-            json: "{}".into(),
-            outcome: "applied".into(),
-            fields: Vec::new(),
-        }
+        Event::for_test(offset, source)
     }
 
     fn started(l: &mut Lanes) -> Vec<u64> {

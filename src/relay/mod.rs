@@ -123,6 +123,22 @@ pub struct Event {
 }
 
 impl Event {
+    /// An effect's event of source `fire/SOURCE` at `offset`, for the sinks' unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(offset: u64, source: &str) -> Event {
+        Event {
+            offset,
+            id: format!("id{offset}"),
+            key: [0; 32],
+            agency: "fire".into(),
+            source_id: source.into(),
+            topic: "t".into(),
+            json: "{}".into(),
+            outcome: "applied".into(),
+            fields: Vec::new(),
+        }
+    }
+
     /// The event of the effect at `offset` (the effect log's), under CloudEvents `source`.
     pub fn of_effect(source: &str, offset: u64, r: &EffectRecord) -> Event {
         let view = envelope::EffectView::of(offset, r);
@@ -283,11 +299,30 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
-            Sink::Mqtt(s) => s.deliver(batch, cursor).await,
-            Sink::Http(s) => s.deliver(batch, cursor).await,
+            Sink::Mqtt(_) | Sink::Http(_) => self.deliver_windowed(batch).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
             Sink::Syslog(s) => s.deliver(batch, cursor).await,
         }
+    }
+
+    /// A windowed sink's `deliver`: the window over this one batch.
+    async fn deliver_windowed(&mut self, batch: &[Event]) -> Attempt {
+        // Anything left by a call abandoned mid-way is not ours to report.
+        self.forget();
+        self.hand(batch);
+        let mut delivered = 0;
+        while delivered < batch.len() {
+            let a = self.acked().await;
+            delivered += a.delivered;
+            if a.failure.is_some() || a.delivered == 0 {
+                self.forget();
+                return Attempt {
+                    delivered,
+                    failure: a.failure,
+                };
+            }
+        }
+        Attempt::all(batch.len())
     }
 
     /// Whether the sink takes events as a window (`hand`, `acked`, `forget`) that the runner

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Attempt, CursorAfter, Event, Failure};
+use super::{Attempt, Event, Failure};
 use crate::config::MqttSink as MqttSinkConfig;
 use crate::config::TOPIC_PLACEHOLDERS;
 use crate::transport::publish::{PublishError, Publisher, topic_name_problem};
@@ -86,25 +86,6 @@ impl MqttSink {
     pub fn forget(&mut self) {
         self.poison = None;
         self.publisher.forget();
-    }
-
-    pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
-        // Anything left by a call abandoned mid-way is not ours to report.
-        self.forget();
-        self.hand(batch);
-        let mut delivered = 0;
-        while delivered < batch.len() {
-            let a = self.acked().await;
-            delivered += a.delivered;
-            if a.failure.is_some() || a.delivered == 0 {
-                self.forget();
-                return Attempt {
-                    delivered,
-                    failure: a.failure,
-                };
-            }
-        }
-        Attempt::all(batch.len())
     }
 
     pub async fn close(&mut self) {

@@ -756,17 +756,7 @@ mod tests {
     use super::*;
 
     fn ev(offset: u64, source: &str) -> Event {
-        Event {
-            offset,
-            id: format!("id{offset}"),
-            key: [0; 32],
-            agency: "fire".into(),
-            source_id: source.into(),
-            topic: "t".into(),
-            json: "{}".into(),
-            outcome: "applied".into(),
-            fields: Vec::new(),
-        }
+        Event::for_test(offset, source)
     }
 
     fn rec(next: u64, generation: u64) -> SinkRecord {
