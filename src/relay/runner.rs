@@ -985,6 +985,9 @@ impl SinkTask {
             Adopted::Forgotten => {
                 tracing::warn!(sink = %self.ctx.cfg.name, "the cursor of sink {} was forgotten while it ran: registering it again", self.ctx.cfg.name);
             }
+            Adopted::Stale => {
+                tracing::debug!(sink = %self.ctx.cfg.name, "a cursor write of an older generation ended after an operator's move: ignored");
+            }
         }
     }
 

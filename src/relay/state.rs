@@ -280,6 +280,10 @@ pub enum Adopted {
     MovedByOperator { next: u64, generation: u64 },
     /// The sink's cursor was forgotten: the sink registers again.
     Forgotten,
+    /// The outcome of a write of an older generation than the one already followed (a
+    /// windowed sink's cursor write ran beside an operator's move that was seen first):
+    /// nothing changes.
+    Stale,
 }
 
 /// Whether the cursor is to be written now.
@@ -559,6 +563,11 @@ impl SinkState {
     /// Follows the outcome of a cursor write: a record of another generation (an operator
     /// rewound or skipped meanwhile) is delivered from, a forgotten cursor registered again.
     pub fn adopt(&mut self, w: CursorWrite) -> Adopted {
+        if let CursorWrite::Done(r) | CursorWrite::Moved(Some(r)) = &w
+            && self.generation().is_some_and(|g| r.generation < g)
+        {
+            return Adopted::Stale;
+        }
         match w {
             CursorWrite::Done(r) if self.generation().is_some_and(|g| g != r.generation) => {
                 // Written, but an operator had moved the cursor meanwhile: deliver from there.
@@ -1112,6 +1121,27 @@ mod tests {
             s.flush_due(true, Duration::ZERO, Duration::ZERO),
             FlushDue::Register
         );
+    }
+
+    #[test]
+    fn a_write_of_an_older_generation_arriving_after_an_operator_move_changes_nothing() {
+        let mut s = state_at(10);
+        s.attempt(&[ev(10, "a"), ev(11, "a")], 2, None);
+        // The operator's rewind to 3 is followed first (generation 2) ...
+        assert_eq!(
+            s.adopt(CursorWrite::Moved(Some(rec(3, 2)))),
+            Adopted::MovedByOperator {
+                next: 3,
+                generation: 2
+            }
+        );
+        // ... then the window's write of generation 1, made before the rewind, returns.
+        assert_eq!(s.adopt(CursorWrite::Done(rec(12, 1))), Adopted::Stale);
+        assert_eq!(
+            s.adopt(CursorWrite::Moved(Some(rec(12, 1)))),
+            Adopted::Stale
+        );
+        assert_eq!((s.next(), s.generation()), (3, Some(2)));
     }
 
     #[test]
