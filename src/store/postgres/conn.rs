@@ -272,10 +272,7 @@ impl Conn {
         // keepalives let the server notice within about 25 s a member that vanished (a cut
         // link, not a closed socket) and end its session: its transaction, the schema's lock
         // and its relay sinks' locks are then released instead of holding the group for hours.
-        conn.batch(
-            "SET client_min_messages TO warning; SET tcp_keepalives_idle TO 10; \
-             SET tcp_keepalives_interval TO 5; SET tcp_keepalives_count TO 3",
-        )?;
+        conn.batch(SESSION_SETUP)?;
         Ok(conn)
     }
 
@@ -448,6 +445,12 @@ impl Conn {
     }
 }
 
+/// What every session of ours sets first (`Conn::connect`, and the relay's LISTEN session,
+/// which must not outlive a vanished member either: a listener nobody reads fills the
+/// server's notification queue).
+const SESSION_SETUP: &str = "SET client_min_messages TO warning; SET tcp_keepalives_idle TO 10; \
+                             SET tcp_keepalives_interval TO 5; SET tcp_keepalives_count TO 3";
+
 /// Wakes `woken` on each commit announced on `channel` (see `PgStore`'s COMMIT), on a
 /// connection of its own that LISTENs, and once right after the LISTEN (for what committed
 /// while nothing listened); returns when that connection is lost or cannot be made: whether
@@ -482,10 +485,11 @@ async fn listen(cfg: &PgConfig, channel: &str, woken: &tokio::sync::Notify) -> (
             }
         }
     });
-    let listening = tokio::time::timeout(
-        cfg.statement_timeout,
-        client.batch_execute(&format!("LISTEN {channel}")),
-    )
+    let listening = tokio::time::timeout(cfg.statement_timeout, async {
+        // Apart, so that the session's `query` in pg_stat_activity reads `LISTEN ...`.
+        client.batch_execute(SESSION_SETUP).await?;
+        client.batch_execute(&format!("LISTEN {channel}")).await
+    })
     .await;
     let (listened, lost) = match listening {
         Ok(Ok(())) => {
