@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::common;
 
-fn read_packet(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
+/// One MQTT packet as a scripted broker reads it: (packet type, body); `None` once the
+/// connection ends.
+pub(crate) fn read_packet(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     let mut h = [0u8; 1];
     s.read_exact(&mut h).ok()?;
     let (mut len, mut mult) = (0usize, 1usize);

@@ -4,7 +4,7 @@
 //! out of order move the cursor over the acknowledged prefix only, and a connection lost
 //! mid-window re-publishes exactly the unacknowledged suffix, in order.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -12,26 +12,8 @@ use std::time::Duration;
 use replay_guard::json;
 
 use super::common;
+use super::fake_peer::read_packet;
 use super::relay::{Setup, field, setup, stop};
-
-/// One MQTT packet as the broker reads it: (packet type, body).
-fn read_packet(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b).ok()?;
-    let kind = b[0] >> 4;
-    let (mut len, mut mult) = (0usize, 1usize);
-    loop {
-        s.read_exact(&mut b).ok()?;
-        len += usize::from(b[0] & 127) * mult;
-        mult *= 128;
-        if b[0] & 128 == 0 {
-            break;
-        }
-    }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).ok()?;
-    Some((kind, body))
-}
 
 /// The packet id and the effect offset (`rgoffset`) of an MQTT 5 QoS 1 PUBLISH's body.
 fn publish(body: &[u8]) -> (u16, u64) {
