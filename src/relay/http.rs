@@ -18,7 +18,7 @@
 //! - any other 3xx or 4xx (redirects are not followed): the event is poisoned (parked), with
 //!   the status line and the first `RESPONSE_KEPT` bytes of the body.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -477,20 +477,21 @@ struct Lanes {
     front: u64,
     max: usize,
     flying: usize,
-    /// The sources with a request in flight (at most `max`: a list is quicker than a set),
-    /// forgotten events' requests included.
-    busy: Vec<(String, String)>,
-    /// Requests of forgotten events still in flight, by number, with their source.
-    abandoned: Vec<(u64, (String, String))>,
+    /// The sources with a request in flight (`source_key`), forgotten events' requests
+    /// included.
+    busy: HashSet<u64>,
+    /// Requests of forgotten events still in flight: number -> source.
+    abandoned: HashMap<u64, u64>,
     /// The number of the first failed event: nothing at or after it is started.
     stop: u64,
 }
 
 #[derive(Debug)]
 enum Slot {
-    Waiting(Event),
+    /// With its `source_key`.
+    Waiting(Event, u64),
     /// Its request is in flight, for this source.
-    Flying((String, String)),
+    Flying(u64),
     Delivered,
     Failed(Failure),
 }
@@ -502,8 +503,8 @@ impl Lanes {
             front: 0,
             max: max.max(1),
             flying: 0,
-            busy: Vec::new(),
-            abandoned: Vec::new(),
+            busy: HashSet::new(),
+            abandoned: HashMap::new(),
             stop: u64::MAX,
         }
     }
@@ -513,7 +514,8 @@ impl Lanes {
     }
 
     fn hand(&mut self, ev: Event) {
-        self.slots.push_back(Slot::Waiting(ev));
+        let key = source_key(&ev);
+        self.slots.push_back(Slot::Waiting(ev, key));
     }
 
     /// The next event to POST, by number, if one may start now (it is then in flight).
@@ -522,31 +524,28 @@ impl Lanes {
             return None;
         }
         let limit = usize::try_from(self.stop.saturating_sub(self.front)).unwrap_or(usize::MAX);
-        let i = self.slots.iter().take(limit).position(|s| match s {
-            Slot::Waiting(ev) => !self
-                .busy
-                .iter()
-                .any(|(a, s)| *a == ev.agency && *s == ev.source_id),
-            _ => false,
-        })?;
-        let source = match &self.slots[i] {
-            Slot::Waiting(ev) => (ev.agency.clone(), ev.source_id.clone()),
-            _ => return None,
-        };
-        let Slot::Waiting(ev) = std::mem::replace(&mut self.slots[i], Slot::Flying(source.clone()))
+        let (i, source) = self
+            .slots
+            .iter()
+            .take(limit)
+            .enumerate()
+            .find_map(|(i, s)| match s {
+                Slot::Waiting(_, key) if !self.busy.contains(key) => Some((i, *key)),
+                _ => None,
+            })?;
+        let Slot::Waiting(ev, _) = std::mem::replace(&mut self.slots[i], Slot::Flying(source))
         else {
             return None;
         };
-        self.busy.push(source);
+        self.busy.insert(source);
         self.flying += 1;
         Some((self.front + i as u64, ev))
     }
 
     /// The request for event `n` ended with `result`.
     fn finished(&mut self, n: u64, result: Result<(), Failure>) {
-        if let Some(a) = self.abandoned.iter().position(|(m, _)| *m == n) {
-            let (_, source) = self.abandoned.swap_remove(a);
-            self.release(&source);
+        if let Some(source) = self.abandoned.remove(&n) {
+            self.release(source);
             return;
         }
         let Some(i) = n
@@ -556,11 +555,10 @@ impl Lanes {
         else {
             return;
         };
-        let Slot::Flying(source) = &self.slots[i] else {
+        let Slot::Flying(source) = self.slots[i] else {
             return;
         };
-        let source = source.clone();
-        self.release(&source);
+        self.release(source);
         self.slots[i] = match result {
             Ok(()) => Slot::Delivered,
             Err(f) => {
@@ -570,10 +568,8 @@ impl Lanes {
         };
     }
 
-    fn release(&mut self, source: &(String, String)) {
-        if let Some(b) = self.busy.iter().position(|b| b == source) {
-            self.busy.swap_remove(b);
-        }
+    fn release(&mut self, source: u64) {
+        self.busy.remove(&source);
         self.flying = self.flying.saturating_sub(1);
     }
 
@@ -612,7 +608,7 @@ impl Lanes {
         let n = self.slots.len() as u64;
         for (i, slot) in self.slots.drain(..).enumerate() {
             if let Slot::Flying(source) = slot {
-                self.abandoned.push((self.front + i as u64, source));
+                self.abandoned.insert(self.front + i as u64, source);
             }
         }
         self.front += n;
@@ -626,6 +622,16 @@ impl Lanes {
         self.busy.clear();
         self.flying = 0;
     }
+}
+
+/// An event's source (agency, source_id) as `Lanes` tells sources apart: a hash, so that
+/// telling whether its source is busy costs no copy of its names. Two sources that shared a
+/// hash would only be sent one after the other, never out of order.
+fn source_key(ev: &Event) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (ev.agency.as_str(), ev.source_id.as_str()).hash(&mut h);
+    h.finish()
 }
 
 /// POSTs one event on `conn` (opened if `None`; left `None` when it is of no further use).
