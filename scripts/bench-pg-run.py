@@ -52,7 +52,9 @@ def decided(store, schema):
         except Exception:
             return 0
     try:
-        return int(psql(f"SELECT count(*) FROM {schema}.audit") or 0)
+        # The log is `audit_log` from schema version 3 on (`audit` before: an older build).
+        table = psql(f"SELECT coalesce(to_regclass('{schema}.audit_log'), to_regclass('{schema}.audit'))")
+        return int(psql(f"SELECT count(*) FROM {table}") or 0) if table else 0
     except subprocess.CalledProcessError:
         return 0
 

@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         "info"
     };
     replay_guard::logging::init(cli.log_format, default_level);
+    commands::report_upgrades();
     let result = match &cli.command {
         Command::Run(a) => commands::run::run(a),
         Command::CheckConfig { file } => commands::check_config::run(file),

@@ -572,6 +572,19 @@ impl Drop for StoreWorker {
     }
 }
 
+/// Reports a store upgrade's progress (`store::upgrade`, which may take minutes on a long
+/// audit log) to systemd, when run under it: each step extends the start timeout (and pings
+/// the watchdog) with a STATUS saying how far it is, so the unit is not killed mid-upgrade
+/// and restarted into an upgrade that starts over.
+pub fn report_upgrades() {
+    let notifier = Notifier::from_env();
+    crate::store::upgrade::on_progress(move |done, total| {
+        notifier.notify(&format!(
+            "EXTEND_TIMEOUT_USEC=120000000\nWATCHDOG=1\nSTATUS=upgrading the store's schema: indexed {done} of {total} audit entries by key"
+        ));
+    });
+}
+
 /// Opens the feed writer's store: the redb file, or the PostgreSQL schema (created or migrated
 /// on the way). Returns what to call it in messages.
 pub fn open_store(config: &Config) -> Result<(PathBuf, Backend), ServiceError> {

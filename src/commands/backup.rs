@@ -69,7 +69,7 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         db.display(),
         to.display(),
         report.bytes as f64 / (1024.0 * 1024.0),
-        report.rows("audit"),
+        report.rows(crate::store::tables::AUDIT.stored()),
         report.rows("effects"),
         report.rows("window"),
         report.rows("quarantine"),

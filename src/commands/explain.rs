@@ -146,13 +146,7 @@ struct Story {
 
 impl Story {
     fn collect(snapshot: &Snapshot, key: [u8; 32]) -> Result<Story, StoreError> {
-        let mut audit = Vec::new();
-        snapshot.scan_audit::<StoreError>(0, |e| {
-            if e.record.key == Some(key) {
-                audit.push(e);
-            }
-            Ok(ControlFlow::Continue(()))
-        })?;
+        let audit = snapshot.audit_with_key(&key)?;
         let position = audit.iter().find_map(|e| {
             let r = &e.record;
             Some((

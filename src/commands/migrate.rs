@@ -81,10 +81,23 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
     // The copy proves what the original proves, over the same chain.
     let (_, copy) = Reader::postgres(cfg)?;
     let after = super::verify::checked(&copy, &config.feed, "verifying the copy")?;
+    // A file of an older schema is upgraded as it is copied: the copy's meta names this
+    // build's version and its key index is checked too (the file may have none).
     let same = |a: &Snapshot, b: &Snapshot| -> Result<bool, StoreError> {
-        Ok(a.meta()? == b.meta()? && a.retention_marks()? == b.retention_marks()?)
+        let version = |mut m: crate::store::tables::Meta| {
+            m.schema_version = 0;
+            m
+        };
+        Ok(version(a.meta()?) == version(b.meta()?)
+            && b.meta()?.schema_version == crate::store::tables::SCHEMA_VERSION
+            && a.retention_marks()? == b.retention_marks()?)
     };
-    if after.violation.is_some() || after != before || !same(&source, &copy)? {
+    let indexed = after.key_index.is_some();
+    let after = crate::store::verify::VerifyReport {
+        key_index: before.key_index,
+        ..after
+    };
+    if after.violation.is_some() || !indexed || after != before || !same(&source, &copy)? {
         return Err(Failure::Violation(anyhow!(
             "the copy in {target} does not verify like {}: {:?} (the copy is left for \
              inspection; drop the schema before trying again)",
@@ -99,7 +112,7 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
          quarantined, {} sources; verified: chain head {} identical, {} effects and {} \
          quarantine records match their audit entries",
         from.display(),
-        copied.rows("audit"),
+        copied.rows(crate::store::tables::AUDIT.pg_table()),
         copied.rows("effects"),
         copied.rows("window_entries"),
         copied.rows("quarantine"),

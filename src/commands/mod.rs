@@ -37,6 +37,11 @@ pub fn config(args: &crate::cli::DbArgs) -> Result<crate::config::Config, Failur
     )?)
 }
 
+/// Reports a store's schema upgrade to systemd as it goes (see `service::report_upgrades`).
+pub fn report_upgrades() {
+    crate::service::report_upgrades();
+}
+
 /// The read-only snapshot of an existing database named by `--db` or `--config`.
 pub fn open_existing(
     args: &crate::cli::DbArgs,

@@ -44,6 +44,12 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
                 report.quarantined,
                 counts.join(" ")
             );
+            if let Some(n) = report.key_index {
+                let _ = writeln!(
+                    crate::output::stdout(),
+                    "key index: each of the {n} audit entries with a key found under it, no other row"
+                );
+            }
             for sink in &report.sinks {
                 let _ = writeln!(crate::output::stdout(), "{}", sink_line(sink));
             }

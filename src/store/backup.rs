@@ -200,14 +200,17 @@ struct ToFile<'a> {
 
 impl CopyTable for ToFile<'_> {
     fn table<K: Cells + Key, V: Cells>(&mut self, t: WholeTable<K, V>) -> Result<(), StoreError> {
-        use redb::TableHandle as _;
-        // Absent from a database last written before the table existed: absent here too.
-        let source = match self.from.open_table(t.def) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-            Err(e) => return Err(StoreError::redb(e)),
+        // Absent from a database last written before the table existed: absent here too. A
+        // table of an older schema is copied under the name it has there (the copy keeps the
+        // source's schema; its first writer upgrades it).
+        let Some(source) = t.open_in(self.from)? else {
+            return Ok(());
         };
-        let mut target = Leak::new(self.to.open_table(t.def)?);
+        let name = redb::TableHandle::name(&source).to_string();
+        let mut target = Leak::new(
+            self.to
+                .open_table(redb::TableDefinition::<K, V>::new(&name))?,
+        );
         let mut n = 0;
         for item in source.iter()? {
             let (k, v) = item?;
@@ -215,7 +218,9 @@ impl CopyTable for ToFile<'_> {
             n += 1;
         }
         drop(target.into_inner());
-        self.rows.push((t.def.name().to_string(), n));
+        // Counted under the table's name in this schema, whatever the source called it.
+        self.rows
+            .push((redb::TableHandle::name(&t.def).to_string(), n));
         Ok(())
     }
 }

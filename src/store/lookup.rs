@@ -1,8 +1,10 @@
-//! Point lookups for `explain`: a source's marks and whether a position is still in the dedup
-//! window, read through a `Snapshot`.
+//! Point lookups for `explain`: the audit entries of one key, a source's marks and whether a
+//! position is still in the dedup window, read through a `Snapshot`.
+
+use std::ops::ControlFlow;
 
 use super::StoreError;
-use super::read::Snapshot;
+use super::read::{AuditEntry, Snapshot};
 use super::tables::*;
 use crate::decide::{Seen, SourceMarks};
 use crate::model::{Digest, Position};
@@ -21,6 +23,110 @@ fn pos((epoch, sequence): (u64, u64)) -> Position {
 }
 
 impl Snapshot {
+    /// Every audit entry with `key`, oldest first: one read of the key index (`AUDIT_KEYS`)
+    /// per block of the log, then the candidates' entries. A store of schema version 1 (a
+    /// file no writer of this version has opened yet) has no index: its log is scanned.
+    pub fn audit_with_key(&self, key: &[u8; 32]) -> Result<Vec<AuditEntry>, StoreError> {
+        let meta = self.meta()?;
+        let mut found = Vec::new();
+        if meta.schema_version < 2 {
+            self.scan_audit::<StoreError>(0, |e| {
+                if e.record.key.as_ref() == Some(key) {
+                    found.push(e);
+                }
+                Ok(ControlFlow::Continue(()))
+            })?;
+            return Ok(found);
+        }
+        let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        if meta.next_audit <= first {
+            return Ok(found);
+        }
+        let blocks = first / AUDIT_KEY_BLOCK..=(meta.next_audit - 1) / AUDIT_KEY_BLOCK;
+        let bucket = |block: u64| audit_key_bucket(block * AUDIT_KEY_BLOCK, key);
+        let wanted = |index: u64, record: &AuditRecord| {
+            (first..meta.next_audit).contains(&index) && record.key.as_ref() == Some(key)
+        };
+        if let Some(pg) = self.pg() {
+            let buckets: Vec<u64> = blocks.map(bucket).collect();
+            for (index, record) in pg.audit_in_buckets(&buckets)? {
+                if wanted(index, &record) {
+                    found.push(AuditEntry { index, record });
+                }
+            }
+            return Ok(found);
+        }
+        self.guard(|txn| {
+            let keys = txn.open_table(AUDIT_KEYS)?;
+            let audit = AUDIT.open(txn)?;
+            for block in blocks {
+                let b = bucket(block);
+                for row in keys.range((b, 0)..=(b, u64::MAX))? {
+                    let index = row?.0.value().1;
+                    if let Some(record) = audit.get(index)?
+                        && wanted(index, &record)
+                    {
+                        found.push(AuditEntry { index, record });
+                    }
+                }
+            }
+            Ok::<_, StoreError>(())
+        })?;
+        Ok(found)
+    }
+
+    /// The key index's rows (bucket, audit index) of blocks `blocks`, in order; `None` when
+    /// the store predates the index (schema version 1).
+    pub fn audit_key_rows(
+        &self,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        if self.meta()?.schema_version < 2 {
+            return Ok(None);
+        }
+        let (lo, hi) = (
+            audit_key_block_start(blocks.start),
+            audit_key_block_start(blocks.end),
+        );
+        if let Some(pg) = self.pg() {
+            return pg.audit_key_rows(lo, hi).map(Some);
+        }
+        self.guard(|txn| {
+            let keys = txn.open_table(AUDIT_KEYS)?;
+            let mut rows = Vec::new();
+            for row in keys.range((lo, 0)..(hi, 0))? {
+                let k = row?.0.value();
+                rows.push(k);
+            }
+            Ok(Some(rows))
+        })
+    }
+
+    /// The first row of the key index outside blocks `blocks` (whose entries no longer
+    /// exist, or never did), if any.
+    pub fn audit_key_row_outside(
+        &self,
+        blocks: std::ops::RangeInclusive<u64>,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let (lo, hi) = (
+            audit_key_block_start(*blocks.start()),
+            audit_key_block_start(blocks.end() + 1),
+        );
+        if let Some(pg) = self.pg() {
+            return pg.audit_key_row_outside(lo, hi);
+        }
+        self.guard(|txn| {
+            let keys = txn.open_table(AUDIT_KEYS)?;
+            if let Some(row) = keys.range(..(lo, 0))?.next() {
+                return Ok(Some(row?.0.value()));
+            }
+            if let Some(row) = keys.range((hi, 0)..)?.next() {
+                return Ok(Some(row?.0.value()));
+            }
+            Ok(None)
+        })
+    }
+
     /// The marks of source (`agency`, `source_id`) and the window entry of `position`; `None`
     /// if the source never had a message applied.
     pub fn position_state(

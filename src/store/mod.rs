@@ -22,6 +22,7 @@ pub mod relay;
 mod retention;
 pub mod tables;
 pub(crate) mod tx;
+pub(crate) mod upgrade;
 pub mod upstream;
 pub mod verify;
 mod writer_check;
@@ -651,15 +652,10 @@ impl Store {
         let txn = Leak::new(db.begin_write()?);
         {
             let mut meta = Leak::new(txn.open_table(META_TABLE)?);
+            let mut found = SCHEMA_VERSION;
             match (META.get(&*meta)?, created_at_ms) {
-                (Some(m), _) => {
-                    if m.schema_version != SCHEMA_VERSION {
-                        return Err(StoreError::Schema {
-                            found: m.schema_version,
-                            expected: SCHEMA_VERSION,
-                        });
-                    }
-                }
+                // An older schema is upgraded below.
+                (Some(m), _) => found = m.schema_version,
                 (None, None) => {
                     return Err(META
                         .missing("missing: this redb file is not a replay-guard database")
@@ -676,6 +672,8 @@ impl Store {
             // Create every table (the one list) so read-only inspectors never meet a
             // missing one.
             drop(meta); // the list holds the meta table too
+            // Before any table is opened under its new name.
+            upgrade::rename_redb_tables(&txn, found)?;
             struct Create<'a>(&'a WriteTransaction);
             impl CopyTable for Create<'_> {
                 fn table<K: Cells + redb::Key, V: Cells>(
@@ -687,6 +685,9 @@ impl Store {
                 }
             }
             for_each_table(&mut Create(&txn))?;
+            let mut tx = Leak::new(RedbTx::open(&txn)?);
+            upgrade::to_current(&mut *tx)?;
+            drop(tx.into_inner());
         }
         txn.into_inner().commit()?;
         Ok(Store {

@@ -334,6 +334,12 @@ impl Snapshot {
                 ));
             };
             add(AUDIT.name(), AUDIT.open(txn)?.stats().map_err(r)?);
+            // Absent from a file of schema version 1 no writer has opened since.
+            match txn.open_table(AUDIT_KEYS) {
+                Ok(t) => add("audit_keys", t.stats().map_err(r)?),
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(StoreError::redb(e)),
+            }
             add(EFFECTS.name(), EFFECTS.open(txn)?.stats().map_err(r)?);
             add(WINDOW.name(), WINDOW.open(txn)?.stats().map_err(r)?);
             add(QUARANTINE.name(), QUARANTINE.open(txn)?.stats().map_err(r)?);

@@ -18,6 +18,7 @@ pub struct RedbTx<'t> {
     window: Writable<'t, (u64, u64, u64), WindowRecord>,
     effects: Writable<'t, u64, EffectRecord>,
     audit: Writable<'t, u64, AuditRecord>,
+    audit_keys: Table<'t, (u64, u64), ()>,
     quarantine: Writable<'t, u64, QuarantineRecord>,
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
@@ -39,6 +40,7 @@ impl<'t> RedbTx<'t> {
         let window = Leak::new(WINDOW.open_mut(txn)?);
         let effects = Leak::new(EFFECTS.open_mut(txn)?);
         let audit = Leak::new(AUDIT.open_mut(txn)?);
+        let audit_keys = Leak::new(txn.open_table(AUDIT_KEYS).map_err(open)?);
         let quarantine = Leak::new(QUARANTINE.open_mut(txn)?);
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
@@ -52,6 +54,7 @@ impl<'t> RedbTx<'t> {
             window: window.into_inner(),
             effects: effects.into_inner(),
             audit: audit.into_inner(),
+            audit_keys: audit_keys.into_inner(),
             quarantine: quarantine.into_inner(),
             quarantine_fp: quarantine_fp.into_inner(),
             quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
@@ -197,6 +200,16 @@ impl Tx for RedbTx<'_> {
 
     fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
         self.audit.put(index, record, &mut self.buf)?;
+        if let Some(key) = &record.key {
+            self.index_audit_key(index, key)?;
+        }
+        Ok(())
+    }
+
+    fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError> {
+        self.audit_keys
+            .insert((audit_key_bucket(index, key), index), ())
+            .map_err(redb)?;
         Ok(())
     }
 
@@ -217,7 +230,18 @@ impl Tx for RedbTx<'_> {
     }
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        // From the block `range` starts in: the entries before it are gone already.
+        let blocks = whole_blocks(&(block_floor(*range.start())..=*range.end()));
         self.audit.retain_in(range, |_, _| false).map_err(redb)?;
+        if !blocks.is_empty() {
+            let (lo, hi) = (
+                audit_key_block_start(blocks.start),
+                audit_key_block_start(blocks.end),
+            );
+            self.audit_keys
+                .retain_in((lo, 0)..(hi, 0), |_, ()| false)
+                .map_err(redb)?;
+        }
         Ok(())
     }
 

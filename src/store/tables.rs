@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::StoreError;
 
-/// Schema of the whole file; bump with a migration test and a CHANGELOG line.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Schema of the whole file; bump with a migration test and a CHANGELOG line. Version 2
+/// added `AUDIT_KEYS`; `upgrade` takes a store of version 1 there.
+pub const SCHEMA_VERSION: u32 = 2;
 /// First byte of every stored record of the first version (every record type but
 /// `SinkRecord`, which is at version 3: see `Record`).
 pub const RECORD_V1: u8 = 1;
@@ -47,7 +48,53 @@ pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
 /// effects at offsets >= `Meta::window_start`, in first-seen order.
 pub const EFFECTS: Records<u64, EffectRecord> = Records::new("effects", "effects", "effect_offset");
 /// audit index -> `AuditRecord`, hash-chained.
-pub const AUDIT: Records<u64, AuditRecord> = Records::new("audit", "audit", "audit_index");
+/// Stored as `audit_log` from schema version 2 on (PostgreSQL: 3), the old name left to
+/// `AUDIT_FENCE`.
+pub const AUDIT: Records<u64, AuditRecord> =
+    Records::new("audit", "audit_log", "audit_index").stored_as("audit_log");
+/// An empty table of another type under the audit log's old name, `audit`: a process of a
+/// build before schema version 2 still running on the file fails its next write transaction
+/// (a table type mismatch) instead of appending entries the key index does not name. Made by
+/// `upgrade`; not copied (a copy's meta record names its version, which such a build
+/// refuses at open).
+pub const AUDIT_FENCE: TableDefinition<u64, u64> = TableDefinition::new("audit");
+/// (bucket, audit index) -> (): the audit log by idempotency key, so `explain` reads the
+/// entries of one key instead of scanning the log. The bucket is the entry's block of
+/// `AUDIT_KEY_BLOCK` consecutive indices in its high 32 bits and the key's first four bytes in
+/// its low 32 (`audit_key_bucket`): one batch's rows all land in the newest block, a few pages
+/// at the tail of the tree, so the index costs ingest little; a lookup reads one bucket per
+/// block and checks each candidate's key in its entry. Written with the entry (`Tx::put_audit`)
+/// for every entry that has a key; retention removes whole blocks (rows of the block it cut
+/// into stay until that block is gone, and name no entry).
+pub const AUDIT_KEYS: TableDefinition<(u64, u64), ()> = TableDefinition::new("audit_keys");
+/// Audit indices per block of `AUDIT_KEYS`.
+pub const AUDIT_KEY_BLOCK: u64 = 4096;
+
+/// The first index of the `AUDIT_KEYS` block `index` lies in.
+pub fn block_floor(index: u64) -> u64 {
+    index - index % AUDIT_KEY_BLOCK
+}
+
+/// The `AUDIT_KEYS` bucket of the entry at `index` with `key`.
+pub fn audit_key_bucket(index: u64, key: &[u8; 32]) -> u64 {
+    audit_key_block_start(index / AUDIT_KEY_BLOCK)
+        | u64::from(u32::from_be_bytes([key[0], key[1], key[2], key[3]]))
+}
+
+/// The lowest bucket of block `block` (blocks past 2^32, 17 trillion entries, would share
+/// buckets with earlier ones: a lookup would still check every candidate's key).
+pub fn audit_key_block_start(block: u64) -> u64 {
+    block << 32
+}
+
+/// The `AUDIT_KEYS` blocks every index of which lies in `range` (removing the log's entries
+/// up to `range.end()` removes those of `0..=end` from the index).
+pub fn whole_blocks(range: &std::ops::RangeInclusive<u64>) -> std::ops::Range<u64> {
+    let first = range.start().div_ceil(AUDIT_KEY_BLOCK);
+    let end = range.end().saturating_add(1) / AUDIT_KEY_BLOCK;
+    first..end.max(first)
+}
+
 /// quarantine id -> `QuarantineRecord`.
 pub const QUARANTINE: Records<u64, QuarantineRecord> =
     Records::new("quarantine", "quarantine", "id");
@@ -149,6 +196,20 @@ impl Cells for (&'static str, u64) {
     }
 }
 
+impl Cells for (u64, u64) {
+    const PG_TYPES: &'static [&'static str] = &["bigint[]", "bigint[]"];
+    fn cells<'a>(v: (u64, u64), out: &mut dyn FnMut(Cell<'a>)) {
+        out(Cell::Int(v.0));
+        out(Cell::Int(v.1));
+    }
+}
+
+/// A table whose key is all it holds (PostgreSQL: no value columns).
+impl Cells for () {
+    const PG_TYPES: &'static [&'static str] = &[];
+    fn cells<'a>(_: (), _: &mut dyn FnMut(Cell<'a>)) {}
+}
+
 impl Cells for (u64, u64, u64) {
     const PG_TYPES: &'static [&'static str] = &["bigint[]", "bigint[]", "bigint[]"];
     fn cells<'a>(v: (u64, u64, u64), out: &mut dyn FnMut(Cell<'a>)) {
@@ -164,6 +225,27 @@ pub struct WholeTable<K: Cells + Key, V: Cells> {
     pub def: TableDefinition<'static, K, V>,
     pub pg_table: &'static str,
     pub pg_columns: [&'static str; 2],
+    /// Its redb name in a database of an older schema, if it had another.
+    pub formerly: Option<&'static str>,
+}
+
+impl<K: Cells + Key, V: Cells> WholeTable<K, V> {
+    /// Opens the table in `txn` under its name, or the name it had in an older schema;
+    /// `None` when the database has neither (written before the table existed).
+    pub fn open_in(
+        &self,
+        txn: &ReadTransaction,
+    ) -> Result<Option<ReadOnlyTable<K, V>>, StoreError> {
+        use redb::TableHandle as _;
+        for name in std::iter::once(self.def.name()).chain(self.formerly) {
+            match txn.open_table(TableDefinition::<K, V>::new(name)) {
+                Ok(table) => return Ok(Some(table)),
+                Err(TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(StoreError::redb(e)),
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// A whole-store copy (`backup`, `migrate --from`): `table` is called once per table.
@@ -180,32 +262,43 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
             def: r.raw(),
             pg_table: r.pg_table,
             pg_columns: [r.pg_key, "record"],
+            formerly: r.formerly(),
         }
     }
     copy.table(WholeTable {
         def: META_TABLE,
         pg_table: "meta",
         pg_columns: ["name", "record"],
+        formerly: None,
     })?;
     copy.table(WholeTable {
         def: SOURCE_IDS,
         pg_table: "source_ids",
         pg_columns: ["agency, source_id", "no"],
+        formerly: None,
     })?;
     copy.table(records(SOURCES))?;
     copy.table(records(WINDOW))?;
     copy.table(records(EFFECTS))?;
     copy.table(records(AUDIT))?;
+    copy.table(WholeTable {
+        def: AUDIT_KEYS,
+        pg_table: "audit_keys",
+        pg_columns: ["bucket, audit_index", ""],
+        formerly: None,
+    })?;
     copy.table(records(QUARANTINE))?;
     copy.table(WholeTable {
         def: QUARANTINE_FP,
         pg_table: "quarantine_fp",
         pg_columns: ["fp", "id"],
+        formerly: None,
     })?;
     copy.table(WholeTable {
         def: QUARANTINE_FP_BY_ID,
         pg_table: "quarantine_fp_by_id",
         pg_columns: ["id", "fp"],
+        formerly: None,
     })?;
     copy.table(records(REPLAY_BURSTS))?;
     copy.table(records(SINK_CURSORS))?;
@@ -237,7 +330,9 @@ pub fn table_names() -> Vec<String> {
 /// whole-store copy refuses such a file rather than leave them behind.
 pub fn unlisted_tables(txn: &ReadTransaction) -> Result<Vec<String>, StoreError> {
     use redb::{MultimapTableHandle as _, TableHandle as _};
-    let known = table_names();
+    let mut known = table_names();
+    // The old names of renamed tables (a file of an older schema), and the fence.
+    known.extend(AUDIT.formerly().map(str::to_string));
     let mut extra: Vec<String> = txn
         .list_tables()?
         .map(|t| t.name().to_string())
@@ -258,6 +353,8 @@ pub fn unlisted_tables(txn: &ReadTransaction) -> Result<Vec<String>, StoreError>
 /// on-disk format. The typing lives here instead.
 pub struct Records<K: Key + 'static, R> {
     name: &'static str,
+    /// The redb table holding them in this schema (`name` unless renamed: `stored_as`).
+    stored: &'static str,
     pg_table: &'static str,
     pg_key: &'static str,
     types: PhantomData<fn() -> (K, R)>,
@@ -274,13 +371,34 @@ impl<K: KeyText, R> Records<K, R> {
     pub const fn new(name: &'static str, pg_table: &'static str, pg_key: &'static str) -> Self {
         Records {
             name,
+            stored: name,
             pg_table,
             pg_key,
             types: PhantomData,
         }
     }
 
-    /// The redb table's name, as errors name it.
+    /// The same records in the redb table `table` from this schema on (a database of an
+    /// older schema, read-only, still holds them under `name`).
+    pub const fn stored_as(self, table: &'static str) -> Self {
+        Records {
+            stored: table,
+            ..self
+        }
+    }
+
+    /// The redb table holding them in this schema.
+    pub fn stored(&self) -> &'static str {
+        self.stored
+    }
+
+    /// The table holding these records in a database of an older schema, if it had another
+    /// name then.
+    pub fn formerly(&self) -> Option<&'static str> {
+        (self.stored != self.name).then_some(self.name)
+    }
+
+    /// The records' name, as errors name them (the redb table's name, unless renamed).
     pub fn name(&self) -> &'static str {
         self.name
     }
@@ -298,16 +416,18 @@ impl<K: KeyText, R> Records<K, R> {
     /// The table as stored bytes: only for copying records unchanged (`migrate --from`) and
     /// for creating the table.
     pub fn raw(&self) -> TableDefinition<'static, K, &'static [u8]> {
-        TableDefinition::new(self.name)
+        TableDefinition::new(self.stored)
     }
 
-    /// Opens the table in a read transaction.
+    /// Opens the table in a read transaction (in a database of an older schema, under the
+    /// name it had there).
     pub fn open(&self, txn: &ReadTransaction) -> Result<Opened<ReadOnly<K>, K, R>, StoreError> {
-        let table = txn.open_table(self.raw())?;
-        Ok(Opened {
-            table,
-            records: *self,
-        })
+        match self.open_if_present(txn)? {
+            Some(opened) => Ok(opened),
+            None => Err(StoreError::redb(TableError::TableDoesNotExist(
+                self.stored.to_string(),
+            ))),
+        }
     }
 
     /// Opens the table in a read transaction; `None` for a database last written before the
@@ -316,14 +436,19 @@ impl<K: KeyText, R> Records<K, R> {
         &self,
         txn: &ReadTransaction,
     ) -> Result<Option<Opened<ReadOnly<K>, K, R>>, StoreError> {
-        match txn.open_table(self.raw()) {
-            Ok(table) => Ok(Some(Opened {
-                table,
-                records: *self,
-            })),
-            Err(TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(StoreError::redb(e)),
+        for name in std::iter::once(self.stored).chain(self.formerly()) {
+            match txn.open_table(TableDefinition::<K, &[u8]>::new(name)) {
+                Ok(table) => {
+                    return Ok(Some(Opened {
+                        table,
+                        records: *self,
+                    }));
+                }
+                Err(TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(StoreError::redb(e)),
+            }
         }
+        Ok(None)
     }
 
     /// Opens (or creates) the table in a write transaction.
@@ -1302,6 +1427,35 @@ pub fn check_decoders(bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_removes_the_key_index_blocks_that_lie_wholly_inside_its_range() {
+        let b = AUDIT_KEY_BLOCK;
+        assert_eq!(whole_blocks(&(0..=b - 1)), 0..1);
+        assert!(whole_blocks(&(0..=b - 2)).is_empty());
+        assert_eq!(whole_blocks(&(5..=2 * b - 1)), 1..2);
+        assert_eq!(whole_blocks(&(b..=3 * b - 1)), 1..3);
+        assert_eq!(whole_blocks(&(b + 1..=3 * b - 2)), 2..2);
+        assert!(whole_blocks(&(10..=20)).is_empty());
+        assert!(whole_blocks(&(3 * b..=3 * b)).is_empty());
+        assert_eq!(whole_blocks(&(0..=u64::MAX)).start, 0);
+    }
+
+    #[test]
+    fn a_key_index_bucket_is_the_block_then_the_keys_first_four_bytes() {
+        let mut key = [0u8; 32];
+        key[..4].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        key[4] = 0xff; // not part of the bucket
+        assert_eq!(audit_key_bucket(0, &key), 0xdead_beef);
+        assert_eq!(
+            audit_key_bucket(AUDIT_KEY_BLOCK * 7 + 5, &key),
+            7 << 32 | 0xdead_beef
+        );
+        assert_eq!(
+            audit_key_bucket(AUDIT_KEY_BLOCK - 1, &key),
+            audit_key_bucket(0, &key)
+        );
+    }
 
     #[test]
     fn effect_head_is_a_prefix_of_the_effect_record() {

@@ -72,7 +72,11 @@ pub trait Tx {
     fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError>;
 
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError>;
+    /// Appends the entry, and its row in the key index (`AUDIT_KEYS`) if it has a key.
     fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError>;
+    /// Adds the entry at `index` with `key` to the key index alone: the schema upgrade's
+    /// step for entries written before the index existed.
+    fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError>;
     /// Visits the entries in `range`, lowest index first, until `f` breaks.
     fn scan_audit(
         &mut self,
@@ -85,6 +89,9 @@ pub trait Tx {
         range: Range<u64>,
         f: &mut dyn FnMut(u64, AuditHead) -> Result<Visit, StoreError>,
     ) -> Result<(), StoreError>;
+    /// Removes the entries in `range`, the oldest the log holds (retention removes from the
+    /// front only), and the key index's blocks that end within it (removed in slices smaller
+    /// than a block, a block goes with the slice that takes its last entry).
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError>;
 
     fn quarantined(&mut self, id: u64) -> Result<Option<QuarantineRecord>, StoreError>;
@@ -270,6 +277,9 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
         (**self).put_audit(index, record)
+    }
+    fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError> {
+        (**self).index_audit_key(index, key)
     }
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         (**self).remove_audit(range)

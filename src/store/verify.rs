@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
 use super::engine::{fingerprint_decided, fingerprint_malformed};
-use super::tables::Stream;
+use super::tables::{AUDIT_KEY_BLOCK, Stream, audit_key_bucket};
 use super::{Snapshot, StoreError};
 use crate::key::sha256;
 use crate::model::{Outcome, hex};
@@ -28,6 +28,9 @@ pub struct VerifyReport {
     /// Each relay sink: what its ledger accounts for below its cursor, and its parked events
     /// checked against their effects.
     pub sinks: Vec<SinkReport>,
+    /// Audit entries found under their key in the key index (`AUDIT_KEYS`); `None` for a
+    /// store of schema version 1, which has none yet.
+    pub key_index: Option<u64>,
     /// The first broken entry, in words; `None` when everything holds.
     pub violation: Option<String>,
 }
@@ -57,6 +60,113 @@ struct Scan {
     /// Quarantine ids whose record is gone, with the first entry that named them: each must
     /// be released or discarded by a later entry.
     unresolved: BTreeMap<u64, u64>,
+}
+
+/// Checks the key index (`AUDIT_KEYS`) against the audit log, one block at a time as the scan
+/// reaches it: the block's rows must be exactly (bucket, index) of its entries that have a
+/// key. Rows of entries retention removed from the first block are ignored; no row may lie
+/// outside the log's blocks.
+struct KeyIndexCheck {
+    /// The store has the index (schema version 2 on).
+    present: bool,
+    audit_from: u64,
+    /// The block the scan is in, and the rows its entries so far need.
+    block: u64,
+    want: Vec<(u64, u64)>,
+    checked: u64,
+}
+
+impl KeyIndexCheck {
+    fn new(present: bool, audit_from: u64) -> KeyIndexCheck {
+        KeyIndexCheck {
+            present,
+            audit_from,
+            block: audit_from / AUDIT_KEY_BLOCK,
+            want: Vec::new(),
+            checked: 0,
+        }
+    }
+
+    /// Notes entry `index` (with `key`); checks the block before it once the scan leaves it.
+    fn visit(
+        &mut self,
+        snap: &Snapshot,
+        index: u64,
+        key: Option<&[u8; 32]>,
+    ) -> Result<Option<String>, StoreError> {
+        if !self.present {
+            return Ok(None);
+        }
+        let block = index / AUDIT_KEY_BLOCK;
+        let mut problem = None;
+        if block != self.block {
+            problem = self.finish_block(snap)?;
+            self.block = block;
+        }
+        if let Some(key) = key {
+            self.want.push((audit_key_bucket(index, key), index));
+        }
+        Ok(problem)
+    }
+
+    /// Compares the current block's rows with what its entries need.
+    fn finish_block(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
+        let Some(mut have) = snap.audit_key_rows(self.block..self.block + 1)? else {
+            return Ok(None);
+        };
+        // Rows of entries retention removed, in the block it cut into only.
+        if self.block == self.audit_from / AUDIT_KEY_BLOCK {
+            have.retain(|&(_, index)| index >= self.audit_from);
+        }
+        self.want.sort_unstable();
+        let mut have_it = have.iter().peekable();
+        let mut problem = None;
+        for want in &self.want {
+            match have_it.peek() {
+                Some(&&h) if h == *want => {
+                    have_it.next();
+                }
+                Some(&&h) if h < *want => {
+                    problem = Some(extra_row(h));
+                    break;
+                }
+                _ => {
+                    problem = Some(format!(
+                        "audit entry {}: missing from the key index (explain would not find it)",
+                        want.1
+                    ));
+                    break;
+                }
+            }
+        }
+        if problem.is_none()
+            && let Some(&h) = have_it.next()
+        {
+            problem = Some(extra_row(h));
+        }
+        self.checked += self.want.len() as u64;
+        self.want.clear();
+        Ok(problem)
+    }
+
+    /// Checks the last block, and that no row lies outside the log's blocks.
+    fn finish(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
+        if !self.present {
+            return Ok(None);
+        }
+        if let Some(p) = self.finish_block(snap)? {
+            return Ok(Some(p));
+        }
+        let blocks = self.audit_from / AUDIT_KEY_BLOCK..=self.block;
+        Ok(snap.audit_key_row_outside(blocks)?.map(extra_row))
+    }
+}
+
+fn extra_row((bucket, index): (u64, u64)) -> String {
+    format!(
+        "the key index has a row for audit entry {index} under bucket {bucket:#x}, which is \
+         not that entry's (the entry is missing, or its key gives another bucket)"
+    )
 }
 
 /// Checks, in order:
@@ -120,6 +230,7 @@ pub fn verify_reporting(
         applied_keys: HashSet::new(),
         unresolved: BTreeMap::new(),
     };
+    let mut keys = KeyIndexCheck::new(meta.schema_version >= 2, expected);
     let mut fail = None;
     snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
@@ -135,8 +246,10 @@ pub fn verify_reporting(
             ))
         } else if !e.hash_is_valid() {
             at("its hash does not match its content (edited)".into())
+        } else if let Some(p) = check_entry(snap, &e, &mut scan, contract)? {
+            at(p)
         } else {
-            check_entry(snap, &e, &mut scan, contract)?.and_then(at)
+            keys.visit(snap, e.index, e.record.key.as_ref())?
         };
         if problem.is_some() {
             fail = problem;
@@ -162,6 +275,10 @@ pub fn verify_reporting(
             meta.next_audit.saturating_sub(1),
             hex(&meta.chain_head)
         ));
+    }
+    if fail.is_none() {
+        fail = keys.finish(snap)?;
+        report.key_index = keys.present.then_some(keys.checked);
     }
     let first_unresolved = scan
         .unresolved

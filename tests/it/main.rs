@@ -115,6 +115,7 @@ mod faults;
 mod fuzz_regressions;
 mod health;
 mod inspect;
+mod key_index;
 mod live_read;
 mod metrics;
 mod model;

@@ -109,11 +109,10 @@ impl CopyTable for ToPg<'_> {
         &mut self,
         t: WholeTable<K, V>,
     ) -> Result<(), StoreError> {
-        // Absent from a database last written before the table existed.
-        let table = match self.txn.open_table(t.def) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-            Err(e) => return Err(StoreError::redb(e)),
+        // Absent from a database last written before the table existed (or, renamed since,
+        // under its old name).
+        let Some(table) = t.open_in(self.txn)? else {
+            return Ok(());
         };
         let types: Vec<&str> = K::PG_TYPES.iter().chain(V::PG_TYPES).copied().collect();
         let params: Vec<String> = types
@@ -121,12 +120,13 @@ impl CopyTable for ToPg<'_> {
             .enumerate()
             .map(|(i, ty)| format!("${}::{ty}", i + 1))
             .collect();
+        // A key-only table (`AUDIT_KEYS`) has no value columns.
+        let columns: Vec<&str> = t.pg_columns.into_iter().filter(|c| !c.is_empty()).collect();
         let sql = format!(
-            "INSERT INTO {}.{} ({}, {}) SELECT * FROM unnest({})",
+            "INSERT INTO {}.{} ({}) SELECT * FROM unnest({})",
             self.schema,
             t.pg_table,
-            t.pg_columns[0],
-            t.pg_columns[1],
+            columns.join(", "),
             params.join(", ")
         );
         let mut cols: Vec<Col> = types.iter().map(|ty| Col::of(ty)).collect();
@@ -157,7 +157,7 @@ impl PgStore {
         now_ms: u64,
     ) -> Result<CopyReport, StoreError> {
         let schema = self.cfg.schema.clone();
-        self.in_txn(|conn, _| {
+        self.in_txn(|conn, sql| {
             let meta = conn.query(
                 &format!("SELECT record FROM {schema}.meta WHERE name = $1"),
                 &[&META.key()],
@@ -192,6 +192,11 @@ impl PgStore {
                     report: CopyReport::default(),
                 };
                 for_each_table(&mut copy)?;
+                // A copy of an older file is taken to this build's schema in the same
+                // transaction (its key index built).
+                let mut tx = super::tx::PgTx::begin(conn, sql)?;
+                super::super::upgrade::to_current(&mut tx)?;
+                tx.flush()?;
                 // The schema is a copy: its first writer draws an id of its own.
                 let meta = META
                     .read(txn)?

@@ -122,7 +122,7 @@ impl PgStore {
     /// schema's lock).
     pub fn migrate(&mut self, now_ms: u64) -> Result<MigrateReport, StoreError> {
         let schema = self.cfg.schema.clone();
-        self.in_txn(|conn, _| {
+        self.in_txn(|conn, sql| {
             conn.batch(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {schema};
                  CREATE TABLE IF NOT EXISTS {schema}.schema_version (version integer NOT NULL)"
@@ -160,10 +160,11 @@ impl PgStore {
                 Some(row) => {
                     let m = META.decode(row.get::<_, &[u8]>(0))?;
                     if m.schema_version != SCHEMA_VERSION {
-                        return Err(StoreError::Schema {
-                            found: m.schema_version,
-                            expected: SCHEMA_VERSION,
-                        });
+                        // An older store (or one `migrate --from` copied from an older
+                        // file): upgraded in this transaction, or refused.
+                        let mut tx = PgTx::begin(conn, sql)?;
+                        super::upgrade::to_current(&mut tx)?;
+                        tx.flush()?;
                     }
                     false
                 }

@@ -6,7 +6,7 @@
 
 /// Version of the PostgreSQL schema (its tables and columns); bump with a migration step in
 /// `migrations` and a CHANGELOG line.
-pub const PG_SCHEMA_VERSION: i32 = 2;
+pub const PG_SCHEMA_VERSION: i32 = 3;
 
 /// Each migration step: the DDL that takes version `i` to `i + 1` (`{s}` is the schema).
 const MIGRATIONS: &[&str] = &[
@@ -30,6 +30,12 @@ const MIGRATIONS: &[&str] = &[
     // 1 -> 2: the sinks' ledgers.
     "CREATE TABLE {s}.sink_ledger (name text NOT NULL, seq bigint NOT NULL,
          record bytea NOT NULL, PRIMARY KEY (name, seq));",
+    // 2 -> 3: the audit log's key index (`tables::AUDIT_KEYS`; filled by `store::upgrade`).
+    // The log is renamed so that a member of an older build still running against the
+    // schema fails its next commit instead of appending entries the index does not name.
+    "ALTER TABLE {s}.audit RENAME TO audit_log;
+     CREATE TABLE {s}.audit_keys (bucket bigint NOT NULL, audit_index bigint NOT NULL,
+         PRIMARY KEY (bucket, audit_index));",
 ];
 
 /// The DDL of step `from` -> `from + 1` in `schema`.
@@ -79,6 +85,7 @@ pub struct Sql {
     pub audit_range: String,
     pub audit_heads: String,
     pub audit_delete_range: String,
+    pub audit_keys_delete_blocks: String,
     pub quarantine: String,
     pub quarantine_upsert: String,
     pub quarantine_delete: String,
@@ -174,18 +181,26 @@ impl Sql {
             effects_delete_range: f(
                 "DELETE FROM {s}.effects WHERE effect_offset >= $1 AND effect_offset <= $2",
             ),
-            audit: f("SELECT record FROM {s}.audit WHERE audit_index = $1"),
-            audit_insert: f("INSERT INTO {s}.audit (audit_index, record) \
-                 SELECT * FROM unnest($1::bigint[], $2::bytea[])"),
-            audit_range: f("SELECT audit_index, record FROM {s}.audit \
+            audit: f("SELECT record FROM {s}.audit_log WHERE audit_index = $1"),
+            audit_insert: f(
+                "WITH entries AS (INSERT INTO {s}.audit_log (audit_index, record) \
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[])) \
+                 INSERT INTO {s}.audit_keys (bucket, audit_index) \
+                 SELECT * FROM unnest($3::bigint[], $4::bigint[])",
+            ),
+            audit_range: f("SELECT audit_index, record FROM {s}.audit_log \
                  WHERE audit_index >= $1 AND audit_index < $2 ORDER BY audit_index LIMIT $3"),
             // 1 version byte + a varint time of at most 10 + the outcome byte.
             audit_heads: f(
-                "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {s}.audit \
+                "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {s}.audit_log \
                  WHERE audit_index >= $1 AND audit_index < $2 ORDER BY audit_index LIMIT $3",
             ),
             audit_delete_range: f(
-                "DELETE FROM {s}.audit WHERE audit_index >= $1 AND audit_index <= $2",
+                "DELETE FROM {s}.audit_log WHERE audit_index >= $1 AND audit_index <= $2",
+            ),
+            // Buckets below 2^63 (blocks below 2^31) keep their order as bigints.
+            audit_keys_delete_blocks: f(
+                "DELETE FROM {s}.audit_keys WHERE bucket >= $1 AND bucket < $2",
             ),
             quarantine: f("SELECT record FROM {s}.quarantine WHERE id = $1"),
             quarantine_upsert: f(

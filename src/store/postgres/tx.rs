@@ -131,6 +131,8 @@ pub struct PgTx<'c> {
     /// Appended, not yet sent (offsets above every stored one).
     new_effects: Vec<(i64, Vec<u8>)>,
     new_audit: BTreeMap<u64, AuditRecord>,
+    /// Key index rows of entries written before the index (the schema upgrade), not yet sent.
+    new_audit_keys: Vec<(i64, i64)>,
     /// The relay's cursors with each sink's lowest parked offset, read once per transaction
     /// (dropped when this transaction writes a cursor or a parked event).
     cursors: Option<Vec<(String, SinkRecord, Option<u64>)>>,
@@ -198,6 +200,7 @@ impl<'c> PgTx<'c> {
             fp_by_id: Point::new(),
             new_effects: Vec::new(),
             new_audit: BTreeMap::new(),
+            new_audit_keys: Vec::new(),
             cursors: None,
             prefetched: false,
         }
@@ -284,16 +287,29 @@ impl<'c> PgTx<'c> {
     }
 
     fn flush_audit(&mut self) -> Result<(), StoreError> {
-        if self.new_audit.is_empty() {
+        if self.new_audit.is_empty() && self.new_audit_keys.is_empty() {
             return Ok(());
         }
-        let (k, v): (Vec<i64>, Vec<Vec<u8>>) = std::mem::take(&mut self.new_audit)
-            .into_iter()
-            .map(|(i, r)| (db(i), AUDIT.encode(&r)))
-            .unzip();
-        self.conn.note_appended();
-        self.conn
-            .defer(&self.sql.audit_insert, vec![param(k), param(v)])
+        // The entries and their key index rows in one statement.
+        let (mut buckets, mut indices): (Vec<i64>, Vec<i64>) =
+            std::mem::take(&mut self.new_audit_keys).into_iter().unzip();
+        let mut k = Vec::with_capacity(self.new_audit.len());
+        let mut v = Vec::with_capacity(self.new_audit.len());
+        for (i, r) in std::mem::take(&mut self.new_audit) {
+            if let Some(key) = &r.key {
+                buckets.push(db(audit_key_bucket(i, key)));
+                indices.push(db(i));
+            }
+            k.push(db(i));
+            v.push(AUDIT.encode(&r));
+        }
+        if !k.is_empty() {
+            self.conn.note_appended();
+        }
+        self.conn.defer(
+            &self.sql.audit_insert,
+            vec![param(k), param(v), param(buckets), param(indices)],
+        )
     }
 
     fn flush_quarantine(&mut self) -> Result<(), StoreError> {
@@ -615,6 +631,12 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError> {
+        self.new_audit_keys
+            .push((db(audit_key_bucket(index, key)), db(index)));
+        Ok(())
+    }
+
     fn scan_audit(
         &mut self,
         range: Range<u64>,
@@ -639,9 +661,21 @@ impl Tx for PgTx<'_> {
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         self.flush_audit()?;
+        // From the block `range` starts in: the entries before it are gone already.
+        let blocks = whole_blocks(&(block_floor(*range.start())..=*range.end()));
         self.conn.defer(
             &self.sql.audit_delete_range,
             vec![param(bound(*range.start())), param(bound(*range.end()))],
+        )?;
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        self.conn.defer(
+            &self.sql.audit_keys_delete_blocks,
+            vec![
+                param(db(audit_key_block_start(blocks.start))),
+                param(db(audit_key_block_start(blocks.end))),
+            ],
         )
     }
 

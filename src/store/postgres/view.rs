@@ -218,7 +218,7 @@ impl PgView {
         mut f: impl FnMut(u64, AuditHead) -> ControlFlow<()>,
     ) -> Result<(), StoreError> {
         let sql = format!(
-            "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {}.audit \
+            "SELECT audit_index, substring(record FROM 1 FOR 12) FROM {}.audit_log \
              WHERE audit_index < $1 ORDER BY audit_index DESC LIMIT $2",
             self.schema
         );
@@ -251,6 +251,59 @@ impl PgView {
             .query(&sql, &[&db(id)])?
             .first()
             .and_then(|r| <[u8; 32]>::try_from(r.get::<_, &[u8]>(0)).ok()))
+    }
+
+    /// The audit entries whose `AUDIT_KEYS` bucket is one of `buckets`, lowest index first
+    /// (candidates: the caller checks their keys).
+    pub fn audit_in_buckets(&self, buckets: &[u64]) -> Result<Vec<(u64, AuditRecord)>, StoreError> {
+        let sql = format!(
+            "SELECT a.audit_index, a.record FROM {s}.audit_keys k \
+             JOIN {s}.audit_log a ON a.audit_index = k.audit_index \
+             WHERE k.bucket = ANY($1::bigint[]) ORDER BY a.audit_index",
+            s = self.schema
+        );
+        let buckets: Vec<i64> = buckets.iter().map(|&b| db(b)).collect();
+        self.conn()
+            .query(&sql, &[&buckets])?
+            .iter()
+            .map(|r| {
+                let index = un(r.get::<_, i64>(0));
+                Ok((index, AUDIT.decode(&index, r.get::<_, &[u8]>(1))?))
+            })
+            .collect()
+    }
+
+    /// The key index's rows with buckets in `lo..hi` (bigint order is bucket order below
+    /// 2^63), in order.
+    pub fn audit_key_rows(&self, lo: u64, hi: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT bucket, audit_index FROM {}.audit_keys WHERE bucket >= $1 AND bucket < $2 \
+             ORDER BY bucket, audit_index",
+            self.schema
+        );
+        Ok(self
+            .conn()
+            .query(&sql, &[&db(lo), &db(hi)])?
+            .iter()
+            .map(|r| (un(r.get::<_, i64>(0)), un(r.get::<_, i64>(1))))
+            .collect())
+    }
+
+    /// A row of the key index with its bucket outside `lo..hi`, if any.
+    pub fn audit_key_row_outside(
+        &self,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT bucket, audit_index FROM {}.audit_keys WHERE bucket < $1 OR bucket >= $2 LIMIT 1",
+            self.schema
+        );
+        Ok(self
+            .conn()
+            .query(&sql, &[&db(lo), &db(hi)])?
+            .first()
+            .map(|r| (un(r.get::<_, i64>(0)), un(r.get::<_, i64>(1)))))
     }
 
     /// The source number of (agency, source_id).
@@ -363,6 +416,7 @@ impl PgView {
         let mut out = Vec::new();
         for (name, table) in [
             (AUDIT.name(), AUDIT.pg_table()),
+            ("audit_keys", "audit_keys"),
             (EFFECTS.name(), EFFECTS.pg_table()),
             (WINDOW.name(), WINDOW.pg_table()),
             (QUARANTINE.name(), QUARANTINE.pg_table()),

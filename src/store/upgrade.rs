@@ -1,0 +1,126 @@
+//! Takes a store written by an older build to this build's schema (`tables::SCHEMA_VERSION`),
+//! inside the first write transaction a writer opens on it, on either backend: the store is
+//! upgraded whole or not at all, and a build that only knows the old version refuses the
+//! upgraded store (its meta record names the new version) instead of writing past the new
+//! tables.
+//!
+//! Version 1 -> 2: the audit log's key index (`tables::AUDIT_KEYS`), built from every entry
+//! still held; the log itself renamed `audit_log` (on redb with a fence left under its old
+//! name, on PostgreSQL by the schema migration), so that a process of an older build still
+//! running fails instead of writing entries the index would not name.
+
+use redb::{TableDefinition, TableError, WriteTransaction};
+
+use super::StoreError;
+use super::tables::{AUDIT, AUDIT_FENCE, SCHEMA_VERSION};
+use super::tx::Tx;
+
+/// Audit entries read per step of the index build (their keys are held, then written).
+const CHUNK: u64 = 65_536;
+
+/// Told (entries indexed, entries to index) after each step of an index build.
+type Progress = Box<dyn Fn(u64, u64) + Send + Sync>;
+static PROGRESS: std::sync::OnceLock<Progress> = std::sync::OnceLock::new();
+
+/// Sets what is told of an upgrade's progress (once per process; `service` extends
+/// systemd's start timeout with it, so a long build is not killed and started over).
+pub fn on_progress(f: impl Fn(u64, u64) + Send + Sync + 'static) {
+    let _ = PROGRESS.set(Box::new(f));
+}
+
+/// What an upgrade did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upgraded {
+    pub from: u32,
+    pub to: u32,
+    /// Audit entries added to the key index.
+    pub indexed: u64,
+}
+
+/// Upgrades the store `tx` is a write transaction of, if its meta record names an older
+/// schema; `None` when it is current. A version this build does not know is an error.
+pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
+    let mut meta = tx.meta()?;
+    let from = meta.schema_version;
+    if from == SCHEMA_VERSION {
+        return Ok(None);
+    }
+    if from != 1 {
+        return Err(StoreError::Schema {
+            found: from,
+            expected: SCHEMA_VERSION,
+        });
+    }
+    let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+    tracing::info!(
+        from,
+        to = SCHEMA_VERSION,
+        entries = meta.next_audit.saturating_sub(first),
+        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: indexing the audit log by key ({} entries; a build before this one refuses the upgraded store)",
+        meta.next_audit.saturating_sub(first)
+    );
+    let indexed = index_audit_keys(tx, first, meta.next_audit)?;
+    meta.schema_version = SCHEMA_VERSION;
+    tx.put_meta(&meta)?;
+    tracing::info!(
+        from,
+        to = SCHEMA_VERSION,
+        indexed,
+        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {indexed} audit entries by key"
+    );
+    Ok(Some(Upgraded {
+        from,
+        to: SCHEMA_VERSION,
+        indexed,
+    }))
+}
+
+/// The redb half of an upgrade from schema `from`, before any table is opened: refuses a
+/// version this build does not know, and from version 1 renames the audit log to its new
+/// name (`tables::AUDIT`) and leaves the fence under the old one (`tables::AUDIT_FENCE`).
+pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), StoreError> {
+    if from == SCHEMA_VERSION {
+        return Ok(());
+    }
+    if from == 0 || from > SCHEMA_VERSION {
+        return Err(StoreError::Schema {
+            found: from,
+            expected: SCHEMA_VERSION,
+        });
+    }
+    if let Some(old) = AUDIT.formerly() {
+        let old = TableDefinition::<u64, &[u8]>::new(old);
+        match txn.rename_table(old, AUDIT.raw()) {
+            Ok(()) | Err(TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(StoreError::redb(e)),
+        }
+        txn.open_table(AUDIT_FENCE)?;
+    }
+    Ok(())
+}
+
+/// Adds every entry in `from..to` that has a key to the key index; how many it added.
+fn index_audit_keys(tx: &mut dyn Tx, from: u64, to: u64) -> Result<u64, StoreError> {
+    let mut indexed = 0;
+    let mut keys = Vec::new();
+    let mut start = from;
+    while start < to {
+        let end = start.saturating_add(CHUNK).min(to);
+        keys.clear();
+        tx.scan_audit(start..end, &mut |index, record| {
+            if let Some(key) = record.key {
+                keys.push((index, key));
+            }
+            Ok(std::ops::ControlFlow::Continue(()))
+        })?;
+        for (index, key) in &keys {
+            tx.index_audit_key(*index, key)?;
+        }
+        indexed += keys.len() as u64;
+        start = end;
+        if let Some(progress) = PROGRESS.get() {
+            progress(start - from, to - from);
+        }
+    }
+    Ok(indexed)
+}
