@@ -75,21 +75,18 @@ impl Snapshot {
         Ok(found)
     }
 
-    /// The key index's rows (bucket, audit index) of blocks `blocks`, in order; `None` when
-    /// the store predates the index (schema version 1).
+    /// The key index's rows (bucket, audit index) of blocks `blocks`, in order (a store of
+    /// schema version 2 on: the caller checks).
     pub fn audit_key_rows(
         &self,
         blocks: std::ops::Range<u64>,
-    ) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
-        if self.meta()?.schema_version < 2 {
-            return Ok(None);
-        }
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
         let (lo, hi) = (
             audit_key_block_start(blocks.start),
             audit_key_block_start(blocks.end),
         );
         if let Some(pg) = self.pg() {
-            return pg.audit_key_rows(lo, hi).map(Some);
+            return pg.audit_key_rows(lo, hi);
         }
         self.guard(|txn| {
             let keys = txn.open_table(AUDIT_KEYS)?;
@@ -98,7 +95,7 @@ impl Snapshot {
                 let k = row?.0.value();
                 rows.push(k);
             }
-            Ok(Some(rows))
+            Ok(rows)
         })
     }
 
