@@ -71,8 +71,31 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
 
 /// ": source has epochs 1, 2: add --epoch E" when the audit log holds the source under
 /// epochs other than 0, else nothing.
+/// Read from the source index, or a scan of the log in a store without one.
 fn other_epochs(snapshot: &Snapshot, agency: &str, source_id: &str) -> Result<String, Failure> {
     let mut epochs = std::collections::BTreeSet::new();
+    if let Some(positions) = snapshot.audit_positions_of(agency, source_id)? {
+        epochs.extend(positions.iter().map(|p| p.0).filter(|&n| n != 0));
+    } else {
+        scan_epochs(snapshot, agency, source_id, &mut epochs)?;
+    }
+    if epochs.is_empty() {
+        return Ok(String::new());
+    }
+    let listed: Vec<String> = epochs.iter().map(u64::to_string).collect();
+    Ok(format!(
+        ": source has epoch{} {}: add --epoch E",
+        if epochs.len() == 1 { "" } else { "s" },
+        listed.join(", ")
+    ))
+}
+
+fn scan_epochs(
+    snapshot: &Snapshot,
+    agency: &str,
+    source_id: &str,
+    epochs: &mut std::collections::BTreeSet<u64>,
+) -> Result<(), Failure> {
     snapshot.scan_audit::<StoreError>(0, |e| {
         let r = &e.record;
         if r.agency.as_deref() == Some(agency)
@@ -83,15 +106,7 @@ fn other_epochs(snapshot: &Snapshot, agency: &str, source_id: &str) -> Result<St
         }
         Ok(ControlFlow::Continue(()))
     })?;
-    if epochs.is_empty() {
-        return Ok(String::new());
-    }
-    let listed: Vec<String> = epochs.iter().map(u64::to_string).collect();
-    Ok(format!(
-        ": source has epoch{} {}: add --epoch E",
-        if epochs.len() == 1 { "" } else { "s" },
-        listed.join(", ")
-    ))
+    Ok(())
 }
 
 /// A suppressed delivery with the effect it matched and the entry that applied it, told as

@@ -1,5 +1,6 @@
 //! `gaps`: the sequence ranges missing per source and epoch between the lowest and highest
-//! sequence the audit log has seen, from one streaming pass over the log.
+//! sequence the audit log has seen, from one streaming pass over the log; for one source
+//! (`--source`), from the log's source index instead.
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
@@ -28,9 +29,20 @@ pub fn run(args: &GapsArgs) -> Result<(), Failure> {
 }
 
 /// Every position the audit log names, as merged ranges per source and epoch. "Seen" is any
-/// entry with a position, whatever its outcome; malformed entries have none.
+/// entry with a position, whatever its outcome; malformed entries have none. One source is
+/// read from the source index when the store has one.
 pub fn collect(snapshot: &Snapshot, only: Option<&(String, String)>) -> Result<Seen, Failure> {
     let mut seen = Seen::new();
+    if let Some((agency, source_id)) = only
+        && let Some(positions) = snapshot.audit_positions_of(agency, source_id)?
+    {
+        for (epoch, sequence) in positions {
+            seen.entry((agency.clone(), source_id.clone(), epoch))
+                .or_default()
+                .insert(sequence);
+        }
+        return Ok(seen);
+    }
     snapshot.scan_audit::<Failure>(0, |e| {
         let r = e.record;
         if let (Some(agency), Some(source_id), Some(epoch), Some(sequence)) =

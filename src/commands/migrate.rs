@@ -92,9 +92,10 @@ pub fn run(args: &MigrateArgs) -> Result<(), Failure> {
             && b.meta()?.schema_version == crate::store::tables::SCHEMA_VERSION
             && a.retention_marks()? == b.retention_marks()?)
     };
-    let indexed = after.key_index.is_some();
+    let indexed = after.key_index.is_some() && after.source_index.is_some();
     let after = crate::store::verify::VerifyReport {
         key_index: before.key_index,
+        source_index: before.source_index,
         ..after
     };
     if after.violation.is_some() || !indexed || after != before || !same(&source, &copy)? {

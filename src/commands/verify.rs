@@ -50,6 +50,12 @@ pub fn run(args: &DbArgs) -> Result<(), Failure> {
                     "key index: each of the {n} audit entries with a key found under it, no other row"
                 );
             }
+            if let Some(n) = report.source_index {
+                let _ = writeln!(
+                    crate::output::stdout(),
+                    "source index: each of the {n} audit entries with a source and a position found under its source, no other row"
+                );
+            }
             for sink in &report.sinks {
                 let _ = writeln!(crate::output::stdout(), "{}", sink_line(sink));
             }

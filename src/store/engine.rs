@@ -232,6 +232,7 @@ impl<T: Tx> Writer<T> {
         let audit_index = self.meta.next_audit;
         let mut effect_offset = seen.map(|s| s.effect_offset);
         let mut quarantine_id = None;
+        let mut source_no = no;
         match decision.outcome {
             Outcome::Applied | Outcome::AppliedLate => {
                 let late = decision.outcome == Outcome::AppliedLate;
@@ -239,6 +240,7 @@ impl<T: Tx> Writer<T> {
                     Some(no) => no,
                     None => self.new_source(&msg.source, msg.position)?,
                 };
+                source_no = Some(no);
                 let offset = self.write_effect(
                     no,
                     msg,
@@ -299,7 +301,7 @@ impl<T: Tx> Writer<T> {
         rec.digest = Some(*msg.digest.as_bytes());
         rec.effect_offset = effect_offset;
         rec.quarantine_id = quarantine_id;
-        let appended = self.chain_audit(&mut rec);
+        let appended = self.chain_audit(&mut rec, source_no);
         self.audit_buf = Some(rec);
         appended?;
         Ok(Decided {
@@ -374,22 +376,25 @@ impl<T: Tx> Writer<T> {
             None,
             audit_index,
         )?;
-        self.append_audit(AuditRecord {
-            recorded_at_ms: now_ms,
-            outcome: Outcome::Malformed.code(),
-            key: None,
-            agency: None,
-            source_id: None,
-            epoch: None,
-            sequence: None,
-            topic: incoming.topic.clone(),
-            reason,
-            digest: None,
-            effect_offset: None,
-            quarantine_id: Some(qid),
-            prev_hash: [0; 32],
-            hash: [0; 32],
-        })?;
+        self.append_audit(
+            AuditRecord {
+                recorded_at_ms: now_ms,
+                outcome: Outcome::Malformed.code(),
+                key: None,
+                agency: None,
+                source_id: None,
+                epoch: None,
+                sequence: None,
+                topic: incoming.topic.clone(),
+                reason,
+                digest: None,
+                effect_offset: None,
+                quarantine_id: Some(qid),
+                prev_hash: [0; 32],
+                hash: [0; 32],
+            },
+            None,
+        )?;
         Ok(Decided {
             outcome: Outcome::Malformed,
             audit_index,
@@ -462,16 +467,26 @@ impl<T: Tx> Writer<T> {
         Ok(id)
     }
 
-    pub(super) fn append_audit(&mut self, mut rec: AuditRecord) -> Result<u64, StoreError> {
-        self.chain_audit(&mut rec)
+    /// Appends `rec`; `source_no` is the number of the source it names, if it names one
+    /// that has a number (the source index's bucket).
+    pub(super) fn append_audit(
+        &mut self,
+        mut rec: AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        self.chain_audit(&mut rec, source_no)
     }
 
     /// Chains `rec` (its `prev_hash` and `hash` are set here) and stores it at the next index.
-    fn chain_audit(&mut self, rec: &mut AuditRecord) -> Result<u64, StoreError> {
+    fn chain_audit(
+        &mut self,
+        rec: &mut AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<u64, StoreError> {
         let index = self.meta.next_audit;
         rec.prev_hash = self.meta.chain_head;
         rec.hash = audit::entry_hash(index, rec, &rec.prev_hash);
-        self.tx.put_audit(index, rec)?;
+        self.tx.put_audit(index, rec, source_no)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;
         if let Some(n) = self.counters.by_outcome.get_mut(usize::from(rec.outcome)) {

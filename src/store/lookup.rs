@@ -124,6 +124,157 @@ impl Snapshot {
         })
     }
 
+    /// Every (epoch, sequence) the audit log names for source (`agency`, `source_id`), one per
+    /// entry, in no particular order: one read of the source index (`AUDIT_SOURCES`) per
+    /// block, and of the unnumbered buckets (whose entries are read to check their names).
+    /// `None` for a store of schema version 1 or 2 (a file no writer of this version has
+    /// opened yet), which has no source index: the caller scans the log.
+    pub fn audit_positions_of(
+        &self,
+        agency: &str,
+        source_id: &str,
+    ) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        let meta = self.meta()?;
+        if meta.schema_version < 3 {
+            return Ok(None);
+        }
+        let mut found = Vec::new();
+        let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        if meta.next_audit <= first {
+            return Ok(Some(found));
+        }
+        let blocks = first / AUDIT_KEY_BLOCK..(meta.next_audit - 1) / AUDIT_KEY_BLOCK + 1;
+        let kept = first..meta.next_audit;
+        let [_, unnumbered] = audit_source_ranges(&blocks);
+        let named = |r: &AuditRecord| {
+            r.agency.as_deref() == Some(agency) && r.source_id.as_deref() == Some(source_id)
+        };
+        if let Some(pg) = self.pg() {
+            if let Some(no) = pg.source_no(agency, source_id)? {
+                let buckets: Vec<u64> = blocks
+                    .clone()
+                    .map(|b| audit_source_bucket(b * AUDIT_KEY_BLOCK, Some(no)))
+                    .filter(|b| *b & UNNUMBERED == 0)
+                    .collect();
+                for (index, epoch, sequence) in pg.audit_source_positions(&buckets)? {
+                    if kept.contains(&index) {
+                        found.push((epoch, sequence));
+                    }
+                }
+            }
+            for ((_, index), position) in pg.audit_source_rows(&unnumbered)? {
+                if kept.contains(&index)
+                    && let Some(e) = self.audit_entry(index)?
+                    && named(&e.record)
+                {
+                    found.push(position);
+                }
+            }
+            return Ok(Some(found));
+        }
+        self.guard(|txn| {
+            let rows = txn.open_table(AUDIT_SOURCES)?;
+            let no = txn.open_table(SOURCE_IDS)?.get((agency, source_id))?;
+            if let Some(no) = no.map(|n| n.value()) {
+                for block in blocks.clone() {
+                    let b = audit_source_bucket(block * AUDIT_KEY_BLOCK, Some(no));
+                    if b & UNNUMBERED != 0 {
+                        break; // a number too large for a bucket: all its rows are unnumbered
+                    }
+                    for row in rows.range((b, 0)..=(b, u64::MAX))? {
+                        let (k, v) = row?;
+                        if kept.contains(&k.value().1) {
+                            found.push(v.value());
+                        }
+                    }
+                }
+            }
+            let mut audit = None;
+            for row in rows.range((unnumbered.start, 0)..(unnumbered.end, 0))? {
+                let (k, v) = row?;
+                let index = k.value().1;
+                if !kept.contains(&index) {
+                    continue;
+                }
+                let audit = match &mut audit {
+                    Some(a) => a,
+                    None => audit.insert(AUDIT.open(txn)?),
+                };
+                if audit.get(index)?.is_some_and(|r| named(&r)) {
+                    found.push(v.value());
+                }
+            }
+            Ok::<_, StoreError>(())
+        })?;
+        Ok(Some(found))
+    }
+
+    /// The number of source (`agency`, `source_id`), if it has one.
+    pub fn source_number(&self, agency: &str, source_id: &str) -> Result<Option<u64>, StoreError> {
+        if let Some(pg) = self.pg() {
+            return pg.source_no(agency, source_id);
+        }
+        self.guard(|txn| {
+            let ids = txn.open_table(SOURCE_IDS)?;
+            Ok(ids.get((agency, source_id))?.map(|n| n.value()))
+        })
+    }
+
+    /// The source index's rows of blocks `blocks`, numbered buckets then unnumbered, each in
+    /// order (a store of schema version 3 on: the caller checks).
+    pub fn audit_source_rows(
+        &self,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Vec<SourceRow>, StoreError> {
+        let ranges = audit_source_ranges(&blocks);
+        let mut out = Vec::new();
+        if let Some(pg) = self.pg() {
+            for r in &ranges {
+                out.extend(pg.audit_source_rows(r)?);
+            }
+            return Ok(out);
+        }
+        self.guard(|txn| {
+            let rows = txn.open_table(AUDIT_SOURCES)?;
+            for r in &ranges {
+                for row in rows.range((r.start, 0)..(r.end, 0))? {
+                    let (k, v) = row?;
+                    out.push((k.value(), v.value()));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// The first row of the source index outside blocks `blocks`, if any.
+    pub fn audit_source_row_outside(
+        &self,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<SourceRow>, StoreError> {
+        let ranges = audit_source_ranges(&blocks);
+        if let Some(pg) = self.pg() {
+            return pg.audit_source_row_outside(&ranges);
+        }
+        let [n, u] = ranges;
+        self.guard(|txn| {
+            let rows = txn.open_table(AUDIT_SOURCES)?;
+            // Below, between and above the two ranges.
+            let gaps = [(0, n.start), (n.end, u.start), (u.end, u64::MAX)];
+            for (lo, hi) in gaps {
+                if let Some(row) = rows.range((lo, 0)..(hi, 0))?.next() {
+                    let (k, v) = row?;
+                    return Ok(Some((k.value(), v.value())));
+                }
+            }
+            // A bucket of u64::MAX itself (not a bucket this build writes).
+            if let Some(row) = rows.range((u64::MAX, 0)..)?.next() {
+                let (k, v) = row?;
+                return Ok(Some((k.value(), v.value())));
+            }
+            Ok(None)
+        })
+    }
+
     /// The marks of source (`agency`, `source_id`) and the window entry of `position`; `None`
     /// if the source never had a message applied.
     pub fn position_state(

@@ -307,22 +307,29 @@ impl<T: Tx> Writer<T> {
         let msg = decoded.ok();
         let outcome = resolution.outcome();
         self.forget_quarantined(id)?;
-        self.append_audit(AuditRecord {
-            recorded_at_ms: now_ms,
-            outcome: outcome.code(),
-            key: rec.key,
-            agency: msg.as_ref().map(|m| m.source.agency().to_string()),
-            source_id: msg.as_ref().map(|m| m.source.source_id().to_string()),
-            epoch: msg.as_ref().map(|m| m.position.epoch),
-            sequence: msg.as_ref().map(|m| m.position.sequence),
-            topic: rec.topic.clone(),
-            reason: resolution.audit_reason(id),
-            digest: msg.as_ref().map(|m| *m.digest.as_bytes()),
-            effect_offset,
-            quarantine_id: Some(id),
-            prev_hash: [0; 32],
-            hash: [0; 32],
-        })?;
+        let source_no = match &msg {
+            Some(m) => self.source_no(&m.source)?,
+            None => None,
+        };
+        self.append_audit(
+            AuditRecord {
+                recorded_at_ms: now_ms,
+                outcome: outcome.code(),
+                key: rec.key,
+                agency: msg.as_ref().map(|m| m.source.agency().to_string()),
+                source_id: msg.as_ref().map(|m| m.source.source_id().to_string()),
+                epoch: msg.as_ref().map(|m| m.position.epoch),
+                sequence: msg.as_ref().map(|m| m.position.sequence),
+                topic: rec.topic.clone(),
+                reason: resolution.audit_reason(id),
+                digest: msg.as_ref().map(|m| *m.digest.as_bytes()),
+                effect_offset,
+                quarantine_id: Some(id),
+                prev_hash: [0; 32],
+                hash: [0; 32],
+            },
+            source_no,
+        )?;
         Ok(Decided {
             outcome,
             audit_index,

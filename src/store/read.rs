@@ -334,9 +334,14 @@ impl Snapshot {
                 ));
             };
             add(AUDIT.name(), AUDIT.open(txn)?.stats().map_err(r)?);
-            // Absent from a file of schema version 1 no writer has opened since.
+            // Absent from a file of an older schema no writer has opened since.
             match txn.open_table(AUDIT_KEYS) {
                 Ok(t) => add("audit_keys", t.stats().map_err(r)?),
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(StoreError::redb(e)),
+            }
+            match txn.open_table(AUDIT_SOURCES) {
+                Ok(t) => add("audit_sources", t.stats().map_err(r)?),
                 Err(redb::TableError::TableDoesNotExist(_)) => {}
                 Err(e) => return Err(StoreError::redb(e)),
             }

@@ -19,6 +19,7 @@ pub struct RedbTx<'t> {
     effects: Writable<'t, u64, EffectRecord>,
     audit: Writable<'t, u64, AuditRecord>,
     audit_keys: Table<'t, (u64, u64), ()>,
+    audit_sources: Table<'t, (u64, u64), (u64, u64)>,
     quarantine: Writable<'t, u64, QuarantineRecord>,
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
@@ -41,6 +42,7 @@ impl<'t> RedbTx<'t> {
         let effects = Leak::new(EFFECTS.open_mut(txn)?);
         let audit = Leak::new(AUDIT.open_mut(txn)?);
         let audit_keys = Leak::new(txn.open_table(AUDIT_KEYS).map_err(open)?);
+        let audit_sources = Leak::new(txn.open_table(AUDIT_SOURCES).map_err(open)?);
         let quarantine = Leak::new(QUARANTINE.open_mut(txn)?);
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
@@ -55,6 +57,7 @@ impl<'t> RedbTx<'t> {
             effects: effects.into_inner(),
             audit: audit.into_inner(),
             audit_keys: audit_keys.into_inner(),
+            audit_sources: audit_sources.into_inner(),
             quarantine: quarantine.into_inner(),
             quarantine_fp: quarantine_fp.into_inner(),
             quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
@@ -198,11 +201,24 @@ impl Tx for RedbTx<'_> {
         self.audit.get(index)
     }
 
-    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
+    fn put_audit(
+        &mut self,
+        index: u64,
+        record: &AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<(), StoreError> {
         self.audit.put(index, record, &mut self.buf)?;
         if let Some(key) = &record.key {
             self.index_audit_key(index, key)?;
         }
+        if let Some(row) = audit_source_row(index, record, source_no) {
+            self.index_audit_source(row)?;
+        }
+        Ok(())
+    }
+
+    fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError> {
+        self.audit_sources.insert(row.0, row.1).map_err(redb)?;
         Ok(())
     }
 
@@ -241,6 +257,11 @@ impl Tx for RedbTx<'_> {
             self.audit_keys
                 .retain_in((lo, 0)..(hi, 0), |_, ()| false)
                 .map_err(redb)?;
+            for r in audit_source_ranges(&blocks) {
+                self.audit_sources
+                    .retain_in((r.start, 0)..(r.end, 0), |_, _| false)
+                    .map_err(redb)?;
+            }
         }
         Ok(())
     }

@@ -253,8 +253,10 @@ pub trait RelayStore {
                     )
                 };
                 let mut w = Writer::open(&mut *tx, opts)?;
-                let index =
-                    w.append_audit(relay_entry(now_ms, name, reason, Some(to), None, None))?;
+                let index = w.append_audit(
+                    relay_entry(now_ms, name, reason, Some(to), None, None),
+                    None,
+                )?;
                 w.finish()?;
                 if to > from {
                     ledger::passed_over(
@@ -475,7 +477,7 @@ pub trait RelayStore {
                     Some(*o),
                     Some(r.key),
                     Some((&r.agency, &r.source_id)),
-                ))?;
+                ), None)?;
             }
             w.finish()?;
             Ok(targets.len() as u64)
@@ -526,23 +528,26 @@ pub trait RelayStore {
             after.advanced_at_ms = now_ms;
             tx.put_sink_cursor(name, &after)?;
             let mut w = Writer::open(tx, opts)?;
-            w.append_audit(relay_entry(
-                now_ms,
-                name,
-                format!(
-                    "relay rewind of sink {name} from offset {} to {to} by {operator}: \
+            w.append_audit(
+                relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay rewind of sink {name} from offset {} to {to} by {operator}: \
                      {reason}{}",
-                    before.next,
-                    if reparked > 0 {
-                        format!(" ({reparked} parked events among them are offered again)")
-                    } else {
-                        String::new()
-                    }
+                        before.next,
+                        if reparked > 0 {
+                            format!(" ({reparked} parked events among them are offered again)")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    Some(to),
+                    None,
+                    None,
                 ),
-                Some(to),
                 None,
-                None,
-            ))?;
+            )?;
             w.finish()?;
             Ok((before, after))
         })
@@ -572,28 +577,31 @@ pub trait RelayStore {
             let mut after = before.clone();
             ledger::ensure(tx, name, &mut after, now_ms)?;
             let mut w = Writer::open(&mut *tx, opts)?;
-            let index = w.append_audit(relay_entry(
-                now_ms,
-                name,
-                format!(
-                    "relay skip of sink {name} from offset {} to {to} by {operator}: {} \
+            let index = w.append_audit(
+                relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay skip of sink {name} from offset {} to {to} by {operator}: {} \
                      undelivered effects ({}) passed over{}: {reason}",
-                    before.next,
-                    skip.passed,
-                    ledger::range_text(before.next, to),
-                    if skip.blocking_parked {
-                        format!(
-                            ", the blocking event at offset {} left parked for `relay retry`",
-                            before.next
-                        )
-                    } else {
-                        String::new()
-                    }
+                        before.next,
+                        skip.passed,
+                        ledger::range_text(before.next, to),
+                        if skip.blocking_parked {
+                            format!(
+                                ", the blocking event at offset {} left parked for `relay retry`",
+                                before.next
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    Some(to),
+                    None,
+                    None,
                 ),
-                Some(to),
                 None,
-                None,
-            ))?;
+            )?;
             w.finish()?;
             let mut from = before.next;
             if skip.blocking_parked {
@@ -668,7 +676,7 @@ pub trait RelayStore {
                     Some(*o),
                     Some(p.key),
                     Some((&p.agency, &p.source_id)),
-                ))?;
+                ), None)?;
                 w.finish()?;
                 tx.remove_parked(name, *o..=*o)?;
                 let passes = p.blocking && *o == rec.next;
@@ -707,18 +715,21 @@ pub trait RelayStore {
             let parked = tx.remove_parked(name, 0..=u64::MAX)?;
             tx.remove_ledger(name, 0..=u64::MAX)?;
             let mut w = Writer::open(tx, opts)?;
-            w.append_audit(relay_entry(
-                now_ms,
-                name,
-                format!(
-                    "relay forget of sink {name} (cursor at offset {}, {parked} parked events \
+            w.append_audit(
+                relay_entry(
+                    now_ms,
+                    name,
+                    format!(
+                        "relay forget of sink {name} (cursor at offset {}, {parked} parked events \
                      removed) by {operator}: {reason}",
-                    record.next
+                        record.next
+                    ),
+                    Some(record.next),
+                    None,
+                    None,
                 ),
-                Some(record.next),
                 None,
-                None,
-            ))?;
+            )?;
             w.finish()?;
             Ok(Forgotten { record, parked })
         })

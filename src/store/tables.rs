@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use super::StoreError;
 
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line. Version 2
-/// added `AUDIT_KEYS`; `upgrade` takes a store of version 1 there.
-pub const SCHEMA_VERSION: u32 = 2;
+/// added `AUDIT_KEYS`, version 3 `AUDIT_SOURCES`; `upgrade` takes a store of version 1 or 2
+/// there.
+pub const SCHEMA_VERSION: u32 = 3;
 /// First byte of every stored record of the first version (every record type but
 /// `SinkRecord`, which is at version 3: see `Record`).
 pub const RECORD_V1: u8 = 1;
@@ -93,6 +94,64 @@ pub fn whole_blocks(range: &std::ops::RangeInclusive<u64>) -> std::ops::Range<u6
     let first = range.start().div_ceil(AUDIT_KEY_BLOCK);
     let end = range.end().saturating_add(1) / AUDIT_KEY_BLOCK;
     first..end.max(first)
+}
+
+/// (bucket, audit index) -> (epoch, sequence): the audit log by source, so `gaps --source`
+/// reads one source's positions instead of scanning the log. The bucket is the entry's block
+/// of `AUDIT_KEY_BLOCK` indices in its high 32 bits and its source's number (`SOURCE_IDS`) in
+/// its low 32 (`audit_source_bucket`), like `AUDIT_KEYS`: a batch's rows land at the tail, a
+/// lookup reads one bucket per block and needs no entry. An entry whose source has no number
+/// when it is written (none of today's paths writes one) goes under `UNNUMBERED` with its
+/// block, after every numbered bucket, where a lookup reads the entries to check their
+/// names. Written with every entry that has a source and a position (`Tx::put_audit`);
+/// retention removes whole blocks of both kinds, as for `AUDIT_KEYS`.
+pub const AUDIT_SOURCES: TableDefinition<(u64, u64), (u64, u64)> =
+    TableDefinition::new("audit_sources");
+/// The high bit of an `AUDIT_SOURCES` bucket for an entry whose source has no number (or one
+/// that does not fit in 32 bits); the block is in its low bits. As a PostgreSQL `bigint`
+/// such a bucket is negative, and the unnumbered buckets keep their order among themselves.
+pub const UNNUMBERED: u64 = 1 << 63;
+
+/// The `AUDIT_SOURCES` bucket of the entry at `index` from source number `source_no`.
+pub fn audit_source_bucket(index: u64, source_no: Option<u64>) -> u64 {
+    let block = index / AUDIT_KEY_BLOCK;
+    match source_no.and_then(|n| u32::try_from(n).ok()) {
+        Some(n) => audit_key_block_start(block) | u64::from(n),
+        None => UNNUMBERED | block,
+    }
+}
+
+/// The two bucket ranges of `AUDIT_SOURCES` that hold the rows of blocks `blocks`: the
+/// numbered buckets, then the unnumbered ones.
+pub fn audit_source_ranges(blocks: &std::ops::Range<u64>) -> [std::ops::Range<u64>; 2] {
+    [
+        audit_key_block_start(blocks.start)..audit_key_block_start(blocks.end),
+        UNNUMBERED | blocks.start..UNNUMBERED | blocks.end,
+    ]
+}
+
+/// A row of `AUDIT_SOURCES`: ((bucket, audit index), (epoch, sequence)).
+pub type SourceRow = ((u64, u64), (u64, u64));
+
+/// The `AUDIT_SOURCES` row of the entry `record` at `index` (its source numbered
+/// `source_no`), if it names a source and a position: ((bucket, index), (epoch, sequence)).
+pub fn audit_source_row(
+    index: u64,
+    record: &AuditRecord,
+    source_no: Option<u64>,
+) -> Option<SourceRow> {
+    match (
+        &record.agency,
+        &record.source_id,
+        record.epoch,
+        record.sequence,
+    ) {
+        (Some(_), Some(_), Some(epoch), Some(sequence)) => Some((
+            (audit_source_bucket(index, source_no), index),
+            (epoch, sequence),
+        )),
+        _ => None,
+    }
 }
 
 /// quarantine id -> `QuarantineRecord`.
@@ -285,6 +344,12 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
         def: AUDIT_KEYS,
         pg_table: "audit_keys",
         pg_columns: ["bucket, audit_index", ""],
+        formerly: None,
+    })?;
+    copy.table(WholeTable {
+        def: AUDIT_SOURCES,
+        pg_table: "audit_sources",
+        pg_columns: ["bucket, audit_index", "epoch, sequence"],
         formerly: None,
     })?;
     copy.table(records(QUARANTINE))?;
@@ -1455,6 +1520,31 @@ mod tests {
             audit_key_bucket(AUDIT_KEY_BLOCK - 1, &key),
             audit_key_bucket(0, &key)
         );
+    }
+
+    #[test]
+    fn a_source_index_bucket_is_the_block_then_the_source_number() {
+        let b = AUDIT_KEY_BLOCK;
+        assert_eq!(audit_source_bucket(0, Some(7)), 7);
+        assert_eq!(audit_source_bucket(b * 3 + 1, Some(7)), 3 << 32 | 7);
+        assert_eq!(
+            audit_source_bucket(b * 3 + 1, Some(u64::from(u32::MAX))),
+            3 << 32 | u64::from(u32::MAX)
+        );
+        // No number, or one that does not fit its half: the block's unnumbered bucket.
+        assert_eq!(audit_source_bucket(5, None), UNNUMBERED);
+        assert_eq!(audit_source_bucket(b * 3 + 1, None), UNNUMBERED | 3);
+        assert_eq!(audit_source_bucket(b * 3, Some(1 << 32)), UNNUMBERED | 3);
+        // Both kinds of a block lie in its two ranges, and no other block's do.
+        for (index, no) in [(b * 3, Some(7)), (b * 4 - 1, None), (b * 3 + 9, Some(0))] {
+            let bucket = audit_source_bucket(index, no);
+            let [numbered, unnumbered] = audit_source_ranges(&(3..4));
+            assert!(numbered.contains(&bucket) || unnumbered.contains(&bucket));
+            let [n2, u2] = audit_source_ranges(&(4..6));
+            assert!(!n2.contains(&bucket) && !u2.contains(&bucket));
+        }
+        // Unnumbered buckets keep their order as PostgreSQL bigints.
+        assert!(((UNNUMBERED | 3) as i64) < ((UNNUMBERED | 4) as i64));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::ops::{ControlFlow, Range, RangeInclusive};
 use super::StoreError;
 use super::tables::{
     AuditHead, AuditRecord, Counters, EffectHead, EffectRecord, LedgerRecord, Meta, ParkedRecord,
-    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, Stream, UpstreamLosses,
+    QuarantineRecord, RetentionMarks, SinkRecord, SourceRecord, SourceRow, Stream, UpstreamLosses,
     WindowRecord,
 };
 
@@ -72,11 +72,21 @@ pub trait Tx {
     fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError>;
 
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError>;
-    /// Appends the entry, and its row in the key index (`AUDIT_KEYS`) if it has a key.
-    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError>;
+    /// Appends the entry, its row in the key index (`AUDIT_KEYS`) if it has a key, and its row
+    /// in the source index (`AUDIT_SOURCES`) if it has a source and a position; `source_no`
+    /// is that source's number (`None`: it has none).
+    fn put_audit(
+        &mut self,
+        index: u64,
+        record: &AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<(), StoreError>;
     /// Adds the entry at `index` with `key` to the key index alone: the schema upgrade's
     /// step for entries written before the index existed.
     fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError>;
+    /// Adds a row (`audit_source_row`) to the source index alone: the schema upgrade's step
+    /// for entries written before the index existed.
+    fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError>;
     /// Visits the entries in `range`, lowest index first, until `f` breaks.
     fn scan_audit(
         &mut self,
@@ -275,11 +285,19 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError> {
         (**self).audit(index)
     }
-    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
-        (**self).put_audit(index, record)
+    fn put_audit(
+        &mut self,
+        index: u64,
+        record: &AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<(), StoreError> {
+        (**self).put_audit(index, record, source_no)
     }
     fn index_audit_key(&mut self, index: u64, key: &[u8; 32]) -> Result<(), StoreError> {
         (**self).index_audit_key(index, key)
+    }
+    fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError> {
+        (**self).index_audit_source(row)
     }
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         (**self).remove_audit(range)

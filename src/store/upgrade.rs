@@ -8,11 +8,20 @@
 //! still held; the log itself renamed `audit_log` (on redb with a fence left under its old
 //! name, on PostgreSQL by the schema migration), so that a process of an older build still
 //! running fails instead of writing entries the index would not name.
+//!
+//! Version 2 -> 3: the audit log's source index (`tables::AUDIT_SOURCES`), built the same way.
+//! Version 2 was never released (only builds of the main branch wrote it), so nothing fences
+//! a process of such a build.
+
+use std::collections::HashMap;
 
 use redb::{TableDefinition, TableError, WriteTransaction};
 
 use super::StoreError;
-use super::tables::{AUDIT, AUDIT_FENCE, SCHEMA_VERSION};
+use super::tables::{AUDIT, AUDIT_FENCE, SCHEMA_VERSION, audit_source_bucket};
+
+/// An entry's source (agency, source_id) and position (epoch, sequence).
+type Named = ((String, String), (u64, u64));
 use super::tx::Tx;
 
 /// Audit entries read per step of the index build (their keys are held, then written).
@@ -35,6 +44,8 @@ pub struct Upgraded {
     pub to: u32,
     /// Audit entries added to the key index.
     pub indexed: u64,
+    /// Audit entries added to the source index.
+    pub indexed_sources: u64,
 }
 
 /// Upgrades the store `tx` is a write transaction of, if its meta record names an older
@@ -45,7 +56,7 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
     if from == SCHEMA_VERSION {
         return Ok(None);
     }
-    if from != 1 {
+    if from == 0 || from > SCHEMA_VERSION {
         return Err(StoreError::Schema {
             found: from,
             expected: SCHEMA_VERSION,
@@ -56,22 +67,29 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         from,
         to = SCHEMA_VERSION,
         entries = meta.next_audit.saturating_sub(first),
-        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: indexing the audit log by key ({} entries; a build before this one refuses the upgraded store)",
+        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: indexing the audit log{} ({} entries; a build before this one refuses the upgraded store)",
+        if from < 2 {
+            " by key and by source"
+        } else {
+            " by source"
+        },
         meta.next_audit.saturating_sub(first)
     );
-    let indexed = index_audit_keys(tx, first, meta.next_audit)?;
+    let (indexed, indexed_sources) = index_audit(tx, first, meta.next_audit, from < 2)?;
     meta.schema_version = SCHEMA_VERSION;
     tx.put_meta(&meta)?;
     tracing::info!(
         from,
         to = SCHEMA_VERSION,
         indexed,
-        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {indexed} audit entries by key"
+        indexed_sources,
+        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {indexed} audit entries by key and {indexed_sources} by source"
     );
     Ok(Some(Upgraded {
         from,
         to: SCHEMA_VERSION,
         indexed,
+        indexed_sources,
     }))
 }
 
@@ -88,7 +106,9 @@ pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), Store
             expected: SCHEMA_VERSION,
         });
     }
-    if let Some(old) = AUDIT.formerly() {
+    if from == 1
+        && let Some(old) = AUDIT.formerly()
+    {
         let old = TableDefinition::<u64, &[u8]>::new(old);
         match txn.rename_table(old, AUDIT.raw()) {
             Ok(()) | Err(TableError::TableDoesNotExist(_)) => {}
@@ -99,28 +119,48 @@ pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), Store
     Ok(())
 }
 
-/// Adds every entry in `from..to` that has a key to the key index; how many it added.
-fn index_audit_keys(tx: &mut dyn Tx, from: u64, to: u64) -> Result<u64, StoreError> {
-    let mut indexed = 0;
-    let mut keys = Vec::new();
+/// Adds every entry in `from..to` to the source index, and to the key index too when
+/// `keys`; how many each got.
+fn index_audit(tx: &mut dyn Tx, from: u64, to: u64, keys: bool) -> Result<(u64, u64), StoreError> {
+    let (mut indexed, mut indexed_sources) = (0, 0);
+    // What the rows need of each entry, not the whole entry (a chunk is held at once).
+    let mut entries: Vec<(u64, Option<[u8; 32]>, Option<Named>)> = Vec::new();
+    let mut numbers: HashMap<(String, String), Option<u64>> = HashMap::new();
     let mut start = from;
     while start < to {
         let end = start.saturating_add(CHUNK).min(to);
-        keys.clear();
-        tx.scan_audit(start..end, &mut |index, record| {
-            if let Some(key) = record.key {
-                keys.push((index, key));
-            }
+        entries.clear();
+        tx.scan_audit(start..end, &mut |index, r| {
+            let named = match (r.agency, r.source_id, r.epoch, r.sequence) {
+                (Some(a), Some(s), Some(e), Some(q)) => Some(((a, s), (e, q))),
+                _ => None,
+            };
+            entries.push((index, r.key, named));
             Ok(std::ops::ControlFlow::Continue(()))
         })?;
-        for (index, key) in &keys {
-            tx.index_audit_key(*index, key)?;
+        for (index, key, named) in entries.drain(..) {
+            if keys && let Some(key) = &key {
+                tx.index_audit_key(index, key)?;
+                indexed += 1;
+            }
+            let Some((name, position)) = named else {
+                continue;
+            };
+            let no = match numbers.get(&name) {
+                Some(no) => *no,
+                None => {
+                    let no = tx.source_no(&name.0, &name.1)?;
+                    numbers.insert(name, no);
+                    no
+                }
+            };
+            tx.index_audit_source(((audit_source_bucket(index, no), index), position))?;
+            indexed_sources += 1;
         }
-        indexed += keys.len() as u64;
         start = end;
         if let Some(progress) = PROGRESS.get() {
             progress(start - from, to - from);
         }
     }
-    Ok(indexed)
+    Ok((indexed, indexed_sources))
 }

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 
 use super::engine::{fingerprint_decided, fingerprint_malformed};
-use super::tables::{AUDIT_KEY_BLOCK, Stream, audit_key_bucket};
+use super::tables::{
+    AUDIT_KEY_BLOCK, AuditRecord, SourceRow, Stream, audit_key_bucket, audit_source_bucket,
+};
 use super::{Snapshot, StoreError};
 use crate::key::sha256;
 use crate::model::{Outcome, hex};
@@ -31,6 +33,9 @@ pub struct VerifyReport {
     /// Audit entries found under their key in the key index (`AUDIT_KEYS`); `None` for a
     /// store of schema version 1, which has none yet.
     pub key_index: Option<u64>,
+    /// Audit entries found under their source and position in the source index
+    /// (`AUDIT_SOURCES`); `None` for a store of schema version 1 or 2, which has none yet.
+    pub source_index: Option<u64>,
     /// The first broken entry, in words; `None` when everything holds.
     pub violation: Option<String>,
 }
@@ -161,6 +166,134 @@ impl KeyIndexCheck {
     }
 }
 
+/// Checks the source index (`AUDIT_SOURCES`) against the audit log as `KeyIndexCheck` checks
+/// the key index: each block's rows must be exactly one per entry with a source and a
+/// position, under the block's bucket of that source's number (or the block's unnumbered
+/// bucket: a lookup reads both), holding the entry's position.
+struct SourceIndexCheck {
+    /// The store has the index (schema version 3 on).
+    present: bool,
+    audit_from: u64,
+    block: u64,
+    /// (index, the buckets its row may have, its position) of the block's entries so far.
+    want: Vec<(u64, [u64; 2], (u64, u64))>,
+    /// Source numbers by name, as read.
+    numbers: std::collections::HashMap<(String, String), Option<u64>>,
+    checked: u64,
+}
+
+impl SourceIndexCheck {
+    fn new(present: bool, audit_from: u64) -> SourceIndexCheck {
+        SourceIndexCheck {
+            present,
+            audit_from,
+            block: audit_from / AUDIT_KEY_BLOCK,
+            want: Vec::new(),
+            numbers: std::collections::HashMap::new(),
+            checked: 0,
+        }
+    }
+
+    fn visit(
+        &mut self,
+        snap: &Snapshot,
+        index: u64,
+        record: &AuditRecord,
+    ) -> Result<Option<String>, StoreError> {
+        if !self.present {
+            return Ok(None);
+        }
+        let block = index / AUDIT_KEY_BLOCK;
+        let mut problem = None;
+        if block != self.block {
+            problem = self.finish_block(snap)?;
+            self.block = block;
+        }
+        if let (Some(agency), Some(source_id), Some(epoch), Some(sequence)) = (
+            &record.agency,
+            &record.source_id,
+            record.epoch,
+            record.sequence,
+        ) {
+            let name = (agency.clone(), source_id.clone());
+            let no = match self.numbers.get(&name) {
+                Some(no) => *no,
+                None => {
+                    let no = snap.source_number(agency, source_id)?;
+                    self.numbers.insert(name, no);
+                    no
+                }
+            };
+            let buckets = [
+                audit_source_bucket(index, no),
+                audit_source_bucket(index, None),
+            ];
+            self.want.push((index, buckets, (epoch, sequence)));
+        }
+        Ok(problem)
+    }
+
+    fn finish_block(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
+        let mut have = snap.audit_source_rows(self.block..self.block + 1)?;
+        if self.block == self.audit_from / AUDIT_KEY_BLOCK {
+            have.retain(|&((_, index), _)| index >= self.audit_from);
+        }
+        have.sort_unstable_by_key(|&((bucket, index), _)| (index, bucket));
+        // `want` is in index order: the scan visits entries in order.
+        let mut have_it = have.iter().peekable();
+        let mut problem = None;
+        for &(index, buckets, position) in &self.want {
+            match have_it.peek() {
+                Some(&&row) if row.0.1 < index => {
+                    problem = Some(extra_source_row(row));
+                    break;
+                }
+                Some(&&row) if row.0.1 == index => {
+                    have_it.next();
+                    if !buckets.contains(&row.0.0) || row.1 != position {
+                        problem = Some(extra_source_row(row));
+                        break;
+                    }
+                }
+                _ => {
+                    problem = Some(format!(
+                        "audit entry {index}: missing from the source index (gaps --source \
+                         would not count it)"
+                    ));
+                    break;
+                }
+            }
+        }
+        if problem.is_none()
+            && let Some(&row) = have_it.next()
+        {
+            problem = Some(extra_source_row(row));
+        }
+        self.checked += self.want.len() as u64;
+        self.want.clear();
+        Ok(problem)
+    }
+
+    fn finish(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
+        if !self.present {
+            return Ok(None);
+        }
+        if let Some(p) = self.finish_block(snap)? {
+            return Ok(Some(p));
+        }
+        let blocks = self.audit_from / AUDIT_KEY_BLOCK..self.block + 1;
+        Ok(snap.audit_source_row_outside(blocks)?.map(extra_source_row))
+    }
+}
+
+fn extra_source_row(((bucket, index), (epoch, sequence)): SourceRow) -> String {
+    format!(
+        "the source index has a row for audit entry {index} under bucket {bucket:#x} at \
+         epoch {epoch} sequence {sequence}, which is not that entry's (the entry is missing, \
+         names another source or position, or is there twice)"
+    )
+}
+
 fn extra_row((bucket, index): (u64, u64)) -> String {
     format!(
         "the key index has a row for audit entry {index} under bucket {bucket:#x}, which is \
@@ -230,6 +363,7 @@ pub fn verify_reporting(
         unresolved: BTreeMap::new(),
     };
     let mut keys = KeyIndexCheck::new(meta.schema_version >= 2, expected);
+    let mut sources = SourceIndexCheck::new(meta.schema_version >= 3, expected);
     let mut fail = None;
     snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
@@ -247,8 +381,10 @@ pub fn verify_reporting(
             at("its hash does not match its content (edited)".into())
         } else if let Some(p) = check_entry(snap, &e, &mut scan, contract)? {
             at(p)
+        } else if let Some(p) = keys.visit(snap, e.index, e.record.key.as_ref())? {
+            Some(p)
         } else {
-            keys.visit(snap, e.index, e.record.key.as_ref())?
+            sources.visit(snap, e.index, &e.record)?
         };
         if problem.is_some() {
             fail = problem;
@@ -278,6 +414,10 @@ pub fn verify_reporting(
     if fail.is_none() {
         fail = keys.finish(snap)?;
         report.key_index = keys.present.then_some(keys.checked);
+    }
+    if fail.is_none() {
+        fail = sources.finish(snap)?;
+        report.source_index = sources.present.then_some(sources.checked);
     }
     let first_unresolved = scan
         .unresolved

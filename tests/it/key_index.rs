@@ -1,4 +1,4 @@
-//! The audit log's key index (`AUDIT_KEYS`, schema version 2) through the real binary:
+//! The audit log's key index (`AUDIT_KEYS`, schema version 2 on) through the real binary:
 //! `explain` finds exactly the entries `dump-audit --key` lists, across index blocks and
 //! after retention cut into one; `verify` checks the index and catches a missing or stray
 //! row; a file of schema version 1 (a release's fixture, and a multi-block file taken back
@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 
 use replay_guard::json::{Json, parse};
 use replay_guard::store::tables::{
-    AUDIT, AUDIT_FENCE, AUDIT_KEY_BLOCK, AUDIT_KEYS, META, META_TABLE,
+    AUDIT, AUDIT_FENCE, AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_SOURCES, META, META_TABLE,
 };
 
 use crate::common::{self, msg};
 use crate::pg::PgDb;
 
 /// (exit code, stdout, stderr).
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
+pub(crate) fn run(args: &[&str]) -> (Option<i32>, String, String) {
     let out = common::run(args);
     (
         out.status.code(),
@@ -25,20 +25,20 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-fn ok(args: &[&str]) -> String {
+pub(crate) fn ok(args: &[&str]) -> String {
     let (code, out, err) = run(args);
     assert_eq!(code, Some(0), "{args:?}: {err}");
     out
 }
 
-fn field<'a>(row: &'a Json, name: &str) -> &'a Json {
+pub(crate) fn field<'a>(row: &'a Json, name: &str) -> &'a Json {
     match row {
         Json::Object(m) => &m.iter().find(|(k, _)| k == name).unwrap().1,
         other => panic!("not an object: {other:?}"),
     }
 }
 
-fn number(j: &Json) -> u64 {
+pub(crate) fn number(j: &Json) -> u64 {
     match j {
         Json::Number(n) => n.parse().unwrap(),
         other => panic!("not a number: {other:?}"),
@@ -127,7 +127,7 @@ fn explain_matches_dump(store: &[&str]) -> Vec<u64> {
 }
 
 /// The index of the oldest entry the log keeps.
-fn first_index(store: &[&str]) -> u64 {
+pub(crate) fn first_index(store: &[&str]) -> u64 {
     let args = [&["dump-audit"][..], store].concat();
     let out = ok(&args);
     number(field(
@@ -143,18 +143,19 @@ fn key_index_line(verified: &str) -> Option<&str> {
 /// The audit log's table in a file of schema version 1.
 const OLD_AUDIT: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("audit");
 
-/// Takes a file back to schema version 1: no key index, the log under its old name, no
-/// fence, meta version 1.
+/// Takes a file back to schema version 1: no key or source index, the log under its old
+/// name, no fence, meta version 1.
 fn downgrade(db: &Path) {
     let rdb = redb::Database::create(db).unwrap();
     let txn = rdb.begin_write().unwrap();
     assert!(txn.delete_table(AUDIT_KEYS).unwrap());
+    assert!(txn.delete_table(AUDIT_SOURCES).unwrap());
     txn.delete_table(AUDIT_FENCE).unwrap(); // there after an upgrade only
     txn.rename_table(AUDIT.raw(), OLD_AUDIT).unwrap();
     {
         let mut t = txn.open_table(META_TABLE).unwrap();
         let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 2);
+        assert_eq!(meta.schema_version, 3);
         meta.schema_version = 1;
         META.put(&mut t, &meta, &mut Vec::new()).unwrap();
     }
@@ -367,6 +368,7 @@ fn a_file_of_schema_version_1_is_explained_by_a_scan_until_a_writer_builds_its_i
     let feed = feed(dir.path());
     ok(&["ingest", "--db", s, feed.to_str().unwrap()]);
     let want = index_rows(&db);
+    let want_sources = crate::source_index::source_rows(&db);
     downgrade(&db);
     let store = ["--db", s];
     let scanned = explain_matches_dump(&store);
@@ -390,6 +392,11 @@ fn a_file_of_schema_version_1_is_explained_by_a_scan_until_a_writer_builds_its_i
     drop(txn);
     drop(old_process);
     assert_eq!(index_rows(&db), want, "the upgrade builds the same rows");
+    assert_eq!(
+        crate::source_index::source_rows(&db),
+        want_sources,
+        "and the same source index"
+    );
     assert_eq!(explain_matches_dump(&store), scanned);
     assert!(key_index_line(&ok(&["verify", "--db", s])).is_some());
 }

@@ -137,6 +137,7 @@ mod relay_syslog;
 mod relay_window;
 mod report;
 mod service;
+mod source_index;
 mod systemd;
 mod tls;
 mod torture;

@@ -6,7 +6,7 @@
 
 /// Version of the PostgreSQL schema (its tables and columns); bump with a migration step in
 /// `migrations` and a CHANGELOG line.
-pub const PG_SCHEMA_VERSION: i32 = 3;
+pub const PG_SCHEMA_VERSION: i32 = 4;
 
 /// Each migration step: the DDL that takes version `i` to `i + 1` (`{s}` is the schema).
 const MIGRATIONS: &[&str] = &[
@@ -36,6 +36,10 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE {s}.audit RENAME TO audit_log;
      CREATE TABLE {s}.audit_keys (bucket bigint NOT NULL, audit_index bigint NOT NULL,
          PRIMARY KEY (bucket, audit_index));",
+    // 3 -> 4: the audit log's source index (`tables::AUDIT_SOURCES`; filled by
+    // `store::upgrade`). Version 3 was never released: no fence against its members.
+    "CREATE TABLE {s}.audit_sources (bucket bigint NOT NULL, audit_index bigint NOT NULL,
+         epoch bigint NOT NULL, sequence bigint NOT NULL, PRIMARY KEY (bucket, audit_index));",
 ];
 
 /// The DDL of step `from` -> `from + 1` in `schema`.
@@ -85,7 +89,7 @@ pub struct Sql {
     pub audit_range: String,
     pub audit_heads: String,
     pub audit_delete_range: String,
-    pub audit_keys_delete_blocks: String,
+    pub audit_index_delete_blocks: String,
     pub quarantine: String,
     pub quarantine_upsert: String,
     pub quarantine_delete: String,
@@ -184,9 +188,11 @@ impl Sql {
             audit: f("SELECT record FROM {s}.audit_log WHERE audit_index = $1"),
             audit_insert: f(
                 "WITH entries AS (INSERT INTO {s}.audit_log (audit_index, record) \
-                 SELECT * FROM unnest($1::bigint[], $2::bytea[])) \
-                 INSERT INTO {s}.audit_keys (bucket, audit_index) \
-                 SELECT * FROM unnest($3::bigint[], $4::bigint[])",
+                 SELECT * FROM unnest($1::bigint[], $2::bytea[])), \
+                 keys AS (INSERT INTO {s}.audit_keys (bucket, audit_index) \
+                 SELECT * FROM unnest($3::bigint[], $4::bigint[])) \
+                 INSERT INTO {s}.audit_sources (bucket, audit_index, epoch, sequence) \
+                 SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[])",
             ),
             audit_range: f("SELECT audit_index, record FROM {s}.audit_log \
                  WHERE audit_index >= $1 AND audit_index < $2 ORDER BY audit_index LIMIT $3"),
@@ -198,9 +204,12 @@ impl Sql {
             audit_delete_range: f(
                 "DELETE FROM {s}.audit_log WHERE audit_index >= $1 AND audit_index <= $2",
             ),
-            // Buckets below 2^63 (blocks below 2^31) keep their order as bigints.
-            audit_keys_delete_blocks: f(
-                "DELETE FROM {s}.audit_keys WHERE bucket >= $1 AND bucket < $2",
+            // Buckets below 2^63 (blocks below 2^31) keep their order as bigints; the
+            // source index's unnumbered buckets, above, are negative and keep theirs.
+            audit_index_delete_blocks: f(
+                "WITH k AS (DELETE FROM {s}.audit_keys WHERE bucket >= $1 AND bucket < $2) \
+                 DELETE FROM {s}.audit_sources WHERE (bucket >= $3 AND bucket < $4) \
+                 OR (bucket >= $5 AND bucket < $6)",
             ),
             quarantine: f("SELECT record FROM {s}.quarantine WHERE id = $1"),
             quarantine_upsert: f(

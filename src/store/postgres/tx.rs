@@ -133,6 +133,9 @@ pub struct PgTx<'c> {
     new_audit: BTreeMap<u64, AuditRecord>,
     /// Key index rows of entries written before the index (the schema upgrade), not yet sent.
     new_audit_keys: Vec<(i64, i64)>,
+    /// Source index rows (`audit_source_row`) of `new_audit`'s entries, and of entries
+    /// written before the index (the schema upgrade), not yet sent.
+    new_audit_sources: Vec<SourceRow>,
     /// The relay's cursors with each sink's lowest parked offset, read once per transaction
     /// (dropped when this transaction writes a cursor or a parked event).
     cursors: Option<Vec<(String, SinkRecord, Option<u64>)>>,
@@ -201,6 +204,7 @@ impl<'c> PgTx<'c> {
             new_effects: Vec::new(),
             new_audit: BTreeMap::new(),
             new_audit_keys: Vec::new(),
+            new_audit_sources: Vec::new(),
             cursors: None,
             prefetched: false,
         }
@@ -287,12 +291,23 @@ impl<'c> PgTx<'c> {
     }
 
     fn flush_audit(&mut self) -> Result<(), StoreError> {
-        if self.new_audit.is_empty() && self.new_audit_keys.is_empty() {
+        if self.new_audit.is_empty()
+            && self.new_audit_keys.is_empty()
+            && self.new_audit_sources.is_empty()
+        {
             return Ok(());
         }
-        // The entries and their key index rows in one statement.
+        // The entries and their index rows in one statement.
         let (mut buckets, mut indices): (Vec<i64>, Vec<i64>) =
             std::mem::take(&mut self.new_audit_keys).into_iter().unzip();
+        let sources = std::mem::take(&mut self.new_audit_sources);
+        let mut columns: [Vec<i64>; 4] = Default::default();
+        for ((bucket, index), (epoch, sequence)) in sources {
+            for (c, v) in columns.iter_mut().zip([bucket, index, epoch, sequence]) {
+                c.push(db(v));
+            }
+        }
+        let [s_buckets, s_indices, s_epochs, s_sequences] = columns;
         let mut k = Vec::with_capacity(self.new_audit.len());
         let mut v = Vec::with_capacity(self.new_audit.len());
         for (i, r) in std::mem::take(&mut self.new_audit) {
@@ -308,7 +323,16 @@ impl<'c> PgTx<'c> {
         }
         self.conn.defer(
             &self.sql.audit_insert,
-            vec![param(k), param(v), param(buckets), param(indices)],
+            vec![
+                param(k),
+                param(v),
+                param(buckets),
+                param(indices),
+                param(s_buckets),
+                param(s_indices),
+                param(s_epochs),
+                param(s_sequences),
+            ],
         )
     }
 
@@ -626,8 +650,21 @@ impl Tx for PgTx<'_> {
             .transpose()
     }
 
-    fn put_audit(&mut self, index: u64, record: &AuditRecord) -> Result<(), StoreError> {
+    fn put_audit(
+        &mut self,
+        index: u64,
+        record: &AuditRecord,
+        source_no: Option<u64>,
+    ) -> Result<(), StoreError> {
+        if let Some(row) = audit_source_row(index, record, source_no) {
+            self.new_audit_sources.push(row);
+        }
         self.new_audit.insert(index, record.clone());
+        Ok(())
+    }
+
+    fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError> {
+        self.new_audit_sources.push(row);
         Ok(())
     }
 
@@ -670,11 +707,16 @@ impl Tx for PgTx<'_> {
         if blocks.is_empty() {
             return Ok(());
         }
+        let [numbered, unnumbered] = audit_source_ranges(&blocks);
         self.conn.defer(
-            &self.sql.audit_keys_delete_blocks,
+            &self.sql.audit_index_delete_blocks,
             vec![
                 param(db(audit_key_block_start(blocks.start))),
                 param(db(audit_key_block_start(blocks.end))),
+                param(db(numbered.start)),
+                param(db(numbered.end)),
+                param(db(unnumbered.start)),
+                param(db(unnumbered.end)),
             ],
         )
     }

@@ -296,6 +296,82 @@ impl PgView {
             .collect()
     }
 
+    /// The source index's rows whose bucket is one of `buckets` (numbered buckets: no entry
+    /// needed): (audit index, epoch, sequence), in no particular order.
+    pub fn audit_source_positions(
+        &self,
+        buckets: &[u64],
+    ) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        // The plan `audit_in_buckets` explains: an index probe per bucket, whatever the
+        // statistics say.
+        self.conn().batch(
+            "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
+             SET LOCAL max_parallel_workers_per_gather = 0",
+        )?;
+        let buckets: Vec<i64> = buckets.iter().map(|&b| db(b)).collect();
+        let sql = format!(
+            "SELECT audit_index, epoch, sequence FROM {}.audit_sources \
+             WHERE bucket = ANY($1::bigint[])",
+            self.schema
+        );
+        Ok(self
+            .conn()
+            .query(&sql, &[&buckets])?
+            .iter()
+            .map(|r| {
+                (
+                    un(r.get::<_, i64>(0)),
+                    un(r.get::<_, i64>(1)),
+                    un(r.get::<_, i64>(2)),
+                )
+            })
+            .collect())
+    }
+
+    /// The source index's rows ((bucket, audit index), (epoch, sequence)) with buckets in
+    /// `range` (numbered or unnumbered: `tables::audit_source_ranges`), in order.
+    pub fn audit_source_rows(
+        &self,
+        range: &std::ops::Range<u64>,
+    ) -> Result<Vec<SourceRow>, StoreError> {
+        let sql = format!(
+            "SELECT bucket, audit_index, epoch, sequence FROM {}.audit_sources \
+             WHERE bucket >= $1 AND bucket < $2 ORDER BY bucket, audit_index",
+            self.schema
+        );
+        Ok(self
+            .conn()
+            .query(&sql, &[&db(range.start), &db(range.end)])?
+            .iter()
+            .map(|r| {
+                let c = |i| un(r.get::<_, i64>(i));
+                ((c(0), c(1)), (c(2), c(3)))
+            })
+            .collect())
+    }
+
+    /// A row of the source index with its bucket in neither of `ranges`, if any.
+    pub fn audit_source_row_outside(
+        &self,
+        ranges: &[std::ops::Range<u64>; 2],
+    ) -> Result<Option<SourceRow>, StoreError> {
+        let sql = format!(
+            "SELECT bucket, audit_index, epoch, sequence FROM {}.audit_sources \
+             WHERE NOT ((bucket >= $1 AND bucket < $2) OR (bucket >= $3 AND bucket < $4)) \
+             LIMIT 1",
+            self.schema
+        );
+        let [a, b] = ranges;
+        Ok(self
+            .conn()
+            .query(&sql, &[&db(a.start), &db(a.end), &db(b.start), &db(b.end)])?
+            .first()
+            .map(|r| {
+                let c = |i| un(r.get::<_, i64>(i));
+                ((c(0), c(1)), (c(2), c(3)))
+            }))
+    }
+
     /// The key index's rows with buckets in `lo..hi` (bigint order is bucket order below
     /// 2^63), in order.
     pub fn audit_key_rows(&self, lo: u64, hi: u64) -> Result<Vec<(u64, u64)>, StoreError> {
@@ -440,6 +516,7 @@ impl PgView {
         for (name, table) in [
             (AUDIT.name(), AUDIT.pg_table()),
             ("audit_keys", "audit_keys"),
+            ("audit_sources", "audit_sources"),
             (EFFECTS.name(), EFFECTS.pg_table()),
             (WINDOW.name(), WINDOW.pg_table()),
             (QUARANTINE.name(), QUARANTINE.pg_table()),
