@@ -74,9 +74,12 @@ pub fn run(args: &ExplainArgs) -> Result<(), Failure> {
 /// Read from the source index, or a scan of the log in a store without one.
 fn other_epochs(snapshot: &Snapshot, agency: &str, source_id: &str) -> Result<String, Failure> {
     let mut epochs = std::collections::BTreeSet::new();
-    if let Some(positions) = snapshot.audit_positions_of(agency, source_id)? {
-        epochs.extend(positions.iter().map(|p| p.0).filter(|&n| n != 0));
-    } else {
+    let indexed = snapshot.visit_positions_of(agency, source_id, &mut |epoch, _| {
+        if epoch != 0 {
+            epochs.insert(epoch);
+        }
+    })?;
+    if !indexed {
         scan_epochs(snapshot, agency, source_id, &mut epochs)?;
     }
     if epochs.is_empty() {

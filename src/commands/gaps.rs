@@ -33,15 +33,18 @@ pub fn run(args: &GapsArgs) -> Result<(), Failure> {
 /// read from the source index when the store has one.
 pub fn collect(snapshot: &Snapshot, only: Option<&(String, String)>) -> Result<Seen, Failure> {
     let mut seen = Seen::new();
-    if let Some((agency, source_id)) = only
-        && let Some(positions) = snapshot.audit_positions_of(agency, source_id)?
-    {
-        for (epoch, sequence) in positions {
-            seen.entry((agency.clone(), source_id.clone(), epoch))
-                .or_default()
-                .insert(sequence);
+    if let Some((agency, source_id)) = only {
+        // Merged as they come: memory grows with the gaps, not the entries.
+        let mut by_epoch: HashMap<u64, RangeSet> = HashMap::new();
+        let indexed = snapshot.visit_positions_of(agency, source_id, &mut |epoch, sequence| {
+            by_epoch.entry(epoch).or_default().insert(sequence);
+        })?;
+        if indexed {
+            for (epoch, set) in by_epoch {
+                seen.insert((agency.clone(), source_id.clone(), epoch), set);
+            }
+            return Ok(seen);
         }
-        return Ok(seen);
     }
     snapshot.scan_audit::<Failure>(0, |e| {
         let r = e.record;

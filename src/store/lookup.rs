@@ -9,6 +9,10 @@ use super::tables::*;
 use crate::decide::{Seen, SourceMarks};
 use crate::model::{Digest, Position};
 
+/// Source index buckets one PostgreSQL statement reads (~4 rows each with 1,000 sources; at
+/// most 4,096 each, one source alone).
+const PG_BUCKETS_PER_READ: usize = 64;
+
 /// What the store knows now about one position of a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PositionState {
@@ -124,24 +128,25 @@ impl Snapshot {
         })
     }
 
-    /// Every (epoch, sequence) the audit log names for source (`agency`, `source_id`), one per
-    /// entry, in no particular order: one read of the source index (`AUDIT_SOURCES`) per
-    /// block, and of the unnumbered buckets (whose entries are read to check their names).
-    /// `None` for a store of schema version 1 or 2 (a file no writer of this version has
-    /// opened yet), which has no source index: the caller scans the log.
-    pub fn audit_positions_of(
+    /// Calls `f(epoch, sequence)` for every entry of the audit log that names source
+    /// (`agency`, `source_id`) and a position, in no particular order: one read of the source
+    /// index (`AUDIT_SOURCES`) per block, and of the unnumbered buckets (whose entries are
+    /// read to check their names); nothing is held but the rows of one read. `false`, having
+    /// called nothing, for a store of schema version 1 or 2 (a file no writer of this version
+    /// has opened yet), which has no source index: the caller scans the log.
+    pub fn visit_positions_of(
         &self,
         agency: &str,
         source_id: &str,
-    ) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        f: &mut dyn FnMut(u64, u64),
+    ) -> Result<bool, StoreError> {
         let meta = self.meta()?;
         if meta.schema_version < 3 {
-            return Ok(None);
+            return Ok(false);
         }
-        let mut found = Vec::new();
         let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         if meta.next_audit <= first {
-            return Ok(Some(found));
+            return Ok(true);
         }
         let blocks = first / AUDIT_KEY_BLOCK..(meta.next_audit - 1) / AUDIT_KEY_BLOCK + 1;
         let kept = first..meta.next_audit;
@@ -156,21 +161,24 @@ impl Snapshot {
                     .map(|b| audit_source_bucket(b * AUDIT_KEY_BLOCK, Some(no)))
                     .filter(|b| *b & UNNUMBERED == 0)
                     .collect();
-                for (index, epoch, sequence) in pg.audit_source_positions(&buckets)? {
-                    if kept.contains(&index) {
-                        found.push((epoch, sequence));
+                // A bounded number of rows per statement.
+                for some in buckets.chunks(PG_BUCKETS_PER_READ) {
+                    for (index, epoch, sequence) in pg.audit_source_positions(some)? {
+                        if kept.contains(&index) {
+                            f(epoch, sequence);
+                        }
                     }
                 }
             }
-            for ((_, index), position) in pg.audit_source_rows(&unnumbered)? {
+            for ((_, index), (epoch, sequence)) in pg.audit_source_rows(&[unnumbered])? {
                 if kept.contains(&index)
                     && let Some(e) = self.audit_entry(index)?
                     && named(&e.record)
                 {
-                    found.push(position);
+                    f(epoch, sequence);
                 }
             }
-            return Ok(Some(found));
+            return Ok(true);
         }
         self.guard(|txn| {
             let rows = txn.open_table(AUDIT_SOURCES)?;
@@ -184,7 +192,8 @@ impl Snapshot {
                     for row in rows.range((b, 0)..=(b, u64::MAX))? {
                         let (k, v) = row?;
                         if kept.contains(&k.value().1) {
-                            found.push(v.value());
+                            let (epoch, sequence) = v.value();
+                            f(epoch, sequence);
                         }
                     }
                 }
@@ -201,12 +210,13 @@ impl Snapshot {
                     None => audit.insert(AUDIT.open(txn)?),
                 };
                 if audit.get(index)?.is_some_and(|r| named(&r)) {
-                    found.push(v.value());
+                    let (epoch, sequence) = v.value();
+                    f(epoch, sequence);
                 }
             }
             Ok::<_, StoreError>(())
         })?;
-        Ok(Some(found))
+        Ok(true)
     }
 
     /// The number of source (`agency`, `source_id`), if it has one.
@@ -229,10 +239,7 @@ impl Snapshot {
         let ranges = audit_source_ranges(&blocks);
         let mut out = Vec::new();
         if let Some(pg) = self.pg() {
-            for r in &ranges {
-                out.extend(pg.audit_source_rows(r)?);
-            }
-            return Ok(out);
+            return pg.audit_source_rows(&ranges);
         }
         self.guard(|txn| {
             let rows = txn.open_table(AUDIT_SOURCES)?;

@@ -101,9 +101,10 @@ pub fn whole_blocks(range: &std::ops::RangeInclusive<u64>) -> std::ops::Range<u6
 /// of `AUDIT_KEY_BLOCK` indices in its high 32 bits and its source's number (`SOURCE_IDS`) in
 /// its low 32 (`audit_source_bucket`), like `AUDIT_KEYS`: a batch's rows land at the tail, a
 /// lookup reads one bucket per block and needs no entry. An entry whose source has no number
-/// when it is written (none of today's paths writes one) goes under `UNNUMBERED` with its
-/// block, after every numbered bucket, where a lookup reads the entries to check their
-/// names. Written with every entry that has a source and a position (`Tx::put_audit`);
+/// when it is written (an operator's discard of a message whose source was never applied,
+/// quarantined malformed and decoded again without the admission limits) goes under
+/// `UNNUMBERED` with its block, after every numbered bucket, where a lookup reads the entries
+/// to check their names. Written with every entry that has a source and a position (`Tx::put_audit`);
 /// retention removes whole blocks of both kinds, as for `AUDIT_KEYS`.
 pub const AUDIT_SOURCES: TableDefinition<(u64, u64), (u64, u64)> =
     TableDefinition::new("audit_sources");

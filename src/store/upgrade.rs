@@ -83,7 +83,12 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         to = SCHEMA_VERSION,
         indexed,
         indexed_sources,
-        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {indexed} audit entries by key and {indexed_sources} by source"
+        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {}{indexed_sources} audit entries by source",
+        if from < 2 {
+            format!("{indexed} audit entries by key and ")
+        } else {
+            String::new()
+        }
     );
     Ok(Some(Upgraded {
         from,

@@ -390,3 +390,66 @@ fn on_postgresql_the_source_index_is_built_by_migrate_kept_by_ingest_and_pruned_
     ));
     assert_eq!(below, "0", "whole pruned blocks leave the index");
 }
+
+#[test]
+fn a_discarded_message_of_a_source_never_applied_is_counted_through_its_unnumbered_bucket() {
+    // Too deep for `[feed] max_depth = 2`: quarantined malformed (no position). `quarantine
+    // discard` decodes it again without the admission limits: its entry has a source and a
+    // position, and the source no number (nothing of it was ever applied).
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.redb");
+    let s = db.to_str().unwrap();
+    let cfg = dir.path().join("deep.toml");
+    std::fs::write(&cfg, "[feed]\nmax_depth = 2\n").unwrap();
+    let input = dir.path().join("deep.jsonl");
+    let deep = r#"{"agency":"fd","source_id":"deep","epoch":4,"sequence":9,"v":{"a":{"b":1}}}"#;
+    std::fs::write(&input, format!("{}\n{deep}\n", msg("fd", "e1", 1, 1, "x"))).unwrap();
+    ok(&[
+        "ingest",
+        "--db",
+        s,
+        "--config",
+        cfg.to_str().unwrap(),
+        input.to_str().unwrap(),
+    ]);
+    let store = ["--db", s];
+    assert_eq!(gaps_both(&store, "fd/deep"), (Vec::new(), Vec::new()));
+    ok(&[
+        "quarantine",
+        "discard",
+        "0",
+        "--db",
+        s,
+        "--reason",
+        "too deep",
+    ]);
+    let rows = source_rows(&db);
+    assert!(
+        rows.contains(&((UNNUMBERED, 2), (4, 9))),
+        "the discard's row, unnumbered: {rows:?}"
+    );
+    let (indexed, scanned) = gaps_both(&store, "fd/deep");
+    assert_eq!(indexed, scanned);
+    assert_eq!(
+        indexed,
+        ["# fd/deep epoch 4: sequences 9..9, 1 seen, no gaps"]
+    );
+    // Another source's lookup reads the same bucket and leaves the entry out.
+    let (e1, _) = gaps_both(&store, "fd/e1");
+    assert_eq!(e1, ["# fd/e1 epoch 1: sequences 1..1, 1 seen, no gaps"]);
+    let (code, out, err) = run(&[
+        "explain",
+        "--db",
+        s,
+        "--source",
+        "fd/deep",
+        "--sequence",
+        "9",
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        err.ends_with(": source has epoch 4: add --epoch E\n"),
+        "{err}"
+    );
+    assert!(source_index_line(&ok(&["verify", "--db", s])).is_some());
+}

@@ -329,19 +329,27 @@ impl PgView {
     }
 
     /// The source index's rows ((bucket, audit index), (epoch, sequence)) with buckets in
-    /// `range` (numbered or unnumbered: `tables::audit_source_ranges`), in order.
+    /// any of `ranges` (numbered or unnumbered: `tables::audit_source_ranges`), in bucket
+    /// order as bigints (unnumbered, negative, first), one statement.
     pub fn audit_source_rows(
         &self,
-        range: &std::ops::Range<u64>,
+        ranges: &[std::ops::Range<u64>],
     ) -> Result<Vec<SourceRow>, StoreError> {
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for r in ranges {
+            lo.push(db(r.start));
+            hi.push(db(r.end));
+        }
         let sql = format!(
-            "SELECT bucket, audit_index, epoch, sequence FROM {}.audit_sources \
-             WHERE bucket >= $1 AND bucket < $2 ORDER BY bucket, audit_index",
+            "SELECT s.bucket, s.audit_index, s.epoch, s.sequence \
+             FROM unnest($1::bigint[], $2::bigint[]) AS r(lo, hi) \
+             JOIN {}.audit_sources s ON s.bucket >= r.lo AND s.bucket < r.hi \
+             ORDER BY s.bucket, s.audit_index",
             self.schema
         );
         Ok(self
             .conn()
-            .query(&sql, &[&db(range.start), &db(range.end)])?
+            .query(&sql, &[&lo, &hi])?
             .iter()
             .map(|r| {
                 let c = |i| un(r.get::<_, i64>(i));
@@ -350,21 +358,23 @@ impl PgView {
             .collect())
     }
 
-    /// A row of the source index with its bucket in neither of `ranges`, if any.
+    /// A row of the source index with its bucket in neither of `ranges` (numbered, then
+    /// unnumbered: `tables::audit_source_ranges`), if any.
     pub fn audit_source_row_outside(
         &self,
         ranges: &[std::ops::Range<u64>; 2],
     ) -> Result<Option<SourceRow>, StoreError> {
+        // As bigints the unnumbered buckets are negative: below the numbered ones. Three
+        // plain ranges, each an index range: below, between and above the two.
         let sql = format!(
             "SELECT bucket, audit_index, epoch, sequence FROM {}.audit_sources \
-             WHERE NOT ((bucket >= $1 AND bucket < $2) OR (bucket >= $3 AND bucket < $4)) \
-             LIMIT 1",
+             WHERE bucket < $1 OR (bucket >= $2 AND bucket < $3) OR bucket >= $4 LIMIT 1",
             self.schema
         );
-        let [a, b] = ranges;
+        let [n, u] = ranges;
         Ok(self
             .conn()
-            .query(&sql, &[&db(a.start), &db(a.end), &db(b.start), &db(b.end)])?
+            .query(&sql, &[&db(u.start), &db(u.end), &db(n.start), &db(n.end)])?
             .first()
             .map(|r| {
                 let c = |i| un(r.get::<_, i64>(i));
@@ -522,15 +532,21 @@ impl PgView {
             (QUARANTINE.name(), QUARANTINE.pg_table()),
             (SOURCES.name(), SOURCES.pg_table()),
         ] {
+            // NULL for a table an older schema lacks (written by an older build).
             let sql = format!(
-                "SELECT pg_relation_size('{s}.{table}'), \
-                 pg_total_relation_size('{s}.{table}') - pg_relation_size('{s}.{table}')",
+                "SELECT pg_relation_size(to_regclass('{s}.{table}')), \
+                 pg_total_relation_size(to_regclass('{s}.{table}')) \
+                 - pg_relation_size(to_regclass('{s}.{table}'))",
                 s = self.schema
             );
             let rows = self.conn().query(&sql, &[])?;
-            let row = rows.first();
-            let get = |i| row.map_or(0, |r| un(r.get::<_, i64>(i)));
-            out.push((name, get(0), get(1)));
+            let Some(row) = rows.first() else {
+                continue;
+            };
+            let (Some(data), Some(rest)) = (row.get::<_, Option<i64>>(0), row.get(1)) else {
+                continue;
+            };
+            out.push((name, un(data), un(rest)));
         }
         Ok(out)
     }
