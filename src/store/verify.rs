@@ -67,133 +67,172 @@ struct Scan {
     unresolved: BTreeMap<u64, u64>,
 }
 
-/// Checks the key index (`AUDIT_KEYS`) against the audit log, one block at a time as the scan
-/// reaches it: the block's rows must be exactly (bucket, index) of its entries that have a
-/// key. Rows of entries retention removed from the first block are ignored; no row may lie
+/// One of the audit log's indexes as `verify` checks it, block by block as the scan reaches
+/// each block: the block's rows must be exactly the rows its entries need, one per entry
+/// (ignoring rows of entries retention removed from the first block), and no row may lie
 /// outside the log's blocks.
-struct KeyIndexCheck {
-    /// The store has the index (schema version 2 on).
-    present: bool,
-    audit_from: u64,
-    /// The block the scan is in, and the rows its entries so far need.
-    block: u64,
-    want: Vec<(u64, u64)>,
-    checked: u64,
-}
-
-impl KeyIndexCheck {
-    fn new(present: bool, audit_from: u64) -> KeyIndexCheck {
-        KeyIndexCheck {
-            present,
-            audit_from,
-            block: audit_from / AUDIT_KEY_BLOCK,
-            want: Vec::new(),
-            checked: 0,
-        }
-    }
-
-    /// Notes entry `index` (with `key`); checks the block before it once the scan leaves it.
-    fn visit(
+trait BlockIndex {
+    /// A stored row.
+    type Row: Copy + Ord;
+    /// What an entry's row must hold, beside the entry's index.
+    type Want;
+    /// What entry `index` needs of the index, if anything.
+    fn want(
         &mut self,
         snap: &Snapshot,
         index: u64,
-        key: Option<&[u8; 32]>,
-    ) -> Result<Option<String>, StoreError> {
-        if !self.present {
-            return Ok(None);
-        }
-        let block = index / AUDIT_KEY_BLOCK;
-        let mut problem = None;
-        if block != self.block {
-            problem = self.finish_block(snap)?;
-            self.block = block;
-        }
-        if let Some(key) = key {
-            self.want.push((audit_key_bucket(index, key), index));
-        }
-        Ok(problem)
-    }
+        record: &AuditRecord,
+    ) -> Result<Option<Self::Want>, StoreError>;
+    /// The rows of block `block`.
+    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<Self::Row>, StoreError>;
+    /// A row outside blocks `blocks`, if any.
+    fn outside(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<Self::Row>, StoreError>;
+    /// The audit index a row names.
+    fn index_of(row: &Self::Row) -> u64;
+    fn fits(want: &Self::Want, row: &Self::Row) -> bool;
+    /// The violations, in words.
+    fn missing(index: u64) -> String;
+    fn extra(row: Self::Row) -> String;
+}
 
-    /// Compares the current block's rows with what its entries need.
-    fn finish_block(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
-        // Only called when the store has the index (`present`).
-        let mut have = snap.audit_key_rows(self.block..self.block + 1)?;
-        // Rows of entries retention removed, in the block it cut into only.
-        if self.block == self.audit_from / AUDIT_KEY_BLOCK {
-            have.retain(|&(_, index)| index >= self.audit_from);
-        }
-        self.want.sort_unstable();
-        let mut have_it = have.iter().peekable();
-        let mut problem = None;
-        for want in &self.want {
-            match have_it.peek() {
-                Some(&&h) if h == *want => {
-                    have_it.next();
-                }
-                Some(&&h) if h < *want => {
-                    problem = Some(extra_row(h));
-                    break;
-                }
-                _ => {
-                    problem = Some(format!(
-                        "audit entry {}: missing from the key index (explain would not find it)",
-                        want.1
-                    ));
-                    break;
-                }
-            }
-        }
-        if problem.is_none()
-            && let Some(&h) = have_it.next()
-        {
-            problem = Some(extra_row(h));
-        }
-        self.checked += self.want.len() as u64;
-        self.want.clear();
-        Ok(problem)
-    }
+/// The key index (`AUDIT_KEYS`): a row (bucket, index) for each entry with a key.
+struct KeyIndex;
 
-    /// Checks the last block, and that no row lies outside the log's blocks.
-    fn finish(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
-        if !self.present {
-            return Ok(None);
-        }
-        if let Some(p) = self.finish_block(snap)? {
-            return Ok(Some(p));
-        }
-        let blocks = self.audit_from / AUDIT_KEY_BLOCK..=self.block;
-        Ok(snap.audit_key_row_outside(blocks)?.map(extra_row))
+impl BlockIndex for KeyIndex {
+    type Row = (u64, u64);
+    /// The bucket.
+    type Want = u64;
+    fn want(
+        &mut self,
+        _: &Snapshot,
+        index: u64,
+        r: &AuditRecord,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(r.key.as_ref().map(|key| audit_key_bucket(index, key)))
+    }
+    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        snap.audit_key_rows(block..block + 1)
+    }
+    fn outside(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        snap.audit_key_row_outside(blocks.start..=blocks.end - 1)
+    }
+    fn index_of(row: &(u64, u64)) -> u64 {
+        row.1
+    }
+    fn fits(bucket: &u64, row: &(u64, u64)) -> bool {
+        row.0 == *bucket
+    }
+    fn missing(index: u64) -> String {
+        format!("audit entry {index}: missing from the key index (explain would not find it)")
+    }
+    fn extra((bucket, index): (u64, u64)) -> String {
+        format!(
+            "the key index has a row for audit entry {index} under bucket {bucket:#x}, which is \
+             not that entry's (the entry is missing, or its key gives another bucket)"
+        )
     }
 }
 
-/// Checks the source index (`AUDIT_SOURCES`) against the audit log as `KeyIndexCheck` checks
-/// the key index: each block's rows must be exactly one per entry with a source and a
-/// position, under the block's bucket of that source's number (or the block's unnumbered
-/// bucket: a lookup reads both), holding the entry's position.
-struct SourceIndexCheck {
-    /// The store has the index (schema version 3 on).
-    present: bool,
-    audit_from: u64,
-    block: u64,
-    /// (index, the buckets its row may have, its position) of the block's entries so far.
-    want: Vec<(u64, [u64; 2], (u64, u64))>,
+/// The source index (`AUDIT_SOURCES`): a row for each entry with a source and a position,
+/// under the block's bucket of that source's number or the block's unnumbered bucket (a
+/// lookup reads both), holding the entry's position.
+#[derive(Default)]
+struct SourceIndex {
     /// Source numbers by name, as read.
     numbers: std::collections::HashMap<(String, String), Option<u64>>,
+}
+
+impl BlockIndex for SourceIndex {
+    type Row = SourceRow;
+    /// The buckets its row may have, and its position.
+    type Want = ([u64; 2], (u64, u64));
+    fn want(
+        &mut self,
+        snap: &Snapshot,
+        index: u64,
+        r: &AuditRecord,
+    ) -> Result<Option<Self::Want>, StoreError> {
+        let (Some(agency), Some(source_id), Some(epoch), Some(sequence)) =
+            (&r.agency, &r.source_id, r.epoch, r.sequence)
+        else {
+            return Ok(None);
+        };
+        let name = (agency.clone(), source_id.clone());
+        let no = match self.numbers.get(&name) {
+            Some(no) => *no,
+            None => {
+                let no = snap.source_number(agency, source_id)?;
+                self.numbers.insert(name, no);
+                no
+            }
+        };
+        let buckets = [
+            audit_source_bucket(index, no),
+            audit_source_bucket(index, None),
+        ];
+        Ok(Some((buckets, (epoch, sequence))))
+    }
+    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<SourceRow>, StoreError> {
+        snap.audit_source_rows(block..block + 1)
+    }
+    fn outside(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<SourceRow>, StoreError> {
+        snap.audit_source_row_outside(blocks)
+    }
+    fn index_of(row: &SourceRow) -> u64 {
+        row.0.1
+    }
+    fn fits((buckets, position): &Self::Want, row: &SourceRow) -> bool {
+        buckets.contains(&row.0.0) && row.1 == *position
+    }
+    fn missing(index: u64) -> String {
+        format!(
+            "audit entry {index}: missing from the source index (gaps --source would not count \
+             it)"
+        )
+    }
+    fn extra(((bucket, index), (epoch, sequence)): SourceRow) -> String {
+        format!(
+            "the source index has a row for audit entry {index} under bucket {bucket:#x} at \
+             epoch {epoch} sequence {sequence}, which is not that entry's (the entry is \
+             missing, names another source or position, or is there twice)"
+        )
+    }
+}
+
+/// Checks index `I` against the audit log as the scan visits its entries.
+struct IndexCheck<I: BlockIndex> {
+    index: I,
+    /// The store has the index (its schema version is new enough).
+    present: bool,
+    audit_from: u64,
+    /// The block the scan is in, and (index, want) of its entries so far, in index order.
+    block: u64,
+    want: Vec<(u64, I::Want)>,
     checked: u64,
 }
 
-impl SourceIndexCheck {
-    fn new(present: bool, audit_from: u64) -> SourceIndexCheck {
-        SourceIndexCheck {
+impl<I: BlockIndex> IndexCheck<I> {
+    fn new(index: I, present: bool, audit_from: u64) -> IndexCheck<I> {
+        IndexCheck {
+            index,
             present,
             audit_from,
             block: audit_from / AUDIT_KEY_BLOCK,
             want: Vec::new(),
-            numbers: std::collections::HashMap::new(),
             checked: 0,
         }
     }
 
+    /// Notes entry `index`; checks the block before it once the scan leaves it.
     fn visit(
         &mut self,
         snap: &Snapshot,
@@ -209,71 +248,49 @@ impl SourceIndexCheck {
             problem = self.finish_block(snap)?;
             self.block = block;
         }
-        if let (Some(agency), Some(source_id), Some(epoch), Some(sequence)) = (
-            &record.agency,
-            &record.source_id,
-            record.epoch,
-            record.sequence,
-        ) {
-            let name = (agency.clone(), source_id.clone());
-            let no = match self.numbers.get(&name) {
-                Some(no) => *no,
-                None => {
-                    let no = snap.source_number(agency, source_id)?;
-                    self.numbers.insert(name, no);
-                    no
-                }
-            };
-            let buckets = [
-                audit_source_bucket(index, no),
-                audit_source_bucket(index, None),
-            ];
-            self.want.push((index, buckets, (epoch, sequence)));
+        if let Some(w) = self.index.want(snap, index, record)? {
+            self.want.push((index, w));
         }
         Ok(problem)
     }
 
+    /// Compares the current block's rows with what its entries need.
     fn finish_block(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
-        let mut have = snap.audit_source_rows(self.block..self.block + 1)?;
+        let mut have = I::rows(snap, self.block)?;
+        // Rows of entries retention removed, in the block it cut into only.
         if self.block == self.audit_from / AUDIT_KEY_BLOCK {
-            have.retain(|&((_, index), _)| index >= self.audit_from);
+            have.retain(|row| I::index_of(row) >= self.audit_from);
         }
-        have.sort_unstable_by_key(|&((bucket, index), _)| (index, bucket));
-        // `want` is in index order: the scan visits entries in order.
+        have.sort_unstable_by_key(|row| (I::index_of(row), *row));
         let mut have_it = have.iter().peekable();
         let mut problem = None;
-        for &(index, buckets, position) in &self.want {
-            match have_it.peek() {
-                Some(&&row) if row.0.1 < index => {
-                    problem = Some(extra_source_row(row));
-                    break;
+        for (index, want) in &self.want {
+            match have_it.next_if(|row| I::index_of(row) == *index) {
+                Some(row) if I::fits(want, row) => {}
+                Some(&row) => problem = Some(I::extra(row)),
+                None => {
+                    problem = Some(match have_it.peek() {
+                        // A row of an index below: no entry of this block needs it.
+                        Some(&&row) if I::index_of(&row) < *index => I::extra(row),
+                        _ => I::missing(*index),
+                    })
                 }
-                Some(&&row) if row.0.1 == index => {
-                    have_it.next();
-                    if !buckets.contains(&row.0.0) || row.1 != position {
-                        problem = Some(extra_source_row(row));
-                        break;
-                    }
-                }
-                _ => {
-                    problem = Some(format!(
-                        "audit entry {index}: missing from the source index (gaps --source \
-                         would not count it)"
-                    ));
-                    break;
-                }
+            }
+            if problem.is_some() {
+                break;
             }
         }
         if problem.is_none()
             && let Some(&row) = have_it.next()
         {
-            problem = Some(extra_source_row(row));
+            problem = Some(I::extra(row));
         }
         self.checked += self.want.len() as u64;
         self.want.clear();
         Ok(problem)
     }
 
+    /// Checks the last block, and that no row lies outside the log's blocks.
     fn finish(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
         if !self.present {
             return Ok(None);
@@ -282,23 +299,8 @@ impl SourceIndexCheck {
             return Ok(Some(p));
         }
         let blocks = self.audit_from / AUDIT_KEY_BLOCK..self.block + 1;
-        Ok(snap.audit_source_row_outside(blocks)?.map(extra_source_row))
+        Ok(I::outside(snap, blocks)?.map(I::extra))
     }
-}
-
-fn extra_source_row(((bucket, index), (epoch, sequence)): SourceRow) -> String {
-    format!(
-        "the source index has a row for audit entry {index} under bucket {bucket:#x} at \
-         epoch {epoch} sequence {sequence}, which is not that entry's (the entry is missing, \
-         names another source or position, or is there twice)"
-    )
-}
-
-fn extra_row((bucket, index): (u64, u64)) -> String {
-    format!(
-        "the key index has a row for audit entry {index} under bucket {bucket:#x}, which is \
-         not that entry's (the entry is missing, or its key gives another bucket)"
-    )
 }
 
 /// Checks, in order:
@@ -362,8 +364,8 @@ pub fn verify_reporting(
         applied_keys: HashSet::new(),
         unresolved: BTreeMap::new(),
     };
-    let mut keys = KeyIndexCheck::new(meta.schema_version >= 2, expected);
-    let mut sources = SourceIndexCheck::new(meta.schema_version >= 3, expected);
+    let mut keys = IndexCheck::new(KeyIndex, meta.schema_version >= 2, expected);
+    let mut sources = IndexCheck::new(SourceIndex::default(), meta.schema_version >= 3, expected);
     let mut fail = None;
     snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
@@ -381,7 +383,7 @@ pub fn verify_reporting(
             at("its hash does not match its content (edited)".into())
         } else if let Some(p) = check_entry(snap, &e, &mut scan, contract)? {
             at(p)
-        } else if let Some(p) = keys.visit(snap, e.index, e.record.key.as_ref())? {
+        } else if let Some(p) = keys.visit(snap, e.index, &e.record)? {
             Some(p)
         } else {
             sources.visit(snap, e.index, &e.record)?

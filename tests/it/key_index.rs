@@ -126,6 +126,27 @@ fn explain_matches_dump(store: &[&str]) -> Vec<u64> {
     first
 }
 
+/// A PostgreSQL store in a database of its own: the database, the path of a config naming
+/// it, and that config's text.
+pub(crate) fn pg_store(name: &str, dir: &Path) -> (PgDb, String, String) {
+    let pg = PgDb::new(name);
+    let cfg = dir.join("pg.toml");
+    let base = format!("[store]\nbackend = \"postgres\"\ndsn = \"{}\"\n", pg.dsn());
+    std::fs::write(&cfg, &base).unwrap();
+    (pg, cfg.to_str().unwrap().to_string(), base)
+}
+
+/// The path of a config of `base` that keeps the newest 5,000 audit entries.
+pub(crate) fn retaining_5000(dir: &Path, base: &str) -> String {
+    let retain = dir.join("retain.toml");
+    std::fs::write(
+        &retain,
+        format!("{base}[retention]\naudit_max_entries = 5000\n"),
+    )
+    .unwrap();
+    retain.to_str().unwrap().to_string()
+}
+
 /// The index of the oldest entry the log keeps.
 pub(crate) fn first_index(store: &[&str]) -> u64 {
     let args = [&["dump-audit"][..], store].concat();
@@ -403,12 +424,9 @@ fn a_file_of_schema_version_1_is_explained_by_a_scan_until_a_writer_builds_its_i
 
 #[test]
 fn on_postgresql_the_index_is_built_by_migrate_kept_by_ingest_and_pruned_by_retention() {
-    let pg = PgDb::new("key_index");
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("pg.toml");
-    let base = format!("[store]\nbackend = \"postgres\"\ndsn = \"{}\"\n", pg.dsn());
-    std::fs::write(&cfg, &base).unwrap();
-    let cfg = cfg.to_str().unwrap();
+    let (pg, cfg, base) = pg_store("key_index", dir.path());
+    let cfg = cfg.as_str();
     // A file of version 1 copied in: the copy is upgraded in the same transaction.
     let db = dir.path().join("k.redb");
     let file = db.to_str().unwrap();
@@ -431,18 +449,8 @@ fn on_postgresql_the_index_is_built_by_migrate_kept_by_ingest_and_pruned_by_rete
     );
 
     // Ingest writes each entry's row in its statement; retention removes whole blocks.
-    let retain = dir.path().join("retain.toml");
-    std::fs::write(
-        &retain,
-        format!("{base}[retention]\naudit_max_entries = 5000\n"),
-    )
-    .unwrap();
-    ok(&[
-        "ingest",
-        "--config",
-        retain.to_str().unwrap(),
-        feed.to_str().unwrap(),
-    ]);
+    let retain = retaining_5000(dir.path(), &base);
+    ok(&["ingest", "--config", &retain, feed.to_str().unwrap()]);
     let first_kept = first_index(&store);
     assert!(first_kept > LINES, "{first_kept}");
     let kept = explain_matches_dump(&store);

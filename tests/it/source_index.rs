@@ -14,8 +14,7 @@ use replay_guard::store::tables::{
 };
 
 use crate::common::msg;
-use crate::key_index::{first_index, ok, run};
-use crate::pg::PgDb;
+use crate::key_index::{first_index, ok, pg_store, retaining_5000, run};
 
 /// Source e1 (epoch 1, sequences 1..=6,000 but 100..=149 and 5,000) interleaved with e2
 /// (epoch 1, 1..=2,000, then epoch 2, 1..=2,000 but 777), three index blocks' worth; a
@@ -330,12 +329,9 @@ fn a_file_of_schema_version_2_is_read_by_a_scan_until_a_writer_builds_its_source
 
 #[test]
 fn on_postgresql_the_source_index_is_built_by_migrate_kept_by_ingest_and_pruned_by_retention() {
-    let pg = PgDb::new("source_index");
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("pg.toml");
-    let base = format!("[store]\nbackend = \"postgres\"\ndsn = \"{}\"\n", pg.dsn());
-    std::fs::write(&cfg, &base).unwrap();
-    let cfg = cfg.to_str().unwrap();
+    let (pg, cfg, base) = pg_store("source_index", dir.path());
+    let cfg = cfg.as_str();
     // A file of version 2 copied in: the copy is upgraded in the same transaction.
     let db = dir.path().join("s.redb");
     let file = db.to_str().unwrap();
@@ -357,23 +353,13 @@ fn on_postgresql_the_source_index_is_built_by_migrate_kept_by_ingest_and_pruned_
     );
 
     // Ingest writes each entry's row in its statement; retention removes whole blocks.
-    let retain = dir.path().join("retain.toml");
-    std::fs::write(
-        &retain,
-        format!("{base}[retention]\naudit_max_entries = 5000\n"),
-    )
-    .unwrap();
+    let retain = retaining_5000(dir.path(), &base);
     let more = dir.path().join("more.jsonl");
     let lines: String = (6_001..=12_000)
         .map(|q| msg("fd", "e1", 1, q, "x") + "\n")
         .collect();
     std::fs::write(&more, lines).unwrap();
-    ok(&[
-        "ingest",
-        "--config",
-        retain.to_str().unwrap(),
-        more.to_str().unwrap(),
-    ]);
+    ok(&["ingest", "--config", &retain, more.to_str().unwrap()]);
     let first_kept = first_index(&store);
     assert!(first_kept > AUDIT_KEY_BLOCK, "{first_kept}");
     let e1 = gaps_agree(&store);

@@ -253,6 +253,15 @@ impl PgView {
             .and_then(|r| <[u8; 32]>::try_from(r.get::<_, &[u8]>(0)).ok()))
     }
 
+    /// Plans the rest of this view's reads as index probes: no sequential scan, no JIT, no
+    /// parallel workers (an index's lookups, whatever the statistics of a growing log say).
+    fn probe_by_index(&self) -> Result<(), StoreError> {
+        self.conn().batch(
+            "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
+             SET LOCAL max_parallel_workers_per_gather = 0",
+        )
+    }
+
     /// The audit entries whose `AUDIT_KEYS` bucket is one of `buckets`, lowest index first
     /// (candidates: the caller checks their keys).
     pub fn audit_in_buckets(&self, buckets: &[u64]) -> Result<Vec<(u64, AuditRecord)>, StoreError> {
@@ -261,12 +270,8 @@ impl PgView {
         // took a hash join over the whole log (minutes at 16M entries), then a scan of the
         // whole index table (4 s), and JIT-compiled and parallelised the probes (3,001
         // buckets at 13M entries, warm: 110 ms and 1.3 s of JIT, against 21 ms without). So:
-        // two statements of one table each, no sequential scan, no JIT, no workers (for the
-        // rest of this view only).
-        self.conn().batch(
-            "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
-             SET LOCAL max_parallel_workers_per_gather = 0",
-        )?;
+        // two statements of one table each, no sequential scan, no JIT, no workers.
+        self.probe_by_index()?;
         let buckets: Vec<i64> = buckets.iter().map(|&b| db(b)).collect();
         let sql = format!(
             "SELECT audit_index FROM {}.audit_keys WHERE bucket = ANY($1::bigint[])",
@@ -304,10 +309,7 @@ impl PgView {
     ) -> Result<Vec<(u64, u64, u64)>, StoreError> {
         // The plan `audit_in_buckets` explains: an index probe per bucket, whatever the
         // statistics say.
-        self.conn().batch(
-            "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
-             SET LOCAL max_parallel_workers_per_gather = 0",
-        )?;
+        self.probe_by_index()?;
         let buckets: Vec<i64> = buckets.iter().map(|&b| db(b)).collect();
         let sql = format!(
             "SELECT audit_index, epoch, sequence FROM {}.audit_sources \
