@@ -439,3 +439,66 @@ fn a_discarded_message_of_a_source_never_applied_is_counted_through_its_unnumber
     );
     assert!(source_index_line(&ok(&["verify", "--db", s])).is_some());
 }
+
+/// Hex of `bytes`, and back, for a `bytea` through `psql`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_populated_postgresql_schema_of_version_2_is_upgraded_in_place_by_the_next_writer() {
+    // A schema as the last release left it (PostgreSQL schema 2, store schema 1: the log
+    // named `audit`, no indexes), made by taking a store of this build back, then opened
+    // by `ingest` (`PgStore::migrate`: DDL 2 -> 3 -> 4, then `store::upgrade` in the same
+    // transaction).
+    let dir = tempfile::tempdir().unwrap();
+    let (pg, cfg, _) = pg_store("source_index_in_place", dir.path());
+    let cfg = cfg.as_str();
+    ok(&[
+        "ingest",
+        "--config",
+        cfg,
+        feed(dir.path()).to_str().unwrap(),
+    ]);
+    let store = ["--config", cfg];
+    let want = gaps_agree(&store);
+    let count = |table: &str| pg.sql(&format!("SELECT count(*) FROM replay_guard.{table}"));
+    let (keys, sources) = (count("audit_keys"), count("audit_sources"));
+    assert_eq!(sources, POSITIONED.to_string());
+    let meta_hex =
+        pg.sql("SELECT encode(record, 'hex') FROM replay_guard.meta WHERE name = 'meta'");
+    let mut meta = META.decode(&unhex(meta_hex.trim())).unwrap();
+    assert_eq!(meta.schema_version, 3);
+    meta.schema_version = 1;
+    pg.sql(&format!(
+        "DROP TABLE replay_guard.audit_keys; DROP TABLE replay_guard.audit_sources; \
+         ALTER TABLE replay_guard.audit_log RENAME TO audit; \
+         UPDATE replay_guard.schema_version SET version = 2; \
+         UPDATE replay_guard.meta SET record = decode('{}', 'hex') WHERE name = 'meta'",
+        hex(&META.encode(&meta))
+    ));
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    ok(&["ingest", "--config", cfg, empty.to_str().unwrap()]);
+    assert_eq!(
+        pg.sql("SELECT version FROM replay_guard.schema_version"),
+        "4"
+    );
+    assert_eq!(
+        (count("audit_keys"), count("audit_sources")),
+        (keys, sources)
+    );
+    assert_eq!(gaps_agree(&store), want);
+    let verified = ok(&["verify", "--config", cfg]);
+    assert!(
+        verified.contains("key index:") && source_index_line(&verified).is_some(),
+        "{verified}"
+    );
+}
