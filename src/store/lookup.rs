@@ -9,10 +9,6 @@ use super::tables::*;
 use crate::decide::{Seen, SourceMarks};
 use crate::model::{Digest, Position};
 
-/// Source index buckets one PostgreSQL statement reads (~4 rows each with 1,000 sources; at
-/// most 4,096 each, one source alone).
-const PG_BUCKETS_PER_READ: usize = 64;
-
 /// What the store knows now about one position of a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PositionState {
@@ -161,14 +157,11 @@ impl Snapshot {
                     .map(|b| audit_source_bucket(b * AUDIT_KEY_BLOCK, Some(no)))
                     .filter(|b| *b & UNNUMBERED == 0)
                     .collect();
-                // A bounded number of rows per statement.
-                for some in buckets.chunks(PG_BUCKETS_PER_READ) {
-                    for (index, epoch, sequence) in pg.audit_source_positions(some)? {
-                        if kept.contains(&index) {
-                            f(epoch, sequence);
-                        }
+                pg.visit_source_positions(&buckets, &mut |index, epoch, sequence| {
+                    if kept.contains(&index) {
+                        f(epoch, sequence);
                     }
-                }
+                })?;
             }
             for ((_, index), (epoch, sequence)) in pg.audit_source_rows(&[unnumbered])? {
                 if kept.contains(&index)

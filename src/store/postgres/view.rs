@@ -10,6 +10,10 @@ use super::{PgConfig, PgStore};
 use crate::store::StoreError;
 use crate::store::tables::*;
 
+/// Source index buckets one statement reads (~4 rows each with 1,000 sources; at most 4,096
+/// each, one source alone): the rows held at once stay bounded.
+const BUCKETS_PER_READ: usize = 64;
+
 /// Rows a scan fetches per round trip.
 const CHUNK: i64 = 512;
 
@@ -301,33 +305,30 @@ impl PgView {
             .collect()
     }
 
-    /// The source index's rows whose bucket is one of `buckets` (numbered buckets: no entry
-    /// needed): (audit index, epoch, sequence), in no particular order.
-    pub fn audit_source_positions(
+    /// Calls `f(audit index, epoch, sequence)` for the source index's rows whose bucket is one
+    /// of `buckets` (numbered buckets: no entry needed), in no particular order, reading
+    /// `BUCKETS_PER_READ` buckets a statement.
+    pub fn visit_source_positions(
         &self,
         buckets: &[u64],
-    ) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        f: &mut dyn FnMut(u64, u64, u64),
+    ) -> Result<(), StoreError> {
         // The plan `audit_in_buckets` explains: an index probe per bucket, whatever the
         // statistics say.
         self.probe_by_index()?;
-        let buckets: Vec<i64> = buckets.iter().map(|&b| db(b)).collect();
         let sql = format!(
             "SELECT audit_index, epoch, sequence FROM {}.audit_sources \
              WHERE bucket = ANY($1::bigint[])",
             self.schema
         );
-        Ok(self
-            .conn()
-            .query(&sql, &[&buckets])?
-            .iter()
-            .map(|r| {
-                (
-                    un(r.get::<_, i64>(0)),
-                    un(r.get::<_, i64>(1)),
-                    un(r.get::<_, i64>(2)),
-                )
-            })
-            .collect())
+        for some in buckets.chunks(BUCKETS_PER_READ) {
+            let some: Vec<i64> = some.iter().map(|&b| db(b)).collect();
+            for r in self.conn().query(&sql, &[&some])? {
+                let c = |i| un(r.get::<_, i64>(i));
+                f(c(0), c(1), c(2));
+            }
+        }
+        Ok(())
     }
 
     /// The source index's rows ((bucket, audit index), (epoch, sequence)) with buckets in
