@@ -71,7 +71,8 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         report.bytes as f64 / (1024.0 * 1024.0),
         report.rows(crate::store::tables::AUDIT.stored()),
         report.rows("effects"),
-        report.rows("window"),
+        report.rows(crate::store::tables::WINDOW.name())
+            + report.rows(crate::store::tables::WINDOW_RECENT.name()),
         report.rows("quarantine"),
         report.rows("sources"),
         report.rows("sink_cursors"),

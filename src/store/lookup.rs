@@ -295,7 +295,15 @@ impl Snapshot {
                     return Ok(None);
                 };
                 let no = no.value();
-                let window = WINDOW.open(txn)?.get(key(no))?;
+                // The newest entries are in `WINDOW_RECENT` (absent from an older file).
+                let recent = match WINDOW_RECENT.open_if_present(txn)? {
+                    Some(t) => t.get(key(no))?,
+                    None => None,
+                };
+                let window = match recent {
+                    Some(w) => Some(w),
+                    None => WINDOW.open(txn)?.get(key(no))?,
+                };
                 Ok::<_, StoreError>(Some((no, SOURCES.open(txn)?.get(no)?, window)))
             })?,
         };

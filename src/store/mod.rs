@@ -90,6 +90,10 @@ pub struct StoreOptions {
     /// replace a zero-length file (and refuses a file that holds data). Without it a
     /// zero-length file is refused: it is a truncated database whose window would be lost.
     pub new_database: bool,
+    /// redb: how many of the window's newest entries gather in their own small table
+    /// before they move into the window's main table together (`tables::WINDOW_RECENT`).
+    /// Not configurable by operators; tests set it low to move entries often.
+    pub window_merge_at: u64,
 }
 
 /// How many processes may write the database file at once (all its handles must agree).
@@ -120,6 +124,7 @@ impl Default for StoreOptions {
             concurrency: Concurrency::default(),
             retention: RetentionPolicy::keep_all(),
             new_database: false,
+            window_merge_at: tables::WINDOW_MERGE_AT,
         }
     }
 }
@@ -759,7 +764,10 @@ impl Store {
     ) -> Result<BatchReport, StoreError> {
         let txn = Leak::new(self.begin_durable()?);
         let report = {
-            let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &self.opts)?);
+            let mut w = Leak::new(Writer::open(
+                RedbTx::open(&txn)?.merging_at(self.opts.window_merge_at),
+                &self.opts,
+            )?);
             let report = w.decide_batch(batch, now_ms, self.consumption.pending())?;
             drop(w.into_inner().finish()?);
             report

@@ -77,7 +77,10 @@ impl Store {
         };
         let txn = Leak::new(self.begin_durable()?);
         let decided = {
-            let mut w = Leak::new(Writer::open(RedbTx::open(&txn)?, &self.opts)?);
+            let mut w = Leak::new(Writer::open(
+                RedbTx::open(&txn)?.merging_at(self.opts.window_merge_at),
+                &self.opts,
+            )?);
             let d = w.resolve(id, resolution, contract, prior, now_ms)?;
             drop(w.into_inner().finish()?);
             d
@@ -413,6 +416,11 @@ impl<T: Tx> Writer<T> {
             }
             None => (self.new_source(&msg.source, msg.position)?, false),
         };
+        // The position may hold another message's entry (a released conflict): it is
+        // replaced, and removed first so a backend keeping entries in two tables (redb's
+        // `WINDOW_RECENT`) never holds the position in both.
+        self.tx
+            .remove_window((no, msg.position.epoch, msg.position.sequence))?;
         self.write_effect(
             no,
             msg,

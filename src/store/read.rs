@@ -326,12 +326,16 @@ impl Snapshot {
         }
         self.guard(|txn| {
             let mut out = Vec::new();
+            // A name given twice adds to its line (the window's two tables are one line).
             let mut add = |name: &'static str, s: redb::TableStats| {
-                out.push((
-                    name,
-                    s.stored_bytes(),
-                    s.metadata_bytes() + s.fragmented_bytes(),
-                ));
+                let (stored, other) = (s.stored_bytes(), s.metadata_bytes() + s.fragmented_bytes());
+                match out.iter_mut().find(|(n, _, _)| *n == name) {
+                    Some((_, a, b)) => {
+                        *a += stored;
+                        *b += other;
+                    }
+                    None => out.push((name, stored, other)),
+                }
             };
             add(AUDIT.name(), AUDIT.open(txn)?.stats().map_err(r)?);
             // Absent from a file of an older schema no writer has opened since.
@@ -347,6 +351,9 @@ impl Snapshot {
             }
             add(EFFECTS.name(), EFFECTS.open(txn)?.stats().map_err(r)?);
             add(WINDOW.name(), WINDOW.open(txn)?.stats().map_err(r)?);
+            if let Some(t) = WINDOW_RECENT.open_if_present(txn)? {
+                add(WINDOW.name(), t.stats().map_err(r)?);
+            }
             add(QUARANTINE.name(), QUARANTINE.open(txn)?.stats().map_err(r)?);
             add(SOURCES.name(), SOURCES.open(txn)?.stats().map_err(r)?);
             Ok(out)
@@ -381,7 +388,11 @@ impl Snapshot {
         }
         self.guard(|txn| {
             let m = self.meta()?;
-            let window_entries = WINDOW.open(txn)?.len().map_err(r)?;
+            let recent = match WINDOW_RECENT.open_if_present(txn)? {
+                Some(t) => t.len().map_err(r)?,
+                None => 0,
+            };
+            let window_entries = WINDOW.open(txn)?.len().map_err(r)? + recent;
             Ok(StoreSummary {
                 audit_entries: m.next_audit,
                 effects: m.next_effect,

@@ -16,6 +16,7 @@ pub struct RedbTx<'t> {
     source_ids: Table<'t, (&'static str, &'static str), u64>,
     sources: Writable<'t, u64, SourceRecord>,
     window: Writable<'t, (u64, u64, u64), WindowRecord>,
+    window_recent: Writable<'t, (u64, u64, u64), WindowRecord>,
     effects: Writable<'t, u64, EffectRecord>,
     audit: Writable<'t, u64, AuditRecord>,
     audit_keys: Table<'t, (u64, u64), ()>,
@@ -28,6 +29,8 @@ pub struct RedbTx<'t> {
     sink_ledger: Writable<'t, (&'static str, u64), LedgerRecord>,
     /// Reused encoding buffer (one allocation per batch, not per record).
     buf: Vec<u8>,
+    /// `WINDOW_RECENT`'s size that moves it into `WINDOW`.
+    merge_at: u64,
 }
 
 impl<'t> RedbTx<'t> {
@@ -39,6 +42,7 @@ impl<'t> RedbTx<'t> {
         let source_ids = Leak::new(txn.open_table(SOURCE_IDS).map_err(open)?);
         let sources = Leak::new(SOURCES.open_mut(txn)?);
         let window = Leak::new(WINDOW.open_mut(txn)?);
+        let window_recent = Leak::new(WINDOW_RECENT.open_mut(txn)?);
         let effects = Leak::new(EFFECTS.open_mut(txn)?);
         let audit = Leak::new(AUDIT.open_mut(txn)?);
         let audit_keys = Leak::new(txn.open_table(AUDIT_KEYS).map_err(open)?);
@@ -54,6 +58,7 @@ impl<'t> RedbTx<'t> {
             source_ids: source_ids.into_inner(),
             sources: sources.into_inner(),
             window: window.into_inner(),
+            window_recent: window_recent.into_inner(),
             effects: effects.into_inner(),
             audit: audit.into_inner(),
             audit_keys: audit_keys.into_inner(),
@@ -65,7 +70,31 @@ impl<'t> RedbTx<'t> {
             sink_parked: sink_parked.into_inner(),
             sink_ledger: sink_ledger.into_inner(),
             buf: Vec::with_capacity(1024),
+            merge_at: WINDOW_MERGE_AT,
         })
+    }
+
+    /// Moves `WINDOW_RECENT` into `WINDOW` once it holds `n` entries instead of
+    /// `WINDOW_MERGE_AT` (`StoreOptions::window_merge_at`).
+    pub fn merging_at(mut self, n: u64) -> Self {
+        self.merge_at = n.max(1);
+        self
+    }
+}
+
+impl RedbTx<'_> {
+    /// Moves every entry of `WINDOW_RECENT` into `WINDOW`, in key order.
+    fn merge_recent(&mut self) -> Result<(), StoreError> {
+        let mut moved: Vec<((u64, u64, u64), Vec<u8>)> = Vec::new();
+        for item in ReadableTable::iter(&*self.window_recent).map_err(redb)? {
+            let (k, v) = item.map_err(redb)?;
+            moved.push((k.value(), v.value().to_vec()));
+        }
+        self.window_recent.retain(|_, _| false).map_err(redb)?;
+        for (k, v) in &moved {
+            self.window.insert(k, v.as_slice()).map_err(redb)?;
+        }
+        Ok(())
     }
 }
 
@@ -146,16 +175,25 @@ impl Tx for RedbTx<'_> {
     }
 
     fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        self.window.get(key)
+        match self.window_recent.get(key)? {
+            Some(w) => Ok(Some(w)),
+            None => self.window.get(key),
+        }
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
-        self.window.put(key, record, &mut self.buf)?;
+        self.window_recent.put(key, record, &mut self.buf)?;
+        if self.window_recent.len().map_err(redb)? >= self.merge_at {
+            self.merge_recent()?;
+        }
         Ok(())
     }
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        self.window.take(key)
+        match self.window_recent.take(key)? {
+            Some(w) => Ok(Some(w)),
+            None => self.window.take(key),
+        }
     }
 
     fn window_present(
@@ -165,16 +203,30 @@ impl Tx for RedbTx<'_> {
         seqs: RangeInclusive<u64>,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         let (from, to) = (*seqs.start(), *seqs.end());
+        // Keys only: the records are never decoded. A position is in one table or the
+        // other, so the two sorted runs merge into one.
+        let keys = |t: &Table<'_, (u64, u64, u64), &'static [u8]>| -> Result<Vec<u64>, StoreError> {
+            let mut seqs = Vec::new();
+            for item in
+                ReadableTable::range::<(u64, u64, u64)>(t, (no, epoch, from)..=(no, epoch, to))
+                    .map_err(redb)?
+            {
+                seqs.push(item.map_err(redb)?.0.value().2);
+            }
+            Ok(seqs)
+        };
+        let (old, new) = (keys(&self.window)?, keys(&self.window_recent)?);
         let mut out = Vec::new();
-        // Keys only: the records are never decoded.
-        let keys = ReadableTable::range::<(u64, u64, u64)>(
-            &*self.window,
-            (no, epoch, from)..=(no, epoch, to),
-        )
-        .map_err(redb)?;
-        for item in keys {
-            let (k, _) = item.map_err(redb)?;
-            super::tx::push_present(&mut out, k.value().2);
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < new.len() {
+            let q = if j == new.len() || (i < old.len() && old[i] < new[j]) {
+                i += 1;
+                old[i - 1]
+            } else {
+                j += 1;
+                new[j - 1]
+            };
+            super::tx::push_present(&mut out, q);
         }
         Ok(out)
     }
@@ -402,4 +454,60 @@ impl Tx for RedbTx<'_> {
 /// An entry of a `u64`-keyed table as (key, record).
 fn by_offset<R>(entry: Entry<'_, u64, R>) -> Result<(u64, R), StoreError> {
     entry.map(|(k, record)| (k.value(), record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(offset: u64) -> WindowRecord {
+        WindowRecord {
+            digest: [offset as u8; 32],
+            effect_offset: offset,
+        }
+    }
+
+    /// Entries in both window tables read as one: lookups, removals and the present ranges
+    /// `upstream` confirms gaps with, before and after the move into `WINDOW`.
+    #[test]
+    fn the_two_window_tables_read_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(4);
+            // 1, 3, 5, 7 reach the mark and move into WINDOW; 2 and 9 stay recent.
+            for q in [1, 3, 5, 7, 2, 9] {
+                tx.put_window((1, 1, q), &entry(q)).unwrap();
+            }
+            tx.put_window((2, 1, 4), &entry(40)).unwrap();
+            assert_eq!(tx.window.len().unwrap(), 4);
+            assert_eq!(tx.window_recent.len().unwrap(), 3);
+            for q in [1, 2, 3, 5, 7, 9] {
+                assert_eq!(tx.window((1, 1, q)).unwrap(), Some(entry(q)), "{q}");
+            }
+            assert_eq!(tx.window((1, 1, 4)).unwrap(), None);
+            assert_eq!(
+                tx.window_present(1, 1, 0..=10).unwrap(),
+                [(1, 3), (5, 5), (7, 7), (9, 9)]
+            );
+            assert_eq!(tx.window_present(1, 1, 4..=4).unwrap(), []);
+            // A removal finds the entry in either table, once.
+            assert_eq!(tx.remove_window((1, 1, 3)).unwrap(), Some(entry(3)));
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(2)));
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), None);
+            assert_eq!(
+                tx.window_present(1, 1, 0..=10).unwrap(),
+                [(1, 1), (5, 5), (7, 7), (9, 9)]
+            );
+            // Put back after a removal (eviction's and a release's path): one table holds it.
+            tx.put_window((1, 1, 3), &entry(33)).unwrap();
+            assert_eq!(tx.window((1, 1, 3)).unwrap(), Some(entry(33)));
+            assert_eq!(
+                tx.window.len().unwrap() + tx.window_recent.len().unwrap(),
+                6
+            );
+        }
+        txn.commit().unwrap();
+    }
 }

@@ -45,6 +45,19 @@ pub const SOURCES: Records<u64, SourceRecord> = Records::new("sources", "sources
 /// per-source appends; the SHA-256 key is derived from the same fields and stored in the logs.
 pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
     Records::new("window", "window_entries", "source_no, epoch, sequence");
+/// The window's newest entries (redb only): `Tx::put_window` adds here and a lookup reads
+/// both tables, so a position is in at most one of them. Keyed like `WINDOW`, so a feed of
+/// many sources dirties a page per source of this small table per commit instead of one of
+/// the whole window; once it holds `WINDOW_MERGE_AT` entries they move to `WINDOW` together,
+/// in key order, inside the commit that reached the mark (one write of each source's last
+/// window page per merge, not per commit).
+pub const WINDOW_RECENT: Records<(u64, u64, u64), WindowRecord> = Records::new(
+    "window_recent",
+    "window_entries",
+    "source_no, epoch, sequence",
+);
+/// How many entries `WINDOW_RECENT` gathers before they move to `WINDOW`.
+pub const WINDOW_MERGE_AT: u64 = 16_384;
 /// effect offset -> `EffectRecord`. Also the window's time index: the window holds exactly the
 /// effects at offsets >= `Meta::window_start`, in first-seen order.
 pub const EFFECTS: Records<u64, EffectRecord> = Records::new("effects", "effects", "effect_offset");
@@ -339,6 +352,7 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
     })?;
     copy.table(records(SOURCES))?;
     copy.table(records(WINDOW))?;
+    copy.table(records(WINDOW_RECENT))?;
     copy.table(records(EFFECTS))?;
     copy.table(records(AUDIT))?;
     copy.table(WholeTable {
@@ -1467,6 +1481,7 @@ pub fn check_decoders(bytes: &[u8]) {
     records(REPLAY_BURSTS, bytes);
     records(SOURCES, bytes);
     records(WINDOW, bytes);
+    records(WINDOW_RECENT, bytes);
     records(QUARANTINE, bytes);
     records(SINK_CURSORS, bytes);
     records(SINK_PARKED, bytes);

@@ -143,3 +143,4 @@ mod tls;
 mod torture;
 mod upstream_loss;
 mod verify;
+mod window_tables;
