@@ -71,8 +71,9 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         report.bytes as f64 / (1024.0 * 1024.0),
         report.rows(crate::store::tables::AUDIT.stored()),
         report.rows("effects"),
-        report.rows(crate::store::tables::WINDOW.name())
-            + report.rows(crate::store::tables::WINDOW_RECENT.name()),
+        (report.rows(crate::store::tables::WINDOW.name())
+            + report.rows(crate::store::tables::WINDOW_RECENT.name()))
+        .saturating_sub(report.rows("window_gone")),
         report.rows("quarantine"),
         report.rows("sources"),
         report.rows("sink_cursors"),

@@ -302,7 +302,10 @@ impl Snapshot {
                 };
                 let window = match recent {
                     Some(w) => Some(w),
-                    None => WINDOW.open(txn)?.get(key(no))?,
+                    None => match WINDOW.open(txn)?.get(key(no))? {
+                        Some(w) if !window_gone(txn, key(no))? => Some(w),
+                        _ => None,
+                    },
                 };
                 Ok::<_, StoreError>(Some((no, SOURCES.open(txn)?.get(no)?, window)))
             })?,

@@ -354,6 +354,11 @@ impl Snapshot {
             if let Some(t) = WINDOW_RECENT.open_if_present(txn)? {
                 add(WINDOW.name(), t.stats().map_err(r)?);
             }
+            match txn.open_table(WINDOW_GONE) {
+                Ok(t) => add(WINDOW.name(), t.stats().map_err(r)?),
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(StoreError::redb(e)),
+            }
             add(QUARANTINE.name(), QUARANTINE.open(txn)?.stats().map_err(r)?);
             add(SOURCES.name(), SOURCES.open(txn)?.stats().map_err(r)?);
             Ok(out)
@@ -392,7 +397,14 @@ impl Snapshot {
                 Some(t) => t.len().map_err(r)?,
                 None => 0,
             };
-            let window_entries = WINDOW.open(txn)?.len().map_err(r)? + recent;
+            // Every position of `WINDOW_GONE` is in `WINDOW`, no longer in the window.
+            let gone = match txn.open_table(WINDOW_GONE) {
+                Ok(t) => t.len().map_err(r)?,
+                Err(redb::TableError::TableDoesNotExist(_)) => 0,
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            let window_entries =
+                (WINDOW.open(txn)?.len().map_err(r)? + recent).saturating_sub(gone);
             Ok(StoreSummary {
                 audit_entries: m.next_audit,
                 effects: m.next_effect,

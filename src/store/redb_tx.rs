@@ -17,6 +17,7 @@ pub struct RedbTx<'t> {
     sources: Writable<'t, u64, SourceRecord>,
     window: Writable<'t, (u64, u64, u64), WindowRecord>,
     window_recent: Writable<'t, (u64, u64, u64), WindowRecord>,
+    window_gone: Table<'t, (u64, u64, u64), ()>,
     effects: Writable<'t, u64, EffectRecord>,
     audit: Writable<'t, u64, AuditRecord>,
     audit_keys: Table<'t, (u64, u64), ()>,
@@ -43,6 +44,7 @@ impl<'t> RedbTx<'t> {
         let sources = Leak::new(SOURCES.open_mut(txn)?);
         let window = Leak::new(WINDOW.open_mut(txn)?);
         let window_recent = Leak::new(WINDOW_RECENT.open_mut(txn)?);
+        let window_gone = Leak::new(txn.open_table(WINDOW_GONE).map_err(open)?);
         let effects = Leak::new(EFFECTS.open_mut(txn)?);
         let audit = Leak::new(AUDIT.open_mut(txn)?);
         let audit_keys = Leak::new(txn.open_table(AUDIT_KEYS).map_err(open)?);
@@ -59,6 +61,7 @@ impl<'t> RedbTx<'t> {
             sources: sources.into_inner(),
             window: window.into_inner(),
             window_recent: window_recent.into_inner(),
+            window_gone: window_gone.into_inner(),
             effects: effects.into_inner(),
             audit: audit.into_inner(),
             audit_keys: audit_keys.into_inner(),
@@ -83,9 +86,33 @@ impl<'t> RedbTx<'t> {
 }
 
 impl RedbTx<'_> {
-    /// Moves every entry of `WINDOW_RECENT` into `WINDOW`, in key order.
+    /// Whether `key`'s entry in `WINDOW` has been removed (`WINDOW_GONE`).
+    fn gone(&self, key: WindowKey) -> Result<bool, StoreError> {
+        Ok(self.window_gone.get(key).map_err(redb)?.is_some())
+    }
+
+    fn merge_if_due(&mut self) -> Result<(), StoreError> {
+        let pending =
+            self.window_recent.len().map_err(redb)? + self.window_gone.len().map_err(redb)?;
+        if pending >= self.merge_at {
+            self.merge_recent()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes `WINDOW_GONE`'s positions from `WINDOW`, then moves every entry of
+    /// `WINDOW_RECENT` into it, each in key order. In that order: a position removed and
+    /// put again is in both small tables, and keeps its new entry.
     fn merge_recent(&mut self) -> Result<(), StoreError> {
-        let mut moved: Vec<((u64, u64, u64), Vec<u8>)> = Vec::new();
+        let mut gone: Vec<WindowKey> = Vec::new();
+        for item in ReadableTable::iter(&self.window_gone).map_err(redb)? {
+            gone.push(item.map_err(redb)?.0.value());
+        }
+        self.window_gone.retain(|_, _| false).map_err(redb)?;
+        for k in &gone {
+            self.window.remove(k).map_err(redb)?;
+        }
+        let mut moved: Vec<(WindowKey, Vec<u8>)> = Vec::new();
         for item in ReadableTable::iter(&*self.window_recent).map_err(redb)? {
             let (k, v) = item.map_err(redb)?;
             moved.push((k.value(), v.value().to_vec()));
@@ -96,6 +123,18 @@ impl RedbTx<'_> {
         }
         Ok(())
     }
+}
+
+/// The sequences of the keys of `table` in `span` (one source's epoch), in order.
+fn sequences<V: redb::Value + 'static>(
+    table: &impl ReadableTable<WindowKey, V>,
+    span: RangeInclusive<WindowKey>,
+) -> Result<Vec<u64>, StoreError> {
+    let mut out = Vec::new();
+    for item in table.range(span).map_err(redb)? {
+        out.push(item.map_err(redb)?.0.value().2);
+    }
+    Ok(out)
 }
 
 fn redb(e: impl Into<redb::Error>) -> StoreError {
@@ -175,24 +214,31 @@ impl Tx for RedbTx<'_> {
     }
 
     fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        match self.window_recent.get(key)? {
-            Some(w) => Ok(Some(w)),
-            None => self.window.get(key),
+        if let Some(w) = self.window_recent.get(key)? {
+            return Ok(Some(w));
+        }
+        match self.window.get(key)? {
+            Some(w) if !self.gone(key)? => Ok(Some(w)),
+            _ => Ok(None),
         }
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
         self.window_recent.put(key, record, &mut self.buf)?;
-        if self.window_recent.len().map_err(redb)? >= self.merge_at {
-            self.merge_recent()?;
-        }
-        Ok(())
+        self.merge_if_due()
     }
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        match self.window_recent.take(key)? {
-            Some(w) => Ok(Some(w)),
-            None => self.window.take(key),
+        if let Some(w) = self.window_recent.take(key)? {
+            return Ok(Some(w));
+        }
+        match self.window.get(key)? {
+            Some(w) if !self.gone(key)? => {
+                self.window_gone.insert(key, ()).map_err(redb)?;
+                self.merge_if_due()?;
+                Ok(Some(w))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -202,31 +248,27 @@ impl Tx for RedbTx<'_> {
         epoch: u64,
         seqs: RangeInclusive<u64>,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
-        let (from, to) = (*seqs.start(), *seqs.end());
-        // Keys only: the records are never decoded. A position is in one table or the
-        // other, so the two sorted runs merge into one.
-        let keys = |t: &Table<'_, (u64, u64, u64), &'static [u8]>| -> Result<Vec<u64>, StoreError> {
-            let mut seqs = Vec::new();
-            for item in
-                ReadableTable::range::<(u64, u64, u64)>(t, (no, epoch, from)..=(no, epoch, to))
-                    .map_err(redb)?
-            {
-                seqs.push(item.map_err(redb)?.0.value().2);
-            }
-            Ok(seqs)
-        };
-        let (old, new) = (keys(&self.window)?, keys(&self.window_recent)?);
+        let span = (no, epoch, *seqs.start())..=(no, epoch, *seqs.end());
+        // Keys only: the records are never decoded. `WINDOW` less `WINDOW_GONE`, then
+        // `WINDOW_RECENT`: three sorted runs, the last disjoint from the first's remainder.
+        let old = sequences(&*self.window, span.clone())?;
+        let gone = sequences(&self.window_gone, span.clone())?;
+        let new = sequences(&*self.window_recent, span)?;
+        let mut g = gone.into_iter().peekable();
+        let kept = old.into_iter().filter(|q| {
+            while g.next_if(|x| x < q).is_some() {}
+            g.peek() != Some(q)
+        });
         let mut out = Vec::new();
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            let q = if j == new.len() || (i < old.len() && old[i] < new[j]) {
-                i += 1;
-                old[i - 1]
-            } else {
-                j += 1;
-                new[j - 1]
-            };
+        let mut new = new.into_iter().peekable();
+        for q in kept {
+            while let Some(n) = new.next_if(|n| *n < q) {
+                super::tx::push_present(&mut out, n);
+            }
             super::tx::push_present(&mut out, q);
+        }
+        for n in new {
+            super::tx::push_present(&mut out, n);
         }
         Ok(out)
     }
@@ -475,38 +517,47 @@ mod tests {
         let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
-            let mut tx = RedbTx::open(&txn).unwrap().merging_at(4);
-            // 1, 3, 5, 7 reach the mark and move into WINDOW; 2 and 9 stay recent.
-            for q in [1, 3, 5, 7, 2, 9] {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(5);
+            let present = |tx: &mut RedbTx<'_>| tx.window_present(1, 1, 0..=10).unwrap();
+            // The fifth entry moves all five into WINDOW; 9 and another source's stay recent.
+            for q in [1, 3, 5, 7, 2] {
                 tx.put_window((1, 1, q), &entry(q)).unwrap();
             }
+            tx.put_window((1, 1, 9), &entry(9)).unwrap();
             tx.put_window((2, 1, 4), &entry(40)).unwrap();
-            assert_eq!(tx.window.len().unwrap(), 4);
-            assert_eq!(tx.window_recent.len().unwrap(), 3);
+            assert_eq!(tx.window.len().unwrap(), 5);
+            assert_eq!(tx.window_recent.len().unwrap(), 2);
             for q in [1, 2, 3, 5, 7, 9] {
                 assert_eq!(tx.window((1, 1, q)).unwrap(), Some(entry(q)), "{q}");
             }
             assert_eq!(tx.window((1, 1, 4)).unwrap(), None);
-            assert_eq!(
-                tx.window_present(1, 1, 0..=10).unwrap(),
-                [(1, 3), (5, 5), (7, 7), (9, 9)]
-            );
+            assert_eq!(present(&mut tx), [(1, 3), (5, 5), (7, 7), (9, 9)]);
             assert_eq!(tx.window_present(1, 1, 4..=4).unwrap(), []);
-            // A removal finds the entry in either table, once.
+
+            // A removal finds the entry in either table, once: from WINDOW_RECENT it is
+            // deleted, in WINDOW it is marked gone until the next move.
             assert_eq!(tx.remove_window((1, 1, 3)).unwrap(), Some(entry(3)));
-            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(2)));
-            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), None);
-            assert_eq!(
-                tx.window_present(1, 1, 0..=10).unwrap(),
-                [(1, 1), (5, 5), (7, 7), (9, 9)]
-            );
-            // Put back after a removal (eviction's and a release's path): one table holds it.
+            assert_eq!(tx.remove_window((1, 1, 3)).unwrap(), None);
+            assert_eq!(tx.remove_window((1, 1, 9)).unwrap(), Some(entry(9)));
+            assert_eq!(tx.remove_window((1, 1, 9)).unwrap(), None);
+            assert_eq!(tx.window.len().unwrap(), 5);
+            assert_eq!(tx.window_gone.len().unwrap(), 1);
+            assert_eq!(tx.window((1, 1, 3)).unwrap(), None);
+            assert_eq!(present(&mut tx), [(1, 2), (5, 5), (7, 7)]);
+
+            // Put back after a removal (eviction's and a release's path): the new entry is
+            // read at once, and survives the move (which deletes the gone position first).
             tx.put_window((1, 1, 3), &entry(33)).unwrap();
             assert_eq!(tx.window((1, 1, 3)).unwrap(), Some(entry(33)));
-            assert_eq!(
-                tx.window.len().unwrap() + tx.window_recent.len().unwrap(),
-                6
-            );
+            assert_eq!(present(&mut tx), [(1, 3), (5, 5), (7, 7)]);
+            tx.put_window((1, 1, 8), &entry(8)).unwrap();
+            tx.put_window((1, 1, 10), &entry(10)).unwrap();
+            assert_eq!(tx.window_gone.len().unwrap(), 0);
+            assert_eq!(tx.window_recent.len().unwrap(), 0);
+            assert_eq!(tx.window.len().unwrap(), 8);
+            assert_eq!(tx.window((1, 1, 3)).unwrap(), Some(entry(33)));
+            assert_eq!(tx.window((2, 1, 4)).unwrap(), Some(entry(40)));
+            assert_eq!(present(&mut tx), [(1, 3), (5, 5), (7, 8), (10, 10)]);
         }
         txn.commit().unwrap();
     }

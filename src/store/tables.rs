@@ -46,7 +46,7 @@ pub const SOURCES: Records<u64, SourceRecord> = Records::new("sources", "sources
 pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
     Records::new("window", "window_entries", "source_no, epoch, sequence");
 /// The window's newest entries (redb only): `Tx::put_window` adds here and a lookup reads
-/// both tables, so a position is in at most one of them. Keyed like `WINDOW`, so a feed of
+/// this table, then `WINDOW` less `WINDOW_GONE`. Keyed like `WINDOW`, so a feed of
 /// many sources dirties a page per source of this small table per commit instead of one of
 /// the whole window; once it holds `WINDOW_MERGE_AT` entries they move to `WINDOW` together,
 /// in key order, inside the commit that reached the mark (one write of each source's last
@@ -56,7 +56,24 @@ pub const WINDOW_RECENT: Records<(u64, u64, u64), WindowRecord> = Records::new(
     "window_entries",
     "source_no, epoch, sequence",
 );
-/// How many entries `WINDOW_RECENT` gathers before they move to `WINDOW`.
+/// Positions removed from `WINDOW` (eviction, a release's replacement) but not yet deleted
+/// there (redb only): a lookup that finds a position in `WINDOW` and here finds nothing.
+/// Deleted from `WINDOW` together, in key order, when the two small tables reach
+/// `WINDOW_MERGE_AT` (before `WINDOW_RECENT` moves in, so a position removed and put again
+/// keeps its new entry): eviction, which removes one entry per source per commit at the
+/// oldest end, writes each source's oldest window page once per move, not once per commit.
+pub const WINDOW_GONE: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("window_gone");
+/// Whether `WINDOW_GONE` names `key` in a read transaction (a file without the table: no).
+pub fn window_gone(txn: &ReadTransaction, key: (u64, u64, u64)) -> Result<bool, StoreError> {
+    match txn.open_table(WINDOW_GONE) {
+        Ok(t) => Ok(t.get(key)?.is_some()),
+        Err(TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(StoreError::redb(e)),
+    }
+}
+
+/// How many entries `WINDOW_RECENT` and `WINDOW_GONE` gather before they are applied to
+/// `WINDOW`.
 pub const WINDOW_MERGE_AT: u64 = 16_384;
 /// effect offset -> `EffectRecord`. Also the window's time index: the window holds exactly the
 /// effects at offsets >= `Meta::window_start`, in first-seen order.
@@ -353,6 +370,14 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
     copy.table(records(SOURCES))?;
     copy.table(records(WINDOW))?;
     copy.table(records(WINDOW_RECENT))?;
+    // Read with `WINDOW` by a copy into PostgreSQL (whose window is one table), copied as it
+    // is by `backup`.
+    copy.table(WholeTable {
+        def: WINDOW_GONE,
+        pg_table: "",
+        pg_columns: ["", ""],
+        formerly: None,
+    })?;
     copy.table(records(EFFECTS))?;
     copy.table(records(AUDIT))?;
     copy.table(WholeTable {

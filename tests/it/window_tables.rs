@@ -1,6 +1,6 @@
 //! redb keeps the dedup window's newest entries in a small table of their own
-//! (`WINDOW_RECENT`) and moves them into the window's main table every
-//! `WINDOW_MERGE_AT` entries. Through the real binary: a feed that crosses a move decides
+//! (`WINDOW_RECENT`) and the positions removed from its main table in another
+//! (`WINDOW_GONE`), and applies both to the main table every `WINDOW_MERGE_AT` entries. Through the real binary: a feed that crosses a move decides
 //! its replays as duplicates and conflicts whichever table holds the original, `stats`
 //! counts both tables, `verify` passes, an operator's release replaces an entry of the main
 //! table, and `backup` and `migrate --from` (PostgreSQL, one
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
 use replay_guard::json::parse;
-use replay_guard::store::tables::{WINDOW, WINDOW_MERGE_AT, WINDOW_RECENT};
+use replay_guard::store::tables::{WINDOW, WINDOW_GONE, WINDOW_MERGE_AT, WINDOW_RECENT};
 
 use crate::common::msg;
 use crate::key_index::{field, number, ok, pg_store};
@@ -63,33 +63,53 @@ fn replays(dir: &Path) -> (String, u64, u64, u64) {
     )
 }
 
-/// (applied, duplicate, conflict) of an ingest's summary.
-fn outcomes(summary: &str) -> (u64, u64, u64) {
-    let count = |name: &str| -> u64 {
-        summary
-            .lines()
-            .find_map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next() == Some(name)).then(|| w.next().unwrap().parse().unwrap())
-            })
-            .unwrap_or_else(|| panic!("no {name} line in {summary}"))
-    };
-    (count("applied"), count("duplicate"), count("conflict"))
+/// The count of outcome `name` in an ingest's summary.
+fn count(summary: &str, name: &str) -> u64 {
+    summary
+        .lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(name)).then(|| w.next().unwrap().parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {name} line in {summary}"))
 }
 
-fn ingest(store: &[&str], feed: &str) -> (u64, u64, u64) {
+fn ingest_summary(store: &[&str], feed: &str) -> String {
     let (code, _, err) = crate::key_index::run(&[&["ingest"][..], store, &[feed]].concat());
     assert_eq!(code, Some(0), "{err}");
-    outcomes(&err)
+    err
+}
+
+/// (applied, duplicate, conflict) of an ingest.
+fn ingest(store: &[&str], feed: &str) -> (u64, u64, u64) {
+    let s = ingest_summary(store, feed);
+    (
+        count(&s, "applied"),
+        count(&s, "duplicate"),
+        count(&s, "conflict"),
+    )
+}
+
+/// (duplicate, stale) of an ingest.
+fn ingest_stale(store: &[&str], feed: &str) -> (u64, u64) {
+    let s = ingest_summary(store, feed);
+    (count(&s, "duplicate"), count(&s, "stale"))
 }
 
 /// Entries in (`WINDOW`, `WINDOW_RECENT`) of a redb file.
 fn tables(db: &Path) -> (u64, u64) {
+    let (main, recent, _) = all_tables(db);
+    (main, recent)
+}
+
+/// Entries in (`WINDOW`, `WINDOW_RECENT`, `WINDOW_GONE`) of a redb file.
+fn all_tables(db: &Path) -> (u64, u64, u64) {
     let file = redb::Database::open(db).unwrap();
     let txn = file.begin_read().unwrap();
     let main = txn.open_table(WINDOW.raw()).unwrap().len().unwrap();
     let recent = txn.open_table(WINDOW_RECENT.raw()).unwrap().len().unwrap();
-    (main, recent)
+    let gone = txn.open_table(WINDOW_GONE).unwrap().len().unwrap();
+    (main, recent, gone)
 }
 
 fn window_entries(store: &[&str]) -> u64 {
@@ -125,9 +145,9 @@ fn replays_are_decided_alike_whichever_window_table_holds_the_original() {
     assert_eq!(ingest(&copy_store, &feed), (new, dup, conflict));
 
     // Releasing a conflict whose original's entry moved to the main table replaces it: the
-    // position is then in one table only, the released content is the duplicate and the
-    // original content the conflict.
-    let (main_before, recent_before) = tables(&db);
+    // main table's entry is marked gone and the new one is recent; the released content is
+    // the duplicate and the original content the conflict.
+    let (main_before, recent_before, gone_before) = all_tables(&db);
     ok(&[
         "quarantine",
         "release",
@@ -137,10 +157,9 @@ fn replays_are_decided_alike_whichever_window_table_holds_the_original() {
         "--reason",
         "genuine",
     ]);
-    let (main_after, recent_after) = tables(&db);
     assert_eq!(
-        (main_after, recent_after),
-        (main_before - 1, recent_before + 1)
+        all_tables(&db),
+        (main_before, recent_before + 1, gone_before + 1)
     );
     assert_eq!(window_entries(&store), total + new);
     let released = write(
@@ -172,4 +191,63 @@ fn replays_are_decided_alike_whichever_window_table_holds_the_original() {
     );
     let on_pg = ["--config", cfg.as_str()];
     assert_eq!(ingest(&on_pg, &feed), (0, dup + new, conflict));
+}
+
+/// Eviction from the main table marks the positions gone until the next move: they decide
+/// `stale` at once, are not counted, and are left out of a copy into PostgreSQL; `backup`
+/// copies the mark.
+#[test]
+fn evicted_entries_of_the_main_table_are_gone_at_once_and_in_every_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("w.redb");
+    let file = db.to_str().unwrap();
+    let cfg = dir.path().join("evict.toml");
+    let keep = 18_000u64;
+    std::fs::write(
+        &cfg,
+        format!("[store]\npath = \"{file}\"\n[window]\nmax_entries = {keep}\n"),
+    )
+    .unwrap();
+    let store = ["--config", cfg.to_str().unwrap()];
+    let total = SOURCES * PER_SOURCE;
+    assert_eq!(ingest(&store, &first(dir.path())), (total, 0, 0));
+    // The oldest 2,000 (sequences 1..=50 of each source) were evicted from the main table.
+    let (main, recent, gone) = all_tables(&db);
+    assert_eq!(
+        (main + recent, gone),
+        (total, total - keep),
+        "{main} {recent} {gone}"
+    );
+    assert_eq!(window_entries(&store), keep);
+
+    // Sequence 1 (evicted) is stale; 250 (main table) and 500 (recent) are duplicates.
+    let mut lines = Vec::new();
+    for s in 0..SOURCES {
+        for q in [1, 250, PER_SOURCE] {
+            lines.push(msg("wt", &format!("s{s:02}"), 1, q, &format!("{s}/{q}")));
+        }
+    }
+    let feed = write(dir.path(), "replays.jsonl", &lines);
+    let want = (SOURCES * 2, SOURCES);
+
+    let copy = dir.path().join("copy.redb");
+    ok(&["backup", "--db", file, "--to", copy.to_str().unwrap()]);
+    assert_eq!(all_tables(&copy), (main, recent, gone));
+    let (pg, pg_cfg, _) = pg_store("window_gone", dir.path());
+    ok(&[
+        "migrate",
+        "--from",
+        copy.to_str().unwrap(),
+        "--config",
+        &pg_cfg,
+    ]);
+    assert_eq!(
+        pg.sql("SELECT count(*) FROM replay_guard.window_entries"),
+        keep.to_string()
+    );
+    assert_eq!(ingest_stale(&store, &feed), want);
+    assert_eq!(ingest_stale(&["--db", copy.to_str().unwrap()], &feed), want);
+    assert_eq!(ingest_stale(&["--config", pg_cfg.as_str()], &feed), want);
+    ok(&["verify", "--db", file]);
+    ok(&["verify", "--config", &pg_cfg]);
 }

@@ -3,6 +3,8 @@
 //! host moves to a shared store without losing its window. The caller then verifies the copy.
 //! The tables are `tables::for_each_table`'s, the list `backup` walks too.
 
+use std::collections::HashSet;
+
 use redb::{ReadTransaction, ReadableTable};
 
 use super::PgStore;
@@ -111,8 +113,18 @@ impl CopyTable for ToPg<'_> {
     ) -> Result<(), StoreError> {
         // Absent from a database last written before the table existed (or, renamed since,
         // under its old name).
+        // `WINDOW_GONE` (redb's removed-but-not-yet-deleted window positions) has no table
+        // here: its positions are left out of the window's copy instead.
+        if t.pg_table.is_empty() {
+            return Ok(());
+        }
         let Some(table) = t.open_in(self.txn)? else {
             return Ok(());
+        };
+        let gone = if redb::TableHandle::name(&t.def) == WINDOW.stored() {
+            gone_keys(self.txn)?
+        } else {
+            HashSet::new()
         };
         let types: Vec<&str> = K::PG_TYPES.iter().chain(V::PG_TYPES).copied().collect();
         let params: Vec<String> = types
@@ -132,6 +144,10 @@ impl CopyTable for ToPg<'_> {
         let mut cols: Vec<Col> = types.iter().map(|ty| Col::of(ty)).collect();
         for item in table.iter()? {
             let (k, v) = item?;
+            if !gone.is_empty() && gone.contains(<K as redb::Value>::as_bytes(&k.value()).as_ref())
+            {
+                continue;
+            }
             let mut i = 0;
             let mut push = |c: Cell<'_>| {
                 cols[i].push(c);
@@ -145,6 +161,23 @@ impl CopyTable for ToPg<'_> {
         }
         self.send(t.pg_table, &sql, &mut cols)
     }
+}
+
+/// The stored key bytes of every position in `WINDOW_GONE` (at most `WINDOW_MERGE_AT`).
+fn gone_keys(txn: &redb::ReadTransaction) -> Result<HashSet<Vec<u8>>, StoreError> {
+    use redb::Value as _;
+    let table = match txn.open_table(WINDOW_GONE) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(HashSet::new()),
+        Err(e) => return Err(StoreError::redb(e)),
+    };
+    let mut keys = HashSet::new();
+    for item in table.iter()? {
+        let (k, _) = item?;
+        let bytes: &[u8] = &<(u64, u64, u64)>::as_bytes(&k.value());
+        keys.insert(bytes.to_vec());
+    }
+    Ok(keys)
 }
 
 impl PgStore {
