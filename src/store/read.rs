@@ -326,7 +326,7 @@ impl Snapshot {
         }
         self.guard(|txn| {
             let mut out = Vec::new();
-            // A name given twice adds to its line (the window's two tables are one line).
+            // A name given twice adds to its line (the window's three tables are one line).
             let mut add = |name: &'static str, s: redb::TableStats| {
                 let (stored, other) = (s.stored_bytes(), s.metadata_bytes() + s.fragmented_bytes());
                 match out.iter_mut().find(|(n, _, _)| *n == name) {
