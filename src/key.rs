@@ -13,16 +13,28 @@ pub const KEY_V1_PREFIX: &[u8] = b"replay-guard/key/v1\0";
 /// source_id || be64(epoch) || be64(sequence))`. Length prefixes keep `("a|b","c")` and
 /// `("a","b|c")` apart; broker metadata (packet id, DUP, timestamps) is never part of it.
 pub fn derive_key(source: &Source, position: Position) -> IdempotencyKey {
+    IdempotencyKey::from_hash(key_v1(
+        source.agency(),
+        source.source_id(),
+        position.epoch,
+        position.sequence,
+    ))
+}
+
+/// The bytes of key v1 (`derive_key`) from its four fields as stored: the store recomputes a
+/// record's key from them instead of storing it twice.
+pub fn key_v1(agency: &str, source_id: &str, epoch: u64, sequence: u64) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(KEY_V1_PREFIX);
-    for part in [source.agency(), source.source_id()] {
-        // Names are at most MAX_NAME_BYTES (256), so the length always fits in 32 bits.
+    for part in [agency, source_id] {
+        // Names are at most MAX_NAME_BYTES (256), so the length always fits in 32 bits; a
+        // longer stored name (never written by this build) still hashes to one fixed key.
         h.update((part.len() as u32).to_be_bytes());
         h.update(part.as_bytes());
     }
-    h.update(position.epoch.to_be_bytes());
-    h.update(position.sequence.to_be_bytes());
-    IdempotencyKey::from_hash(h.finalize().into())
+    h.update(epoch.to_be_bytes());
+    h.update(sequence.to_be_bytes());
+    h.finalize().into()
 }
 
 /// SHA-256 of the message's canonical JSON after removing the `ignore` pointers, so a resend

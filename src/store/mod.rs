@@ -20,6 +20,7 @@ mod read;
 mod redb_tx;
 pub mod relay;
 mod retention;
+mod stored;
 pub mod tables;
 pub(crate) mod tx;
 pub(crate) mod upgrade;

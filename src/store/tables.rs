@@ -21,8 +21,11 @@ use super::StoreError;
 /// there.
 pub const SCHEMA_VERSION: u32 = 3;
 /// First byte of every stored record of the first version (every record type but
-/// `SinkRecord`, which is at version 3: see `Record`).
+/// `SinkRecord`, at version 3, and `AuditRecord` and `EffectRecord`, at 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
+/// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
+/// stored (`stored`).
+pub const RECORD_V2: u8 = 2;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
 /// older version of it decode. A changed record gets a new `VERSION`, keeps decoding every
@@ -34,6 +37,14 @@ pub trait Record: Serialize + DeserializeOwned {
     /// version this build never wrote.
     fn decode_older(_version: u8, _body: &[u8]) -> Option<Result<Self, postcard::Error>> {
         None
+    }
+    /// Appends the postcard body of `VERSION` to `out` (by default the record's own serde form).
+    fn encode_body(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_extend(self, out)
+    }
+    /// Decodes the postcard body of `VERSION` (by default the record's own serde form).
+    fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
+        postcard::from_bytes(body)
     }
 }
 
@@ -590,7 +601,7 @@ impl<K: KeyText, R: Record> Records<K, R> {
 impl<R: Record> Records<u64, R> {
     /// Decodes only the leading fields `H` of the record stored at `key`.
     pub fn head<H: HeadOf<R>>(&self, key: u64, bytes: &[u8]) -> Result<H, RecordError> {
-        decode_head(self.name, key, bytes)
+        decode_head(self.name, key, bytes, R::VERSION)
     }
 }
 
@@ -1268,8 +1279,32 @@ impl Record for ParkedRecord {}
 impl Record for BurstRecord {}
 impl Record for SourceRecord {}
 impl Record for WindowRecord {}
-impl Record for EffectRecord {}
-impl Record for AuditRecord {}
+/// Version 1 is the serde form of the struct; version 2 `stored::encode_effect`'s.
+impl Record for EffectRecord {
+    const VERSION: u8 = RECORD_V2;
+    fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        (version == RECORD_V1).then(|| postcard::from_bytes(body))
+    }
+    fn encode_body(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
+        super::stored::encode_effect(self, out)
+    }
+    fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
+        super::stored::decode_effect(body)
+    }
+}
+/// Version 1 is the serde form of the struct; version 2 `stored::encode_audit`'s.
+impl Record for AuditRecord {
+    const VERSION: u8 = RECORD_V2;
+    fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        (version == RECORD_V1).then(|| postcard::from_bytes(body))
+    }
+    fn encode_body(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
+        super::stored::encode_audit(self, out)
+    }
+    fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
+        super::stored::decode_audit(body)
+    }
+}
 impl Record for QuarantineRecord {}
 
 /// One replay burst: duplicates absorbed after `run` (re)connected to `broker`.
@@ -1307,7 +1342,8 @@ pub struct EffectHead {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct EffectRecord {
-    // Must start with exactly the fields of `EffectHead`, in its order.
+    // Must start with exactly the fields of `EffectHead`, in its order (and so must the stored
+    // form of every version: `stored::Effect`).
     pub source_no: u64,
     pub epoch: u64,
     pub sequence: u64,
@@ -1326,7 +1362,8 @@ pub struct EffectRecord {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct AuditRecord {
-    // Must start with exactly the fields of `AuditHead`, in its order.
+    // Must start with exactly the fields of `AuditHead`, in its order (and so must the stored
+    // form of every version: `stored::Audit`).
     pub recorded_at_ms: u64,
     pub outcome: u8,
     pub key: Option<[u8; 32]>,
@@ -1414,7 +1451,7 @@ fn encode_into<'b, T: Record>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
     buf.push(T::VERSION);
     let taken = std::mem::take(buf);
     // postcard only fails on unsupported serde features (none used) or a full fixed buffer.
-    *buf = match postcard::to_extend(record, taken) {
+    *buf = match record.encode_body(taken) {
         Ok(v) => v,
         Err(e) => unreachable!("postcard cannot encode a record: {e}"),
     };
@@ -1433,7 +1470,7 @@ fn decode<T: Record>(
     };
     match bytes.split_first() {
         Some((&v, rest)) if v == T::VERSION => {
-            postcard::from_bytes(rest).map_err(|e| err(format!("postcard: {e}")))
+            T::decode_body(rest).map_err(|e| err(format!("postcard: {e}")))
         }
         Some((&v, rest)) => match T::decode_older(v, rest) {
             Some(r) => r.map_err(|e| err(format!("postcard (record version {v}): {e}"))),
@@ -1451,11 +1488,13 @@ pub struct AuditHead {
     pub outcome: u8,
 }
 
-/// Decodes only the leading fields `H` of a stored record (a prefix struct of its record).
+/// Decodes only the leading fields `H` of a stored record (a prefix struct of its record, in
+/// every version of it up to `version`).
 fn decode_head<'a, H: Deserialize<'a>>(
     table: &'static str,
     key: u64,
     bytes: &'a [u8],
+    version: u8,
 ) -> Result<H, RecordError> {
     let err = |why: String| RecordError {
         table,
@@ -1463,9 +1502,11 @@ fn decode_head<'a, H: Deserialize<'a>>(
         why,
     };
     match bytes.split_first() {
-        Some((&RECORD_V1, rest)) => postcard::take_from_bytes::<H>(rest)
-            .map(|(h, _)| h)
-            .map_err(|e| err(format!("postcard: {e}"))),
+        Some((&v, rest)) if (RECORD_V1..=version).contains(&v) => {
+            postcard::take_from_bytes::<H>(rest)
+                .map(|(h, _)| h)
+                .map_err(|e| err(format!("postcard: {e}")))
+        }
         Some((v, _)) => Err(err(format!("unknown record version {v}"))),
         None => Err(err("empty record".into())),
     }

@@ -7,6 +7,11 @@
 //! refuses the two events of sequence 3; its outputs saved beside) reads its version-1 sink
 //! cursor and parked events as that release printed them, verifies, and its sink carries on:
 //! the cursor is rewritten at this version's record version (3) with a ledger from there.
+//! A database of the last build before the audit and effect records' version 2
+//! (`tests/fixtures/records-v1-85f2bf2/`: that build's `ingest` of `feed.jsonl`, with late,
+//! duplicate, conflicting and malformed messages, then `quarantine release 2` and
+//! `quarantine discard 1` by `j.doe`; its outputs saved beside) reads back as it printed it,
+//! and its new entries (version 2) and old ones (version 1) verify as one chain.
 
 use std::path::Path;
 
@@ -15,6 +20,10 @@ use crate::common::run;
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/release-f2ebb61"
+);
+const RECORDS_V1_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/records-v1-85f2bf2"
 );
 const RELAY_FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -202,4 +211,109 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
         .value()
         .to_vec();
     assert_eq!(bytes[0], 3);
+}
+
+#[test]
+fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2() {
+    use replay_guard::store::tables::{AUDIT, EFFECTS};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("prev.redb");
+    std::fs::copy(Path::new(RECORDS_V1_FIXTURE).join("prev.redb"), &db).unwrap();
+    let db_s = db.to_str().unwrap();
+    let fixture =
+        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V1_FIXTURE).join(name)).unwrap();
+    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
+        assert_eq!(
+            stdout(&[cmd, "--db", db_s]),
+            fixture(&format!("{cmd}.jsonl")),
+            "{cmd}"
+        );
+    }
+    assert_eq!(
+        stdout(&["verify", "--db", db_s]),
+        fixture("verify.txt").replace("prev.redb", db_s)
+    );
+
+    // New entries of every common reason: a new source, its next positions, a late one, two
+    // replays, and a replay of an old effect (stale: the fixture's window has aged out).
+    let mut more: Vec<String> = [1, 2, 4, 3, 1, 2]
+        .iter()
+        .map(|&q| crate::common::msg("ems", "m2", 7, q, "transporting"))
+        .collect();
+    more.extend(fixture("feed.jsonl").lines().take(1).map(str::to_string));
+    let feed = dir.path().join("more.jsonl");
+    std::fs::write(&feed, more.join("\n") + "\n").unwrap();
+    stdout(&["ingest", "--db", db_s, feed.to_str().unwrap()]);
+
+    // The old entries print as before; the new ones follow on the same chain.
+    let audit = stdout(&["dump-audit", "--db", db_s]);
+    let old = fixture("dump-audit.jsonl");
+    assert!(audit.starts_with(&old));
+    let new: Vec<&str> = audit[old.len()..].lines().collect();
+    assert_eq!(new.len(), 7);
+    for (line, want) in new.iter().zip([
+        "\"reason\":\"first message from this source\"",
+        "\"reason\":\"new position above high-water mark (epoch 7 sequence 1)\"",
+        "\"reason\":\"new position above high-water mark (epoch 7 sequence 2)\"",
+        "\"reason\":\"below high-water mark (epoch 7 sequence 4) but key never seen: late, \
+         provably not yet applied\"",
+        "\"reason\":\"same key and content as effect #29\"",
+        "\"reason\":\"same key and content as effect #30\"",
+        "\"outcome\":\"stale\"",
+    ]) {
+        assert!(line.contains(want), "{line}");
+    }
+    assert!(stdout(&["dump-effects", "--db", db_s]).starts_with(&fixture("dump-effects.jsonl")));
+    let verified = stdout(&["verify", "--db", db_s]);
+    assert!(
+        verified.contains("45 audit entries, hash chain intact from the first entry; 33 effects"),
+        "{verified}"
+    );
+    let explained = stdout(&[
+        "explain",
+        "--db",
+        db_s,
+        "--source",
+        "ems/m2",
+        "--epoch",
+        "7",
+        "--sequence",
+        "3",
+    ]);
+    assert!(explained.contains("applied_late"), "{explained}");
+
+    // The file holds both versions, and a new entry is smaller than an old one of its kind.
+    let file = redb::Builder::new()
+        .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+        .open(&db)
+        .unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+    let audit = txn.open_table(AUDIT.raw()).unwrap();
+    let entry = |i: u64| {
+        redb::ReadableTable::get(&audit, i)
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec()
+    };
+    // Entries 2 and 40: "new position above high-water mark", applied, one digit of sequence.
+    let (old, new) = (entry(2), entry(40));
+    assert_eq!((old[0], new[0]), (1, 2));
+    assert!(
+        new.len() + 32 + 50 <= old.len(),
+        "{} vs {}",
+        new.len(),
+        old.len()
+    );
+    let effects = txn.open_table(EFFECTS.raw()).unwrap();
+    let effect = |i: u64| {
+        redb::ReadableTable::get(&effects, i)
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec()
+    };
+    let (old, new) = (effect(0), effect(30));
+    assert_eq!((old[0], new[0]), (1, 2));
 }

@@ -1,0 +1,581 @@
+//! Record version 2 of `AuditRecord` and `EffectRecord`: the same fields, less what a reader
+//! recomputes exactly. Together the two are most of the file (about 230 and 140 bytes per
+//! applied message at version 1), and two of their parts repeat what the rest already says:
+//!
+//! - the idempotency key (32 bytes in each) is key v1 of the agency, source id, epoch and
+//!   sequence stored beside it: it is stored as "derived" when recomputing it from them gives
+//!   exactly the stored key (checked at every write), and as its bytes otherwise;
+//! - an audit reason the decision core wrote from a fixed sentence and one or two numbers
+//!   (`decide`: "new position above high-water mark (epoch 1 sequence 99)", 56 bytes) is
+//!   stored as the sentence's number in `TEMPLATES` and the numbers, when writing the
+//!   template back gives exactly the stored text; every other reason as its text.
+//!
+//! A decoded record is field for field the record that was encoded, so everything above the
+//! store (the hash chain, `verify`, the dumps, the relay) sees no difference. The leading
+//! fields (`AuditHead`, `EffectHead`) keep their place, so a head decodes from either version.
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::key_v1;
+use crate::store::tables::{AuditRecord, EffectRecord};
+
+/// How a stored record holds its idempotency key.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredKey {
+    /// No key (an audit entry of a malformed message or of an operator discard).
+    None,
+    /// Key v1 of the record's agency, source id, epoch and sequence.
+    Derived,
+    Bytes([u8; 32]),
+}
+
+impl StoredKey {
+    fn of(
+        key: Option<&[u8; 32]>,
+        agency: Option<&str>,
+        source_id: Option<&str>,
+        epoch: Option<u64>,
+        sequence: Option<u64>,
+    ) -> StoredKey {
+        match (key, agency, source_id, epoch, sequence) {
+            (None, ..) => StoredKey::None,
+            (Some(k), Some(a), Some(s), Some(e), Some(q)) if is_key_v1(k, a, s, e, q) => {
+                StoredKey::Derived
+            }
+            (Some(k), ..) => StoredKey::Bytes(*k),
+        }
+    }
+
+    fn key(
+        self,
+        agency: Option<&str>,
+        source_id: Option<&str>,
+        epoch: Option<u64>,
+        sequence: Option<u64>,
+    ) -> Result<Option<[u8; 32]>, postcard::Error> {
+        match (self, agency, source_id, epoch, sequence) {
+            (StoredKey::None, ..) => Ok(None),
+            (StoredKey::Bytes(k), ..) => Ok(Some(k)),
+            (StoredKey::Derived, Some(a), Some(s), Some(e), Some(q)) => {
+                Ok(Some(key_v1(a, s, e, q)))
+            }
+            // Never written: "derived" is stored only beside all four fields.
+            (StoredKey::Derived, ..) => Err(postcard::Error::SerdeDeCustom),
+        }
+    }
+}
+
+/// Whether `key` is key v1 of the four fields. The engine writes a message's effect and then
+/// its audit entry, both with its key: the last key found to be derived is remembered with its
+/// fields (compared in full), so the pair costs one SHA-256, not two.
+fn is_key_v1(key: &[u8; 32], agency: &str, source_id: &str, epoch: u64, sequence: u64) -> bool {
+    #[derive(Default)]
+    struct Last {
+        key: [u8; 32],
+        agency: String,
+        source_id: String,
+        epoch: u64,
+        sequence: u64,
+    }
+    thread_local!(static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) });
+    LAST.with_borrow_mut(|last| {
+        if let Some(l) = last
+            && (
+                &l.key,
+                l.agency.as_str(),
+                l.source_id.as_str(),
+                l.epoch,
+                l.sequence,
+            ) == (key, agency, source_id, epoch, sequence)
+        {
+            return true;
+        }
+        if key_v1(agency, source_id, epoch, sequence) != *key {
+            return false;
+        }
+        let l = last.get_or_insert_with(Last::default);
+        l.key = *key;
+        l.agency.clear();
+        l.agency.push_str(agency);
+        l.source_id.clear();
+        l.source_id.push_str(source_id);
+        (l.epoch, l.sequence) = (epoch, sequence);
+        true
+    })
+}
+
+/// The arguments a template's sentence takes.
+#[derive(Clone, Copy)]
+enum Args {
+    None,
+    /// One number, in decimal.
+    Number,
+    /// A position: `epoch E sequence S` (`Position`'s display).
+    Position,
+}
+
+/// The reasons stored by number: (text before the arguments, arguments, text after). Part of
+/// the file format: entries are only ever appended, never changed or reordered.
+const TEMPLATES: &[(&str, Args, &str)] = &[
+    ("first message from this source", Args::None, ""),
+    ("new position above high-water mark (", Args::Position, ")"),
+    ("same key and content as effect #", Args::Number, ""),
+    (
+        "below high-water mark (",
+        Args::Position,
+        ") but key never seen: late, provably not yet applied",
+    ),
+];
+
+/// How a stored audit entry holds its reason.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+enum StoredReason<S> {
+    Text(S),
+    /// `TEMPLATES[n]` with its numbers (unused ones 0).
+    Template(u8, u64, u64),
+}
+
+/// A decimal number written the way `u64`'s `Display` writes it (no sign, no leading zero).
+fn number(text: &str) -> Option<u64> {
+    let canonical = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text.len() == 1 || !text.starts_with('0'));
+    canonical.then(|| text.parse().ok()).flatten()
+}
+
+impl<'a> StoredReason<&'a str> {
+    fn of(text: &'a str) -> StoredReason<&'a str> {
+        for (n, &(before, args, after)) in TEMPLATES.iter().enumerate() {
+            let Some(middle) = text
+                .strip_prefix(before)
+                .and_then(|rest| rest.strip_suffix(after))
+            else {
+                continue;
+            };
+            let numbers = match args {
+                Args::None => middle.is_empty().then_some((0, 0)),
+                Args::Number => number(middle).map(|a| (a, 0)),
+                Args::Position => middle
+                    .strip_prefix("epoch ")
+                    .and_then(|m| m.split_once(" sequence "))
+                    .and_then(|(e, s)| Some((number(e)?, number(s)?))),
+            };
+            if let Some((a, b)) = numbers {
+                return StoredReason::Template(n as u8, a, b);
+            }
+        }
+        StoredReason::Text(text)
+    }
+}
+
+impl StoredReason<String> {
+    fn text(self) -> Result<String, postcard::Error> {
+        match self {
+            StoredReason::Text(t) => Ok(t),
+            StoredReason::Template(n, a, b) => {
+                let &(before, args, after) = TEMPLATES
+                    .get(usize::from(n))
+                    .ok_or(postcard::Error::SerdeDeCustom)?;
+                Ok(match args {
+                    Args::None => format!("{before}{after}"),
+                    Args::Number => format!("{before}{a}{after}"),
+                    Args::Position => format!("{before}epoch {a} sequence {b}{after}"),
+                })
+            }
+        }
+    }
+}
+
+/// `AuditRecord` as stored at record version 2 (`S`: `&str` when encoding, `String` when
+/// decoding). The first two fields are `AuditHead`'s.
+#[derive(Serialize, Deserialize)]
+struct Audit<S> {
+    recorded_at_ms: u64,
+    outcome: u8,
+    key: StoredKey,
+    agency: Option<S>,
+    source_id: Option<S>,
+    epoch: Option<u64>,
+    sequence: Option<u64>,
+    topic: S,
+    reason: StoredReason<S>,
+    digest: Option<[u8; 32]>,
+    effect_offset: Option<u64>,
+    quarantine_id: Option<u64>,
+    prev_hash: [u8; 32],
+    hash: [u8; 32],
+}
+
+pub(super) fn encode_audit(r: &AuditRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
+    let stored = Audit::<&str> {
+        recorded_at_ms: r.recorded_at_ms,
+        outcome: r.outcome,
+        key: StoredKey::of(
+            r.key.as_ref(),
+            r.agency.as_deref(),
+            r.source_id.as_deref(),
+            r.epoch,
+            r.sequence,
+        ),
+        agency: r.agency.as_deref(),
+        source_id: r.source_id.as_deref(),
+        epoch: r.epoch,
+        sequence: r.sequence,
+        topic: &r.topic,
+        reason: StoredReason::of(&r.reason),
+        digest: r.digest,
+        effect_offset: r.effect_offset,
+        quarantine_id: r.quarantine_id,
+        prev_hash: r.prev_hash,
+        hash: r.hash,
+    };
+    postcard::to_extend(&stored, out)
+}
+
+pub(super) fn decode_audit(body: &[u8]) -> postcard::Result<AuditRecord> {
+    let s: Audit<String> = postcard::from_bytes(body)?;
+    Ok(AuditRecord {
+        key: s.key.key(
+            s.agency.as_deref(),
+            s.source_id.as_deref(),
+            s.epoch,
+            s.sequence,
+        )?,
+        recorded_at_ms: s.recorded_at_ms,
+        outcome: s.outcome,
+        agency: s.agency,
+        source_id: s.source_id,
+        epoch: s.epoch,
+        sequence: s.sequence,
+        topic: s.topic,
+        reason: s.reason.text()?,
+        digest: s.digest,
+        effect_offset: s.effect_offset,
+        quarantine_id: s.quarantine_id,
+        prev_hash: s.prev_hash,
+        hash: s.hash,
+    })
+}
+
+/// `EffectRecord` as stored at record version 2. The first four fields are `EffectHead`'s.
+#[derive(Serialize, Deserialize)]
+struct Effect<S, B> {
+    source_no: u64,
+    epoch: u64,
+    sequence: u64,
+    received_at_ms: u64,
+    key: StoredKey,
+    agency: S,
+    source_id: S,
+    topic: S,
+    late: bool,
+    released: bool,
+    audit_index: u64,
+    payload: B,
+}
+
+pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
+    let stored = Effect::<&str, bytes::Bytes> {
+        source_no: r.source_no,
+        epoch: r.epoch,
+        sequence: r.sequence,
+        received_at_ms: r.received_at_ms,
+        key: StoredKey::of(
+            Some(&r.key),
+            Some(&r.agency),
+            Some(&r.source_id),
+            Some(r.epoch),
+            Some(r.sequence),
+        ),
+        agency: &r.agency,
+        source_id: &r.source_id,
+        topic: &r.topic,
+        late: r.late,
+        released: r.released,
+        audit_index: r.audit_index,
+        payload: bytes::Bytes(&r.payload),
+    };
+    postcard::to_extend(&stored, out)
+}
+
+pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
+    let s: Effect<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
+    let key = s.key.key(
+        Some(&s.agency),
+        Some(&s.source_id),
+        Some(s.epoch),
+        Some(s.sequence),
+    )?;
+    Ok(EffectRecord {
+        // An effect always has a key: "none" is never written for one.
+        key: key.ok_or(postcard::Error::SerdeDeCustom)?,
+        source_no: s.source_no,
+        epoch: s.epoch,
+        sequence: s.sequence,
+        received_at_ms: s.received_at_ms,
+        agency: s.agency,
+        source_id: s.source_id,
+        topic: s.topic,
+        late: s.late,
+        released: s.released,
+        audit_index: s.audit_index,
+        payload: s.payload.0,
+    })
+}
+
+/// Byte strings as one length-prefixed blob (postcard's bytes), borrowed when encoding.
+mod bytes {
+    use serde::de::{Deserializer, Visitor};
+    use serde::ser::Serializer;
+    use serde::{Deserialize, Serialize};
+
+    pub struct Bytes<'a>(pub &'a [u8]);
+
+    impl Serialize for Bytes<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+
+    pub struct ByteBuf(pub Vec<u8>);
+
+    impl<'de> Deserialize<'de> for ByteBuf {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ByteBuf, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = ByteBuf;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a byte string")
+                }
+                fn visit_bytes<E>(self, v: &[u8]) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v.to_vec()))
+                }
+                fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v))
+                }
+            }
+            d.deserialize_byte_buf(V)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::{OutOfOrder, Seen, SourceMarks, decide};
+    use crate::key::derive_key;
+    use crate::model::{Digest, Message, Outcome, Position, Source};
+    use crate::store::tables::{AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2};
+
+    fn audit(reason: &str) -> AuditRecord {
+        AuditRecord {
+            recorded_at_ms: 1_796_007_134_123,
+            outcome: Outcome::Applied.code(),
+            key: Some(key_v1("fd", "e1", 2, 99)),
+            agency: Some("fd".into()),
+            source_id: Some("e1".into()),
+            epoch: Some(2),
+            sequence: Some(99),
+            topic: "incidents/ca/units".into(),
+            reason: reason.into(),
+            digest: Some([9; 32]),
+            effect_offset: Some(41),
+            quarantine_id: None,
+            prev_hash: [1; 32],
+            hash: [2; 32],
+        }
+    }
+
+    fn effect() -> EffectRecord {
+        EffectRecord {
+            source_no: 3,
+            epoch: 2,
+            sequence: 99,
+            received_at_ms: 1_796_007_134_123,
+            key: key_v1("fd", "e1", 2, 99),
+            agency: "fd".into(),
+            source_id: "e1".into(),
+            topic: "incidents/ca/units".into(),
+            late: false,
+            released: false,
+            audit_index: 77,
+            payload: br#"{"agency":"fd","source_id":"e1","epoch":2,"sequence":99}"#.to_vec(),
+        }
+    }
+
+    /// Encodes at version 2, checks the version byte and the round trip, and returns the size.
+    fn audit_round_trip(r: &AuditRecord) -> usize {
+        let bytes = AUDIT.encode(r);
+        assert_eq!(bytes[0], RECORD_V2);
+        assert_eq!(AUDIT.decode(&0, &bytes).unwrap(), *r);
+        let head: AuditHead = AUDIT.head(0, &bytes).unwrap();
+        assert_eq!(
+            (head.recorded_at_ms, head.outcome),
+            (r.recorded_at_ms, r.outcome)
+        );
+        bytes.len()
+    }
+
+    fn version_1(r: &impl Serialize) -> Vec<u8> {
+        let mut bytes = vec![RECORD_V1];
+        bytes.extend(postcard::to_allocvec(r).unwrap());
+        bytes
+    }
+
+    #[test]
+    fn an_audit_entry_decodes_to_the_entry_that_was_encoded_and_is_smaller() {
+        let r = audit("new position above high-water mark (epoch 2 sequence 98)");
+        let v1 = version_1(&r);
+        // The key (32 bytes) and the reason (56 bytes, now a template number and two numbers).
+        assert!(audit_round_trip(&r) + 32 + 50 <= v1.len(), "{}", v1.len());
+        // A version-1 entry (every file before schema 3) still decodes, head included.
+        assert_eq!(AUDIT.decode(&0, &v1).unwrap(), r);
+        let head: AuditHead = AUDIT.head(0, &v1).unwrap();
+        assert_eq!(head.recorded_at_ms, r.recorded_at_ms);
+    }
+
+    #[test]
+    fn a_key_is_left_out_only_when_it_is_key_v1_of_the_fields_beside_it() {
+        let derived = audit("x");
+        let mut other = derived.clone();
+        other.key = Some([7; 32]);
+        assert_eq!(audit_round_trip(&other), audit_round_trip(&derived) + 32);
+        // A key without all four fields beside it is kept, and so is no key.
+        for strip in 0..4 {
+            let mut r = derived.clone();
+            match strip {
+                0 => r.agency = None,
+                1 => r.source_id = None,
+                2 => r.epoch = None,
+                _ => r.sequence = None,
+            }
+            assert_eq!(
+                audit_round_trip(&r),
+                audit_round_trip(&other) - [3, 3, 1, 1][strip]
+            );
+        }
+        let mut none = derived.clone();
+        none.key = None;
+        audit_round_trip(&none);
+        // The last derived key is remembered with every field: the same key beside another
+        // sequence or agency is kept.
+        let size = audit_round_trip(&derived);
+        for change in 0..2 {
+            let mut r = derived.clone();
+            match change {
+                0 => r.sequence = Some(100),
+                _ => r.agency = Some("fe".into()),
+            }
+            assert_eq!(audit_round_trip(&r), size + 32);
+        }
+
+        let e = effect();
+        let bytes = EFFECTS.encode(&e);
+        assert_eq!(bytes[0], RECORD_V2);
+        assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), e);
+        // The key's 32 bytes become a one-byte tag.
+        assert_eq!(bytes.len() + 31, version_1(&e).len());
+        let head: EffectHead = EFFECTS.head(0, &bytes).unwrap();
+        assert_eq!((head.source_no, head.epoch, head.sequence), (3, 2, 99));
+        assert_eq!(head.received_at_ms, e.received_at_ms);
+        let mut kept = e.clone();
+        kept.key[0] ^= 1;
+        let bytes = EFFECTS.encode(&kept);
+        assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), kept);
+        assert_eq!(bytes.len(), version_1(&kept).len() + 1);
+        assert_eq!(EFFECTS.decode(&0, &version_1(&e)).unwrap(), e);
+    }
+
+    #[test]
+    fn the_decision_cores_reasons_are_stored_as_templates_and_read_back_exactly() {
+        let source = Source::new("fd".into(), "e1".into());
+        let at = |sequence| Position { epoch: 2, sequence };
+        let msg = Message {
+            key: derive_key(&source, at(5)),
+            source,
+            position: at(5),
+            digest: Digest::from_bytes([1; 32]),
+        };
+        let above = SourceMarks {
+            high_water: at(4),
+            evicted_floor: None,
+        };
+        let below = SourceMarks {
+            high_water: at(12_345_678_901),
+            evicted_floor: Some(at(1)),
+        };
+        let seen = Seen {
+            digest: Digest::from_bytes([1; 32]),
+            effect_offset: u64::MAX,
+        };
+        let cases = [
+            (None, None, Outcome::Applied),
+            (None, Some(&above), Outcome::Applied),
+            (Some(&seen), None, Outcome::Duplicate),
+            (None, Some(&below), Outcome::AppliedLate),
+        ];
+        for (seen, marks, want) in cases {
+            let d = decide(&msg, seen, marks, OutOfOrder::Apply);
+            assert_eq!(d.outcome, want);
+            assert!(
+                matches!(StoredReason::of(&d.reason), StoredReason::Template(..)),
+                "{:?} is not stored by number",
+                d.reason
+            );
+            let r = audit(&d.reason);
+            assert!(audit_round_trip(&r) < version_1(&r).len() - 32 - d.reason.len() + 20);
+        }
+    }
+
+    #[test]
+    fn a_reason_that_only_resembles_a_template_is_stored_as_its_text() {
+        for text in [
+            "",
+            "first message from this source ",
+            "new position above high-water mark (epoch 01 sequence 2)",
+            "new position above high-water mark (epoch 1 sequence 2",
+            "new position above high-water mark (epoch 1  sequence 2)",
+            "new position above high-water mark (epoch -1 sequence 2)",
+            "new position above high-water mark (epoch 1 sequence 18446744073709551616)",
+            "same key and content as effect #",
+            "same key and content as effect #+4",
+            "same key and content as effect #4 ",
+            "below high-water mark (epoch 1 sequence 2) but key never seen",
+            "quarantine #2 released by j.doe: unit really released",
+        ] {
+            assert_eq!(StoredReason::of(text), StoredReason::Text(text), "{text:?}");
+            audit_round_trip(&audit(text));
+        }
+        for text in [
+            "new position above high-water mark (epoch 0 sequence 18446744073709551615)",
+            "same key and content as effect #0",
+        ] {
+            assert!(matches!(StoredReason::of(text), StoredReason::Template(..)));
+            audit_round_trip(&audit(text));
+        }
+    }
+
+    #[test]
+    fn stored_forms_no_build_writes_are_errors_not_guesses() {
+        // "Derived" without the fields to derive from.
+        let mut r = audit("x");
+        r.agency = None;
+        r.key = None;
+        let bytes = AUDIT.encode(&r);
+        let at = 1 + 6 + 1; // version, recorded_at_ms (6-byte varint), outcome
+        assert_eq!(bytes[at], 0, "StoredKey::None");
+        let mut forged = bytes.clone();
+        forged[at] = 1; // StoredKey::Derived
+        assert!(AUDIT.decode(&0, &forged).is_err());
+        // A template number past the end of the list.
+        let r = audit("first message from this source");
+        let bytes = AUDIT.encode(&r);
+        let n = bytes
+            .windows(4)
+            .position(|w| w == [1, 0, 0, 0])
+            .expect("Template(0, 0, 0)");
+        let mut forged = bytes.clone();
+        forged[n + 1] = TEMPLATES.len() as u8;
+        assert!(AUDIT.decode(&0, &forged).is_err());
+    }
+}
