@@ -289,16 +289,13 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         .open(&db)
         .unwrap();
     let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
-    let audit = txn.open_table(AUDIT.raw()).unwrap();
-    let entry = |i: u64| {
-        redb::ReadableTable::get(&audit, i)
-            .unwrap()
-            .unwrap()
-            .value()
-            .to_vec()
+    let raw = |table: redb::TableDefinition<u64, &[u8]>, key: u64| {
+        let t = txn.open_table(table).unwrap();
+        let bytes = redb::ReadableTable::get(&t, key).unwrap().unwrap();
+        bytes.value().to_vec()
     };
     // Entries 2 and 40: "new position above high-water mark", applied, one digit of sequence.
-    let (old, new) = (entry(2), entry(40));
+    let (old, new) = (raw(AUDIT.raw(), 2), raw(AUDIT.raw(), 40));
     assert_eq!((old[0], new[0]), (1, 2));
     assert!(
         new.len() + 32 + 50 <= old.len(),
@@ -306,14 +303,17 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         new.len(),
         old.len()
     );
-    let effects = txn.open_table(EFFECTS.raw()).unwrap();
-    let effect = |i: u64| {
-        redb::ReadableTable::get(&effects, i)
-            .unwrap()
-            .unwrap()
-            .value()
-            .to_vec()
+    // Effects 0 and 30, less their strings: the key's 32 bytes are a one-byte tag.
+    let fixed = |bytes: &[u8]| {
+        let r = EFFECTS.decode(&0, bytes).unwrap();
+        bytes.len() - r.payload.len() - r.agency.len() - r.source_id.len() - r.topic.len()
     };
-    let (old, new) = (effect(0), effect(30));
+    let (old, new) = (raw(EFFECTS.raw(), 0), raw(EFFECTS.raw(), 30));
     assert_eq!((old[0], new[0]), (1, 2));
+    assert!(
+        fixed(&new) + 31 <= fixed(&old),
+        "{} vs {}",
+        fixed(&new),
+        fixed(&old)
+    );
 }
