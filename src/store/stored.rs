@@ -323,17 +323,18 @@ pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
     })
 }
 
-/// Byte strings as one length-prefixed blob (postcard's bytes), borrowed when encoding.
+/// The payload as `tables::bytes` stores it (one length-prefixed blob), borrowed when
+/// encoding: the same postcard bytes as version 1's `#[serde(with = "bytes")]` field.
 mod bytes {
-    use serde::de::{Deserializer, Visitor};
-    use serde::ser::Serializer;
-    use serde::{Deserialize, Serialize};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::store::tables::bytes as blob;
 
     pub struct Bytes<'a>(pub &'a [u8]);
 
     impl Serialize for Bytes<'_> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_bytes(self.0)
+            blob::serialize(self.0, s)
         }
     }
 
@@ -341,20 +342,7 @@ mod bytes {
 
     impl<'de> Deserialize<'de> for ByteBuf {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ByteBuf, D::Error> {
-            struct V;
-            impl<'de> Visitor<'de> for V {
-                type Value = ByteBuf;
-                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                    f.write_str("a byte string")
-                }
-                fn visit_bytes<E>(self, v: &[u8]) -> Result<ByteBuf, E> {
-                    Ok(ByteBuf(v.to_vec()))
-                }
-                fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<ByteBuf, E> {
-                    Ok(ByteBuf(v))
-                }
-            }
-            d.deserialize_byte_buf(V)
+            blob::deserialize(d).map(ByteBuf)
         }
     }
 }

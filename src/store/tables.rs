@@ -1397,7 +1397,7 @@ pub struct QuarantineRecord {
 
 /// Byte strings as one length-prefixed blob instead of a sequence of `u8` (same postcard bytes,
 /// much less work per byte).
-mod bytes {
+pub(super) mod bytes {
     use serde::de::{Deserializer, SeqAccess, Visitor};
     use serde::ser::Serializer;
 
