@@ -215,15 +215,22 @@ impl<T: Tx> Writer<T> {
         let (seen, marks) = match no {
             None => (None, None),
             Some(no) => {
-                let wkey = (no, msg.position.epoch, msg.position.sequence);
-                let seen = self.tx.window(wkey)?.map(|w| Seen {
-                    digest: Digest::from_bytes(w.digest),
-                    effect_offset: w.effect_offset,
-                });
                 let rec = &self.state(no)?.record;
                 let marks = SourceMarks {
                     high_water: pair_pos(rec.high_water),
                     evicted_floor: rec.evicted_floor.map(pair_pos),
+                };
+                // Invariant: the window holds no position above its source's high-water
+                // mark (every entry is written with the mark raised to it or above), so a
+                // position above the mark needs no lookup.
+                let seen = if msg.position > marks.high_water {
+                    None
+                } else {
+                    let wkey = (no, msg.position.epoch, msg.position.sequence);
+                    self.tx.window(wkey)?.map(|w| Seen {
+                        digest: Digest::from_bytes(w.digest),
+                        effect_offset: w.effect_offset,
+                    })
                 };
                 (seen, Some(marks))
             }

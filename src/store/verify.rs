@@ -2,7 +2,7 @@
 //! streaming through the logs (point lookups for cross-references); re-decode every stored
 //! payload and compare it with what its audit entry recorded.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::ControlFlow;
 
 use super::engine::{fingerprint_decided, fingerprint_malformed};
@@ -446,6 +446,14 @@ pub fn verify_reporting(
         // Offsets run without a gap from the retention floor to the end: an effect can only
         // leave the log by retention, from the front.
         let mut expected_offset = marks.effects_floor;
+        // agency -> source_id -> high-water mark, looked up without building a key.
+        let mut high_water: HashMap<String, HashMap<String, (u64, u64)>> = HashMap::new();
+        for s in snap.sources()? {
+            high_water
+                .entry(s.agency)
+                .or_default()
+                .insert(s.source_id, s.high_water);
+        }
         snap.scan_effects::<StoreError>(marks.effects_floor, |eff| {
             if eff.offset != expected_offset {
                 fail = Some(format!(
@@ -458,7 +466,22 @@ pub fn verify_reporting(
             expected_offset += 1;
             report.effects += 1;
             let r = &eff.record;
-            let problem = if r.audit_index < scan.audit_from {
+            // The writer looks a position up in the window only at or below its source's
+            // high-water mark: an effect above it would not be found, and its replay applied.
+            let mark = high_water
+                .get(r.agency.as_str())
+                .and_then(|ids| ids.get(r.source_id.as_str()));
+            let problem = if mark.is_none_or(|m| (r.epoch, r.sequence) > *m) {
+                Some(match mark {
+                    None => format!("its source {}/{} has no record", r.agency, r.source_id),
+                    Some(m) => format!(
+                        "its position (epoch {} sequence {}) lies above its source's \
+                         high-water mark (epoch {} sequence {}): a replay of it would not be \
+                         found in the window",
+                        r.epoch, r.sequence, m.0, m.1
+                    ),
+                })
+            } else if r.audit_index < scan.audit_from {
                 // The applying entry was pruned: the payload must still be the message the
                 // record names (its digest is proven only by a retained `duplicate`).
                 content_problem(

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use redb::{Builder, ConcurrencyMode, ReadableTable};
-use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, QUARANTINE, Records};
+use replay_guard::store::tables::{AUDIT, AuditRecord, EFFECTS, QUARANTINE, Records, SOURCES};
 
 use super::common::run;
 
@@ -135,6 +135,31 @@ fn verify_catches_each_kind_of_tampering() {
                 txn.open_table(EFFECTS.raw()).unwrap().remove(2).unwrap();
             }),
             "audit entry 2: applied but effect 2 does not exist",
+        ),
+        (
+            // The writer skips the window lookup above a source's mark: a mark lowered under
+            // an effect would let a replay of that effect through as new.
+            "high-water-lowered",
+            tampered(dir.path(), &honest, "high-water-lowered", |txn| {
+                let raw: Vec<(u64, Vec<u8>)> = txn
+                    .open_table(SOURCES.raw())
+                    .unwrap()
+                    .iter()
+                    .unwrap()
+                    .map(|e| {
+                        let (k, v) = e.unwrap();
+                        (k.value(), v.value().to_vec())
+                    })
+                    .collect();
+                let mut t = SOURCES.open_mut(txn).unwrap();
+                for (no, bytes) in raw {
+                    let mut rec = SOURCES.decode(&no, &bytes).unwrap();
+                    rec.high_water = (0, 0);
+                    t.put(no, &rec, &mut Vec::new()).unwrap();
+                }
+            }),
+            "effect 0: its position (epoch 1 sequence 1) lies above its source's high-water mark \
+             (epoch 0 sequence 0)",
         ),
     ];
     for (name, db, want) in cases {
