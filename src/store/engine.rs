@@ -221,8 +221,9 @@ impl<T: Tx> Writer<T> {
                     evicted_floor: rec.evicted_floor.map(pair_pos),
                 };
                 // Invariant: the window holds no position above its source's high-water
-                // mark (every entry is written with the mark raised to it or above), so a
-                // position above the mark needs no lookup.
+                // mark (an entry is written only for an effect at or below the mark once
+                // that effect is applied, and marks only rise), so a position above the
+                // mark needs no lookup. `verify` checks it.
                 let seen = if msg.position > marks.high_water {
                     None
                 } else {
