@@ -466,21 +466,11 @@ pub fn verify_reporting(
             expected_offset += 1;
             report.effects += 1;
             let r = &eff.record;
-            // The writer looks a position up in the window only at or below its source's
-            // high-water mark: an effect above it would not be found, and its replay applied.
             let mark = high_water
                 .get(r.agency.as_str())
                 .and_then(|ids| ids.get(r.source_id.as_str()));
-            let problem = if mark.is_none_or(|m| (r.epoch, r.sequence) > *m) {
-                Some(match mark {
-                    None => format!("its source {}/{} has no record", r.agency, r.source_id),
-                    Some(m) => format!(
-                        "its position (epoch {} sequence {}) lies above its source's \
-                         high-water mark (epoch {} sequence {}): a replay of it would not be \
-                         found in the window",
-                        r.epoch, r.sequence, m.0, m.1
-                    ),
-                })
+            let problem = if let Some(p) = mark_problem(r, mark) {
+                Some(p)
             } else if r.audit_index < scan.audit_from {
                 // The applying entry was pruned: the payload must still be the message the
                 // record names (its digest is proven only by a retained `duplicate`).
@@ -807,6 +797,24 @@ fn content_problem(
 /// The first 8 bytes of a digest in hex, enough to tell two apart in a message.
 fn short(d: &[u8; 32]) -> String {
     hex(&d[..8])
+}
+
+/// An effect against its source's high-water mark: the writer looks a position up in the
+/// window only at or below the mark, so an effect above it would not be found and a replay
+/// of it would be applied.
+fn mark_problem(r: &super::tables::EffectRecord, mark: Option<&(u64, u64)>) -> Option<String> {
+    match mark {
+        None => Some(format!(
+            "its source {}/{} has no record",
+            r.agency, r.source_id
+        )),
+        Some(m) if (r.epoch, r.sequence) > *m => Some(format!(
+            "its position (epoch {} sequence {}) lies above its source's high-water mark \
+             (epoch {} sequence {}): a replay of it would not be found in the window",
+            r.epoch, r.sequence, m.0, m.1
+        )),
+        Some(_) => None,
+    }
 }
 
 /// An effect against the (retained) audit entry that applied it: the fields `dump-effects`

@@ -141,19 +141,10 @@ fn verify_catches_each_kind_of_tampering() {
             // an effect would let a replay of that effect through as new.
             "high-water-lowered",
             tampered(dir.path(), &honest, "high-water-lowered", |txn| {
-                let raw: Vec<(u64, Vec<u8>)> = txn
-                    .open_table(SOURCES.raw())
-                    .unwrap()
-                    .iter()
-                    .unwrap()
-                    .map(|e| {
-                        let (k, v) = e.unwrap();
-                        (k.value(), v.value().to_vec())
-                    })
-                    .collect();
                 let mut t = SOURCES.open_mut(txn).unwrap();
-                for (no, bytes) in raw {
-                    let mut rec = SOURCES.decode(&no, &bytes).unwrap();
+                let all: Vec<_> = t.all().unwrap().map(Result::unwrap).collect();
+                let all: Vec<_> = all.into_iter().map(|(no, r)| (no.value(), r)).collect();
+                for (no, mut rec) in all {
                     rec.high_water = (0, 0);
                     t.put(no, &rec, &mut Vec::new()).unwrap();
                 }
