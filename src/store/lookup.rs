@@ -24,7 +24,8 @@ fn pos((epoch, sequence): (u64, u64)) -> Position {
 
 impl Snapshot {
     /// Every audit entry with `key`, oldest first: one read of the key index (`AUDIT_KEYS`)
-    /// per block of the log, then the candidates' entries. A store of schema version 1 (a
+    /// per block of the log (PostgreSQL from its schema version 5: one range of an index of
+    /// the table by key prefix), then the candidates' entries. A store of schema version 1 (a
     /// file no writer of this version has opened yet) has no index: its log is scanned.
     pub fn audit_with_key(&self, key: &[u8; 32]) -> Result<Vec<AuditEntry>, StoreError> {
         let meta = self.meta()?;
@@ -48,8 +49,14 @@ impl Snapshot {
             (first..meta.next_audit).contains(&index) && record.key.as_ref() == Some(key)
         };
         if let Some(pg) = self.pg() {
-            let buckets: Vec<u64> = blocks.map(bucket).collect();
-            for (index, record) in pg.audit_in_buckets(&buckets)? {
+            let candidates = if pg.indexed_across_blocks()? {
+                let prefix = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
+                pg.audit_with_key_prefix(prefix, first..meta.next_audit)?
+            } else {
+                let buckets: Vec<u64> = blocks.map(bucket).collect();
+                pg.audit_in_buckets(&buckets)?
+            };
+            for (index, record) in candidates {
                 if wanted(index, &record) {
                     found.push(AuditEntry { index, record });
                 }
@@ -126,7 +133,8 @@ impl Snapshot {
 
     /// Calls `f(epoch, sequence)` for every entry of the audit log that names source
     /// (`agency`, `source_id`) and a position, in no particular order: one read of the source
-    /// index (`AUDIT_SOURCES`) per block, and of the unnumbered buckets (whose entries are
+    /// index (`AUDIT_SOURCES`) per block (PostgreSQL from its schema version 5: ranges of an
+    /// index of the table by source number), and of the unnumbered buckets (whose entries are
     /// read to check their names); nothing is held but the rows of one read. `false`, having
     /// called nothing, for a store of schema version 1 or 2 (a file no writer of this version
     /// has opened yet), which has no source index: the caller scans the log.
@@ -151,17 +159,25 @@ impl Snapshot {
             r.agency.as_deref() == Some(agency) && r.source_id.as_deref() == Some(source_id)
         };
         if let Some(pg) = self.pg() {
-            if let Some(no) = pg.source_no(agency, source_id)? {
-                let buckets: Vec<u64> = blocks
-                    .clone()
-                    .map(|b| audit_source_bucket(b * AUDIT_KEY_BLOCK, Some(no)))
-                    .filter(|b| *b & UNNUMBERED == 0)
-                    .collect();
-                pg.visit_source_positions(&buckets, &mut |index, epoch, sequence| {
-                    if kept.contains(&index) {
-                        f(epoch, sequence);
-                    }
-                })?;
+            match pg.source_no(agency, source_id)? {
+                Some(no) if pg.indexed_across_blocks()? => {
+                    pg.visit_positions_of_source(no, kept.clone(), &mut |_, epoch, sequence| {
+                        f(epoch, sequence)
+                    })?;
+                }
+                Some(no) => {
+                    let buckets: Vec<u64> = blocks
+                        .clone()
+                        .map(|b| audit_source_bucket(b * AUDIT_KEY_BLOCK, Some(no)))
+                        .filter(|b| *b & UNNUMBERED == 0)
+                        .collect();
+                    pg.visit_source_positions(&buckets, &mut |index, epoch, sequence| {
+                        if kept.contains(&index) {
+                            f(epoch, sequence);
+                        }
+                    })?;
+                }
+                None => {}
             }
             for ((_, index), (epoch, sequence)) in pg.audit_source_rows(&[unnumbered])? {
                 if kept.contains(&index)

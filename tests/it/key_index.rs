@@ -137,6 +137,18 @@ pub(crate) fn pg_store(name: &str, dir: &Path) -> (PgDb, String, String) {
 }
 
 /// The path of a config of `base` that keeps the newest 5,000 audit entries.
+/// Drops PostgreSQL schema version 5's indexes (`audit_keys_by_key`, `audit_sources_by_source`).
+pub(crate) const DROP_INDEXES_ACROSS_BLOCKS: &str =
+    "DROP INDEX replay_guard.audit_keys_by_key; DROP INDEX replay_guard.audit_sources_by_source";
+
+/// How many of PostgreSQL schema version 5's two indexes the schema has.
+pub(crate) fn indexes_across_blocks(pg: &PgDb) -> String {
+    pg.sql(
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = 'replay_guard' \
+         AND indexname IN ('audit_keys_by_key', 'audit_sources_by_source')",
+    )
+}
+
 pub(crate) fn retaining_5000(dir: &Path, base: &str) -> String {
     let retain = dir.join("retain.toml");
     std::fs::write(
@@ -442,6 +454,12 @@ fn on_postgresql_the_index_is_built_by_migrate_kept_by_ingest_and_pruned_by_rete
     let store = ["--config", cfg];
     let on_pg = explain_matches_dump(&store);
     assert_eq!(on_pg, explain_matches_dump(&["--db", file]));
+    // A schema of version 4 (no index across blocks: `explain` of an upgraded reader before
+    // a writer upgraded the schema) is read by a probe per block: the same entries.
+    pg.sql(&format!(
+        "{DROP_INDEXES_ACROSS_BLOCKS}; UPDATE replay_guard.schema_version SET version = 4"
+    ));
+    assert_eq!(explain_matches_dump(&store), on_pg);
     let verified = ok(&["verify", "--config", cfg]);
     assert!(
         key_index_line(&verified).is_some_and(|l| l.contains(&format!("each of the {want} "))),
@@ -451,6 +469,11 @@ fn on_postgresql_the_index_is_built_by_migrate_kept_by_ingest_and_pruned_by_rete
     // Ingest writes each entry's row in its statement; retention removes whole blocks.
     let retain = retaining_5000(dir.path(), &base);
     ok(&["ingest", "--config", &retain, feed.to_str().unwrap()]);
+    assert_eq!(
+        indexes_across_blocks(&pg),
+        "2",
+        "the writer takes the schema to version 5"
+    );
     let first_kept = first_index(&store);
     assert!(first_kept > LINES, "{first_kept}");
     let kept = explain_matches_dump(&store);

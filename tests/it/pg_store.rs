@@ -243,7 +243,7 @@ fn migrate_is_safe_from_several_members_and_refuses_a_newer_schema() {
     for h in handles {
         h.join().unwrap().unwrap();
     }
-    assert_eq!(db.sql("SELECT version FROM shared.schema_version"), "4");
+    assert_eq!(db.sql("SELECT version FROM shared.schema_version"), "5");
     assert_eq!(db.sql("SELECT count(*) FROM shared.meta"), "2");
     db.sql("UPDATE shared.schema_version SET version = 99");
     let err = pg_store(&db, "shared", StoreOptions::default())
@@ -472,7 +472,7 @@ fn migrate_copies_a_redb_database_into_a_new_schema_verifies_it_and_the_window_c
     let (code, out, err) = run(&["migrate-schema", "--config", cfg]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains("schema replay_guard: schema version 4 (created)"),
+        out.contains("schema replay_guard: schema version 5 (created)"),
         "{out}"
     );
     let (code, out, err) = run(&["migrate-schema", "--config", cfg]);

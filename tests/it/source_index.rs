@@ -14,7 +14,10 @@ use replay_guard::store::tables::{
 };
 
 use crate::common::msg;
-use crate::key_index::{first_index, ok, pg_store, retaining_5000, run};
+use crate::key_index::{
+    DROP_INDEXES_ACROSS_BLOCKS, first_index, indexes_across_blocks, ok, pg_store, retaining_5000,
+    run,
+};
 
 /// Source e1 (epoch 1, sequences 1..=6,000 but 100..=149 and 5,000) interleaved with e2
 /// (epoch 1, 1..=2,000, then epoch 2, 1..=2,000 but 777), three index blocks' worth; a
@@ -344,7 +347,13 @@ fn on_postgresql_the_source_index_is_built_by_migrate_kept_by_ingest_and_pruned_
         POSITIONED.to_string()
     );
     let store = ["--config", cfg];
-    assert_eq!(gaps_agree(&store), gaps_agree(&["--db", file]));
+    let on_pg = gaps_agree(&store);
+    assert_eq!(on_pg, gaps_agree(&["--db", file]));
+    // A schema of version 4 (no index across blocks) is read by a probe per block.
+    pg.sql(&format!(
+        "{DROP_INDEXES_ACROSS_BLOCKS}; UPDATE replay_guard.schema_version SET version = 4"
+    ));
+    assert_eq!(gaps_agree(&store), on_pg);
     let verified = ok(&["verify", "--config", cfg]);
     assert!(
         source_index_line(&verified)
@@ -360,6 +369,11 @@ fn on_postgresql_the_source_index_is_built_by_migrate_kept_by_ingest_and_pruned_
         .collect();
     std::fs::write(&more, lines).unwrap();
     ok(&["ingest", "--config", &retain, more.to_str().unwrap()]);
+    assert_eq!(
+        indexes_across_blocks(&pg),
+        "2",
+        "the writer takes the schema to version 5"
+    );
     let first_kept = first_index(&store);
     assert!(first_kept > AUDIT_KEY_BLOCK, "{first_kept}");
     let e1 = gaps_agree(&store);
@@ -456,7 +470,7 @@ fn unhex(text: &str) -> Vec<u8> {
 fn a_populated_postgresql_schema_of_version_2_is_upgraded_in_place_by_the_next_writer() {
     // A schema as the last release left it (PostgreSQL schema 2, store schema 1: the log
     // named `audit`, no indexes), made by taking a store of this build back, then opened
-    // by `ingest` (`PgStore::migrate`: DDL 2 -> 3 -> 4, then `store::upgrade` in the same
+    // by `ingest` (`PgStore::migrate`: DDL 2 -> 3 -> 4 -> 5, then `store::upgrade` in the same
     // transaction).
     let dir = tempfile::tempdir().unwrap();
     let (pg, cfg, _) = pg_store("source_index_in_place", dir.path());
@@ -489,8 +503,9 @@ fn a_populated_postgresql_schema_of_version_2_is_upgraded_in_place_by_the_next_w
     ok(&["ingest", "--config", cfg, empty.to_str().unwrap()]);
     assert_eq!(
         pg.sql("SELECT version FROM replay_guard.schema_version"),
-        "4"
+        "5"
     );
+    assert_eq!(indexes_across_blocks(&pg), "2");
     assert_eq!(
         (count("audit_keys"), count("audit_sources")),
         (keys, sources)

@@ -303,6 +303,15 @@ impl Conn {
         &'a self,
         f: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
     ) -> Result<T, StoreError> {
+        self.round_trip_within(self.statement_timeout, f)
+    }
+
+    /// `round_trip` with deadline `within` instead of `[store] statement_timeout_ms`.
+    fn round_trip_within<'a, T>(
+        &'a self,
+        within: Duration,
+        f: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    ) -> Result<T, StoreError> {
         let pending = self.pending.take();
         if self.given_up.get() {
             return Err(StoreError::Unreachable(format!(
@@ -325,7 +334,6 @@ impl Conn {
                 }
             })
             .collect();
-        let within = self.statement_timeout;
         match self
             .rt
             .block_on(async { tokio::time::timeout(within, in_order(sent, f)).await })
@@ -333,9 +341,13 @@ impl Conn {
             Ok(r) => r.map_err(|e| classify(&e)),
             Err(_) => {
                 self.given_up.set(true);
+                let why = if within == self.statement_timeout {
+                    " ([store] statement_timeout_ms)"
+                } else {
+                    ""
+                };
                 Err(StoreError::Unreachable(format!(
-                    "{} did not answer within {} ms ([store] statement_timeout_ms): the \
-                     connection is given up",
+                    "{} did not answer within {} ms{why}: the connection is given up",
                     self.target,
                     within.as_millis()
                 )))
@@ -345,6 +357,12 @@ impl Conn {
 
     pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
         self.round_trip(self.client.batch_execute(sql))
+    }
+
+    /// `batch` with deadline `within`: DDL that builds an index over a table already
+    /// holding rows (a schema upgrade) takes as long as the table needs, minutes at 20M rows.
+    pub fn batch_within(&self, sql: &str, within: Duration) -> Result<(), StoreError> {
+        self.round_trip_within(within, self.client.batch_execute(sql))
     }
 
     /// Queues `sql` (simple protocol, no parameters) to be sent in front of the next round

@@ -139,7 +139,16 @@ impl PgStore {
                 let ddl = schema::migration(v, &schema).ok_or_else(|| {
                     StoreError::Postgres(format!("no migration from schema version {v}"))
                 })?;
-                conn.batch(&ddl)?;
+                if found > 0 {
+                    tracing::info!(
+                        schema = %schema,
+                        from = v,
+                        to = v + 1,
+                        "upgrading the PostgreSQL schema {schema} from version {v} to {}: a step that indexes rows already there takes minutes at 20M audit entries",
+                        v + 1
+                    );
+                }
+                conn.batch_within(&ddl, schema::MIGRATION_DEADLINE)?;
             }
             if found == 0 {
                 conn.execute(
