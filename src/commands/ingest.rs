@@ -114,6 +114,13 @@ fn commit_loop(
         |e: io::Error| Failure::Runtime(anyhow::Error::new(e).context("cannot read input"));
     let mut summary = IngestSummary::default();
     let mut candidates = GapCandidates::default();
+    // Gap candidates wait for what arrives later in the input to fill them, but only while
+    // the window still holds the positions around them: each is checked once half the
+    // window's entry bound has been decided after the batch that revealed it (the window
+    // evicts oldest first, so its neighbours are still there), or at the end of the input.
+    // Times are messages decided.
+    let hold = config.store.window.max_entries / 2;
+    let mut decided: u64 = 0;
     let bar = crate::progress::Progress::counter("ingesting", "messages");
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first.map_err(read_err)?];
@@ -130,10 +137,13 @@ fn commit_loop(
             }
         }
         let mut report = store.commit_batch(&batch, now_ms())?;
-        // Candidates wait for the end of the input (what arrives later in it fills them),
-        // but never more than `upstream::MAX_CANDIDATES` of them.
-        candidates.add(std::mem::take(&mut report.gaps), u64::MAX);
-        confirm(store, candidates.take_due(0), &mut summary)?;
+        decided += batch.len() as u64;
+        // Never more than `upstream::MAX_CANDIDATES` of them.
+        candidates.add(
+            std::mem::take(&mut report.gaps),
+            decided.saturating_add(hold),
+        );
+        confirm(store, candidates.take_due(decided), &mut summary)?;
         summary.counts.merge(&report.counts);
         summary.evicted += report.evicted;
         summary.batches += 1;

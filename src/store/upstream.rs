@@ -169,10 +169,12 @@ pub(crate) fn confirm_gaps(
         let mut from = c.gap.from;
         if let Some((epoch, seq)) = tx.source(no)?.and_then(|r| r.evicted_floor) {
             if epoch > c.gap.epoch || (epoch == c.gap.epoch && seq >= c.gap.to) {
+                warn_unknown(c, c.gap.from, c.gap.to);
                 continue;
             }
-            if epoch == c.gap.epoch {
-                from = from.max(seq + 1);
+            if epoch == c.gap.epoch && seq >= from {
+                warn_unknown(c, from, seq);
+                from = seq + 1;
             }
         }
         let present = tx.window_present(no, c.gap.epoch, from..=c.gap.to)?;
@@ -194,6 +196,27 @@ pub(crate) fn confirm_gaps(
         tx.put_upstream_losses(&rec)?;
     }
     Ok(missing)
+}
+
+/// Says, as a warning, that sequences `from..=to` of candidate `c` can no longer be told
+/// missing or not: the window evicted the positions around them before they were checked (a
+/// window smaller than what arrived meanwhile). Neither counted nor recorded as a loss, but
+/// never silent: `gaps` reads the audit log, which still tells.
+fn warn_unknown(c: &ReportedGap, from: u64, to: u64) {
+    let agency = crate::textsafe::escape_controls(&c.agency);
+    let source_id = crate::textsafe::escape_controls(&c.source_id);
+    let epoch = c.gap.epoch;
+    tracing::warn!(
+        outcome = "gap",
+        agency = %c.agency,
+        source_id = %c.source_id,
+        epoch,
+        unconfirmed_from = from,
+        unconfirmed_to = to,
+        "possible upstream gap: {agency}/{source_id} epoch {epoch} {from}-{to} was missing when \
+         a later sequence was applied, and the window evicted those positions before it was \
+         checked: `gaps --source {agency}/{source_id}` tells from the audit log"
+    );
 }
 
 /// The ranges of `from..=to` not covered by `present` (sorted, disjoint, within it).

@@ -273,6 +273,67 @@ fn ingest_reports_only_what_is_still_missing_at_the_end_of_its_input() {
 }
 
 #[test]
+fn ingest_checks_a_gap_before_the_window_evicts_it_and_warns_what_it_could_not_check() {
+    // A window of 200 entries, batches of 50: engine-7 jumps 1 -> 3, then 1,000 more lines
+    // pass (a long capture: the window evicts 1 and 3 long before the end of the input).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[window]\nmax_entries = 200\n[commit]\nmax_batch = 50\n",
+    )
+    .unwrap();
+    let ingest = |db: &str, lines: &[String]| {
+        let input = lines.join("\n") + "\n";
+        let out = common::run_with_stdin(
+            &[
+                "ingest",
+                "--config",
+                config.to_str().unwrap(),
+                "--db",
+                db,
+                "-",
+            ],
+            input.as_bytes(),
+        );
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        err
+    };
+    let mut lines = of("engine-7", &[1, 3]);
+    lines.extend(engine7(4..=1003));
+    let db = dir.path().join("a.redb");
+    let err = ingest(db.to_str().unwrap(), &lines);
+    assert!(
+        err.contains("upstream gap: fire/engine-7 epoch 3 missing 2-2 (1 sequences)")
+            && err.contains("  upstream gaps 1 (1 sequences missing"),
+        "checked while the window still held 1 and 3: {err}"
+    );
+    assert!(!err.contains("possible upstream gap"), "{err}");
+
+    // One batch larger than the window: 1 and 3 are evicted in the commit that saw the jump.
+    // What can no longer be told is warned, not counted.
+    std::fs::write(
+        &config,
+        "[window]\nmax_entries = 20\n[commit]\nmax_batch = 1000\n",
+    )
+    .unwrap();
+    let db = dir.path().join("b.redb");
+    let err = ingest(db.to_str().unwrap(), &lines[..200]);
+    assert!(
+        err.contains("possible upstream gap: fire/engine-7 epoch 3 2-2 was missing when a later sequence was applied, and the window evicted those positions before it was checked"),
+        "{err}"
+    );
+    assert!(!err.contains("upstream gaps 1"), "{err}");
+    let out = common::run(&["gaps", "--db", db.to_str().unwrap()]);
+    let gaps = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        gaps.contains("\"missing_from\":2,\"missing_to\":2"),
+        "{gaps}"
+    );
+}
+
+#[test]
 fn members_of_a_shared_subscription_fill_each_others_jumps_and_warn_only_a_real_gap() {
     let pg_db = PgDb::new("upshare");
     let dir = tempfile::tempdir().unwrap();
