@@ -39,8 +39,7 @@ use crate::decide::OutOfOrder;
 use crate::model::{IdempotencyKey, Outcome, OutcomeCounts};
 pub use crate::wire::Incoming;
 pub use audit::body_fields as audit_body_fields;
-#[cfg(test)]
-pub(crate) use audit::entry_hash as audit_entry_hash;
+pub use audit::entry_hash as audit_entry_hash;
 use engine::Writer;
 use guard::Leak;
 pub use guard::install_panic_hook;

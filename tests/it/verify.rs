@@ -137,6 +137,28 @@ fn verify_catches_each_kind_of_tampering() {
             "audit entry 2: applied but effect 2 does not exist",
         ),
         (
+            // Entry 2 made to apply entry 0's position (so its key), its own hash made to
+            // match: the chain breaks only after it, and the second application is named.
+            "key-applied-twice",
+            tampered(dir.path(), &honest, "key-applied-twice", |txn| {
+                let (_, first) = audit_record(txn, 0);
+                let (_, mut rec) = audit_record(txn, 2);
+                assert_ne!(first.key, rec.key);
+                rec.agency = first.agency.clone();
+                rec.source_id = first.source_id.clone();
+                rec.epoch = first.epoch;
+                rec.sequence = first.sequence;
+                rec.key = first.key;
+                rec.hash = replay_guard::store::audit_entry_hash(2, &rec, &rec.prev_hash);
+                AUDIT
+                    .open_mut(txn)
+                    .unwrap()
+                    .put(2, &rec, &mut Vec::new())
+                    .unwrap();
+            }),
+            "audit entry 2: key ",
+        ),
+        (
             // The writer skips the window lookup above a source's mark: a mark lowered under
             // an effect would let a replay of that effect through as new.
             "high-water-lowered",
@@ -157,6 +179,9 @@ fn verify_catches_each_kind_of_tampering() {
         let (code, _, err) = verify(&db);
         assert_eq!(code, Some(4), "{name}: {err}");
         assert!(err.contains(want), "{name}: {err:?} lacks {want:?}");
+        if name == "key-applied-twice" {
+            assert!(err.contains(" applied a second time"), "{name}: {err}");
+        }
         assert_eq!(err.lines().count(), 1, "{name}: {err}");
     }
 }
