@@ -50,8 +50,7 @@ impl Snapshot {
         };
         if let Some(pg) = self.pg() {
             let candidates = if pg.indexed_across_blocks()? {
-                let prefix = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
-                pg.audit_with_key_prefix(prefix, first..meta.next_audit)?
+                pg.audit_with_key_prefix(audit_key_prefix(key), first..meta.next_audit)?
             } else {
                 let buckets: Vec<u64> = blocks.map(bucket).collect();
                 pg.audit_in_buckets(&buckets)?
@@ -161,7 +160,7 @@ impl Snapshot {
         if let Some(pg) = self.pg() {
             match pg.source_no(agency, source_id)? {
                 Some(no) if pg.indexed_across_blocks()? => {
-                    pg.visit_positions_of_source(no, kept.clone(), &mut |_, epoch, sequence| {
+                    pg.visit_positions_of_source(no, kept.clone(), &mut |epoch, sequence| {
                         f(epoch, sequence)
                     })?;
                 }

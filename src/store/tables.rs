@@ -119,8 +119,12 @@ pub fn block_floor(index: u64) -> u64 {
 
 /// The `AUDIT_KEYS` bucket of the entry at `index` with `key`.
 pub fn audit_key_bucket(index: u64, key: &[u8; 32]) -> u64 {
-    audit_key_block_start(index / AUDIT_KEY_BLOCK)
-        | u64::from(u32::from_be_bytes([key[0], key[1], key[2], key[3]]))
+    audit_key_block_start(index / AUDIT_KEY_BLOCK) | u64::from(audit_key_prefix(key))
+}
+
+/// The low 32 bits of every `AUDIT_KEYS` bucket of `key`: its first four bytes.
+pub fn audit_key_prefix(key: &[u8; 32]) -> u32 {
+    u32::from_be_bytes([key[0], key[1], key[2], key[3]])
 }
 
 /// The lowest bucket of block `block` (blocks past 2^32, 17 trillion entries, would share

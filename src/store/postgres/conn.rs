@@ -360,7 +360,8 @@ impl Conn {
     }
 
     /// `batch` with deadline `within`: DDL that builds an index over a table already
-    /// holding rows (a schema upgrade) takes as long as the table needs, minutes at 20M rows.
+    /// holding rows (a schema upgrade) takes as long as the table needs (24 s at 20M rows
+    /// here, more on a slower disk).
     pub fn batch_within(&self, sql: &str, within: Duration) -> Result<(), StoreError> {
         self.round_trip_within(within, self.client.batch_execute(sql))
     }

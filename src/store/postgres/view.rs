@@ -309,8 +309,8 @@ impl PgView {
         self.audit_at(&indices)
     }
 
-    /// Calls `f(audit index, epoch, sequence)` for the source index's rows of source number
-    /// `no` (numbered buckets) with an index in `kept`, in no particular order, a bounded
+    /// Calls `f(epoch, sequence)` for the source index's rows of source number `no`
+    /// (numbered buckets) with an audit index in `kept`, in index order, a bounded
     /// number of rows a statement. Ranges of `audit_sources_by_source` (schema version 5 on:
     /// `indexed_across_blocks`), read by the index alone where the table's pages are all
     /// visible (vacuumed).
@@ -318,7 +318,7 @@ impl PgView {
         &self,
         no: u64,
         kept: std::ops::Range<u64>,
-        f: &mut dyn FnMut(u64, u64, u64),
+        f: &mut dyn FnMut(u64, u64),
     ) -> Result<(), StoreError> {
         let Ok(no) = u32::try_from(no) else {
             return Ok(()); // a number past 32 bits: its rows are unnumbered
@@ -348,7 +348,7 @@ impl PgView {
             )?;
             for r in &rows {
                 let c = |i| un(r.get::<_, i64>(i));
-                f(c(0), c(1), c(2));
+                f(c(1), c(2));
                 from = c(0) + 1;
             }
             if i64::try_from(rows.len()).unwrap_or(i64::MAX) < SOURCE_ROWS_PER_READ {
