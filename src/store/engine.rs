@@ -65,7 +65,15 @@ pub(super) struct Writer<T: Tx> {
     /// messages so their strings and payload buffer are allocated once per batch.
     effect_buf: Option<EffectRecord>,
     audit_buf: Option<AuditRecord>,
+    /// The audit log's next index when the transaction opened.
+    audit_at_open: u64,
 }
+
+/// Index rows a write transaction merges (`Tx::merge_indexes`) per audit entry it appends,
+/// and at least: faster than entries arrive, so a segment is merged well before the next one
+/// is complete, and a bounded share of each commit.
+const MERGE_PER_ENTRY: u64 = 4;
+const MERGE_AT_LEAST: u64 = 256;
 
 /// `dst = src`, in `dst`'s own allocation.
 fn refill(dst: &mut String, src: &str) {
@@ -161,6 +169,7 @@ impl<T: Tx> Writer<T> {
         Ok(Writer {
             tx,
             opts: opts.clone(),
+            audit_at_open: meta.next_audit,
             meta,
             names: HashMap::new(),
             states: HashMap::new(),
@@ -561,6 +570,11 @@ impl<T: Tx> Writer<T> {
             self.tx.put_retention_marks(marks)?;
         }
         self.tx.put_counters(&self.counters)?;
+        let appended = self.meta.next_audit.saturating_sub(self.audit_at_open);
+        let budget = appended
+            .saturating_mul(MERGE_PER_ENTRY)
+            .saturating_add(MERGE_AT_LEAST);
+        self.tx.merge_indexes(&self.meta, budget)?;
         self.tx.put_meta(&self.meta)?;
         Ok(self.tx)
     }

@@ -4,6 +4,7 @@
 use std::ops::ControlFlow;
 
 use super::StoreError;
+use super::index_merge::IndexRow;
 use super::read::{AuditEntry, Snapshot};
 use super::tables::*;
 use crate::decide::{Seen, SourceMarks};
@@ -24,7 +25,8 @@ fn pos((epoch, sequence): (u64, u64)) -> Position {
 
 impl Snapshot {
     /// Every audit entry with `key`, oldest first: one read of the key index (`AUDIT_KEYS`)
-    /// per block of the log (PostgreSQL from its schema version 5: one range of an index of
+    /// per merged segment of the log and per block of its unmerged segments
+    /// (`store::index_merge`; PostgreSQL from its schema version 5: one range of an index of
     /// the table by key prefix), then the candidates' entries. A store of schema version 1 (a
     /// file no writer of this version has opened yet) has no index: its log is scanned.
     pub fn audit_with_key(&self, key: &[u8; 32]) -> Result<Vec<AuditEntry>, StoreError> {
@@ -62,18 +64,38 @@ impl Snapshot {
             }
             return Ok(found);
         }
+        let prefix = audit_key_prefix(key);
         self.guard(|txn| {
+            let merge = INDEX_MERGE.read(txn)?.unwrap_or_default();
             let keys = txn.open_table(AUDIT_KEYS)?;
             let audit = AUDIT.open(txn)?;
-            for block in blocks {
-                let b = bucket(block);
+            let mut indices = Vec::new();
+            let mut read = |b: u64| -> Result<(), StoreError> {
                 for row in keys.range((b, 0)..=(b, u64::MAX))? {
-                    let index = row?.0.value().1;
-                    if let Some(record) = audit.get(index)?
-                        && wanted(index, &record)
-                    {
-                        found.push(AuditEntry { index, record });
+                    indices.push(row?.0.value().1);
+                }
+                Ok(())
+            };
+            for segment in merge.segment_of(*blocks.start())..=merge.segment_of(*blocks.end()) {
+                let (merged, unmerged) = merge.keys.reads(segment);
+                if merged {
+                    read(merged_bucket(segment, prefix))?;
+                }
+                if unmerged {
+                    for block in merge.blocks_of(segment) {
+                        if blocks.contains(&block) {
+                            read(bucket(block))?;
+                        }
                     }
+                }
+            }
+            // A segment being merged has rows of one prefix in both places.
+            indices.sort_unstable();
+            for index in indices {
+                if let Some(record) = audit.get(index)?
+                    && wanted(index, &record)
+                {
+                    found.push(AuditEntry { index, record });
                 }
             }
             Ok::<_, StoreError>(())
@@ -132,7 +154,8 @@ impl Snapshot {
 
     /// Calls `f(epoch, sequence)` for every entry of the audit log that names source
     /// (`agency`, `source_id`) and a position, in no particular order: one read of the source
-    /// index (`AUDIT_SOURCES`) per block (PostgreSQL from its schema version 5: ranges of an
+    /// index (`AUDIT_SOURCES`) per merged segment and per block of the unmerged ones
+    /// (`store::index_merge`; PostgreSQL from its schema version 5: ranges of an
     /// index of the table by source number), and of the unnumbered buckets (whose entries are
     /// read to check their names); nothing is held but the rows of one read. `false`, having
     /// called nothing, for a store of schema version 1 or 2 (a file no writer of this version
@@ -191,17 +214,34 @@ impl Snapshot {
         self.guard(|txn| {
             let rows = txn.open_table(AUDIT_SOURCES)?;
             let no = txn.open_table(SOURCE_IDS)?.get((agency, source_id))?;
-            if let Some(no) = no.map(|n| n.value()) {
-                for block in blocks.clone() {
-                    let b = audit_source_bucket(block * AUDIT_KEY_BLOCK, Some(no));
-                    if b & UNNUMBERED != 0 {
-                        break; // a number too large for a bucket: all its rows are unnumbered
-                    }
+            // A number too large for a bucket: all its rows are unnumbered.
+            let numbered = no.and_then(|n| u32::try_from(n.value()).ok());
+            if let Some(no) = numbered {
+                let merge = INDEX_MERGE.read(txn)?.unwrap_or_default();
+                let mut read = |b: u64| -> Result<(), StoreError> {
                     for row in rows.range((b, 0)..=(b, u64::MAX))? {
                         let (k, v) = row?;
                         if kept.contains(&k.value().1) {
                             let (epoch, sequence) = v.value();
                             f(epoch, sequence);
+                        }
+                    }
+                    Ok(())
+                };
+                let last = blocks.end - 1;
+                for segment in merge.segment_of(blocks.start)..=merge.segment_of(last) {
+                    let (merged, unmerged) = merge.sources.reads(segment);
+                    if merged {
+                        read(merged_bucket(segment, no))?;
+                    }
+                    if unmerged {
+                        for block in merge.blocks_of(segment) {
+                            if blocks.contains(&block) {
+                                read(audit_source_bucket(
+                                    block * AUDIT_KEY_BLOCK,
+                                    Some(u64::from(no)),
+                                ))?;
+                            }
                         }
                     }
                 }
@@ -339,5 +379,94 @@ impl Snapshot {
                 effect_offset: w.effect_offset,
             }),
         }))
+    }
+}
+
+/// A row of a redb index: (bucket, audit index) and its value.
+type OwnedRow<V> = ((u64, u64), <V as IndexRow>::Owned);
+
+/// The first row of a redb index whose bucket lies in none of `legal` (sorted, disjoint).
+fn first_outside<V: IndexRow>(
+    table: &redb::ReadOnlyTable<(u64, u64), V>,
+    legal: &[std::ops::Range<u64>],
+) -> Result<Option<OwnedRow<V>>, StoreError> {
+    let mut lo = 0;
+    let first = |range: redb::Range<'_, (u64, u64), V>| -> Result<_, StoreError> {
+        match range.into_iter().next() {
+            Some(row) => {
+                let (k, v) = row?;
+                Ok(Some((k.value(), V::owned(v.value()))))
+            }
+            None => Ok(None),
+        }
+    };
+    for r in legal.iter().filter(|r| !r.is_empty()) {
+        if lo < r.start
+            && let Some(row) = first(table.range((lo, 0)..(r.start, 0))?)?
+        {
+            return Ok(Some(row));
+        }
+        lo = lo.max(r.end);
+    }
+    first(table.range((lo, 0)..)?)
+}
+
+impl Snapshot {
+    /// How far the audit indexes are merged (`store::index_merge`); `None` on PostgreSQL,
+    /// which never merges them.
+    pub fn index_merge(&self) -> Result<Option<IndexMerge>, StoreError> {
+        if self.pg().is_some() {
+            return Ok(None);
+        }
+        self.guard(|txn| Ok(Some(INDEX_MERGE.read(txn)?.unwrap_or_default())))
+    }
+
+    /// The key index's merged rows of segment `segment` (redb), in order.
+    pub fn audit_key_rows_merged(&self, segment: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let b = merged_range(&(segment..segment + 1));
+        self.guard(|txn| {
+            let keys = txn.open_table(AUDIT_KEYS)?;
+            let mut rows = Vec::new();
+            for row in keys.range((b.start, 0)..(b.end, 0))? {
+                rows.push(row?.0.value());
+            }
+            Ok(rows)
+        })
+    }
+
+    /// The source index's merged rows of segment `segment` (redb), in order.
+    pub fn audit_source_rows_merged(&self, segment: u64) -> Result<Vec<SourceRow>, StoreError> {
+        let b = merged_range(&(segment..segment + 1));
+        self.guard(|txn| {
+            let sources = txn.open_table(AUDIT_SOURCES)?;
+            let mut rows = Vec::new();
+            for row in sources.range((b.start, 0)..(b.end, 0))? {
+                let (k, v) = row?;
+                rows.push((k.value(), v.value()));
+            }
+            Ok(rows)
+        })
+    }
+
+    /// The first row of the key index (redb) whose bucket is in none of `legal`.
+    pub fn audit_key_row_outside_ranges(
+        &self,
+        legal: &[std::ops::Range<u64>],
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        self.guard(|txn| {
+            let keys = txn.open_table(AUDIT_KEYS)?;
+            Ok(first_outside(&keys, legal)?.map(|(k, ())| k))
+        })
+    }
+
+    /// The first row of the source index (redb) whose bucket is in none of `legal`.
+    pub fn audit_source_row_outside_ranges(
+        &self,
+        legal: &[std::ops::Range<u64>],
+    ) -> Result<Option<SourceRow>, StoreError> {
+        self.guard(|txn| {
+            let sources = txn.open_table(AUDIT_SOURCES)?;
+            first_outside(&sources, legal)
+        })
     }
 }

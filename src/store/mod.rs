@@ -12,6 +12,7 @@ mod file;
 pub use file::{DiskSpace, SinkLocks, disk_space};
 mod guard;
 pub(crate) mod identity;
+mod index_merge;
 pub(crate) mod ledger;
 pub(crate) mod lookup;
 mod operator;
@@ -94,6 +95,10 @@ pub struct StoreOptions {
     /// before they move into the window's main table together (`tables::WINDOW_RECENT`).
     /// Not configurable by operators; tests set it low to move entries often.
     pub window_merge_at: u64,
+    /// redb: blocks of the audit indexes per merged segment of a new store
+    /// (`tables::IndexMerge`; a store keeps the size it was created with). Not configurable
+    /// by operators; tests set it low to merge after a few thousand entries.
+    pub index_segment_blocks: u64,
 }
 
 /// How many processes may write the database file at once (all its handles must agree).
@@ -125,6 +130,7 @@ impl Default for StoreOptions {
             retention: RetentionPolicy::keep_all(),
             new_database: false,
             window_merge_at: tables::WINDOW_MERGE_AT,
+            index_segment_blocks: tables::SEGMENT_BLOCKS,
         }
     }
 }
@@ -690,7 +696,7 @@ impl Store {
                 }
             }
             for_each_table(&mut Create(&txn))?;
-            let mut tx = Leak::new(RedbTx::open(&txn)?);
+            let mut tx = Leak::new(RedbTx::open(&txn)?.segments_of(opts.index_segment_blocks));
             upgrade::to_current(&mut *tx)?;
             drop(tx.into_inner());
         }
@@ -765,7 +771,9 @@ impl Store {
         let txn = Leak::new(self.begin_durable()?);
         let report = {
             let mut w = Leak::new(Writer::open(
-                RedbTx::open(&txn)?.merging_at(self.opts.window_merge_at),
+                RedbTx::open(&txn)?
+                    .merging_at(self.opts.window_merge_at)
+                    .segments_of(self.opts.index_segment_blocks),
                 &self.opts,
             )?);
             let report = w.decide_batch(batch, now_ms, self.consumption.pending())?;

@@ -78,7 +78,9 @@ impl Store {
         let txn = Leak::new(self.begin_durable()?);
         let decided = {
             let mut w = Leak::new(Writer::open(
-                RedbTx::open(&txn)?.merging_at(self.opts.window_merge_at),
+                RedbTx::open(&txn)?
+                    .merging_at(self.opts.window_merge_at)
+                    .segments_of(self.opts.index_segment_blocks),
                 &self.opts,
             )?);
             let d = w.resolve(id, resolution, contract, prior, now_ms)?;

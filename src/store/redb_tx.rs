@@ -7,6 +7,7 @@ use redb::{ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
 
 use super::StoreError;
 use super::guard::Leak;
+use super::index_merge::{self, Mergeable};
 use super::tables::*;
 use super::tx::{Tx, Visit, WindowKey};
 
@@ -32,6 +33,9 @@ pub struct RedbTx<'t> {
     buf: Vec<u8>,
     /// `WINDOW_RECENT`'s size that moves it into `WINDOW`.
     merge_at: u64,
+    /// Blocks per merged segment of the audit indexes, if this transaction writes the first
+    /// `INDEX_MERGE` record.
+    segment_blocks: u64,
 }
 
 impl<'t> RedbTx<'t> {
@@ -74,6 +78,7 @@ impl<'t> RedbTx<'t> {
             sink_ledger: sink_ledger.into_inner(),
             buf: Vec::with_capacity(1024),
             merge_at: WINDOW_MERGE_AT,
+            segment_blocks: SEGMENT_BLOCKS,
         })
     }
 
@@ -82,6 +87,19 @@ impl<'t> RedbTx<'t> {
     pub fn merging_at(mut self, n: u64) -> Self {
         self.merge_at = n.max(1);
         self
+    }
+
+    /// Merges the audit indexes in segments of `n` blocks instead of `SEGMENT_BLOCKS`, if the
+    /// store has no `INDEX_MERGE` record yet (`StoreOptions::index_segment_blocks`).
+    pub fn segments_of(mut self, n: u64) -> Self {
+        self.segment_blocks = n.max(1);
+        self
+    }
+
+    fn index_merge(&self) -> Result<IndexMerge, StoreError> {
+        Ok(INDEX_MERGE
+            .get(&self.meta)?
+            .unwrap_or_else(|| IndexMerge::with_blocks(self.segment_blocks)))
     }
 }
 
@@ -323,6 +341,27 @@ impl Tx for RedbTx<'_> {
         Ok(())
     }
 
+    fn merge_indexes(&mut self, meta: &Meta, budget: u64) -> Result<u64, StoreError> {
+        let stored = INDEX_MERGE.get(&self.meta)?;
+        let mut merge = stored.unwrap_or_else(|| IndexMerge::with_blocks(self.segment_blocks));
+        let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        let span = Mergeable::of(&merge, first, meta.next_audit);
+        let k = merge.blocks;
+        let moved =
+            index_merge::merge_rows(&mut self.audit_keys, &mut merge.keys, k, span, budget)?
+                + index_merge::merge_rows(
+                    &mut self.audit_sources,
+                    &mut merge.sources,
+                    k,
+                    span,
+                    budget,
+                )?;
+        if stored != Some(merge) {
+            INDEX_MERGE.put(&mut self.meta, &merge, &mut self.buf)?;
+        }
+        Ok(moved)
+    }
+
     fn scan_audit(
         &mut self,
         range: Range<u64>,
@@ -342,6 +381,12 @@ impl Tx for RedbTx<'_> {
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         // From the block `range` starts in: the entries before it are gone already.
         let blocks = whole_blocks(&(block_floor(*range.start())..=*range.end()));
+        // Every merged segment that ends within: from 0, which also takes what retention by
+        // a build before the merge (still running when this one upgraded the file) left.
+        let n = self.index_merge()?.segment_entries();
+        let segments = 0..(range.end().saturating_add(1) / n);
+        index_merge::remove_segments(&mut self.audit_keys, segments.clone())?;
+        index_merge::remove_segments(&mut self.audit_sources, segments)?;
         self.audit.retain_in(range, |_, _| false).map_err(redb)?;
         if !blocks.is_empty() {
             let (lo, hi) = (

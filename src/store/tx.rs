@@ -87,6 +87,12 @@ pub trait Tx {
     /// Adds a row (`audit_source_row`) to the source index alone: the schema upgrade's step
     /// for entries written before the index existed.
     fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError>;
+    /// Moves up to `budget` rows of each audit index from the blocks of complete, old
+    /// segments to their merged buckets (`store::index_merge`; redb only: a PostgreSQL
+    /// lookup reads one index range already); how many moved. `meta` is the log's extent.
+    fn merge_indexes(&mut self, _meta: &Meta, _budget: u64) -> Result<u64, StoreError> {
+        Ok(0)
+    }
     /// Visits the entries in `range`, lowest index first, until `f` breaks.
     fn scan_audit(
         &mut self,
@@ -298,6 +304,9 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn index_audit_source(&mut self, row: SourceRow) -> Result<(), StoreError> {
         (**self).index_audit_source(row)
+    }
+    fn merge_indexes(&mut self, meta: &Meta, budget: u64) -> Result<u64, StoreError> {
+        (**self).merge_indexes(meta, budget)
     }
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         (**self).remove_audit(range)

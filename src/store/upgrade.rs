@@ -12,6 +12,11 @@
 //! Version 2 -> 3: the audit log's source index (`tables::AUDIT_SOURCES`), built the same way.
 //! Version 2 was never released (only builds of the main branch wrote it), so nothing fences
 //! a process of such a build.
+//!
+//! Version 3 -> 4: on redb, both indexes' rows of every complete segment moved to their merged
+//! buckets (`store::index_merge`), so that a lookup reads one bucket per old segment at once;
+//! nothing changes on PostgreSQL. A build of version 3 would read only the blocks (missing
+//! every merged row), and refuses the upgraded store.
 
 use std::collections::HashMap;
 
@@ -46,6 +51,8 @@ pub struct Upgraded {
     pub indexed: u64,
     /// Audit entries added to the source index.
     pub indexed_sources: u64,
+    /// Index rows moved to their merged segments (redb; `store::index_merge`).
+    pub merged: u64,
 }
 
 /// Upgrades the store `tx` is a write transaction of, if its meta record names an older
@@ -63,19 +70,24 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         });
     }
     let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+    let entries = meta.next_audit.saturating_sub(first);
     tracing::info!(
         from,
         to = SCHEMA_VERSION,
-        entries = meta.next_audit.saturating_sub(first),
-        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: indexing the audit log{} ({} entries; a build before this one refuses the upgraded store)",
-        if from < 2 {
-            " by key and by source"
-        } else {
-            " by source"
-        },
-        meta.next_audit.saturating_sub(first)
+        entries,
+        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: {} the audit log's indexes ({entries} entries; a build before this one refuses the upgraded store)",
+        match from {
+            1 => "building and merging",
+            2 => "completing and merging",
+            _ => "merging",
+        }
     );
-    let (indexed, indexed_sources) = index_audit(tx, first, meta.next_audit, from < 2)?;
+    let (indexed, indexed_sources) = if from < 3 {
+        index_audit(tx, first, meta.next_audit, from < 2)?
+    } else {
+        (0, 0)
+    };
+    let merged = merge_all(tx, &meta)?;
     meta.schema_version = SCHEMA_VERSION;
     tx.put_meta(&meta)?;
     tracing::info!(
@@ -83,18 +95,15 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         to = SCHEMA_VERSION,
         indexed,
         indexed_sources,
-        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {}{indexed_sources} audit entries by source",
-        if from < 2 {
-            format!("{indexed} audit entries by key and ")
-        } else {
-            String::new()
-        }
+        merged,
+        "upgraded the store's schema from version {from} to {SCHEMA_VERSION}: indexed {indexed} audit entries by key and {indexed_sources} by source, merged {merged} index rows of old segments"
     );
     Ok(Some(Upgraded {
         from,
         to: SCHEMA_VERSION,
         indexed,
         indexed_sources,
+        merged,
     }))
 }
 
@@ -122,6 +131,26 @@ pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), Store
         txn.open_table(AUDIT_FENCE)?;
     }
     Ok(())
+}
+
+/// Merges every complete segment of both audit indexes (none on PostgreSQL); how many rows
+/// moved.
+fn merge_all(tx: &mut dyn Tx, meta: &super::tables::Meta) -> Result<u64, StoreError> {
+    let total = meta
+        .next_audit
+        .saturating_sub(meta.audit_anchor.map_or(0, |(i, _)| i + 1));
+    let mut merged = 0;
+    loop {
+        let moved = tx.merge_indexes(meta, CHUNK)?;
+        if moved == 0 {
+            return Ok(merged);
+        }
+        merged += moved;
+        if let Some(progress) = PROGRESS.get() {
+            // Two rows for most entries (one in each index).
+            progress((merged / 2).min(total), total);
+        }
+    }
 }
 
 /// Adds every entry in `from..to` to the source index, and to the key index too when

@@ -7,7 +7,9 @@ use std::ops::ControlFlow;
 
 use super::engine::{fingerprint_decided, fingerprint_malformed};
 use super::tables::{
-    AUDIT_KEY_BLOCK, AuditRecord, SourceRow, Stream, audit_key_bucket, audit_source_bucket,
+    AUDIT_KEY_BLOCK, AuditRecord, IndexMerge, MERGED, MergeMark, SourceRow, Stream, UNNUMBERED,
+    audit_key_block_start, audit_key_bucket, audit_source_bucket, audit_source_ranges,
+    block_bucket, merged_range,
 };
 use super::{Snapshot, StoreError};
 use crate::key::sha256;
@@ -69,10 +71,10 @@ struct Scan {
     unresolved: BTreeMap<u64, u64>,
 }
 
-/// One of the audit log's indexes as `verify` checks it, block by block as the scan reaches
-/// each block: the block's rows must be exactly the rows its entries need, one per entry
-/// (ignoring rows of entries retention removed from the first block), and no row may lie
-/// outside the log's blocks.
+/// One of the audit log's indexes as `verify` checks it, unit by unit (a block, or a merged
+/// segment: `Unit`) as the scan reaches each: the unit's rows must be exactly the rows its
+/// entries need, one per entry (ignoring rows of entries retention removed from the first
+/// unit), and no row may lie where a lookup would not read it.
 trait BlockIndex {
     /// A stored row.
     type Row: Copy + Ord;
@@ -85,12 +87,22 @@ trait BlockIndex {
         index: u64,
         record: &AuditRecord,
     ) -> Result<Option<Self::Want>, StoreError>;
-    /// The rows of block `block`.
-    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<Self::Row>, StoreError>;
-    /// A row outside blocks `blocks`, if any.
+    /// How far this index is merged (redb).
+    fn mark(merge: &IndexMerge) -> MergeMark;
+    /// The rows of `unit`, merged ones under their block's bucket (`tables::block_bucket`),
+    /// and the first row on the wrong side of the mark of the segment being merged, as stored.
+    fn rows(snap: &Snapshot, unit: &Unit) -> Result<UnitRows<Self::Row>, StoreError>;
+    /// A row outside blocks `blocks`, if any (PostgreSQL: the index is never merged).
     fn outside(
         snap: &Snapshot,
         blocks: std::ops::Range<u64>,
+    ) -> Result<Option<Self::Row>, StoreError>;
+    /// A row of a redb index where a lookup would not read it: outside the log's blocks
+    /// and segments, in a block of a merged segment, or merged beyond its mark.
+    fn outside_merged(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+        merge: &IndexMerge,
     ) -> Result<Option<Self::Row>, StoreError>;
     /// The audit index a row names.
     fn index_of(row: &Self::Row) -> u64;
@@ -98,6 +110,75 @@ trait BlockIndex {
     /// The violations, in words.
     fn missing(index: u64) -> String;
     fn extra(row: Self::Row) -> String;
+}
+
+/// A unit's rows as a check compares them, and the first one stored on the wrong side of
+/// its segment's merge mark (as stored).
+type UnitRows<R> = (Vec<R>, Option<R>);
+
+/// What `verify` reads of an index at once: one block, or the blocks of a segment a lookup
+/// reads merged (and, for the segment being merged, also block by block).
+#[derive(Debug, Clone)]
+struct Unit {
+    blocks: std::ops::Range<u64>,
+    /// The merged segment whose bucket rows are read.
+    merged: Option<u64>,
+    /// Whether the blocks' numbered rows are read too.
+    in_blocks: bool,
+    /// Of the segment being merged, where its merged rows end: (low 32 bits, index).
+    next: Option<(u64, u64)>,
+}
+
+impl Unit {
+    /// Whether a numbered row (`bucket`, `index`) is where the mark says: merged rows below
+    /// `next`, rows in blocks from it.
+    fn placed(&self, bucket: u64, index: u64) -> bool {
+        match self.next {
+            Some(next) => ((bucket & 0xFFFF_FFFF, index) < next) == (bucket & MERGED != 0),
+            None => true,
+        }
+    }
+
+    /// The unit block `block` lies in, for index `I` merged as far as `merge` says.
+    fn of<I: BlockIndex>(merge: Option<&IndexMerge>, block: u64) -> Unit {
+        let plain = Unit {
+            blocks: block..block + 1,
+            merged: None,
+            in_blocks: true,
+            next: None,
+        };
+        let Some(m) = merge else {
+            return plain;
+        };
+        let segment = m.segment_of(block);
+        let mark = I::mark(m);
+        match mark.reads(segment) {
+            (true, in_blocks) => Unit {
+                blocks: m.blocks_of(segment),
+                merged: Some(segment),
+                in_blocks,
+                next: in_blocks.then_some(mark.next),
+            },
+            (false, _) => plain,
+        }
+    }
+}
+
+/// The bucket ranges a lookup of a redb index reads for the log's blocks `blocks`: the blocks
+/// of segments not wholly merged, and the merged buckets of those merged at all.
+fn legal_ranges(
+    blocks: &std::ops::Range<u64>,
+    merge: &IndexMerge,
+    mark: MergeMark,
+) -> [std::ops::Range<u64>; 2] {
+    let (first, last) = (blocks.start, blocks.end - 1);
+    let in_blocks = first.max(mark.segment.saturating_mul(merge.blocks))..last + 1;
+    let merged = merge.segment_of(first)..merge.segment_of(last).min(mark.segment) + 1;
+    [
+        audit_key_block_start(in_blocks.start)
+            ..audit_key_block_start(in_blocks.end.max(in_blocks.start)),
+        merged_range(&(merged.start..merged.end.max(merged.start))),
+    ]
 }
 
 /// The key index (`AUDIT_KEYS`): a row (bucket, index) for each entry with a key.
@@ -115,14 +196,36 @@ impl BlockIndex for KeyIndex {
     ) -> Result<Option<u64>, StoreError> {
         Ok(r.key.as_ref().map(|key| audit_key_bucket(index, key)))
     }
-    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<(u64, u64)>, StoreError> {
-        snap.audit_key_rows(block..block + 1)
+    fn mark(merge: &IndexMerge) -> MergeMark {
+        merge.keys
+    }
+    fn rows(snap: &Snapshot, unit: &Unit) -> Result<UnitRows<(u64, u64)>, StoreError> {
+        let mut stored = match unit.merged {
+            Some(segment) => snap.audit_key_rows_merged(segment)?,
+            None => Vec::new(),
+        };
+        if unit.in_blocks {
+            stored.extend(snap.audit_key_rows(unit.blocks.clone())?);
+        }
+        let misplaced = stored.iter().copied().find(|&(b, i)| !unit.placed(b, i));
+        let rows = stored
+            .into_iter()
+            .map(|(bucket, index)| (block_bucket(bucket, index), index))
+            .collect();
+        Ok((rows, misplaced))
     }
     fn outside(
         snap: &Snapshot,
         blocks: std::ops::Range<u64>,
     ) -> Result<Option<(u64, u64)>, StoreError> {
         snap.audit_key_row_outside(blocks.start..=blocks.end - 1)
+    }
+    fn outside_merged(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+        merge: &IndexMerge,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        snap.audit_key_row_outside_ranges(&legal_ranges(&blocks, merge, merge.keys))
     }
     fn index_of(row: &(u64, u64)) -> u64 {
         row.1
@@ -180,14 +283,44 @@ impl BlockIndex for SourceIndex {
         ];
         Ok(Some((buckets, (epoch, sequence))))
     }
-    fn rows(snap: &Snapshot, block: u64) -> Result<Vec<SourceRow>, StoreError> {
-        snap.audit_source_rows(block..block + 1)
+    fn mark(merge: &IndexMerge) -> MergeMark {
+        merge.sources
+    }
+    fn rows(snap: &Snapshot, unit: &Unit) -> Result<UnitRows<SourceRow>, StoreError> {
+        let mut stored = match unit.merged {
+            Some(segment) => snap.audit_source_rows_merged(segment)?,
+            None => Vec::new(),
+        };
+        // Unnumbered rows stay in their blocks; numbered ones too until merged.
+        stored.extend(
+            snap.audit_source_rows(unit.blocks.clone())?
+                .into_iter()
+                .filter(|((bucket, _), _)| unit.in_blocks || bucket & UNNUMBERED != 0),
+        );
+        let misplaced = stored
+            .iter()
+            .copied()
+            .find(|&((b, i), _)| b & UNNUMBERED == 0 && !unit.placed(b, i));
+        let rows = stored
+            .into_iter()
+            .map(|((bucket, index), position)| ((block_bucket(bucket, index), index), position))
+            .collect();
+        Ok((rows, misplaced))
     }
     fn outside(
         snap: &Snapshot,
         blocks: std::ops::Range<u64>,
     ) -> Result<Option<SourceRow>, StoreError> {
         snap.audit_source_row_outside(blocks)
+    }
+    fn outside_merged(
+        snap: &Snapshot,
+        blocks: std::ops::Range<u64>,
+        merge: &IndexMerge,
+    ) -> Result<Option<SourceRow>, StoreError> {
+        let [numbered, merged] = legal_ranges(&blocks, merge, merge.sources);
+        let [_, unnumbered] = audit_source_ranges(&blocks);
+        snap.audit_source_row_outside_ranges(&[numbered, merged, unnumbered])
     }
     fn index_of(row: &SourceRow) -> u64 {
         row.0.1
@@ -216,19 +349,26 @@ struct IndexCheck<I: BlockIndex> {
     /// The store has the index (its schema version is new enough).
     present: bool,
     audit_from: u64,
-    /// The block the scan is in, and (index, want) of its entries so far, in index order.
+    /// How far a redb store's indexes are merged; `None` on PostgreSQL.
+    merge: Option<IndexMerge>,
+    /// The unit the scan is in, and (index, want) of its entries so far, in index order.
+    unit: Unit,
+    /// The last block the scan was in.
     block: u64,
     want: Vec<(u64, I::Want)>,
     checked: u64,
 }
 
 impl<I: BlockIndex> IndexCheck<I> {
-    fn new(index: I, present: bool, audit_from: u64) -> IndexCheck<I> {
+    fn new(index: I, present: bool, audit_from: u64, merge: Option<IndexMerge>) -> IndexCheck<I> {
+        let block = audit_from / AUDIT_KEY_BLOCK;
         IndexCheck {
             index,
             present,
             audit_from,
-            block: audit_from / AUDIT_KEY_BLOCK,
+            unit: Unit::of::<I>(merge.as_ref(), block),
+            merge,
+            block,
             want: Vec::new(),
             checked: 0,
         }
@@ -246,10 +386,11 @@ impl<I: BlockIndex> IndexCheck<I> {
         }
         let block = index / AUDIT_KEY_BLOCK;
         let mut problem = None;
-        if block != self.block {
+        if !self.unit.blocks.contains(&block) {
             problem = self.finish_block(snap)?;
-            self.block = block;
+            self.unit = Unit::of::<I>(self.merge.as_ref(), block);
         }
+        self.block = block;
         if let Some(w) = self.index.want(snap, index, record)? {
             self.want.push((index, w));
         }
@@ -258,9 +399,17 @@ impl<I: BlockIndex> IndexCheck<I> {
 
     /// Compares the current block's rows with what its entries need.
     fn finish_block(&mut self, snap: &Snapshot) -> Result<Option<String>, StoreError> {
-        let mut have = I::rows(snap, self.block)?;
-        // Rows of entries retention removed, in the block it cut into only.
-        if self.block == self.audit_from / AUDIT_KEY_BLOCK {
+        let (mut have, misplaced) = I::rows(snap, &self.unit)?;
+        if let Some(row) = misplaced {
+            self.want.clear();
+            return Ok(Some(I::extra(row)));
+        }
+        // Rows of entries retention removed, in the block or segment it cut into only.
+        if self
+            .unit
+            .blocks
+            .contains(&(self.audit_from / AUDIT_KEY_BLOCK))
+        {
             have.retain(|row| I::index_of(row) >= self.audit_from);
         }
         have.sort_unstable_by_key(|row| (I::index_of(row), *row));
@@ -301,7 +450,11 @@ impl<I: BlockIndex> IndexCheck<I> {
             return Ok(Some(p));
         }
         let blocks = self.audit_from / AUDIT_KEY_BLOCK..self.block + 1;
-        Ok(I::outside(snap, blocks)?.map(I::extra))
+        Ok(match &self.merge {
+            Some(merge) => I::outside_merged(snap, blocks, merge)?,
+            None => I::outside(snap, blocks)?,
+        }
+        .map(I::extra))
     }
 }
 
@@ -366,8 +519,14 @@ pub fn verify_reporting(
         applied_keys: Vec::new(),
         unresolved: BTreeMap::new(),
     };
-    let mut keys = IndexCheck::new(KeyIndex, meta.schema_version >= 2, expected);
-    let mut sources = IndexCheck::new(SourceIndex::default(), meta.schema_version >= 3, expected);
+    let merge = snap.index_merge()?;
+    let mut keys = IndexCheck::new(KeyIndex, meta.schema_version >= 2, expected, merge);
+    let mut sources = IndexCheck::new(
+        SourceIndex::default(),
+        meta.schema_version >= 3,
+        expected,
+        merge,
+    );
     let mut fail = None;
     snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));

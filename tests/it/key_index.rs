@@ -50,7 +50,7 @@ pub(crate) fn number(j: &Json) -> u64 {
 /// 8,500 (a conflict), a malformed line after 4,100 (an entry with no key).
 const LINES: u64 = 10_000;
 
-fn feed(dir: &Path) -> PathBuf {
+pub(crate) fn feed(dir: &Path) -> PathBuf {
     let mut text = String::new();
     for q in 1..=LINES {
         text.push_str(&msg("fd", "e1", 1, q, &format!("count {q}")));
@@ -69,7 +69,7 @@ fn feed(dir: &Path) -> PathBuf {
 
 /// `explain --format json` of sequence `seq`: (its key, its audit indices in order; none
 /// when it says no entry has the key).
-fn explained(store: &[&str], seq: u64) -> (String, Vec<u64>) {
+pub(crate) fn explained(store: &[&str], seq: u64) -> (String, Vec<u64>) {
     let seq = seq.to_string();
     let args = [
         &["explain", "--format", "json"][..],
@@ -114,7 +114,7 @@ fn keyed_entries(store: &[&str]) -> usize {
 }
 
 /// `explain` of each sequence agrees with `dump-audit --key`; returns sequence 1's indices.
-fn explain_matches_dump(store: &[&str]) -> Vec<u64> {
+pub(crate) fn explain_matches_dump(store: &[&str]) -> Vec<u64> {
     let mut first = Vec::new();
     for seq in [1, 2, 3, 4_096, 4_097, 9_999, LINES] {
         let (key, indices) = explained(store, seq);
@@ -169,7 +169,7 @@ pub(crate) fn first_index(store: &[&str]) -> u64 {
     ))
 }
 
-fn key_index_line(verified: &str) -> Option<&str> {
+pub(crate) fn key_index_line(verified: &str) -> Option<&str> {
     verified.lines().find(|l| l.starts_with("key index:"))
 }
 
@@ -188,7 +188,7 @@ fn downgrade(db: &Path) {
     {
         let mut t = txn.open_table(META_TABLE).unwrap();
         let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 3);
+        assert_eq!(meta.schema_version, 4);
         meta.schema_version = 1;
         META.put(&mut t, &meta, &mut Vec::new()).unwrap();
     }
@@ -205,7 +205,7 @@ fn meta_version(db: &redb::Database) -> u32 {
     META.get(&t).unwrap().unwrap().schema_version
 }
 
-fn index_rows(db: &Path) -> Vec<(u64, u64)> {
+pub(crate) fn index_rows(db: &Path) -> Vec<(u64, u64)> {
     use redb::{ReadableDatabase as _, ReadableTable as _};
     let rdb = redb::Database::open(db).unwrap();
     let txn = rdb.begin_read().unwrap();

@@ -114,6 +114,7 @@ mod fake_peer;
 mod faults;
 mod fuzz_regressions;
 mod health;
+mod index_merge;
 mod inspect;
 mod key_index;
 mod live_read;

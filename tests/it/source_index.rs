@@ -22,7 +22,7 @@ use crate::key_index::{
 /// Source e1 (epoch 1, sequences 1..=6,000 but 100..=149 and 5,000) interleaved with e2
 /// (epoch 1, 1..=2,000, then epoch 2, 1..=2,000 but 777), three index blocks' worth; a
 /// duplicate and a conflict of e1 and a malformed line (no position) among them.
-fn feed(dir: &Path) -> PathBuf {
+pub(crate) fn feed(dir: &Path) -> PathBuf {
     let mut text = String::new();
     for i in 1..=6_000u64 {
         if !(100..=149).contains(&i) && i != 5_000 {
@@ -51,7 +51,7 @@ const POSITIONED: u64 = 5_949 + 3_999 + 2;
 
 /// `gaps --format table` of one source (read from the index), and the lines of the whole
 /// log's `gaps` (a scan) that are that source's.
-fn gaps_both(store: &[&str], source: &str) -> (Vec<String>, Vec<String>) {
+pub(crate) fn gaps_both(store: &[&str], source: &str) -> (Vec<String>, Vec<String>) {
     let table = ["--format", "table"];
     let one = [&["gaps"][..], store, &table, &["--source", source]].concat();
     let all = [&["gaps"][..], store, &table].concat();
@@ -69,7 +69,7 @@ fn gaps_both(store: &[&str], source: &str) -> (Vec<String>, Vec<String>) {
 }
 
 /// `gaps --source` agrees with the scan for each source; returns e1's lines.
-fn gaps_agree(store: &[&str]) -> Vec<String> {
+pub(crate) fn gaps_agree(store: &[&str]) -> Vec<String> {
     let (e1, scanned) = gaps_both(store, "fd/e1");
     assert_eq!(e1, scanned, "fd/e1");
     for source in ["fd/e2", "fd/e3", "nobody/never"] {
@@ -79,7 +79,7 @@ fn gaps_agree(store: &[&str]) -> Vec<String> {
     e1
 }
 
-fn source_index_line(verified: &str) -> Option<&str> {
+pub(crate) fn source_index_line(verified: &str) -> Option<&str> {
     verified.lines().find(|l| l.starts_with("source index:"))
 }
 
@@ -106,7 +106,7 @@ fn downgrade_to_2(db: &Path) {
     {
         let mut t = txn.open_table(META_TABLE).unwrap();
         let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 3);
+        assert_eq!(meta.schema_version, 4);
         meta.schema_version = 2;
         META.put(&mut t, &meta, &mut Vec::new()).unwrap();
     }
@@ -489,7 +489,7 @@ fn a_populated_postgresql_schema_of_version_2_is_upgraded_in_place_by_the_next_w
     let meta_hex =
         pg.sql("SELECT encode(record, 'hex') FROM replay_guard.meta WHERE name = 'meta'");
     let mut meta = META.decode(&unhex(meta_hex.trim())).unwrap();
-    assert_eq!(meta.schema_version, 3);
+    assert_eq!(meta.schema_version, 4);
     meta.schema_version = 1;
     pg.sql(&format!(
         "DROP TABLE replay_guard.audit_keys; DROP TABLE replay_guard.audit_sources; \

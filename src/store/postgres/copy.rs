@@ -126,6 +126,9 @@ impl CopyTable for ToPg<'_> {
         } else {
             HashSet::new()
         };
+        let name = redb::TableHandle::name(&t.def);
+        let unmerge = name == redb::TableHandle::name(&AUDIT_KEYS)
+            || name == redb::TableHandle::name(&AUDIT_SOURCES);
         let types: Vec<&str> = K::PG_TYPES.iter().chain(V::PG_TYPES).copied().collect();
         let params: Vec<String> = types
             .iter()
@@ -153,7 +156,19 @@ impl CopyTable for ToPg<'_> {
                 cols[i].push(c);
                 i += 1;
             };
-            K::cells(k.value(), &mut push);
+            let key = k.value();
+            if unmerge {
+                // A merged index row goes in under its block's bucket: PostgreSQL reads the
+                // index across blocks and never merges (`tables::block_bucket`).
+                let mut cells = Vec::with_capacity(2);
+                K::cells(key, &mut |c| cells.push(c));
+                if let [Cell::Int(bucket), Cell::Int(index)] = cells[..] {
+                    cells[0] = Cell::Int(block_bucket(bucket, index));
+                }
+                cells.into_iter().for_each(&mut push);
+            } else {
+                K::cells(key, &mut push);
+            }
             V::cells(v.value(), &mut push);
             if cols[0].len() >= CHUNK {
                 self.send(t.pg_table, &sql, &mut cols)?;
@@ -225,6 +240,11 @@ impl PgStore {
                     report: CopyReport::default(),
                 };
                 for_each_table(&mut copy)?;
+                // The redb index merge's marks mean nothing here (rows went in unmerged).
+                conn.execute(
+                    &format!("DELETE FROM {schema}.meta WHERE name = $1"),
+                    &[&INDEX_MERGE.key()],
+                )?;
                 // A copy of an older file is taken to this build's schema in the same
                 // transaction (its key index built).
                 let mut tx = super::tx::PgTx::begin(conn, sql)?;
