@@ -15,8 +15,9 @@
 //!
 //! Version 3 -> 4: on redb, both indexes' rows of every complete segment moved to their merged
 //! buckets (`store::index_merge`), so that a lookup reads one bucket per old segment at once;
-//! nothing changes on PostgreSQL. A build of version 3 would read only the blocks (missing
-//! every merged row), and refuses the upgraded store.
+//! nothing changes on PostgreSQL. A writer of a version-3 build refuses the upgraded store;
+//! its inspectors do not check the version and, reading only the blocks, miss every merged
+//! row (version 3 was never released; docs/src/install.md says so).
 
 use std::collections::HashMap;
 
