@@ -18,7 +18,7 @@ use crate::notify::Notifier;
 use crate::relay::{self, Relay, RelayError, Wake};
 use crate::store::postgres::PgStore;
 use crate::store::tables::BurstRecord;
-use crate::store::upstream::{GapCandidates, ReportedGap};
+use crate::store::upstream::{GapCandidates, GapCheck, ReportedGap};
 use crate::store::{Backend, BatchReport, Incoming, Store, StoreError};
 use crate::timefmt::now_ms;
 use crate::transport::{self, AckToken, TransportEvent, TransportHandle};
@@ -290,7 +290,8 @@ impl PendingGaps {
             return None;
         }
         match store.confirm_gaps(&due, now_ms()) {
-            Ok(missing) => {
+            // The unknown ones were warned as possible gaps by `confirm_gaps`.
+            Ok(GapCheck { missing, .. }) => {
                 warn_gaps(&missing);
                 for g in &missing {
                     metrics.gap(&g.agency, g.gap.missing());

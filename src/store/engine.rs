@@ -598,7 +598,7 @@ impl<T: Tx> Writer<T> {
 #[cfg(test)]
 mod tests {
     use crate::decide::Gap;
-    use crate::store::upstream::{ConsumedAs, ReportedGap};
+    use crate::store::upstream::{ConsumedAs, GapCheck, ReportedGap};
     use crate::store::{Backend, Incoming, Store, StoreOptions};
     use crate::testing::T0;
     use crate::wire::FeedContract;
@@ -643,8 +643,11 @@ mod tests {
         assert_eq!(losses.gap_events, 0, "a candidate is not recorded");
         // Confirmed with nothing filled: recorded as they were.
         let candidates = [gap(3, 1001, 3000), gap(3, 3002, 3002), gap(3, 3005, 3009)];
-        let missing = s.confirm_gaps(&candidates, T0 + 5).unwrap();
-        assert_eq!(missing, candidates);
+        let check = s.confirm_gaps(&candidates, T0 + 5).unwrap();
+        assert_eq!(
+            (check.missing, check.unknown),
+            (candidates.to_vec(), vec![])
+        );
         let losses = s.reader().unwrap().upstream_losses().unwrap();
         assert_eq!((losses.gap_events, losses.missing_sequences), (3, 2006));
         assert_eq!(losses.last_hour(T0 + 5).missing_sequences, 2006);
@@ -662,8 +665,11 @@ mod tests {
         assert_eq!(commit(&mut s, &[(4, 70)]), vec![]);
         assert_eq!(commit(&mut s, &[(4, 72)]), vec![gap(4, 71, 71)]);
         assert_eq!(commit(&mut s, &[(4, 71)]), vec![]);
-        let missing = s.confirm_gaps(&[gap(3, 2, 9), gap(4, 71, 71)], T0).unwrap();
-        assert_eq!(missing, vec![gap(3, 2, 2), gap(3, 5, 6), gap(3, 8, 9)]);
+        let check = s.confirm_gaps(&[gap(3, 2, 9), gap(4, 71, 71)], T0).unwrap();
+        assert_eq!(
+            check.missing,
+            vec![gap(3, 2, 2), gap(3, 5, 6), gap(3, 8, 9)]
+        );
         let losses = s.reader().unwrap().upstream_losses().unwrap();
         assert_eq!((losses.gap_events, losses.missing_sequences), (3, 5));
         // Every one filled: nothing reported, nothing written.
@@ -671,7 +677,10 @@ mod tests {
             commit(&mut s, &[(3, 2), (3, 5), (3, 6), (3, 8), (3, 9)]),
             vec![]
         );
-        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        assert_eq!(
+            s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(),
+            GapCheck::default()
+        );
         let after = s.reader().unwrap().upstream_losses().unwrap();
         assert_eq!(after, losses);
     }
@@ -688,12 +697,18 @@ mod tests {
         for q in 2..=5 {
             commit(&mut s, &[(3, q)]);
         }
-        assert_eq!(s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(), vec![]);
+        assert_eq!(
+            s.confirm_gaps(&[gap(3, 2, 9)], T0).unwrap(),
+            GapCheck {
+                missing: vec![],
+                unknown: vec![gap(3, 2, 9)]
+            }
+        );
         // Above the floor, what is absent is missing.
         assert_eq!(commit(&mut s, &[(3, 14)]), vec![gap(3, 11, 13)]);
         commit(&mut s, &[(3, 12)]);
         assert_eq!(
-            s.confirm_gaps(&[gap(3, 11, 13)], T0).unwrap(),
+            s.confirm_gaps(&[gap(3, 11, 13)], T0).unwrap().missing,
             vec![gap(3, 11, 11), gap(3, 13, 13)]
         );
     }

@@ -825,15 +825,15 @@ impl Backend {
     }
 
     /// What is still missing of the gap `candidates` (`upstream::confirm_gaps`), in one
-    /// write transaction: recorded and returned (empty: every one was filled, or lies at or
-    /// below its source's evicted floor; nothing is then written).
+    /// write transaction: recorded and returned (none missing: every one was filled, or lies
+    /// at or below its source's evicted floor, returned as `unknown`; nothing is then written).
     pub fn confirm_gaps(
         &mut self,
         candidates: &[upstream::ReportedGap],
         now_ms: u64,
-    ) -> Result<Vec<upstream::ReportedGap>, StoreError> {
+    ) -> Result<upstream::GapCheck, StoreError> {
         if candidates.is_empty() {
-            return Ok(Vec::new());
+            return Ok(upstream::GapCheck::default());
         }
         match self {
             Backend::Redb(s) => s.confirm_gaps(candidates, now_ms),

@@ -120,19 +120,19 @@ impl Store {
         &mut self,
         candidates: &[super::upstream::ReportedGap],
         now_ms: u64,
-    ) -> Result<Vec<super::upstream::ReportedGap>, StoreError> {
+    ) -> Result<super::upstream::GapCheck, StoreError> {
         self.guarded(|s| {
             let txn = Leak::new(s.begin_durable()?);
-            let missing = {
+            let check = {
                 let mut tx = Leak::new(RedbTx::open(&txn)?);
                 super::upstream::confirm_gaps(&mut *tx, candidates, now_ms)?
             };
-            if missing.is_empty() {
+            if check.missing.is_empty() {
                 txn.into_inner().abort()?;
             } else {
                 txn.into_inner().commit()?;
             }
-            Ok(missing)
+            Ok(check)
         })
     }
 

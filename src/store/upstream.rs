@@ -43,6 +43,16 @@ pub struct ReportedGap {
     pub gap: crate::decide::Gap,
 }
 
+/// What `confirm_gaps` found of its candidates.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GapCheck {
+    /// Still missing: recorded as upstream losses (and warned by the caller).
+    pub missing: Vec<ReportedGap>,
+    /// No longer checkable (the window evicted the positions around them before the check):
+    /// warned here as possible gaps, neither recorded nor counted as losses.
+    pub unknown: Vec<ReportedGap>,
+}
+
 /// Gap candidates kept waiting at most: beyond that the ones due soonest are confirmed at
 /// once, so a feed losing much cannot grow the writer's memory without bound.
 pub const MAX_CANDIDATES: usize = 10_000;
@@ -155,13 +165,15 @@ impl GapCandidates {
 /// the window holds are read as ranges (`Tx::window_present`) and the rest reported (a
 /// candidate may split into several gaps, or vanish). Sequences at or below the source's
 /// evicted floor are unknown (a message there may have arrived and been evicted since) and
-/// never reported. Records what it reports (`UpstreamLosses::note_gaps`) and returns it.
+/// never reported as missing: they are warned as possible gaps and returned as `unknown`.
+/// Records what it reports missing (`UpstreamLosses::note_gaps`) and returns both.
 pub(crate) fn confirm_gaps(
     tx: &mut impl Tx,
     candidates: &[ReportedGap],
     now_ms: u64,
-) -> Result<Vec<ReportedGap>, StoreError> {
+) -> Result<GapCheck, StoreError> {
     let mut missing = Vec::new();
+    let mut unknown = Vec::new();
     for c in candidates {
         let Some(no) = tx.source_no(&c.agency, &c.source_id)? else {
             continue; // nothing known of the source: nothing to confirm against
@@ -169,11 +181,11 @@ pub(crate) fn confirm_gaps(
         let mut from = c.gap.from;
         if let Some((epoch, seq)) = tx.source(no)?.and_then(|r| r.evicted_floor) {
             if epoch > c.gap.epoch || (epoch == c.gap.epoch && seq >= c.gap.to) {
-                warn_unknown(c, c.gap.from, c.gap.to);
+                unknown.push(warn_unknown(c, c.gap.from, c.gap.to));
                 continue;
             }
             if epoch == c.gap.epoch && seq >= from {
-                warn_unknown(c, from, seq);
+                unknown.push(warn_unknown(c, from, seq));
                 from = seq + 1;
             }
         }
@@ -195,14 +207,14 @@ pub(crate) fn confirm_gaps(
         rec.note_gaps(&missing, now_ms);
         tx.put_upstream_losses(&rec)?;
     }
-    Ok(missing)
+    Ok(GapCheck { missing, unknown })
 }
 
 /// Says, as a warning, that sequences `from..=to` of candidate `c` can no longer be told
 /// missing or not: the window evicted the positions around them before they were checked (a
 /// window smaller than what arrived meanwhile). Neither counted nor recorded as a loss, but
-/// never silent: `gaps` reads the audit log, which still tells.
-fn warn_unknown(c: &ReportedGap, from: u64, to: u64) {
+/// never silent: `gaps` reads the audit log, which still tells. Returns that range of `c`.
+fn warn_unknown(c: &ReportedGap, from: u64, to: u64) -> ReportedGap {
     let agency = crate::textsafe::escape_controls(&c.agency);
     let source_id = crate::textsafe::escape_controls(&c.source_id);
     let epoch = c.gap.epoch;
@@ -217,6 +229,10 @@ fn warn_unknown(c: &ReportedGap, from: u64, to: u64) {
          a later sequence was applied, and the window evicted those positions before it was \
          checked: `gaps --source {agency}/{source_id}` tells from the audit log"
     );
+    ReportedGap {
+        gap: crate::decide::Gap { epoch, from, to },
+        ..c.clone()
+    }
 }
 
 /// The ranges of `from..=to` not covered by `present` (sorted, disjoint, within it).

@@ -259,10 +259,10 @@ impl PgStore {
         &mut self,
         candidates: &[crate::store::upstream::ReportedGap],
         now_ms: u64,
-    ) -> Result<Vec<crate::store::upstream::ReportedGap>, StoreError> {
+    ) -> Result<crate::store::upstream::GapCheck, StoreError> {
         self.write(|mut tx, _| {
-            let missing = crate::store::upstream::confirm_gaps(&mut tx, candidates, now_ms)?;
-            Ok((tx, missing))
+            let check = crate::store::upstream::confirm_gaps(&mut tx, candidates, now_ms)?;
+            Ok((tx, check))
         })
     }
 
