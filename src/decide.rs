@@ -135,7 +135,6 @@ pub fn upstream_gap(marks: Option<&SourceMarks>, pos: Position) -> Option<Gap> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::derive_key;
     use crate::model::{Digest, Source};
 
     fn msg(seq: u64, digest_byte: u8) -> Message {
@@ -144,12 +143,7 @@ mod tests {
             epoch: 0,
             sequence: seq,
         };
-        Message {
-            key: derive_key(&source, position),
-            source,
-            position,
-            digest: Digest::from_bytes([digest_byte; 32]),
-        }
+        Message::new(source, position, Digest::from_bytes([digest_byte; 32]))
     }
     fn pos(sequence: u64) -> Position {
         Position { epoch: 0, sequence }

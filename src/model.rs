@@ -1,4 +1,5 @@
-//! The vocabulary of replay-guard: sources, positions, keys, digests, outcomes. Std only.
+//! The vocabulary of replay-guard: sources, positions, keys, digests, outcomes. Std only
+//! (a `Message`'s key is derived by `key`).
 
 use std::fmt;
 
@@ -132,8 +133,28 @@ pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 pub struct Message {
     pub source: Source,
     pub position: Position,
-    pub key: IdempotencyKey,
+    /// Always key v1 of `source` and `position` (`Message::new` is the only way to make one),
+    /// so the store never has to recompute it to know that it is.
+    key: IdempotencyKey,
     pub digest: Digest,
+}
+
+impl Message {
+    /// The message at `position` of `source` with content `digest`; its key is key v1 of the
+    /// two (`key::derive_key`).
+    pub(crate) fn new(source: Source, position: Position, digest: Digest) -> Message {
+        Message {
+            key: crate::key::derive_key(&source, position),
+            source,
+            position,
+            digest,
+        }
+    }
+
+    /// Key v1 of the message's source and position.
+    pub fn key(&self) -> IdempotencyKey {
+        self.key
+    }
 }
 
 /// The decision for one delivery. The names are part of the audit format: never rename.

@@ -222,7 +222,7 @@ fn feed_contract_vectors_match_wire_decode() {
                 ("source_id".into(), string(m.source.source_id())),
                 ("epoch".into(), num(m.position.epoch)),
                 ("sequence".into(), num(m.position.sequence)),
-                ("key".into(), string(m.key.to_hex())),
+                ("key".into(), string(m.key().to_hex())),
                 ("digest".into(), string(m.digest.to_hex())),
             ],
             Err(e) => vec![("malformed".into(), string(e.to_string()))],
@@ -235,12 +235,7 @@ fn decision_table_vectors_match_decide() {
     check("decision_table.json", |v| {
         let source = Source::new("A".into(), "S".into());
         let pos = position(req(v, "position"));
-        let msg = Message {
-            key: derive_key(&source, pos),
-            source,
-            position: pos,
-            digest: Digest::from_bytes(hex32(req(v, "digest"))),
-        };
+        let msg = Message::new(source, pos, Digest::from_bytes(hex32(req(v, "digest"))));
         let seen = opt(field(v, "seen"), |s| Seen {
             digest: Digest::from_bytes(hex32(req(s, "digest"))),
             effect_offset: u64_of(req(s, "effect_offset")),

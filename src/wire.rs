@@ -2,7 +2,7 @@
 //! payload can fail it. Pure: no I/O, never panics on input.
 
 use crate::json::{self, JsonError, Pointer, Value};
-use crate::key::{canonical_digest, derive_key, message_digest, sha256};
+use crate::key::{canonical_digest, message_digest, sha256};
 use crate::model::{MAX_NAME_BYTES, Message, Position, Source, hex};
 
 /// Default `max_payload_bytes`: 256 KiB.
@@ -144,18 +144,12 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
     };
     let source = Source::new(agency, source_id);
     let position = Position { epoch, sequence };
-    let key = derive_key(&source, position);
     let digest = if contract.digest_ignore.is_empty() {
         canonical_digest(&mut value)?
     } else {
         message_digest(&value.into_owned(), &contract.digest_ignore)?
     };
-    Ok(Message {
-        source,
-        position,
-        key,
-        digest,
-    })
+    Ok(Message::new(source, position, digest))
 }
 
 fn kind(v: &Value<'_>) -> &'static str {

@@ -292,7 +292,7 @@ mod tests {
         let mut keys = std::collections::HashSet::new();
         for m in s.all() {
             let msg = wire::decode(m, &c).unwrap();
-            assert!(keys.insert(msg.key), "{}", String::from_utf8_lossy(m));
+            assert!(keys.insert(msg.key()), "{}", String::from_utf8_lossy(m));
         }
         let mut cop = Cop::default();
         s.all().for_each(|m| cop.apply(m));

@@ -483,7 +483,7 @@ impl Report {
         let published: std::collections::HashSet<[u8; 32]> = script
             .all()
             .filter_map(|m| crate::wire::decode(m, &contract).ok())
-            .map(|m| *m.key.as_bytes())
+            .map(|m| *m.key().as_bytes())
             .collect();
         if self.effects != script.len() as u64 || self.effect_keys != published {
             p.push(format!(
@@ -663,7 +663,7 @@ mod tests {
             r.cop.apply(m);
             r.effects += 1;
             r.effect_keys
-                .insert(*crate::wire::decode(m, &contract).unwrap().key.as_bytes());
+                .insert(*crate::wire::decode(m, &contract).unwrap().key().as_bytes());
             r.counts.add(Outcome::Applied);
         }
         for _ in 0..duplicates {

@@ -220,6 +220,7 @@ impl<T: Tx> Writer<T> {
             Err(e) => return self.record_malformed(incoming, e, now_ms),
             Ok(m) => m,
         };
+        super::stored::note_derived(msg);
         let no = self.source_no(&msg.source)?;
         let (seen, marks) = match no {
             None => (None, None),
@@ -288,7 +289,7 @@ impl<T: Tx> Writer<T> {
             Outcome::Conflict | Outcome::Stale => {
                 let fp = fingerprint_decided(
                     decision.outcome.code(),
-                    msg.key.as_bytes(),
+                    msg.key().as_bytes(),
                     msg.digest.as_bytes(),
                 );
                 quarantine_id = Some(self.quarantine(
@@ -297,7 +298,7 @@ impl<T: Tx> Writer<T> {
                     &decision.reason,
                     incoming,
                     &incoming.payload,
-                    Some(msg.key),
+                    Some(msg.key()),
                     audit_index,
                 )?);
             }
@@ -308,7 +309,7 @@ impl<T: Tx> Writer<T> {
         let mut rec = self.audit_buf.take().unwrap_or_default();
         rec.recorded_at_ms = now_ms;
         rec.outcome = decision.outcome.code();
-        rec.key = Some(*msg.key.as_bytes());
+        rec.key = Some(*msg.key().as_bytes());
         refill_some(&mut rec.agency, msg.source.agency());
         refill_some(&mut rec.source_id, msg.source.source_id());
         rec.epoch = Some(msg.position.epoch);
@@ -324,7 +325,7 @@ impl<T: Tx> Writer<T> {
         Ok(Decided {
             outcome: decision.outcome,
             audit_index,
-            key: Some(msg.key),
+            key: Some(msg.key()),
             effect_offset,
             quarantine_id,
         })
@@ -345,7 +346,7 @@ impl<T: Tx> Writer<T> {
         effect.epoch = msg.position.epoch;
         effect.sequence = msg.position.sequence;
         effect.received_at_ms = origin.received_at_ms;
-        effect.key = *msg.key.as_bytes();
+        effect.key = *msg.key().as_bytes();
         refill(&mut effect.agency, msg.source.agency());
         refill(&mut effect.source_id, msg.source.source_id());
         refill(&mut effect.topic, origin.topic);

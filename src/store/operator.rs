@@ -298,11 +298,11 @@ impl<T: Tx> Writer<T> {
                     )
                 })
             })?;
-            if rec.key != Some(*msg.key.as_bytes()) {
+            if rec.key != Some(*msg.key().as_bytes()) {
                 return Err(refuse(format!(
                     "quarantine #{id}: its stored payload decodes to key {} but was quarantined \
                      under key {}: {DAMAGED_OR_CONFIG}",
-                    msg.key,
+                    msg.key(),
                     rec.key.map_or_else(|| "none".into(), |k| hex(&k))
                 )));
             }
@@ -391,7 +391,7 @@ impl<T: Tx> Writer<T> {
             return Err(refuse(format!(
                 "quarantine #{id}: key {} with this same content is already applied as effect \
                  #{offset}; discard it instead",
-                msg.key
+                msg.key()
             )));
         }
         Ok(())

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::key::key_v1;
+use crate::model::Message;
 use crate::store::tables::{AuditRecord, EffectRecord};
 
 /// How a stored record holds its idempotency key.
@@ -65,19 +66,40 @@ impl StoredKey {
     }
 }
 
+/// The last key known to be key v1 of its fields, with those fields (compared in full).
+#[derive(Default)]
+struct Last {
+    key: [u8; 32],
+    agency: String,
+    source_id: String,
+    epoch: u64,
+    sequence: u64,
+}
+
+thread_local!(static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) });
+
+fn remember(
+    last: &mut Option<Last>,
+    key: &[u8; 32],
+    agency: &str,
+    source_id: &str,
+    epoch: u64,
+    sequence: u64,
+) {
+    let l = last.get_or_insert_with(Last::default);
+    l.key = *key;
+    l.agency.clear();
+    l.agency.push_str(agency);
+    l.source_id.clear();
+    l.source_id.push_str(source_id);
+    (l.epoch, l.sequence) = (epoch, sequence);
+}
+
 /// Whether `key` is key v1 of the four fields. The engine writes a message's effect and then
-/// its audit entry, both with its key: the last key found to be derived is remembered with its
-/// fields (compared in full), so the pair costs one SHA-256, not two.
+/// its audit entry, both with its key: the last key known to be derived is remembered with its
+/// fields (compared in full), so the pair costs at most one SHA-256, and none after
+/// `note_derived`.
 fn is_key_v1(key: &[u8; 32], agency: &str, source_id: &str, epoch: u64, sequence: u64) -> bool {
-    #[derive(Default)]
-    struct Last {
-        key: [u8; 32],
-        agency: String,
-        source_id: String,
-        epoch: u64,
-        sequence: u64,
-    }
-    thread_local!(static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) });
     LAST.with_borrow_mut(|last| {
         if let Some(l) = last
             && (
@@ -93,15 +115,26 @@ fn is_key_v1(key: &[u8; 32], agency: &str, source_id: &str, epoch: u64, sequence
         if key_v1(agency, source_id, epoch, sequence) != *key {
             return false;
         }
-        let l = last.get_or_insert_with(Last::default);
-        l.key = *key;
-        l.agency.clear();
-        l.agency.push_str(agency);
-        l.source_id.clear();
-        l.source_id.push_str(source_id);
-        (l.epoch, l.sequence) = (epoch, sequence);
+        remember(last, key, agency, source_id, epoch, sequence);
         true
     })
+}
+
+/// Tells this thread's next record encodings that `msg`'s key is key v1 of its fields, which
+/// `Message` guarantees (its key is derived when it is made): the engine calls it before it
+/// writes a decoded message's records, so they store the key as "derived" without hashing
+/// it again.
+pub(crate) fn note_derived(msg: &Message) {
+    LAST.with_borrow_mut(|last| {
+        remember(
+            last,
+            msg.key().as_bytes(),
+            msg.source.agency(),
+            msg.source.source_id(),
+            msg.position.epoch,
+            msg.position.sequence,
+        );
+    });
 }
 
 /// The arguments a template's sentence takes.
@@ -351,7 +384,6 @@ mod bytes {
 mod tests {
     use super::*;
     use crate::decide::{OutOfOrder, Seen, SourceMarks, decide};
-    use crate::key::derive_key;
     use crate::model::{Digest, Message, Outcome, Position, Source};
     use crate::store::tables::{AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2};
 
@@ -475,15 +507,38 @@ mod tests {
     }
 
     #[test]
+    fn a_message_noted_as_derived_leaves_its_key_out_and_no_other_key() {
+        let r = audit("x");
+        let derived = audit_round_trip(&r);
+        // What the engine notes: a message's key is key v1 of its fields by construction.
+        let msg = Message::new(
+            Source::new("fd".into(), "e1".into()),
+            Position {
+                epoch: 2,
+                sequence: 99,
+            },
+            Digest::from_bytes([9; 32]),
+        );
+        assert_eq!(Some(*msg.key().as_bytes()), r.key);
+        note_derived(&msg);
+        assert_eq!(audit_round_trip(&r), derived);
+        // The note names the key and every field: another key beside the same fields is kept,
+        // and so is the noted key beside another sequence.
+        note_derived(&msg);
+        let mut other = r.clone();
+        other.key = Some([7; 32]);
+        assert_eq!(audit_round_trip(&other), derived + 32);
+        note_derived(&msg);
+        let mut moved = r.clone();
+        moved.sequence = Some(100);
+        assert_eq!(audit_round_trip(&moved), derived + 32);
+    }
+
+    #[test]
     fn the_decision_cores_reasons_are_stored_as_templates_and_read_back_exactly() {
         let source = Source::new("fd".into(), "e1".into());
         let at = |sequence| Position { epoch: 2, sequence };
-        let msg = Message {
-            key: derive_key(&source, at(5)),
-            source,
-            position: at(5),
-            digest: Digest::from_bytes([1; 32]),
-        };
+        let msg = Message::new(source, at(5), Digest::from_bytes([1; 32]));
         let above = SourceMarks {
             high_water: at(4),
             evicted_floor: None,

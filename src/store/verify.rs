@@ -975,11 +975,11 @@ fn content_problem(
             ));
         }
     };
-    if Some(*m.key.as_bytes()) != key {
+    if Some(*m.key().as_bytes()) != key {
         return Some(format!(
             "stored payload decodes to key {} ({}/{} epoch {} sequence {}), not the key {} \
              recorded ({})",
-            m.key,
+            m.key(),
             m.source.agency(),
             m.source.source_id(),
             m.position.epoch,
@@ -1115,7 +1115,7 @@ fn quarantine_problem(
                 let m = wire::decode(&r.payload, contract).ok()?;
                 fp_differs(fingerprint_decided(
                     r.outcome,
-                    m.key.as_bytes(),
+                    m.key().as_bytes(),
                     m.digest.as_bytes(),
                 ))
                 .then(|| {
