@@ -95,6 +95,11 @@ pub struct StoreOptions {
     /// before they move into the window's main table together (`tables::WINDOW_RECENT`).
     /// Not configurable by operators; tests set it low to move entries often.
     pub window_merge_at: u64,
+    /// redb: how many sources' new window entries one write transaction writes straight
+    /// into the window's main table rather than its small table (`redb_tx::DIRECT_SOURCES`).
+    /// Not configurable by operators; tests set it to 0 or 1 to send entries through the
+    /// small table.
+    pub window_direct_sources: usize,
     /// redb: blocks of the audit indexes per merged segment of a new store
     /// (`tables::IndexMerge`; a store keeps the size it was created with). Not configurable
     /// by operators; tests set it low to merge after a few thousand entries.
@@ -130,6 +135,7 @@ impl Default for StoreOptions {
             retention: RetentionPolicy::keep_all(),
             new_database: false,
             window_merge_at: tables::WINDOW_MERGE_AT,
+            window_direct_sources: redb_tx::DIRECT_SOURCES,
             index_segment_blocks: tables::SEGMENT_BLOCKS,
         }
     }
@@ -773,6 +779,7 @@ impl Store {
             let mut w = Leak::new(Writer::open(
                 RedbTx::open(&txn)?
                     .merging_at(self.opts.window_merge_at)
+                    .direct_sources(self.opts.window_direct_sources)
                     .segments_of(self.opts.index_segment_blocks),
                 &self.opts,
             )?);

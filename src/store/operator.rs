@@ -80,6 +80,7 @@ impl Store {
             let mut w = Leak::new(Writer::open(
                 RedbTx::open(&txn)?
                     .merging_at(self.opts.window_merge_at)
+                    .direct_sources(self.opts.window_direct_sources)
                     .segments_of(self.opts.index_segment_blocks),
                 &self.opts,
             )?);

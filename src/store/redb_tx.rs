@@ -1,6 +1,7 @@
 //! The redb backend of `Tx`: the open tables of one redb write transaction, each typed by
 //! its record (`tables::Records`), so no caller passes a table's name or decodes bytes itself.
 
+use std::collections::HashSet;
 use std::ops::{Range, RangeInclusive};
 
 use redb::{ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
@@ -36,7 +37,22 @@ pub struct RedbTx<'t> {
     /// Blocks per merged segment of the audit indexes, if this transaction writes the first
     /// `INDEX_MERGE` record.
     segment_blocks: u64,
+    /// The sources whose new window entries this transaction writes straight into `WINDOW`
+    /// (at most `direct_cap`; see `put_window`).
+    direct: Vec<u64>,
+    direct_cap: usize,
+    /// The sources this transaction put a window entry of through `WINDOW_RECENT`.
+    via_recent: HashSet<u64>,
 }
+
+/// How many sources' new window entries one transaction writes straight into `WINDOW`
+/// rather than into `WINDOW_RECENT` (from each one's second entry in the transaction on, see
+/// `put_window`): each costs one copied page at that source's end of the window per commit,
+/// and saves its entries the later move (an insert each). A batch of a few dozen sources
+/// sends all but one entry per source straight in; one of a thousand sources with an entry
+/// each sends all through the small table, as before; a commit copies at most this many of
+/// the window's leaf pages for it.
+pub const DIRECT_SOURCES: usize = 64;
 
 impl<'t> RedbTx<'t> {
     pub fn open(txn: &'t WriteTransaction) -> Result<RedbTx<'t>, StoreError> {
@@ -79,6 +95,9 @@ impl<'t> RedbTx<'t> {
             buf: Vec::with_capacity(1024),
             merge_at: WINDOW_MERGE_AT,
             segment_blocks: SEGMENT_BLOCKS,
+            direct: Vec::new(),
+            direct_cap: DIRECT_SOURCES,
+            via_recent: HashSet::new(),
         })
     }
 
@@ -86,6 +105,13 @@ impl<'t> RedbTx<'t> {
     /// `WINDOW_MERGE_AT` (`StoreOptions::window_merge_at`).
     pub fn merging_at(mut self, n: u64) -> Self {
         self.merge_at = n.max(1);
+        self
+    }
+
+    /// Writes the new window entries of at most `n` sources straight into `WINDOW` instead
+    /// of `DIRECT_SOURCES` (`StoreOptions::window_direct_sources`).
+    pub fn direct_sources(mut self, n: usize) -> Self {
+        self.direct_cap = n;
         self
     }
 
@@ -242,8 +268,29 @@ impl Tx for RedbTx<'_> {
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
-        self.window_recent.put(key, record, &mut self.buf)?;
-        self.merge_if_due()
+        // A source's first entry in the transaction goes through `WINDOW_RECENT`: one entry
+        // does not pay for copying the source's page of `WINDOW`. From its second on, while
+        // fewer than `direct_cap` sources do, they go straight into `WINDOW`.
+        let source = key.0;
+        let direct = self.direct.contains(&source)
+            || (self.direct.len() < self.direct_cap && self.via_recent.contains(&source) && {
+                self.direct.push(source);
+                true
+            });
+        if !direct {
+            self.via_recent.insert(source);
+            self.window_recent.put(key, record, &mut self.buf)?;
+            return self.merge_if_due();
+        }
+        // A position removed from `WINDOW` but not yet deleted there (a released conflict's
+        // replacement) is in `WINDOW_GONE`: the new entry takes its place, so the position
+        // leaves `WINDOW_GONE`, or the next merge would delete it. Never in `WINDOW_RECENT`:
+        // `remove_window` takes it out of there before a position is put again.
+        self.window.put(key, record, &mut self.buf)?;
+        if !self.window_gone.is_empty().map_err(redb)? {
+            self.window_gone.remove(key).map_err(redb)?;
+        }
+        Ok(())
     }
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
@@ -562,7 +609,7 @@ mod tests {
         let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
-            let mut tx = RedbTx::open(&txn).unwrap().merging_at(5);
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(5).direct_sources(0);
             let present = |tx: &mut RedbTx<'_>| tx.window_present(1, 1, 0..=10).unwrap();
             // The fifth entry moves all five into WINDOW; 9 and another source's stay recent.
             for q in [1, 3, 5, 7, 2] {
@@ -603,6 +650,74 @@ mod tests {
             assert_eq!(tx.window((1, 1, 3)).unwrap(), Some(entry(33)));
             assert_eq!(tx.window((2, 1, 4)).unwrap(), Some(entry(40)));
             assert_eq!(present(&mut tx), [(1, 3), (5, 5), (7, 8), (10, 10)]);
+        }
+        txn.commit().unwrap();
+    }
+
+    /// A source's second and later entries of a transaction go straight into `WINDOW` (for
+    /// at most `direct_cap` sources), the rest through `WINDOW_RECENT`; both read as one, and
+    /// a position removed and put again keeps its new entry across the move, wherever each
+    /// of the two writes went.
+    #[test]
+    fn a_sources_later_entries_of_a_transaction_skip_the_small_window_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(6).direct_sources(1);
+            // Each source's first entry through WINDOW_RECENT; source 1's second straight
+            // into WINDOW; source 2's second through WINDOW_RECENT (one direct source only).
+            for k in [(1, 1, 1), (2, 1, 1), (1, 1, 2), (2, 1, 2)] {
+                tx.put_window(k, &entry(k.0 * 10 + k.2)).unwrap();
+            }
+            assert_eq!(tx.window.len().unwrap(), 1);
+            assert_eq!(tx.window_recent.len().unwrap(), 3);
+            for k in [(1, 1, 1), (1, 1, 2), (2, 1, 1), (2, 1, 2)] {
+                assert_eq!(tx.window(k).unwrap(), Some(entry(k.0 * 10 + k.2)), "{k:?}");
+            }
+            assert_eq!(tx.window_present(1, 1, 0..=5).unwrap(), [(1, 2)]);
+            // A release's replacement: removed (marked gone in WINDOW), then put again
+            // straight into WINDOW, which takes it out of WINDOW_GONE.
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(12)));
+            assert_eq!(tx.window_gone.len().unwrap(), 1);
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), None);
+            tx.put_window((1, 1, 2), &entry(99)).unwrap();
+            assert_eq!(tx.window_gone.len().unwrap(), 0);
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(99)));
+            // Removed from WINDOW_RECENT, put again straight into WINDOW.
+            assert_eq!(tx.remove_window((1, 1, 1)).unwrap(), Some(entry(11)));
+            tx.put_window((1, 1, 1), &entry(98)).unwrap();
+            assert_eq!(tx.window.len().unwrap(), 2);
+            assert_eq!(tx.window_present(1, 1, 0..=5).unwrap(), [(1, 2)]);
+            // Removed again; the move (six pending entries) deletes it from WINDOW.
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(99)));
+            for q in 3..=5 {
+                tx.put_window((2, 1, q), &entry(20 + q)).unwrap();
+            }
+            assert_eq!(
+                (
+                    tx.window_gone.len().unwrap(),
+                    tx.window_recent.len().unwrap()
+                ),
+                (0, 0),
+                "moved"
+            );
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), None);
+            assert_eq!(tx.window((1, 1, 1)).unwrap(), Some(entry(98)));
+            assert_eq!(tx.window.len().unwrap(), 6);
+            assert_eq!(tx.window_present(2, 1, 0..=9).unwrap(), [(1, 5)]);
+        }
+        txn.commit().unwrap();
+        // The next transaction counts again: source 2's second entry goes straight in.
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().direct_sources(1);
+            for k in [(2, 1, 6), (2, 1, 7), (1, 1, 3), (1, 1, 4)] {
+                tx.put_window(k, &entry(k.0 * 10 + k.2)).unwrap();
+            }
+            assert_eq!(tx.window.len().unwrap(), 7);
+            assert_eq!(tx.window_recent.len().unwrap(), 3);
+            assert_eq!(tx.window_present(2, 1, 0..=9).unwrap(), [(1, 7)]);
         }
         txn.commit().unwrap();
     }
