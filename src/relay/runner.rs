@@ -123,6 +123,10 @@ impl Relay {
     pub fn status_line(&self) -> String {
         let now = now_ms();
         let parts: Vec<String> = self.status().iter().map(|s| s.line(now)).collect();
+        if parts.is_empty() {
+            // The relay thread has not reported its sinks yet (just after start).
+            return "sinks: starting".into();
+        }
         format!("sinks: {}", parts.join(", "))
     }
 

@@ -291,10 +291,21 @@ fn run_notifies_systemd_ready_watchdog_status_and_stopping() {
         .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 512];
-    while !got.iter().any(|m: &String| m.starts_with("WATCHDOG=1")) {
+    // Until a ping carries the sink's lag: the first may come before the relay thread has
+    // reported its sinks ("sinks: starting").
+    while !got
+        .iter()
+        .any(|m: &String| m.starts_with("WATCHDOG=1") && m.contains("; sinks: devnull"))
+    {
         let n = sock.recv(&mut buf).expect("no notification within 10 s");
         got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
+    assert!(
+        got.iter().all(|m| !m.contains("; sinks: ")
+            || m.contains("; sinks: devnull")
+            || m.contains("; sinks: starting")),
+        "{got:?}"
+    );
     assert!(got[0].starts_with("READY=1"), "{got:?}");
     assert!(
         got.iter().any(|m| m.contains("STATUS=applied=0")),
