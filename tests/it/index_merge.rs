@@ -11,7 +11,7 @@ use std::path::Path;
 
 use redb::ReadableDatabase as _;
 use replay_guard::store::tables::{
-    AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_SOURCES, INDEX_MERGE, IndexMerge, MERGED, META, META_TABLE,
+    AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_SOURCES, INDEX_MERGE, IndexMerge, MERGED, META_TABLE,
     UNNUMBERED,
 };
 use replay_guard::store::{Store, StoreOptions};
@@ -242,14 +242,11 @@ fn gaps_of_one_source_read_merged_segments_and_verify_checks_their_positions() {
 fn downgrade_to_3(db: &Path) {
     let rdb = redb::Database::create(db).unwrap();
     let txn = rdb.begin_write().unwrap();
-    {
-        let mut t = txn.open_table(META_TABLE).unwrap();
-        let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 4);
-        meta.schema_version = 3;
-        META.put(&mut t, &meta, &mut Vec::new()).unwrap();
-        t.remove(INDEX_MERGE.key()).unwrap();
-    }
+    crate::key_index::set_schema_version(&txn, 4, 3);
+    txn.open_table(META_TABLE)
+        .unwrap()
+        .remove(INDEX_MERGE.key())
+        .unwrap();
     txn.commit().unwrap();
 }
 

@@ -185,14 +185,18 @@ fn downgrade(db: &Path) {
     assert!(txn.delete_table(AUDIT_SOURCES).unwrap());
     txn.delete_table(AUDIT_FENCE).unwrap(); // there after an upgrade only
     txn.rename_table(AUDIT.raw(), OLD_AUDIT).unwrap();
-    {
-        let mut t = txn.open_table(META_TABLE).unwrap();
-        let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 4);
-        meta.schema_version = 1;
-        META.put(&mut t, &meta, &mut Vec::new()).unwrap();
-    }
+    set_schema_version(&txn, 4, 1);
     txn.commit().unwrap();
+}
+
+/// Sets the meta record's schema version of a redb file from `from` (checked) to `to`, in
+/// `txn`: the downgrades of the index tests.
+pub(crate) fn set_schema_version(txn: &redb::WriteTransaction, from: u32, to: u32) {
+    let mut t = txn.open_table(META_TABLE).unwrap();
+    let mut meta = META.get(&t).unwrap().unwrap();
+    assert_eq!(meta.schema_version, from);
+    meta.schema_version = to;
+    META.put(&mut t, &meta, &mut Vec::new()).unwrap();
 }
 
 /// The key index, opened for an edit.

@@ -9,9 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use replay_guard::store::tables::{
-    AUDIT_KEY_BLOCK, AUDIT_SOURCES, META, META_TABLE, SourceRow, UNNUMBERED,
-};
+use replay_guard::store::tables::{AUDIT_KEY_BLOCK, AUDIT_SOURCES, META, SourceRow, UNNUMBERED};
 
 use crate::common::msg;
 use crate::key_index::{
@@ -103,13 +101,7 @@ fn downgrade_to_2(db: &Path) {
     let rdb = redb::Database::create(db).unwrap();
     let txn = rdb.begin_write().unwrap();
     assert!(txn.delete_table(AUDIT_SOURCES).unwrap());
-    {
-        let mut t = txn.open_table(META_TABLE).unwrap();
-        let mut meta = META.get(&t).unwrap().unwrap();
-        assert_eq!(meta.schema_version, 4);
-        meta.schema_version = 2;
-        META.put(&mut t, &meta, &mut Vec::new()).unwrap();
-    }
+    crate::key_index::set_schema_version(&txn, 4, 2);
     txn.commit().unwrap();
 }
 
