@@ -428,6 +428,7 @@ mod tests {
             released: false,
             audit_index: 4,
             payload: br#"{"a":1}"#.to_vec(),
+            digest: Some([2; 32]),
         };
         let ev = Event::of_effect("urn:x", 9, &r);
         assert_eq!(ev.outcome, "applied_late");

@@ -355,6 +355,7 @@ impl<T: Tx> Writer<T> {
         effect.audit_index = origin.audit_index;
         effect.payload.clear();
         effect.payload.extend_from_slice(origin.payload);
+        effect.digest = Some(*msg.digest.as_bytes());
         let put = self.tx.put_effect(offset, &effect);
         self.effect_buf = Some(effect);
         put?;

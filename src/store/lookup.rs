@@ -362,6 +362,10 @@ impl Snapshot {
                         _ => None,
                     },
                 };
+                let effects = EFFECTS.open(txn)?;
+                let window = window
+                    .map(|w| w.resolve(key(no), |offset| effects.digest(offset)))
+                    .transpose()?;
                 Ok::<_, StoreError>(Some((no, SOURCES.open(txn)?.get(no)?, window)))
             })?,
         };

@@ -17,8 +17,8 @@ pub struct RedbTx<'t> {
     meta: Table<'t, &'static str, &'static [u8]>,
     source_ids: Table<'t, (&'static str, &'static str), u64>,
     sources: Writable<'t, u64, SourceRecord>,
-    window: Writable<'t, (u64, u64, u64), WindowRecord>,
-    window_recent: Writable<'t, (u64, u64, u64), WindowRecord>,
+    window: Writable<'t, (u64, u64, u64), WindowEntry>,
+    window_recent: Writable<'t, (u64, u64, u64), WindowEntry>,
     window_gone: Table<'t, (u64, u64, u64), ()>,
     effects: Writable<'t, u64, EffectRecord>,
     audit: Writable<'t, u64, AuditRecord>,
@@ -43,6 +43,9 @@ pub struct RedbTx<'t> {
     direct_cap: usize,
     /// The sources this transaction put a window entry of through `WINDOW_RECENT`.
     via_recent: HashSet<u64>,
+    /// The offset and digest of the last effect this transaction wrote: a window entry for
+    /// it leaves the digest to the effect record (`WindowEntry`).
+    last_effect: Option<(u64, [u8; 32])>,
 }
 
 /// How many sources' new window entries one transaction writes straight into `WINDOW`
@@ -98,6 +101,7 @@ impl<'t> RedbTx<'t> {
             direct: Vec::new(),
             direct_cap: DIRECT_SOURCES,
             via_recent: HashSet::new(),
+            last_effect: None,
         })
     }
 
@@ -130,6 +134,11 @@ impl<'t> RedbTx<'t> {
 }
 
 impl RedbTx<'_> {
+    /// `entry` with its digest (its own or its effect's).
+    fn resolve(&self, key: WindowKey, entry: WindowEntry) -> Result<WindowRecord, StoreError> {
+        entry.resolve(key, |offset| self.effects.digest(offset))
+    }
+
     /// Whether `key`'s entry in `WINDOW` has been removed (`WINDOW_GONE`).
     fn gone(&self, key: WindowKey) -> Result<bool, StoreError> {
         Ok(self.window_gone.get(key).map_err(redb)?.is_some())
@@ -258,13 +267,14 @@ impl Tx for RedbTx<'_> {
     }
 
     fn window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
-        if let Some(w) = self.window_recent.get(key)? {
-            return Ok(Some(w));
-        }
-        match self.window.get(key)? {
-            Some(w) if !self.gone(key)? => Ok(Some(w)),
-            _ => Ok(None),
-        }
+        let entry = match self.window_recent.get(key)? {
+            Some(w) => Some(w),
+            None => match self.window.get(key)? {
+                Some(w) if !self.gone(key)? => Some(w),
+                _ => None,
+            },
+        };
+        entry.map(|w| self.resolve(key, w)).transpose()
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
@@ -272,6 +282,13 @@ impl Tx for RedbTx<'_> {
         // does not pay for copying the source's page of `WINDOW`. From its second on, while
         // fewer than `direct_cap` sources do, they go straight into `WINDOW`.
         let source = key.0;
+        let entry = WindowEntry {
+            effect_offset: record.effect_offset,
+            digest: match self.last_effect {
+                Some(last) if last == (record.effect_offset, record.digest) => None,
+                _ => Some(record.digest),
+            },
+        };
         let direct = self.direct.contains(&source)
             || (self.direct.len() < self.direct_cap && self.via_recent.contains(&source) && {
                 self.direct.push(source);
@@ -279,14 +296,14 @@ impl Tx for RedbTx<'_> {
             });
         if !direct {
             self.via_recent.insert(source);
-            self.window_recent.put(key, record, &mut self.buf)?;
+            self.window_recent.put(key, &entry, &mut self.buf)?;
             return self.merge_if_due();
         }
         // A position removed from `WINDOW` but not yet deleted there (a released conflict's
         // replacement) is in `WINDOW_GONE`: the new entry takes its place, so the position
         // leaves `WINDOW_GONE`, or the next merge would delete it. Never in `WINDOW_RECENT`:
         // `remove_window` takes it out of there before a position is put again.
-        self.window.put(key, record, &mut self.buf)?;
+        self.window.put(key, &entry, &mut self.buf)?;
         if !self.window_gone.is_empty().map_err(redb)? {
             self.window_gone.remove(key).map_err(redb)?;
         }
@@ -295,10 +312,11 @@ impl Tx for RedbTx<'_> {
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
         if let Some(w) = self.window_recent.take(key)? {
-            return Ok(Some(w));
+            return self.resolve(key, w).map(Some);
         }
         match self.window.get(key)? {
             Some(w) if !self.gone(key)? => {
+                let w = self.resolve(key, w)?;
                 self.window_gone.insert(key, ()).map_err(redb)?;
                 self.merge_if_due()?;
                 Ok(Some(w))
@@ -340,6 +358,7 @@ impl Tx for RedbTx<'_> {
 
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
         self.effects.put(offset, record, &mut self.buf)?;
+        self.last_effect = record.digest.map(|d| (offset, d));
         Ok(())
     }
 
@@ -599,6 +618,59 @@ mod tests {
             digest: [offset as u8; 32],
             effect_offset: offset,
         }
+    }
+
+    /// A window entry of the effect just written leaves the digest to it (in either window
+    /// table, across the move), and reads back with it; any other entry keeps its own.
+    #[test]
+    fn a_window_entry_of_the_effect_just_written_leaves_its_digest_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(4).direct_sources(0);
+            let effect = |offset: u64, digest: Option<[u8; 32]>| EffectRecord {
+                source_no: 1,
+                sequence: offset,
+                digest,
+                ..EffectRecord::default()
+            };
+            let stored = |tx: &RedbTx<'_>, q: u64| {
+                tx.window_recent
+                    .get((1, 1, q))
+                    .unwrap()
+                    .or_else(|| tx.window.get((1, 1, q)).unwrap())
+                    .unwrap()
+            };
+            for q in [1, 2] {
+                tx.put_effect(q, &effect(q, Some([q as u8; 32]))).unwrap();
+                tx.put_window((1, 1, q), &entry(q)).unwrap();
+                assert_eq!(stored(&tx, q).digest, None, "{q}");
+                assert_eq!(tx.window((1, 1, q)).unwrap(), Some(entry(q)));
+            }
+            // Another digest than the effect's, an effect without one (an older record), and
+            // an entry of an earlier effect (eviction's put-back): each keeps its own.
+            tx.put_effect(3, &effect(3, Some([9; 32]))).unwrap();
+            tx.put_window((1, 1, 3), &entry(3)).unwrap();
+            tx.put_effect(4, &effect(4, None)).unwrap();
+            tx.put_window((1, 1, 4), &entry(4)).unwrap();
+            tx.put_window((1, 1, 5), &entry(1)).unwrap();
+            for (q, offset) in [(3, 3), (4, 4), (5, 1)] {
+                assert_eq!(stored(&tx, q).digest, Some([offset as u8; 32]), "{q}");
+                assert_eq!(tx.window((1, 1, q)).unwrap(), Some(entry(offset)));
+            }
+            // The first four moved into WINDOW at the fourth: still read with the effect's
+            // digest, and a removal returns it too.
+            assert_eq!(tx.window_recent.len().unwrap(), 1);
+            assert_eq!(tx.window.len().unwrap(), 4);
+            assert_eq!(tx.remove_window((1, 1, 1)).unwrap(), Some(entry(1)));
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(2)));
+            // An entry whose effect is gone (damage): an error, not a guess.
+            tx.effects.remove(2).unwrap();
+            let err = tx.window((1, 1, 2)).unwrap_err().to_string();
+            assert!(err.contains("effect 2"), "{err}");
+        }
+        drop(txn);
     }
 
     /// Entries in both window tables read as one: lookups, removals and the present ranges

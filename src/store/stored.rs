@@ -307,12 +307,32 @@ struct Effect<S, B> {
     payload: B,
 }
 
+/// `EffectRecord` as stored at record version 3: version 2 with the content digest right
+/// after the `EffectHead` fields, so `effect_digest` reads it without the rest.
+#[derive(Serialize, Deserialize)]
+struct EffectV3<S, B> {
+    source_no: u64,
+    epoch: u64,
+    sequence: u64,
+    received_at_ms: u64,
+    digest: Option<[u8; 32]>,
+    key: StoredKey,
+    agency: S,
+    source_id: S,
+    topic: S,
+    late: bool,
+    released: bool,
+    audit_index: u64,
+    payload: B,
+}
+
 pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-    let stored = Effect::<&str, bytes::Bytes> {
+    let stored = EffectV3::<&str, bytes::Bytes> {
         source_no: r.source_no,
         epoch: r.epoch,
         sequence: r.sequence,
         received_at_ms: r.received_at_ms,
+        digest: r.digest,
         key: StoredKey::of(
             Some(&r.key),
             Some(&r.agency),
@@ -332,6 +352,46 @@ pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<
 }
 
 pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
+    let s: EffectV3<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
+    let key = s.key.key(
+        Some(&s.agency),
+        Some(&s.source_id),
+        Some(s.epoch),
+        Some(s.sequence),
+    )?;
+    Ok(EffectRecord {
+        // An effect always has a key: "none" is never written for one.
+        key: key.ok_or(postcard::Error::SerdeDeCustom)?,
+        source_no: s.source_no,
+        epoch: s.epoch,
+        sequence: s.sequence,
+        received_at_ms: s.received_at_ms,
+        agency: s.agency,
+        source_id: s.source_id,
+        topic: s.topic,
+        late: s.late,
+        released: s.released,
+        audit_index: s.audit_index,
+        payload: s.payload.0,
+        digest: s.digest,
+    })
+}
+
+/// The digest of a version 3 effect body (`None` if it holds none), without decoding the rest.
+pub(super) fn effect_digest(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
+    #[derive(Deserialize)]
+    struct Head {
+        _source_no: u64,
+        _epoch: u64,
+        _sequence: u64,
+        _received_at_ms: u64,
+        digest: Option<[u8; 32]>,
+    }
+    Ok(postcard::take_from_bytes::<Head>(body)?.0.digest)
+}
+
+/// Decodes a version 2 effect body (no digest).
+pub(super) fn decode_effect_v2(body: &[u8]) -> postcard::Result<EffectRecord> {
     let s: Effect<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
     let key = s.key.key(
         Some(&s.agency),
@@ -353,6 +413,7 @@ pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
         released: s.released,
         audit_index: s.audit_index,
         payload: s.payload.0,
+        digest: None,
     })
 }
 
@@ -385,7 +446,10 @@ mod tests {
     use super::*;
     use crate::decide::{OutOfOrder, Seen, SourceMarks, decide};
     use crate::model::{Digest, Message, Outcome, Position, Source};
-    use crate::store::tables::{AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2};
+    use crate::store::tables::{
+        AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2, RECORD_V3, WINDOW,
+        WindowEntry, WindowRecord, effect_digest,
+    };
 
     fn audit(reason: &str) -> AuditRecord {
         AuditRecord {
@@ -420,6 +484,7 @@ mod tests {
             released: false,
             audit_index: 77,
             payload: br#"{"agency":"fd","source_id":"e1","epoch":2,"sequence":99}"#.to_vec(),
+            digest: Some([5; 32]),
         }
     }
 
@@ -452,6 +517,73 @@ mod tests {
         assert_eq!(AUDIT.decode(&0, &v1).unwrap(), r);
         let head: AuditHead = AUDIT.head(0, &v1).unwrap();
         assert_eq!(head.recorded_at_ms, r.recorded_at_ms);
+    }
+
+    /// Version 3 adds the content digest after the head; a version-2 effect (every file
+    /// before it) decodes with none, and its head and digest read as before.
+    #[test]
+    fn an_effect_holds_its_digest_from_version_3_and_older_ones_still_decode() {
+        let e = effect();
+        let v3 = EFFECTS.encode(&e);
+        assert_eq!(effect_digest(0, &v3).unwrap(), Some([5; 32]));
+        let none = EffectRecord {
+            digest: None,
+            ..e.clone()
+        };
+        assert_eq!(effect_digest(0, &EFFECTS.encode(&none)).unwrap(), None);
+        let mut v2 = vec![RECORD_V2];
+        let stored = Effect::<&str, bytes::Bytes> {
+            source_no: e.source_no,
+            epoch: e.epoch,
+            sequence: e.sequence,
+            received_at_ms: e.received_at_ms,
+            key: StoredKey::Derived,
+            agency: &e.agency,
+            source_id: &e.source_id,
+            topic: &e.topic,
+            late: e.late,
+            released: e.released,
+            audit_index: e.audit_index,
+            payload: bytes::Bytes(&e.payload),
+        };
+        v2.extend(postcard::to_allocvec(&stored).unwrap());
+        assert_eq!(EFFECTS.decode(&0, &v2).unwrap(), none);
+        assert_eq!(effect_digest(0, &v2).unwrap(), None);
+        let head: EffectHead = EFFECTS.head(0, &v2).unwrap();
+        assert_eq!((head.source_no, head.sequence), (3, 99));
+        assert_eq!(v3.len(), v2.len() + 33);
+        // A version-1 effect (serde form, no digest field) decodes with none too.
+        assert_eq!(EFFECTS.decode(&0, &version_1(&none)).unwrap(), none);
+    }
+
+    /// A window entry of version 2 stores its digest only when its effect does not hold it;
+    /// one of version 1 (always with the digest) decodes to an entry that holds it.
+    #[test]
+    fn a_window_entry_leaves_its_digest_to_its_effect_and_older_ones_keep_theirs() {
+        let key = (3, 2, 99);
+        let bare = WindowEntry {
+            effect_offset: 41,
+            digest: None,
+        };
+        let bytes = WINDOW.encode(&bare);
+        assert_eq!((bytes[0], bytes.len()), (RECORD_V2, 3));
+        assert_eq!(WINDOW.decode(&key, &bytes).unwrap(), bare);
+        let v1 = version_1(&WindowRecord {
+            digest: [6; 32],
+            effect_offset: 41,
+        });
+        let old = WINDOW.decode(&key, &v1).unwrap();
+        assert_eq!(old.digest, Some([6; 32]));
+        // Resolved: its own digest without a read, else its effect's.
+        let resolved = old.resolve(key, |_| unreachable!("read")).unwrap();
+        assert_eq!(resolved.digest, [6; 32]);
+        let resolved = bare
+            .resolve(key, |offset| Ok((offset == 41).then_some([5; 32])))
+            .unwrap();
+        assert_eq!((resolved.digest, resolved.effect_offset), ([5; 32], 41));
+        // An effect without one (damage): an error naming the window entry, not a guess.
+        let err = bare.resolve(key, |_| Ok(None)).unwrap_err().to_string();
+        assert!(err.contains("window") && err.contains("effect 41"), "{err}");
     }
 
     #[test]
@@ -491,10 +623,10 @@ mod tests {
 
         let e = effect();
         let bytes = EFFECTS.encode(&e);
-        assert_eq!(bytes[0], RECORD_V2);
+        assert_eq!(bytes[0], RECORD_V3);
         assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), e);
-        // The key's 32 bytes become a one-byte tag.
-        assert_eq!(bytes.len() + 31, version_1(&e).len());
+        // The key's 32 bytes become a one-byte tag; the digest (not in version 1) takes 33.
+        assert_eq!(bytes.len() + 31, version_1(&e).len() + 33);
         let head: EffectHead = EFFECTS.head(0, &bytes).unwrap();
         assert_eq!((head.source_no, head.epoch, head.sequence), (3, 2, 99));
         assert_eq!(head.received_at_ms, e.received_at_ms);
@@ -502,8 +634,10 @@ mod tests {
         kept.key[0] ^= 1;
         let bytes = EFFECTS.encode(&kept);
         assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), kept);
-        assert_eq!(bytes.len(), version_1(&kept).len() + 1);
-        assert_eq!(EFFECTS.decode(&0, &version_1(&e)).unwrap(), e);
+        // The tag's byte, and the digest's 33 (not in version 1).
+        assert_eq!(bytes.len(), version_1(&kept).len() + 1 + 33);
+        let without = EffectRecord { digest: None, ..e };
+        assert_eq!(EFFECTS.decode(&0, &version_1(&without)).unwrap(), without);
     }
 
     #[test]

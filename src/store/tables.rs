@@ -24,8 +24,10 @@ pub const SCHEMA_VERSION: u32 = 4;
 /// `SinkRecord`, at version 3, and `AuditRecord` and `EffectRecord`, at 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
-/// stored (`stored`).
+/// stored (`stored`). `WindowEntry`: the digest left to the effect record (`WindowEntry`).
 pub const RECORD_V2: u8 = 2;
+/// `EffectRecord` with the content digest (`stored`), which the window entry leaves out.
+pub const RECORD_V3: u8 = 3;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
 /// older version of it decode. A changed record gets a new `VERSION`, keeps decoding every
@@ -52,9 +54,9 @@ pub trait Record: Serialize + DeserializeOwned {
 pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");
 /// source number -> `SourceRecord` (names, high-water mark, evicted floor).
 pub const SOURCES: Records<u64, SourceRecord> = Records::new("sources", "sources", "no");
-/// (source number, epoch, sequence) -> `WindowRecord`. Keyed by position so inserts are
+/// (source number, epoch, sequence) -> `WindowEntry`. Keyed by position so inserts are
 /// per-source appends; the SHA-256 key is derived from the same fields and stored in the logs.
-pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
+pub const WINDOW: Records<(u64, u64, u64), WindowEntry> =
     Records::new("window", "window_entries", "source_no, epoch, sequence");
 /// The window's newest entries (redb only): `Tx::put_window` adds here (a source's second
 /// and later entries of one transaction go straight into `WINDOW`, for up to
@@ -64,7 +66,7 @@ pub const WINDOW: Records<(u64, u64, u64), WindowRecord> =
 /// the whole window; once it holds `WINDOW_MERGE_AT` entries they move to `WINDOW` together,
 /// in key order, inside the commit that reached the mark (one write of each source's last
 /// window page per merge, not per commit).
-pub const WINDOW_RECENT: Records<(u64, u64, u64), WindowRecord> = Records::new(
+pub const WINDOW_RECENT: Records<(u64, u64, u64), WindowEntry> = Records::new(
     "window_recent",
     "window_entries",
     "source_no, epoch, sequence",
@@ -796,6 +798,33 @@ where
     }
 }
 
+impl<T> Opened<T, u64, EffectRecord>
+where
+    T: ReadableTable<u64, &'static [u8]>,
+{
+    /// The content digest the effect at `offset` holds (`None`: no such effect, or one of a
+    /// record version before 3), without decoding the rest of it.
+    pub fn digest(&self, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        match self.table.get(offset)? {
+            Some(g) => Ok(effect_digest(offset, g.value())?),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The content digest a stored effect record holds (record version 3 on), read from its
+/// leading fields.
+pub fn effect_digest(offset: u64, bytes: &[u8]) -> Result<Option<[u8; 32]>, RecordError> {
+    match bytes.split_first() {
+        Some((&RECORD_V3, body)) => super::stored::effect_digest(body).map_err(|e| RecordError {
+            table: EFFECTS.name(),
+            key: offset.to_string(),
+            why: format!("postcard: {e}"),
+        }),
+        _ => Ok(None),
+    }
+}
+
 impl<K, R> Opened<Table<'_, K, &'static [u8]>, K, R>
 where
     K: KeyText,
@@ -1378,12 +1407,29 @@ impl Record for RetentionMarks {}
 impl Record for ParkedRecord {}
 impl Record for BurstRecord {}
 impl Record for SourceRecord {}
-impl Record for WindowRecord {}
-/// Version 1 is the serde form of the struct; version 2 `stored::encode_effect`'s.
-impl Record for EffectRecord {
+/// Version 1 is `WindowRecord`'s serde form (the digest always stored); version 2 the serde
+/// form of `WindowEntry`.
+impl Record for WindowEntry {
     const VERSION: u8 = RECORD_V2;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
-        (version == RECORD_V1).then(|| postcard::from_bytes(body))
+        (version == RECORD_V1).then(|| {
+            postcard::from_bytes::<WindowRecord>(body).map(|w| WindowEntry {
+                effect_offset: w.effect_offset,
+                digest: Some(w.digest),
+            })
+        })
+    }
+}
+/// Version 1 is the serde form of the struct (without `digest`); version 2
+/// `stored::encode_effect`'s without the digest, version 3 with it.
+impl Record for EffectRecord {
+    const VERSION: u8 = RECORD_V3;
+    fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        match version {
+            RECORD_V1 => Some(postcard::from_bytes(body)),
+            RECORD_V2 => Some(super::stored::decode_effect_v2(body)),
+            _ => None,
+        }
     }
     fn encode_body(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
         super::stored::encode_effect(self, out)
@@ -1425,10 +1471,54 @@ pub struct SourceRecord {
     pub evicted_floor: Option<(u64, u64)>,
 }
 
+/// A window entry with its content digest: what a lookup compares a delivery with. Stored as
+/// a `WindowEntry`; record version 1 of the window was this struct's serde form.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowRecord {
     pub digest: [u8; 32],
     pub effect_offset: u64,
+}
+
+/// A window entry as stored (record version 2): the offset of the effect that holds the
+/// position and, only when that effect record does not hold it, the content digest. The
+/// engine writes a position's effect (record version 3, with the digest) and then its entry
+/// in one transaction, so an entry of redb's window leaves the digest to the effect (33 of its
+/// 60 bytes, in pages half empty); `resolve` reads it back from there. Retention never
+/// removes an effect the window names (`Meta::window_start`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowEntry {
+    pub effect_offset: u64,
+    pub digest: Option<[u8; 32]>,
+}
+
+impl WindowEntry {
+    /// The entry with its digest: its own, else the one `effect_digest` reads from the effect
+    /// record at its offset (`None` if that record is missing or holds none: the file is
+    /// damaged, and the position's duplicates cannot be told from conflicts).
+    pub fn resolve(
+        self,
+        key: (u64, u64, u64),
+        effect_digest: impl FnOnce(u64) -> Result<Option<[u8; 32]>, StoreError>,
+    ) -> Result<WindowRecord, StoreError> {
+        let digest = match self.digest {
+            Some(d) => d,
+            None => effect_digest(self.effect_offset)?.ok_or_else(|| {
+                StoreError::from(RecordError {
+                    table: WINDOW.name(),
+                    key: Shown::<(u64, u64, u64)>(&key).to_string(),
+                    why: format!(
+                        "the window entry leaves its digest to effect {}, which holds none \
+                         (missing or written before record version 3)",
+                        self.effect_offset
+                    ),
+                })
+            })?,
+        };
+        Ok(WindowRecord {
+            digest,
+            effect_offset: self.effect_offset,
+        })
+    }
 }
 
 /// The leading fields of `EffectRecord`; eviction decodes only these.
@@ -1458,6 +1548,11 @@ pub struct EffectRecord {
     /// The payload exactly as delivered (valid UTF-8 JSON).
     #[serde(with = "bytes")]
     pub payload: Vec<u8>,
+    /// The content digest the window compares deliveries of this position with (record
+    /// version 3 on; `None` in an older record, whose window entry holds it). Not part of
+    /// version 1's serde form.
+    #[serde(skip)]
+    pub digest: Option<[u8; 32]>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -1744,6 +1839,7 @@ mod tests {
             released: false,
             audit_index: 5,
             payload: b"{}".to_vec(),
+            digest: Some([4; 32]),
         };
         let bytes = encode(&r);
         // Same bytes as serde's default sequence-of-u8 encoding: length, then raw bytes.

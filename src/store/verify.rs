@@ -642,12 +642,13 @@ pub fn verify_reporting(
                 Some(p)
             } else if r.audit_index < scan.audit_from {
                 // The applying entry was pruned: the payload must still be the message the
-                // record names (its digest is proven only by a retained `duplicate`).
+                // record names, and have the digest it holds (record version 3 on; else its
+                // digest is proven only by a retained `duplicate`).
                 content_problem(
                     &r.payload,
                     contract,
                     Some(r.key),
-                    None,
+                    r.digest,
                     "the effect record holds (its audit entry was pruned)",
                 )
             } else {
@@ -1039,6 +1040,14 @@ fn effect_content(
     if !same_fields {
         return Some(format!(
             "its key, source or position differs from what audit entry {} recorded ({})",
+            a.index,
+            cause(false)
+        ));
+    }
+    // The digest the window compares replays with (record version 3 on).
+    if r.digest.is_some() && r.digest != ar.digest {
+        return Some(format!(
+            "its digest differs from what audit entry {} recorded ({})",
             a.index,
             cause(false)
         ));

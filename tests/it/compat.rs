@@ -12,6 +12,12 @@
 //! duplicate, conflicting and malformed messages, then `quarantine release 2` and
 //! `quarantine discard 1` by `j.doe`; its outputs saved beside) reads back as it printed it,
 //! and its new entries (version 2) and old ones (version 1) verify as one chain.
+//! A database of the last build before the effect record's version 3 and the window entry's
+//! version 2 (`tests/fixtures/records-v2-349acce/`: that build's `ingest` of `feed.jsonl`, with
+//! duplicates, a late message, a conflict and a malformed line, then `quarantine release 0`
+//! by `j.doe`; its outputs saved beside) reads back as it printed it, and its window (entries
+//! holding their digests, beside effects without) decides replays beside the new entries
+//! (which leave the digest to their effects).
 
 use std::path::Path;
 
@@ -25,6 +31,12 @@ const RECORDS_V1_FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/records-v1-85f2bf2"
 );
+const RECORDS_V2_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/records-v2-349acce"
+);
+/// When `RECORDS_V2_FIXTURE` was written (its last effect's `received_at`), in ms.
+const RECORDS_V2_WRITTEN_MS: u64 = 1_796_458_589_148;
 const RELAY_FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/release-89ca245"
@@ -303,17 +315,147 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         new.len(),
         old.len()
     );
-    // Effects 0 and 30, less their strings: the key's 32 bytes are a one-byte tag.
+    // Effects 0 and 30, less their strings: the key's 32 bytes are a one-byte tag (and the
+    // new one holds the content digest, 33 bytes, since record version 3).
     let fixed = |bytes: &[u8]| {
         let r = EFFECTS.decode(&0, bytes).unwrap();
         bytes.len() - r.payload.len() - r.agency.len() - r.source_id.len() - r.topic.len()
     };
     let (old, new) = (raw(EFFECTS.raw(), 0), raw(EFFECTS.raw(), 30));
-    assert_eq!((old[0], new[0]), (1, 2));
+    assert_eq!((old[0], new[0]), (1, 3));
     assert!(
-        fixed(&new) + 31 <= fixed(&old),
+        fixed(&new) + 31 <= fixed(&old) + 33,
         "{} vs {}",
         fixed(&new),
         fixed(&old)
     );
+}
+
+#[test]
+fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_to_the_effect() {
+    use replay_guard::model::Outcome;
+    use replay_guard::store::tables::{EFFECTS, SOURCE_IDS, WINDOW, WINDOW_RECENT};
+    use replay_guard::store::{Incoming, Store, StoreOptions};
+    use replay_guard::wire::FeedContract;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("prev.redb");
+    std::fs::copy(Path::new(RECORDS_V2_FIXTURE).join("prev.redb"), &db).unwrap();
+    let db_s = db.to_str().unwrap();
+    let fixture =
+        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V2_FIXTURE).join(name)).unwrap();
+    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
+        assert_eq!(
+            stdout(&[cmd, "--db", db_s]),
+            fixture(&format!("{cmd}.jsonl")),
+            "{cmd}"
+        );
+    }
+    assert_eq!(
+        stdout(&["verify", "--db", db_s]),
+        fixture("verify.txt").replace("prev.redb", db_s)
+    );
+
+    // Decided through the library a minute after the fixture was written, so its window has
+    // not aged out (`ingest` decides at the wall clock).
+    let at = RECORDS_V2_WRITTEN_MS + 60_000;
+    let contract = FeedContract::default();
+    let decide = |store: &mut Store, lines: &[String]| -> Vec<Outcome> {
+        let batch: Vec<Incoming> = lines
+            .iter()
+            .map(|l| Incoming::decode("t", l.clone().into_bytes(), at, &contract))
+            .collect();
+        let report = store.commit_batch(&batch, at).unwrap();
+        report.decided.iter().map(|d| d.outcome).collect()
+    };
+    let msg = crate::common::msg;
+    let mut store = Store::open(&db, StoreOptions::default(), at).unwrap();
+    let old = decide(
+        &mut store,
+        &[
+            // Replays of the fixture's messages, found in its window (each entry with its
+            // digest, each effect without): an applied one, the operator-released one, a
+            // late one; then other content at an old position.
+            msg("fd", "e1", 1, 3, "count 3"),
+            msg("fd", "e1", 1, 5, "count 50"),
+            msg("ems", "m2", 2, 3, "on scene, triage"),
+            msg("fd", "e1", 1, 4, "count 40"),
+            // New positions: effects with the digest, window entries without.
+            msg("fd", "e1", 1, 7, "count 7"),
+            msg("ems", "m2", 2, 5, "at hospital"),
+        ],
+    );
+    use Outcome::*;
+    assert_eq!(
+        old,
+        [Duplicate, Duplicate, Duplicate, Conflict, Applied, Applied]
+    );
+    // Replays of the new ones, in a later batch: the digest comes from the effect.
+    let new = decide(
+        &mut store,
+        &[
+            msg("fd", "e1", 1, 7, "count 7"),
+            msg("ems", "m2", 2, 5, "at hospital"),
+            msg("fd", "e1", 1, 7, "count 70"),
+        ],
+    );
+    assert_eq!(new, [Duplicate, Duplicate, Conflict]);
+    store.close().unwrap();
+    let verified = stdout(&["verify", "--db", db_s]);
+    assert!(
+        verified.contains("24 audit entries, hash chain intact from the first entry; 13 effects"),
+        "{verified}"
+    );
+    let explained = stdout(&[
+        "explain",
+        "--db",
+        db_s,
+        "--source",
+        "fd/e1",
+        "--epoch",
+        "1",
+        "--sequence",
+        "7",
+    ]);
+    assert!(explained.contains("conflict"), "{explained}");
+
+    // The file holds both versions of each: an old window entry with its 32-byte digest, a
+    // new one of a few bytes; an old effect without the digest, a new one with it.
+    let file = redb::Builder::new()
+        .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+        .open(&db)
+        .unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+    let ids = txn.open_table(SOURCE_IDS).unwrap();
+    let no = redb::ReadableTable::get(&ids, ("fd", "e1"))
+        .unwrap()
+        .unwrap()
+        .value();
+    // The newest entries are in the window's small table until they move (`WINDOW_RECENT`).
+    let tables = [
+        txn.open_table(WINDOW_RECENT.raw()).unwrap(),
+        txn.open_table(WINDOW.raw()).unwrap(),
+    ];
+    let entry = |seq: u64| {
+        tables
+            .iter()
+            .find_map(|t| redb::ReadableTable::get(t, (no, 1, seq)).unwrap())
+            .unwrap()
+            .value()
+            .to_vec()
+    };
+    let (old, new) = (entry(3), entry(7));
+    assert_eq!((old[0], new[0]), (1, 2));
+    assert!(
+        old.len() >= 33 && new.len() <= 4,
+        "{} {}",
+        old.len(),
+        new.len()
+    );
+    let effects = txn.open_table(EFFECTS.raw()).unwrap();
+    let first = |offset: u64| {
+        let bytes = redb::ReadableTable::get(&effects, offset).unwrap().unwrap();
+        bytes.value()[0]
+    };
+    assert_eq!((first(0), first(11)), (2, 3));
 }

@@ -238,6 +238,29 @@ fn an_effect_payload_edited_in_place_fails_verify_naming_it() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// The digest an effect holds (record version 3) is what the window compares replays of its
+/// position with: one that differs from its audit entry's fails `verify`.
+#[test]
+fn an_effect_digest_edited_in_place_fails_verify_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let honest = honest_db(dir.path());
+    let db = tampered(dir.path(), &honest, "digest", |txn| {
+        let mut t = txn.open_table(EFFECTS.raw()).unwrap();
+        let bytes = t.get(0).unwrap().unwrap().value().to_vec();
+        let mut rec = EFFECTS.decode(&0, &bytes).unwrap();
+        let digest = rec.digest.as_mut().expect("a new effect holds its digest");
+        digest[0] ^= 1;
+        t.insert(0, EFFECTS.encode(&rec).as_slice()).unwrap();
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("effect 0: its digest differs from what audit entry 0 recorded"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 #[test]
 fn an_unparseable_effect_payload_fails_verify_and_dump_flags_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,6 +92,7 @@ pub struct Sql {
     pub source: String,
     pub sources_upsert: String,
     pub window: String,
+    pub effect: String,
     pub window_upsert: String,
     pub window_delete: String,
     pub window_present: String,
@@ -170,6 +171,7 @@ impl Sql {
             window: f(
                 "SELECT record FROM {s}.window_entries WHERE source_no = $1 AND epoch = $2 AND sequence = $3",
             ),
+            effect: f("SELECT record FROM {s}.effects WHERE effect_offset = $1"),
             window_upsert: f(
                 "INSERT INTO {s}.window_entries (source_no, epoch, sequence, record) \
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bytea[]) \

@@ -156,6 +156,18 @@ fn decode_col<K: KeyText, R: Record>(
     Ok(records.decode(key, bytes)?)
 }
 
+/// The content digest the effect at `offset` holds: a window entry copied from a redb file
+/// may leave its digest there (`WindowEntry::resolve`).
+fn effect_digest(conn: &Conn, sql: &Sql, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
+    match conn.query(&sql.effect, &[&db(offset)])?.first() {
+        Some(r) => Ok(crate::store::tables::effect_digest(
+            offset,
+            r.get::<_, &[u8]>(0),
+        )?),
+        None => Ok(None),
+    }
+}
+
 impl<'c> PgTx<'c> {
     /// Inside an open transaction that holds the schema's lock: reads the meta rows.
     pub fn begin(conn: &'c Conn, sql: &'c Sql) -> Result<PgTx<'c>, StoreError> {
@@ -258,6 +270,10 @@ impl<'c> PgTx<'c> {
                     {
                         let rec: Option<Vec<u8>> = row.get(6);
                         let rec = rec.map(|b| decode_col(WINDOW, &wkey, &b)).transpose()?;
+                        let (conn, sql) = (self.conn, self.sql);
+                        let rec = rec
+                            .map(|w| w.resolve(wkey, |o| effect_digest(conn, sql, o)))
+                            .transpose()?;
                         v.insert(rec);
                     }
                 }
@@ -397,7 +413,12 @@ impl<'c> PgTx<'c> {
                 a.push(db(no));
                 b.push(db(e));
                 c.push(db(s));
-                d.push(WINDOW.encode(&r));
+                // Always with the digest here: this store's window is read in one query per
+                // batch (`prefetch`), which would need a join to read it from the effect.
+                d.push(WINDOW.encode(&WindowEntry {
+                    effect_offset: r.effect_offset,
+                    digest: Some(r.digest),
+                }));
             }
             self.conn.defer(
                 &self.sql.window_upsert,
@@ -565,6 +586,8 @@ impl Tx for PgTx<'_> {
             conn.query(&sql.window, &[&db(key.0), &db(key.1), &db(key.2)])?
                 .first()
                 .map(|r| decode_col(WINDOW, &key, r.get::<_, &[u8]>(0)))
+                .transpose()?
+                .map(|w| w.resolve(key, |o| effect_digest(conn, sql, o)))
                 .transpose()
         })
     }

@@ -542,11 +542,28 @@ impl PgView {
             "SELECT record FROM {}.window_entries WHERE source_no = $1 AND epoch = $2 AND sequence = $3",
             self.schema
         );
-        self.conn()
+        let entry = self
+            .conn()
             .query(&sql, &[&db(key.0), &db(key.1), &db(key.2)])?
             .first()
-            .map(|r| Ok(WINDOW.decode(&key, r.get::<_, &[u8]>(0))?))
+            .map(|r| WINDOW.decode(&key, r.get::<_, &[u8]>(0)))
+            .transpose()?;
+        entry
+            .map(|w| w.resolve(key, |offset| self.effect_digest(offset)))
             .transpose()
+    }
+
+    /// The content digest the effect at `offset` holds (`None` if none: see
+    /// `WindowEntry::resolve`).
+    pub fn effect_digest(&self, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
+        let sql = format!(
+            "SELECT record FROM {}.effects WHERE effect_offset = $1",
+            self.schema
+        );
+        match self.conn().query(&sql, &[&db(offset)])?.first() {
+            Some(r) => Ok(effect_digest(offset, r.get::<_, &[u8]>(0))?),
+            None => Ok(None),
+        }
     }
 
     /// The first effect at or after `from` (its head only).
