@@ -531,6 +531,20 @@ fn effects_whose_audit_entry_was_pruned_are_still_checked_where_provable() {
             && err.contains("not the key the effect record holds (its audit entry was pruned)"),
         "{err}"
     );
+    // Its content edited under the same key: the digest it holds (record version 3) differs
+    // from the edited payload's.
+    let edited = tampered(dir.path(), &db, "edited", |txn| {
+        edit_stored(txn, EFFECTS, 1, b"body-2", b"body-Y");
+    });
+    let (code, _, err) = verify(&edited);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains(
+            "effect 1: content differs from what the effect record holds (its audit entry was \
+             pruned)"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
