@@ -541,12 +541,8 @@ impl<T: Tx> Writer<T> {
         for (offset, head) in &victims {
             let wkey = (head.source_no, head.epoch, head.sequence);
             // The window entry normally belongs to this effect; if another effect owns the
-            // position (e.g. an operator-released message), put that entry back.
-            if let Some(w) = self.tx.remove_window(wkey)?
-                && w.effect_offset != *offset
-            {
-                self.tx.put_window(wkey, &w)?;
-            }
+            // position (e.g. an operator-released message), it stays.
+            self.tx.evict_window(wkey, *offset)?;
             let evicted = (head.epoch, head.sequence);
             let st = self.state(head.source_no)?;
             if st.record.evicted_floor.is_none_or(|f| f < evicted) {

@@ -325,6 +325,24 @@ impl Tx for RedbTx<'_> {
         }
     }
 
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
+        if let Some(w) = self.window_recent.get(key)? {
+            if w.effect_offset != offset {
+                return Ok(false);
+            }
+            self.window_recent.remove(key).map_err(redb)?;
+            return Ok(true);
+        }
+        match self.window.get(key)? {
+            Some(w) if w.effect_offset == offset && !self.gone(key)? => {
+                self.window_gone.insert(key, ()).map_err(redb)?;
+                self.merge_if_due()?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     fn window_present(
         &mut self,
         no: u64,
@@ -671,6 +689,36 @@ mod tests {
             assert!(err.contains("effect 2"), "{err}");
         }
         drop(txn);
+    }
+
+    /// Eviction removes a position's entry only if it names the evicted effect, from either
+    /// window table; an entry a later effect holds stays, and an absent one is no error.
+    #[test]
+    fn eviction_removes_only_the_entry_that_names_the_evicted_effect() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(3).direct_sources(0);
+            // Three entries move into WINDOW at the third; the fourth stays recent.
+            for q in 1..=4 {
+                tx.put_window((1, 1, q), &entry(q)).unwrap();
+            }
+            assert_eq!(tx.window_recent.len().unwrap(), 1);
+            for table_of_q in [1, 4] {
+                assert!(!tx.evict_window((1, 1, table_of_q), 9).unwrap());
+                assert_eq!(
+                    tx.window((1, 1, table_of_q)).unwrap(),
+                    Some(entry(table_of_q))
+                );
+                assert!(tx.evict_window((1, 1, table_of_q), table_of_q).unwrap());
+                assert_eq!(tx.window((1, 1, table_of_q)).unwrap(), None);
+                assert!(!tx.evict_window((1, 1, table_of_q), table_of_q).unwrap());
+            }
+            assert!(!tx.evict_window((2, 1, 1), 1).unwrap());
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 3)]);
+        }
+        txn.commit().unwrap();
     }
 
     /// Entries in both window tables read as one: lookups, removals and the present ranges

@@ -13,12 +13,15 @@
 //! A decoded record is field for field the record that was encoded, so everything above the
 //! store (the hash chain, `verify`, the dumps, the relay) sees no difference. The leading
 //! fields (`AuditHead`, `EffectHead`) keep their place, so a head decodes from either version.
+//!
+//! Effect record version 3 adds the content digest after the head: the window entry leaves it
+//! there (`tables::WindowEntry`).
 
 use serde::{Deserialize, Serialize};
 
 use crate::key::key_v1;
 use crate::model::Message;
-use crate::store::tables::{AuditRecord, EffectRecord};
+use crate::store::tables::{AuditRecord, EffectHead, EffectRecord};
 
 /// How a stored record holds its idempotency key.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,32 +293,27 @@ pub(super) fn decode_audit(body: &[u8]) -> postcard::Result<AuditRecord> {
     })
 }
 
-/// `EffectRecord` as stored at record version 2. The first four fields are `EffectHead`'s.
+/// `EffectRecord` as stored at record version 2: the `EffectHead` fields, then the rest.
+/// (postcard writes a nested struct's fields in place, with no framing, so the two parts are
+/// the record's fields in order.)
 #[derive(Serialize, Deserialize)]
 struct Effect<S, B> {
-    source_no: u64,
-    epoch: u64,
-    sequence: u64,
-    received_at_ms: u64,
-    key: StoredKey,
-    agency: S,
-    source_id: S,
-    topic: S,
-    late: bool,
-    released: bool,
-    audit_index: u64,
-    payload: B,
+    head: EffectHead,
+    rest: EffectRest<S, B>,
 }
 
 /// `EffectRecord` as stored at record version 3: version 2 with the content digest right
 /// after the `EffectHead` fields, so `effect_digest` reads it without the rest.
 #[derive(Serialize, Deserialize)]
 struct EffectV3<S, B> {
-    source_no: u64,
-    epoch: u64,
-    sequence: u64,
-    received_at_ms: u64,
+    head: EffectHead,
     digest: Option<[u8; 32]>,
+    rest: EffectRest<S, B>,
+}
+
+/// The fields of a stored effect after its head (and digest).
+#[derive(Serialize, Deserialize)]
+struct EffectRest<S, B> {
     key: StoredKey,
     agency: S,
     source_id: S,
@@ -328,93 +326,77 @@ struct EffectV3<S, B> {
 
 pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
     let stored = EffectV3::<&str, bytes::Bytes> {
-        source_no: r.source_no,
-        epoch: r.epoch,
-        sequence: r.sequence,
-        received_at_ms: r.received_at_ms,
+        head: EffectHead {
+            source_no: r.source_no,
+            epoch: r.epoch,
+            sequence: r.sequence,
+            received_at_ms: r.received_at_ms,
+        },
         digest: r.digest,
-        key: StoredKey::of(
-            Some(&r.key),
-            Some(&r.agency),
-            Some(&r.source_id),
-            Some(r.epoch),
-            Some(r.sequence),
-        ),
-        agency: &r.agency,
-        source_id: &r.source_id,
-        topic: &r.topic,
-        late: r.late,
-        released: r.released,
-        audit_index: r.audit_index,
-        payload: bytes::Bytes(&r.payload),
+        rest: EffectRest {
+            key: StoredKey::of(
+                Some(&r.key),
+                Some(&r.agency),
+                Some(&r.source_id),
+                Some(r.epoch),
+                Some(r.sequence),
+            ),
+            agency: &r.agency,
+            source_id: &r.source_id,
+            topic: &r.topic,
+            late: r.late,
+            released: r.released,
+            audit_index: r.audit_index,
+            payload: bytes::Bytes(&r.payload),
+        },
     };
     postcard::to_extend(&stored, out)
 }
 
 pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
     let s: EffectV3<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
-    let key = s.key.key(
-        Some(&s.agency),
-        Some(&s.source_id),
-        Some(s.epoch),
-        Some(s.sequence),
-    )?;
-    Ok(EffectRecord {
-        // An effect always has a key: "none" is never written for one.
-        key: key.ok_or(postcard::Error::SerdeDeCustom)?,
-        source_no: s.source_no,
-        epoch: s.epoch,
-        sequence: s.sequence,
-        received_at_ms: s.received_at_ms,
-        agency: s.agency,
-        source_id: s.source_id,
-        topic: s.topic,
-        late: s.late,
-        released: s.released,
-        audit_index: s.audit_index,
-        payload: s.payload.0,
-        digest: s.digest,
-    })
-}
-
-/// The digest of a version 3 effect body (`None` if it holds none), without decoding the rest.
-pub(super) fn effect_digest(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
-    #[derive(Deserialize)]
-    struct Head {
-        _source_no: u64,
-        _epoch: u64,
-        _sequence: u64,
-        _received_at_ms: u64,
-        digest: Option<[u8; 32]>,
-    }
-    Ok(postcard::take_from_bytes::<Head>(body)?.0.digest)
+    effect_of(s.head, s.digest, s.rest)
 }
 
 /// Decodes a version 2 effect body (no digest).
 pub(super) fn decode_effect_v2(body: &[u8]) -> postcard::Result<EffectRecord> {
     let s: Effect<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
-    let key = s.key.key(
-        Some(&s.agency),
-        Some(&s.source_id),
-        Some(s.epoch),
-        Some(s.sequence),
+    effect_of(s.head, None, s.rest)
+}
+
+fn effect_of(
+    h: EffectHead,
+    digest: Option<[u8; 32]>,
+    r: EffectRest<String, bytes::ByteBuf>,
+) -> postcard::Result<EffectRecord> {
+    let key = r.key.key(
+        Some(&r.agency),
+        Some(&r.source_id),
+        Some(h.epoch),
+        Some(h.sequence),
     )?;
     Ok(EffectRecord {
         // An effect always has a key: "none" is never written for one.
         key: key.ok_or(postcard::Error::SerdeDeCustom)?,
-        source_no: s.source_no,
-        epoch: s.epoch,
-        sequence: s.sequence,
-        received_at_ms: s.received_at_ms,
-        agency: s.agency,
-        source_id: s.source_id,
-        topic: s.topic,
-        late: s.late,
-        released: s.released,
-        audit_index: s.audit_index,
-        payload: s.payload.0,
-        digest: None,
+        source_no: h.source_no,
+        epoch: h.epoch,
+        sequence: h.sequence,
+        received_at_ms: h.received_at_ms,
+        agency: r.agency,
+        source_id: r.source_id,
+        topic: r.topic,
+        late: r.late,
+        released: r.released,
+        audit_index: r.audit_index,
+        payload: r.payload.0,
+        digest,
     })
+}
+
+/// The digest of a version 3 effect body (`None` if it holds none), without decoding the rest.
+pub(super) fn effect_digest(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
+    let ((_, digest), _) = postcard::take_from_bytes::<(EffectHead, Option<[u8; 32]>)>(body)?;
+    Ok(digest)
 }
 
 /// The payload as `tables::bytes` stores it (one length-prefixed blob), borrowed when
@@ -533,18 +515,22 @@ mod tests {
         assert_eq!(effect_digest(0, &EFFECTS.encode(&none)).unwrap(), None);
         let mut v2 = vec![RECORD_V2];
         let stored = Effect::<&str, bytes::Bytes> {
-            source_no: e.source_no,
-            epoch: e.epoch,
-            sequence: e.sequence,
-            received_at_ms: e.received_at_ms,
-            key: StoredKey::Derived,
-            agency: &e.agency,
-            source_id: &e.source_id,
-            topic: &e.topic,
-            late: e.late,
-            released: e.released,
-            audit_index: e.audit_index,
-            payload: bytes::Bytes(&e.payload),
+            head: EffectHead {
+                source_no: e.source_no,
+                epoch: e.epoch,
+                sequence: e.sequence,
+                received_at_ms: e.received_at_ms,
+            },
+            rest: EffectRest {
+                key: StoredKey::Derived,
+                agency: &e.agency,
+                source_id: &e.source_id,
+                topic: &e.topic,
+                late: e.late,
+                released: e.released,
+                audit_index: e.audit_index,
+                payload: bytes::Bytes(&e.payload),
+            },
         };
         v2.extend(postcard::to_allocvec(&stored).unwrap());
         assert_eq!(EFFECTS.decode(&0, &v2).unwrap(), none);

@@ -52,6 +52,10 @@ pub trait Tx {
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError>;
     /// Removes and returns the entry.
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError>;
+    /// Eviction of effect `offset` from the window: removes the entry of `key` if it names
+    /// that effect (an entry a later effect of the position holds, a released message's,
+    /// stays); whether it did. Reads no digest.
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError>;
     /// The sequences of source `no`'s `epoch` within `seqs` that the window holds, as
     /// sorted, disjoint, non-adjacent inclusive ranges: one read of the key range (redb: its
     /// keys only; PostgreSQL: the ranges themselves), never a point read per sequence.
@@ -281,6 +285,9 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     }
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
         (**self).remove_window(key)
+    }
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
+        (**self).evict_window(key, offset)
     }
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {
         (**self).put_effect(offset, record)

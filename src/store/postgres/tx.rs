@@ -605,6 +605,16 @@ impl Tx for PgTx<'_> {
         Ok(was)
     }
 
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
+        match self.window(key)? {
+            Some(w) if w.effect_offset == offset => {
+                self.window.set(key, None);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     fn window_present(
         &mut self,
         no: u64,
