@@ -505,6 +505,8 @@ impl<T: Tx> Writer<T> {
         let index = self.meta.next_audit;
         rec.prev_hash = self.meta.chain_head;
         rec.hash = audit::entry_hash(index, rec, &rec.prev_hash);
+        // Stored at `index`, so the stored entry may leave the hash out.
+        super::stored::note_chained(&rec.hash);
         self.tx.put_audit(index, rec, source_no)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;

@@ -140,7 +140,9 @@ impl AuditEntry {
     pub fn outcome(&self) -> Option<Outcome> {
         Outcome::from_code(self.record.outcome)
     }
-    /// Whether `hash` matches the entry's content and `prev_hash`.
+    /// Whether `hash` matches the entry's content and `prev_hash`. Always, for an entry that
+    /// stores no hash (record version 3: it reads with the hash of its content); an edit of
+    /// such an entry breaks the next entry's link (or the chain head), which `verify` checks.
     pub fn hash_is_valid(&self) -> bool {
         super::audit::entry_hash(self.index, &self.record, &self.record.prev_hash)
             == self.record.hash

@@ -222,10 +222,10 @@ impl StoredReason<String> {
     }
 }
 
-/// `AuditRecord` as stored at record version 2 (`S`: `&str` when encoding, `String` when
-/// decoding). The first two fields are `AuditHead`'s.
+/// `AuditRecord` as stored (`S`: `&str` when encoding, `String` when decoding; `H`: the hash,
+/// `[u8; 32]` at record version 2, `StoredHash` at 3). The first two fields are `AuditHead`'s.
 #[derive(Serialize, Deserialize)]
-struct Audit<S> {
+struct Audit<S, H> {
     recorded_at_ms: u64,
     outcome: u8,
     key: StoredKey,
@@ -239,11 +239,36 @@ struct Audit<S> {
     effect_offset: Option<u64>,
     quarantine_id: Option<u64>,
     prev_hash: [u8; 32],
-    hash: [u8; 32],
+    hash: H,
+}
+
+/// How an audit entry of record version 3 holds its hash.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredHash {
+    /// `audit::entry_hash` of the entry's index (its key), content and `prev_hash`: the
+    /// writer chained it so (`note_chained`), and a reader recomputes it.
+    Chained,
+    Bytes([u8; 32]),
+}
+
+thread_local!(static CHAINED: std::cell::Cell<Option<[u8; 32]>> = const { std::cell::Cell::new(None) });
+
+/// Tells this thread's next audit encodings that an entry whose hash is `hash` was chained by
+/// `audit::entry_hash` of the index it is stored at, its content and its `prev_hash`: the
+/// engine calls it right after it computes an entry's hash, before it stores the entry, so
+/// the entry stores "chained" instead of the 32 bytes. Any other entry (a copy, a record
+/// decoded and written again) keeps its hash's bytes, so what was stored is what is read.
+pub(crate) fn note_chained(hash: &[u8; 32]) {
+    CHAINED.set(Some(*hash));
 }
 
 pub(super) fn encode_audit(r: &AuditRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-    let stored = Audit::<&str> {
+    let hash = if CHAINED.take() == Some(r.hash) {
+        StoredHash::Chained
+    } else {
+        StoredHash::Bytes(r.hash)
+    };
+    let stored = Audit::<&str, StoredHash> {
         recorded_at_ms: r.recorded_at_ms,
         outcome: r.outcome,
         key: StoredKey::of(
@@ -263,14 +288,33 @@ pub(super) fn encode_audit(r: &AuditRecord, out: Vec<u8>) -> postcard::Result<Ve
         effect_offset: r.effect_offset,
         quarantine_id: r.quarantine_id,
         prev_hash: r.prev_hash,
-        hash: r.hash,
+        hash,
     };
     postcard::to_extend(&stored, out)
 }
 
-pub(super) fn decode_audit(body: &[u8]) -> postcard::Result<AuditRecord> {
-    let s: Audit<String> = postcard::from_bytes(body)?;
-    Ok(AuditRecord {
+/// Decodes a version 3 audit body stored at `index` (a "chained" hash is recomputed from it;
+/// without an index, such an entry does not decode).
+pub(super) fn decode_audit(body: &[u8], index: Option<u64>) -> postcard::Result<AuditRecord> {
+    let (mut r, stored) = audit_of(postcard::from_bytes::<Audit<String, StoredHash>>(body)?)?;
+    r.hash = match (stored, index) {
+        (StoredHash::Bytes(h), _) => h,
+        (StoredHash::Chained, Some(i)) => crate::store::audit::entry_hash(i, &r, &r.prev_hash),
+        (StoredHash::Chained, None) => return Err(postcard::Error::SerdeDeCustom),
+    };
+    Ok(r)
+}
+
+/// Decodes a version 2 audit body (its hash stored).
+pub(super) fn decode_audit_v2(body: &[u8]) -> postcard::Result<AuditRecord> {
+    let (mut r, hash) = audit_of(postcard::from_bytes::<Audit<String, [u8; 32]>>(body)?)?;
+    r.hash = hash;
+    Ok(r)
+}
+
+/// The record of a stored audit entry, its hash still zero, and the hash as stored.
+fn audit_of<H>(s: Audit<String, H>) -> postcard::Result<(AuditRecord, H)> {
+    let record = AuditRecord {
         key: s.key.key(
             s.agency.as_deref(),
             s.source_id.as_deref(),
@@ -289,8 +333,9 @@ pub(super) fn decode_audit(body: &[u8]) -> postcard::Result<AuditRecord> {
         effect_offset: s.effect_offset,
         quarantine_id: s.quarantine_id,
         prev_hash: s.prev_hash,
-        hash: s.hash,
-    })
+        hash: [0; 32],
+    };
+    Ok((record, s.hash))
 }
 
 /// `EffectRecord` as stored at record version 2: the `EffectHead` fields, then the rest.
@@ -470,10 +515,10 @@ mod tests {
         }
     }
 
-    /// Encodes at version 2, checks the version byte and the round trip, and returns the size.
+    /// Encodes at version 3, checks the version byte and the round trip, and returns the size.
     fn audit_round_trip(r: &AuditRecord) -> usize {
         let bytes = AUDIT.encode(r);
-        assert_eq!(bytes[0], RECORD_V2);
+        assert_eq!(bytes[0], RECORD_V3);
         assert_eq!(AUDIT.decode(&0, &bytes).unwrap(), *r);
         let head: AuditHead = AUDIT.head(0, &bytes).unwrap();
         assert_eq!(
@@ -499,6 +544,57 @@ mod tests {
         assert_eq!(AUDIT.decode(&0, &v1).unwrap(), r);
         let head: AuditHead = AUDIT.head(0, &v1).unwrap();
         assert_eq!(head.recorded_at_ms, r.recorded_at_ms);
+    }
+
+    /// An entry the writer chained at its index leaves its hash out and reads it back there
+    /// (recomputed); at another index it reads with another hash, which is how an edit of
+    /// it shows (the next entry's link breaks). Every other entry keeps its hash's bytes,
+    /// and a version-2 entry (hash always stored) still decodes, head included.
+    #[test]
+    fn an_audit_entry_chained_at_its_index_leaves_its_hash_out_and_others_keep_theirs() {
+        let mut r = audit("first message from this source");
+        r.hash = crate::store::audit::entry_hash(7, &r, &r.prev_hash);
+        let kept = AUDIT.encode(&r);
+        note_chained(&r.hash);
+        let chained = AUDIT.encode(&r);
+        assert_eq!((chained[0], chained.len() + 32), (RECORD_V3, kept.len()));
+        assert_eq!(AUDIT.decode(&7, &chained).unwrap(), r);
+        assert_eq!(AUDIT.decode(&7, &kept).unwrap(), r);
+        let elsewhere = AUDIT.decode(&8, &chained).unwrap();
+        assert_ne!(elsewhere.hash, r.hash);
+        assert_eq!(AUDIT.decode(&8, &kept).unwrap().hash, r.hash);
+        // No index, no hash: an error, not a guess.
+        assert!(decode_audit(&chained[1..], None).is_err());
+        // The note is for one entry, and only for the hash noted.
+        assert_eq!(AUDIT.encode(&r), kept);
+        note_chained(&[3; 32]);
+        assert_eq!(AUDIT.encode(&r), kept);
+
+        let stored = audit("x");
+        let mut v2 = vec![RECORD_V2];
+        v2.extend(
+            postcard::to_allocvec(&Audit::<&str, [u8; 32]> {
+                recorded_at_ms: stored.recorded_at_ms,
+                outcome: stored.outcome,
+                key: StoredKey::Derived,
+                agency: stored.agency.as_deref(),
+                source_id: stored.source_id.as_deref(),
+                epoch: stored.epoch,
+                sequence: stored.sequence,
+                topic: &stored.topic,
+                reason: StoredReason::Text("x"),
+                digest: stored.digest,
+                effect_offset: stored.effect_offset,
+                quarantine_id: stored.quarantine_id,
+                prev_hash: stored.prev_hash,
+                hash: stored.hash,
+            })
+            .unwrap(),
+        );
+        assert_eq!(AUDIT.decode(&5, &v2).unwrap(), stored);
+        let head: AuditHead = AUDIT.head(5, &v2).unwrap();
+        assert_eq!(head.recorded_at_ms, stored.recorded_at_ms);
+        assert_eq!(AUDIT.encode(&stored).len(), v2.len() + 1);
     }
 
     /// Version 3 adds the content digest after the head; a version-2 effect (every file

@@ -26,7 +26,8 @@ pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
 /// stored (`stored`). `WindowEntry`: the digest left to the effect record (`WindowEntry`).
 pub const RECORD_V2: u8 = 2;
-/// `EffectRecord` with the content digest (`stored`), which the window entry leaves out.
+/// `EffectRecord` with the content digest (`stored`), which the window entry leaves out;
+/// `AuditRecord` without its hash when the writer chained it at its index (`stored`).
 pub const RECORD_V3: u8 = 3;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
@@ -47,6 +48,12 @@ pub trait Record: Serialize + DeserializeOwned {
     /// Decodes the postcard body of `VERSION` (by default the record's own serde form).
     fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
         postcard::from_bytes(body)
+    }
+    /// Decodes the postcard body of `VERSION` stored under the u64 key `index` (`None` for
+    /// another key type): for a record whose stored form leaves out what its key determines
+    /// (an audit entry's hash). By default `decode_body`.
+    fn decode_body_at(body: &[u8], _index: Option<u64>) -> Result<Self, postcard::Error> {
+        Self::decode_body(body)
     }
 }
 
@@ -695,7 +702,7 @@ impl<K: KeyText, R> Records<K, R> {
 impl<K: KeyText, R: Record> Records<K, R> {
     /// Decodes the record stored at `key`.
     pub fn decode(&self, key: &K::SelfType<'_>, bytes: &[u8]) -> Result<R, RecordError> {
-        decode(self.name, Shown::<K>(key), bytes)
+        decode(self.name, Shown::<K>(key), K::index(key), bytes)
     }
 }
 
@@ -880,7 +887,7 @@ impl<R: Record> MetaEntry<R> {
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<R, RecordError> {
-        decode("meta", self.key, bytes)
+        decode("meta", self.key, None, bytes)
     }
 
     pub fn encode(&self, record: &R) -> Vec<u8> {
@@ -927,11 +934,18 @@ impl<R: Record> MetaEntry<R> {
 /// A key type of a records table, shown in errors the way operators name records.
 pub trait KeyText: Key + 'static {
     fn show(key: &Self::SelfType<'_>, f: &mut std::fmt::Formatter) -> std::fmt::Result;
+    /// The key as the index `Record::decode_body_at` takes: only a u64 key is one.
+    fn index(_key: &Self::SelfType<'_>) -> Option<u64> {
+        None
+    }
 }
 
 impl KeyText for u64 {
     fn show(key: &u64, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         write!(f, "{key}")
+    }
+    fn index(key: &u64) -> Option<u64> {
+        Some(*key)
     }
 }
 
@@ -1438,17 +1452,26 @@ impl Record for EffectRecord {
         super::stored::decode_effect(body)
     }
 }
-/// Version 1 is the serde form of the struct; version 2 `stored::encode_audit`'s.
+/// Version 1 is the serde form of the struct; version 2 `stored::encode_audit`'s with the
+/// hash stored; version 3 with the hash left out when it is the one its index, content and
+/// `prev_hash` give (`stored::note_chained`), recomputed when decoded.
 impl Record for AuditRecord {
-    const VERSION: u8 = RECORD_V2;
+    const VERSION: u8 = RECORD_V3;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
-        (version == RECORD_V1).then(|| postcard::from_bytes(body))
+        match version {
+            RECORD_V1 => Some(postcard::from_bytes(body)),
+            RECORD_V2 => Some(super::stored::decode_audit_v2(body)),
+            _ => None,
+        }
     }
     fn encode_body(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
         super::stored::encode_audit(self, out)
     }
     fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
-        super::stored::decode_audit(body)
+        super::stored::decode_audit(body, None)
+    }
+    fn decode_body_at(body: &[u8], index: Option<u64>) -> Result<Self, postcard::Error> {
+        super::stored::decode_audit(body, index)
     }
 }
 impl Record for QuarantineRecord {}
@@ -1656,6 +1679,7 @@ fn encode_into<'b, T: Record>(record: &T, buf: &'b mut Vec<u8>) -> &'b [u8] {
 fn decode<T: Record>(
     table: &'static str,
     key: impl std::fmt::Display,
+    index: Option<u64>,
     bytes: &[u8],
 ) -> Result<T, RecordError> {
     let err = |why: String| RecordError {
@@ -1665,7 +1689,7 @@ fn decode<T: Record>(
     };
     match bytes.split_first() {
         Some((&v, rest)) if v == T::VERSION => {
-            T::decode_body(rest).map_err(|e| err(format!("postcard: {e}")))
+            T::decode_body_at(rest, index).map_err(|e| err(format!("postcard: {e}")))
         }
         Some((&v, rest)) => match T::decode_older(v, rest) {
             Some(r) => r.map_err(|e| err(format!("postcard (record version {v}): {e}"))),
@@ -1717,8 +1741,8 @@ pub fn check_decoders(bytes: &[u8]) {
         table: &'static str,
         bytes: &[u8],
     ) -> Option<T> {
-        let record = decode::<T>(table, 0, bytes).ok()?;
-        let again = decode::<T>(table, 0, &encode(&record));
+        let record = decode::<T>(table, 0, Some(0), bytes).ok()?;
+        let again = decode::<T>(table, 0, Some(0), &encode(&record));
         assert!(
             again.as_ref().is_ok_and(|r| *r == record),
             "{table}: {record:?} does not survive re-encoding: {again:?}"

@@ -460,7 +460,9 @@ impl<I: BlockIndex> IndexCheck<I> {
 
 /// Checks, in order:
 /// - the chain: contiguous indices from the anchor, each `prev_hash` the previous `hash`, each
-///   `hash` recomputed, the last one the stored chain head;
+///   stored `hash` recomputed (an entry that stores none reads with the hash of its content,
+///   so an edit of it breaks the next link, or the chain head), the last one the stored
+///   chain head;
 /// - each `applied`/`applied_late` entry has its effect record (same key, pointing back), and no
 ///   key is applied twice;
 /// - each `duplicate` refers to an earlier applied entry with the same key and digest;
@@ -535,8 +537,20 @@ pub fn verify_reporting(
                 "expected index {expected} (an entry is missing or out of place)"
             ))
         } else if e.record.prev_hash != prev {
+            let (whose, hint) = if e.index > report.audit_from {
+                // An entry that stores no hash (record version 3) reads with the hash of its
+                // content, so an edit of it shows here, at the next entry's link.
+                (
+                    format!("entry {}'s hash", e.index - 1),
+                    format!(" (entry {} was edited, or this prev_hash)", e.index - 1),
+                )
+            } else if report.audit_from == 0 {
+                ("the start of the log".to_string(), String::new())
+            } else {
+                ("the retention anchor's hash".to_string(), String::new())
+            };
             at(format!(
-                "prev_hash {} does not match the previous entry's hash {}",
+                "prev_hash {} does not match {whose} {}{hint}",
                 hex(&e.record.prev_hash),
                 hex(&prev)
             ))
@@ -570,6 +584,19 @@ pub fn verify_reporting(
         fail = Some(format!(
             "audit entry {index}: key {} applied a second time",
             hex(&key)
+        ));
+    }
+    if fail.is_none()
+        && expected == meta.next_audit
+        && expected > report.audit_from
+        && prev != meta.chain_head
+    {
+        fail = Some(format!(
+            "audit entry {}: its hash {} is not the database's chain head {} (the entry was \
+             edited, or the chain head)",
+            expected - 1,
+            hex(&prev),
+            hex(&meta.chain_head)
         ));
     }
     if fail.is_none() && (prev != meta.chain_head || expected != meta.next_audit) {

@@ -17,7 +17,8 @@
 //! duplicates, a late message, a conflict and a malformed line, then `quarantine release 0`
 //! by `j.doe`; its outputs saved beside) reads back as it printed it, and its window (entries
 //! holding their digests, beside effects without) decides replays beside the new entries
-//! (which leave the digest to their effects).
+//! (which leave the digest to their effects), and its audit entries (their hashes stored)
+//! chain on with new ones that leave the hash out (audit record version 3).
 
 use std::path::Path;
 
@@ -307,10 +308,11 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         bytes.value().to_vec()
     };
     // Entries 2 and 40: "new position above high-water mark", applied, one digit of sequence.
+    // Since record version 3 the entry also leaves out its hash (32 bytes for a 1-byte tag).
     let (old, new) = (raw(AUDIT.raw(), 2), raw(AUDIT.raw(), 40));
-    assert_eq!((old[0], new[0]), (1, 2));
+    assert_eq!((old[0], new[0]), (1, 3));
     assert!(
-        new.len() + 32 + 50 <= old.len(),
+        new.len() + 32 + 50 + 31 <= old.len(),
         "{} vs {}",
         new.len(),
         old.len()
@@ -334,7 +336,7 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
 #[test]
 fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_to_the_effect() {
     use replay_guard::model::Outcome;
-    use replay_guard::store::tables::{EFFECTS, SOURCE_IDS, WINDOW, WINDOW_RECENT};
+    use replay_guard::store::tables::{AUDIT, EFFECTS, SOURCE_IDS, WINDOW, WINDOW_RECENT};
     use replay_guard::store::{Incoming, Store, StoreOptions};
     use replay_guard::wire::FeedContract;
 
@@ -458,4 +460,23 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
         bytes.value()[0]
     };
     assert_eq!((first(0), first(11)), (2, 3));
+    // Audit entries: the fixture's store their hashes (version 2), the new ones, chained at
+    // their index, leave them out (version 3); `verify` above read them as one chain.
+    let audit = txn.open_table(AUDIT.raw()).unwrap();
+    let stored = |index: u64| {
+        let bytes = redb::ReadableTable::get(&audit, index).unwrap().unwrap();
+        bytes.value().to_vec()
+    };
+    let (old, new) = (stored(0), stored(23));
+    assert_eq!((old[0], new[0]), (2, 3));
+    let hash_of = |index: u64, bytes: &[u8]| AUDIT.decode(&index, bytes).unwrap().hash;
+    assert_eq!(
+        hash_of(22, &stored(22)),
+        AUDIT.decode(&23, &new).unwrap().prev_hash
+    );
+    assert_ne!(
+        hash_of(22, &new),
+        hash_of(23, &new),
+        "recomputed at its index"
+    );
 }

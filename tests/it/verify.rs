@@ -1,5 +1,6 @@
 //! `verify` passes on honest databases built by real `ingest` runs and catches each kind of
-//! tampering done to a copy: an edited, deleted, reordered or truncated audit entry, a deleted
+//! tampering done to a copy: an edited (decoded and rewritten, or its stored bytes changed in
+//! place), deleted, reordered or truncated audit entry, a deleted
 //! effect, and a stored effect or quarantine payload edited or damaged in place (which
 //! `dump-*` then flag and `quarantine release` names as damage).
 
@@ -105,6 +106,23 @@ fn verify_catches_each_kind_of_tampering() {
             "audit entry 6: its hash does not match its content",
         ),
         (
+            // An entry the writer chained stores no hash (it reads with the hash of its
+            // content): a byte edit of it breaks the next entry's link, which names it.
+            "edited-in-place",
+            tampered(dir.path(), &honest, "edited-in-place", |txn| {
+                edit_stored(txn, AUDIT, 6, b"ingest", b"INGEST");
+            }),
+            "audit entry 7: prev_hash ",
+        ),
+        (
+            // The last entry's link is the database's chain head.
+            "last-edited-in-place",
+            tampered(dir.path(), &honest, "last-edited-in-place", |txn| {
+                edit_stored(txn, AUDIT, 27, b"ingest", b"INGEST");
+            }),
+            "audit entry 27: its hash ",
+        ),
+        (
             "deleted",
             tampered(dir.path(), &honest, "deleted", |txn| {
                 txn.open_table(AUDIT.raw()).unwrap().remove(5).unwrap();
@@ -179,6 +197,19 @@ fn verify_catches_each_kind_of_tampering() {
         let (code, _, err) = verify(&db);
         assert_eq!(code, Some(4), "{name}: {err}");
         assert!(err.contains(want), "{name}: {err:?} lacks {want:?}");
+        if name == "edited-in-place" {
+            assert!(
+                err.contains("does not match entry 6's hash ")
+                    && err.contains(" (entry 6 was edited, or this prev_hash)"),
+                "{name}: {err}"
+            );
+        }
+        if name == "last-edited-in-place" {
+            assert!(
+                err.contains(" is not the database's chain head "),
+                "{name}: {err}"
+            );
+        }
         if name == "key-applied-twice" {
             assert!(err.contains(" applied a second time"), "{name}: {err}");
         }
