@@ -73,7 +73,8 @@ pub fn run(args: &BackupArgs) -> Result<(), Failure> {
         report.rows("effects"),
         (report.rows(crate::store::tables::WINDOW.name())
             + report.rows(crate::store::tables::WINDOW_RECENT.name()))
-        .saturating_sub(report.rows("window_gone")),
+        .saturating_sub(report.rows("window_gone"))
+        .saturating_sub(m.window_start.saturating_sub(m.window_purged)),
         report.rows("quarantine"),
         report.rows("sources"),
         report.rows("sink_cursors"),

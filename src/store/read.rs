@@ -405,8 +405,12 @@ impl Snapshot {
                 Err(redb::TableError::TableDoesNotExist(_)) => 0,
                 Err(e) => return Err(StoreError::redb(e)),
             };
-            let window_entries =
-                (WINDOW.open(txn)?.len().map_err(r)? + recent).saturating_sub(gone);
+            // And the entries of the effects evicted since the last merge, until it deletes
+            // them (`Meta::window_purged`; fewer if a release had replaced one already).
+            let evicted = m.window_start.saturating_sub(m.window_purged);
+            let window_entries = (WINDOW.open(txn)?.len().map_err(r)? + recent)
+                .saturating_sub(gone)
+                .saturating_sub(evicted);
             Ok(StoreSummary {
                 audit_entries: m.next_audit,
                 effects: m.next_effect,

@@ -46,6 +46,16 @@ pub struct RedbTx<'t> {
     /// The offset and digest of the last effect this transaction wrote: a window entry for
     /// it leaves the digest to the effect record (`WindowEntry`).
     last_effect: Option<(u64, [u8; 32])>,
+    /// `Meta::window_start` as this transaction has moved it (`evict_window`): an entry of
+    /// an effect below it is not in the window.
+    window_start: u64,
+    /// `Meta::window_purged`: the entries of the effects in `window_purged..window_start`
+    /// are still in the window's tables, deleted at the next merge.
+    window_purged: u64,
+    /// How many entries `WINDOW_RECENT` and `WINDOW_GONE` hold (their lengths at open,
+    /// kept as they change, so a put reads neither length).
+    recent_len: u64,
+    gone_len: u64,
 }
 
 /// How many sources' new window entries one transaction writes straight into `WINDOW`
@@ -78,6 +88,12 @@ impl<'t> RedbTx<'t> {
         let sink_cursors = Leak::new(SINK_CURSORS.open_mut(txn)?);
         let sink_parked = Leak::new(SINK_PARKED.open_mut(txn)?);
         let sink_ledger = Leak::new(SINK_LEDGER.open_mut(txn)?);
+        // A store being created has no meta record yet.
+        let (window_start, window_purged) = META.get(&*meta)?.map_or((0, 0), |m| {
+            (m.window_start, m.window_purged.min(m.window_start))
+        });
+        let recent_len = window_recent.len().map_err(redb)?;
+        let gone_len = window_gone.len().map_err(redb)?;
         Ok(RedbTx {
             meta: meta.into_inner(),
             source_ids: source_ids.into_inner(),
@@ -102,6 +118,10 @@ impl<'t> RedbTx<'t> {
             direct_cap: DIRECT_SOURCES,
             via_recent: HashSet::new(),
             last_effect: None,
+            window_start,
+            window_purged,
+            recent_len,
+            gone_len,
         })
     }
 
@@ -144,18 +164,40 @@ impl RedbTx<'_> {
         Ok(self.window_gone.get(key).map_err(redb)?.is_some())
     }
 
+    /// Whether `entry` is in the window: an entry of an evicted effect is not.
+    fn live(&self, entry: &WindowEntry) -> bool {
+        entry.effect_offset >= self.window_start
+    }
+
+    /// The sequences of the entries of `table` in `span` (one source's epoch) still in the
+    /// window, in order.
+    fn live_sequences(
+        &self,
+        table: &Writable<'_, WindowKey, WindowEntry>,
+        span: RangeInclusive<WindowKey>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut out = Vec::new();
+        for item in table.range(span)? {
+            let (k, entry) = item?;
+            if self.live(&entry) {
+                out.push(k.value().2);
+            }
+        }
+        Ok(out)
+    }
+
     fn merge_if_due(&mut self) -> Result<(), StoreError> {
-        let pending =
-            self.window_recent.len().map_err(redb)? + self.window_gone.len().map_err(redb)?;
-        if pending >= self.merge_at {
+        let evicted = self.window_start - self.window_purged;
+        if self.recent_len + self.gone_len + evicted >= self.merge_at {
             self.merge_recent()?;
         }
         Ok(())
     }
 
-    /// Deletes `WINDOW_GONE`'s positions from `WINDOW`, then moves every entry of
-    /// `WINDOW_RECENT` into it, each in key order. In that order: a position removed and
-    /// put again is in both small tables, and keeps its new entry.
+    /// Deletes `WINDOW_GONE`'s positions and the entries of the effects evicted since the
+    /// last merge from `WINDOW`, then moves every entry of `WINDOW_RECENT` still in the
+    /// window into it, each in key order. In that order: a position removed and put again
+    /// keeps its new entry.
     fn merge_recent(&mut self) -> Result<(), StoreError> {
         let mut gone: Vec<WindowKey> = Vec::new();
         for item in ReadableTable::iter(&self.window_gone).map_err(redb)? {
@@ -165,15 +207,60 @@ impl RedbTx<'_> {
         for k in &gone {
             self.window.remove(k).map_err(redb)?;
         }
+        self.purge_evicted(false)?;
         let mut moved: Vec<(WindowKey, Vec<u8>)> = Vec::new();
         for item in ReadableTable::iter(&*self.window_recent).map_err(redb)? {
             let (k, v) = item.map_err(redb)?;
-            moved.push((k.value(), v.value().to_vec()));
+            let k = k.value();
+            if self.live(&WINDOW_RECENT.decode(&k, v.value())?) {
+                moved.push((k, v.value().to_vec()));
+            }
         }
         self.window_recent.retain(|_, _| false).map_err(redb)?;
         for (k, v) in &moved {
             self.window.insert(k, v.as_slice()).map_err(redb)?;
         }
+        self.recent_len = 0;
+        self.gone_len = 0;
+        Ok(())
+    }
+
+    /// Deletes from `WINDOW` (and from `WINDOW_RECENT` too if `recent`; a merge drops those
+    /// itself) the entries of the effects in `window_purged..window_start`, found by their
+    /// effects' positions, in key order, and moves `window_purged` up. An entry of the
+    /// position that names a later effect still in the window stays.
+    fn purge_evicted(&mut self, recent: bool) -> Result<(), StoreError> {
+        if self.window_purged >= self.window_start {
+            return Ok(());
+        }
+        let mut keys: Vec<(WindowKey, u64)> = Vec::new();
+        for head in self
+            .effects
+            .heads::<EffectHead>(self.window_purged..self.window_start)?
+        {
+            let (offset, h) = head?;
+            keys.push(((h.source_no, h.epoch, h.sequence), offset));
+        }
+        keys.sort_unstable();
+        for (k, offset) in keys {
+            if recent
+                && self.recent_len > 0
+                && self
+                    .window_recent
+                    .get(k)?
+                    .is_some_and(|e| e.effect_offset == offset)
+            {
+                self.window_recent.remove(k).map_err(redb)?;
+                self.recent_len -= 1;
+            }
+            let Some(entry) = self.window.take(k)? else {
+                continue;
+            };
+            if entry.effect_offset != offset && self.live(&entry) {
+                self.window.put(k, &entry, &mut self.buf)?;
+            }
+        }
+        self.window_purged = self.window_start;
         Ok(())
     }
 }
@@ -223,7 +310,12 @@ impl Tx for RedbTx<'_> {
     }
 
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
-        META.put(&mut self.meta, meta, &mut self.buf)
+        // The purge mark is this transaction's (a caller holds the meta it read at its start).
+        let meta = Meta {
+            window_purged: self.window_purged.min(meta.window_start),
+            ..meta.clone()
+        };
+        META.put(&mut self.meta, &meta, &mut self.buf)
     }
 
     fn put_counters(&mut self, counters: &Counters) -> Result<(), StoreError> {
@@ -274,7 +366,10 @@ impl Tx for RedbTx<'_> {
                 _ => None,
             },
         };
-        entry.map(|w| self.resolve(key, w)).transpose()
+        entry
+            .filter(|w| self.live(w))
+            .map(|w| self.resolve(key, w))
+            .transpose()
     }
 
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError> {
@@ -296,7 +391,9 @@ impl Tx for RedbTx<'_> {
             });
         if !direct {
             self.via_recent.insert(source);
-            self.window_recent.put(key, &entry, &mut self.buf)?;
+            if !self.window_recent.put(key, &entry, &mut self.buf)? {
+                self.recent_len += 1;
+            }
             return self.merge_if_due();
         }
         // A position removed from `WINDOW` but not yet deleted there (a released conflict's
@@ -304,20 +401,26 @@ impl Tx for RedbTx<'_> {
         // leaves `WINDOW_GONE`, or the next merge would delete it. Never in `WINDOW_RECENT`:
         // `remove_window` takes it out of there before a position is put again.
         self.window.put(key, &entry, &mut self.buf)?;
-        if !self.window_gone.is_empty().map_err(redb)? {
-            self.window_gone.remove(key).map_err(redb)?;
+        if self.gone_len > 0 && self.window_gone.remove(key).map_err(redb)?.is_some() {
+            self.gone_len -= 1;
         }
         Ok(())
     }
 
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
         if let Some(w) = self.window_recent.take(key)? {
-            return self.resolve(key, w).map(Some);
+            self.recent_len -= 1;
+            return Some(w)
+                .filter(|w| self.live(w))
+                .map(|w| self.resolve(key, w))
+                .transpose();
         }
         match self.window.get(key)? {
-            Some(w) if !self.gone(key)? => {
+            Some(w) if self.live(&w) && !self.gone(key)? => {
                 let w = self.resolve(key, w)?;
-                self.window_gone.insert(key, ()).map_err(redb)?;
+                if self.window_gone.insert(key, ()).map_err(redb)?.is_none() {
+                    self.gone_len += 1;
+                }
                 self.merge_if_due()?;
                 Ok(Some(w))
             }
@@ -325,22 +428,11 @@ impl Tx for RedbTx<'_> {
         }
     }
 
-    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
-        if let Some(w) = self.window_recent.get(key)? {
-            if w.effect_offset != offset {
-                return Ok(false);
-            }
-            self.window_recent.remove(key).map_err(redb)?;
-            return Ok(true);
-        }
-        match self.window.get(key)? {
-            Some(w) if w.effect_offset == offset && !self.gone(key)? => {
-                self.window_gone.insert(key, ()).map_err(redb)?;
-                self.merge_if_due()?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+    fn evict_window(&mut self, _key: WindowKey, offset: u64) -> Result<(), StoreError> {
+        // Nothing is read or written: moving the start takes the entry out of the window
+        // (`live`), and the merge deletes it, found from the effect's position.
+        self.window_start = self.window_start.max(offset.saturating_add(1));
+        self.merge_if_due()
     }
 
     fn window_present(
@@ -350,11 +442,11 @@ impl Tx for RedbTx<'_> {
         seqs: RangeInclusive<u64>,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         let span = (no, epoch, *seqs.start())..=(no, epoch, *seqs.end());
-        // Keys only: the records are never decoded. `WINDOW` less `WINDOW_GONE`, then
-        // `WINDOW_RECENT`: three sorted runs, the last disjoint from the first's remainder.
-        let old = sequences(&*self.window, span.clone())?;
+        // `WINDOW` less `WINDOW_GONE`, then `WINDOW_RECENT`, each less the entries of
+        // evicted effects: three sorted runs, the last disjoint from the first's remainder.
+        let old = self.live_sequences(&self.window, span.clone())?;
         let gone = sequences(&self.window_gone, span.clone())?;
-        let new = sequences(&*self.window_recent, span)?;
+        let new = self.live_sequences(&self.window_recent, span)?;
         let mut g = gone.into_iter().peekable();
         let kept = old.into_iter().filter(|q| {
             while g.next_if(|x| x < q).is_some() {}
@@ -389,6 +481,10 @@ impl Tx for RedbTx<'_> {
     }
 
     fn remove_effects(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        // The purge finds an evicted effect's entry from the effect: first, while it is here.
+        if *range.end() >= self.window_purged {
+            self.purge_evicted(true)?;
+        }
         self.effects.retain_in(range, |_, _| false).map_err(redb)?;
         Ok(())
     }
@@ -691,34 +787,106 @@ mod tests {
         drop(txn);
     }
 
-    /// Eviction removes a position's entry only if it names the evicted effect, from either
-    /// window table; an entry a later effect holds stays, and an absent one is no error.
+    /// Eviction moves the window's start and reads or writes no window table: an entry of
+    /// an effect below the start is out of the window at once, in either table, and the
+    /// merge deletes it, found from its effect; an entry a later effect of the position holds
+    /// (a released message's) stays. Retention's removal of effects deletes their entries
+    /// first, and the meta record carries the purge mark.
     #[test]
-    fn eviction_removes_only_the_entry_that_names_the_evicted_effect() {
+    fn eviction_takes_entries_out_at_once_and_the_merge_deletes_them() {
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
-            let mut tx = RedbTx::open(&txn).unwrap().merging_at(3).direct_sources(0);
-            // Three entries move into WINDOW at the third; the fourth stays recent.
-            for q in 1..=4 {
-                tx.put_window((1, 1, q), &entry(q)).unwrap();
+            let mut tx = RedbTx::open(&txn)
+                .unwrap()
+                .merging_at(100)
+                .direct_sources(0);
+            let effect = |offset: u64, q: u64| EffectRecord {
+                source_no: 1,
+                epoch: 1,
+                sequence: q,
+                digest: Some([offset as u8; 32]),
+                ..EffectRecord::default()
+            };
+            let write = |tx: &mut RedbTx<'_>, offset: u64, q: u64| {
+                tx.put_effect(offset, &effect(offset, q)).unwrap();
+                tx.put_window((1, 1, q), &entry(offset)).unwrap();
+            };
+            let stored = |tx: &RedbTx<'_>| -> Vec<u64> {
+                let keys = |t: &Writable<'_, WindowKey, WindowEntry>| -> Vec<u64> {
+                    t.all().unwrap().map(|e| e.unwrap().0.value().2).collect()
+                };
+                let mut all = keys(&tx.window);
+                all.extend(keys(&tx.window_recent));
+                all
+            };
+            for q in 0..5 {
+                write(&mut tx, q, q);
             }
-            assert_eq!(tx.window_recent.len().unwrap(), 1);
-            for table_of_q in [1, 4] {
-                assert!(!tx.evict_window((1, 1, table_of_q), 9).unwrap());
-                assert_eq!(
-                    tx.window((1, 1, table_of_q)).unwrap(),
-                    Some(entry(table_of_q))
-                );
-                assert!(tx.evict_window((1, 1, table_of_q), table_of_q).unwrap());
-                assert_eq!(tx.window((1, 1, table_of_q)).unwrap(), None);
-                assert!(!tx.evict_window((1, 1, table_of_q), table_of_q).unwrap());
+            tx.merge_recent().unwrap();
+            // A release replaces position 2's entry with effect 5's (through WINDOW_RECENT);
+            // effect 6 stays recent.
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(2)));
+            write(&mut tx, 5, 2);
+            write(&mut tx, 6, 6);
+            for offset in 0..3 {
+                tx.evict_window((1, 1, offset), offset).unwrap();
             }
-            assert!(!tx.evict_window((2, 1, 1), 1).unwrap());
-            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 3)]);
+            assert_eq!(tx.window((1, 1, 0)).unwrap(), None);
+            assert_eq!(tx.window((1, 1, 1)).unwrap(), None);
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(5)));
+            assert_eq!(tx.window((1, 1, 3)).unwrap(), Some(entry(3)));
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 4), (6, 6)]);
+            assert_eq!(stored(&tx), [0, 1, 2, 3, 4, 2, 6], "nothing deleted yet");
+            tx.merge_recent().unwrap();
+            assert_eq!(stored(&tx), [2, 3, 4, 6]);
+            assert_eq!(tx.window_purged, 3);
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(5)));
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 4), (6, 6)]);
+
+            // Everything evicted, effect 7's entry while still recent.
+            write(&mut tx, 7, 7);
+            for (offset, q) in [(3, 3), (4, 4), (5, 2), (6, 6), (7, 7)] {
+                tx.evict_window((1, 1, q), offset).unwrap();
+            }
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), []);
+            for q in 0..=7 {
+                assert_eq!(tx.window((1, 1, q)).unwrap(), None, "{q}");
+            }
+            // Retention removes the effects: their entries go first, from both tables.
+            tx.remove_effects(0..=7).unwrap();
+            assert_eq!(stored(&tx), Vec::<u64>::new());
+            assert_eq!(tx.window_purged, 8);
+            assert_eq!(tx.recent_len, 0);
+            // A merge drops a recent entry of an evicted effect without moving it.
+            write(&mut tx, 8, 8);
+            write(&mut tx, 9, 9);
+            tx.evict_window((1, 1, 8), 8).unwrap();
+            tx.merge_recent().unwrap();
+            assert_eq!(stored(&tx), [9]);
+            tx.put_meta(&Meta {
+                window_start: 9,
+                ..Meta::new(0)
+            })
+            .unwrap();
         }
         txn.commit().unwrap();
+        let txn = db.begin_write().unwrap();
+        let tx = RedbTx::open(&txn).unwrap();
+        assert_eq!((tx.window_start, tx.window_purged), (9, 9));
+        // A caller's meta read before a purge does not move the mark back, nor past its start.
+        let mut tx = tx;
+        tx.window_purged = 5;
+        tx.put_meta(&Meta {
+            window_start: 9,
+            window_purged: 0,
+            ..Meta::new(0)
+        })
+        .unwrap();
+        assert_eq!(META.get(&tx.meta).unwrap().unwrap().window_purged, 5);
+        drop(tx);
+        drop(txn);
     }
 
     /// Entries in both window tables read as one: lookups, removals and the present ranges

@@ -21,10 +21,12 @@ use super::StoreError;
 /// (`MERGED`, `INDEX_MERGE`); `upgrade` takes a store of version 1, 2 or 3 there.
 pub const SCHEMA_VERSION: u32 = 4;
 /// First byte of every stored record of the first version (every record type but
-/// `SinkRecord`, at version 3, and `AuditRecord` and `EffectRecord`, at 2: see `Record`).
+/// `SinkRecord`, `AuditRecord` and `EffectRecord`, at 3, and `WindowEntry` and `Meta`, at 2:
+/// see `Record`).
 pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
 /// stored (`stored`). `WindowEntry`: the digest left to the effect record (`WindowEntry`).
+/// `Meta`: with `window_purged`.
 pub const RECORD_V2: u8 = 2;
 /// `EffectRecord` with the content digest (`stored`), which the window entry leaves out;
 /// `AuditRecord` without its hash when the writer chained it at its index (`stored`).
@@ -1000,6 +1002,45 @@ pub struct Meta {
     pub chain_head: [u8; 32],
     /// Index and hash of the last audit entry removed by retention; verification starts there.
     pub audit_anchor: Option<(u64, [u8; 32])>,
+    /// redb: no window table holds an entry of an effect below this offset (at most
+    /// `window_start`). A window entry that names an effect below `window_start` is not in
+    /// the window (it was evicted); the writer deletes those of the effects in
+    /// `window_purged..window_start` from the window's tables at its next merge, and moves
+    /// this mark to `window_start` there. PostgreSQL deletes an evicted entry at once: equal
+    /// to `window_start` there. (Meta record version 2; version 1 had no such entries.)
+    pub window_purged: u64,
+}
+
+/// `Meta` of record version 1 (before `window_purged`).
+#[derive(Deserialize)]
+struct MetaV1 {
+    schema_version: u32,
+    created_at_ms: u64,
+    window_start: u64,
+    next_effect: u64,
+    next_audit: u64,
+    next_quarantine: u64,
+    next_source: u64,
+    chain_head: [u8; 32],
+    audit_anchor: Option<(u64, [u8; 32])>,
+}
+
+impl From<MetaV1> for Meta {
+    fn from(m: MetaV1) -> Meta {
+        Meta {
+            schema_version: m.schema_version,
+            created_at_ms: m.created_at_ms,
+            // Every evicted entry was deleted (or marked in `WINDOW_GONE`) at eviction.
+            window_purged: m.window_start,
+            window_start: m.window_start,
+            next_effect: m.next_effect,
+            next_audit: m.next_audit,
+            next_quarantine: m.next_quarantine,
+            next_source: m.next_source,
+            chain_head: m.chain_head,
+            audit_anchor: m.audit_anchor,
+        }
+    }
 }
 
 impl Meta {
@@ -1015,6 +1056,7 @@ impl Meta {
             next_source: 0,
             chain_head: [0; 32],
             audit_anchor: None,
+            window_purged: 0,
         }
     }
 }
@@ -1416,7 +1458,13 @@ pub struct Consumer {
 impl Record for UpstreamLosses {}
 impl Record for IndexMerge {}
 impl Record for Counters {}
-impl Record for Meta {}
+/// Version 1 is the serde form without `window_purged`.
+impl Record for Meta {
+    const VERSION: u8 = RECORD_V2;
+    fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        (version == RECORD_V1).then(|| postcard::from_bytes::<MetaV1>(body).map(Meta::from))
+    }
+}
 impl Record for RetentionMarks {}
 impl Record for ParkedRecord {}
 impl Record for BurstRecord {}
@@ -1947,6 +1995,45 @@ mod tests {
         let back = SINK_CURSORS.decode(&"cop", &bytes).unwrap();
         assert_eq!(back, audit);
         assert_eq!(back.stream(), Some(Stream::Audit));
+    }
+
+    /// A meta record of version 1 (before `window_purged`) reads with the mark at the
+    /// window's start: its evicted entries were all deleted or marked gone at eviction.
+    #[test]
+    fn a_meta_record_of_version_1_reads_with_nothing_left_to_purge() {
+        let m = Meta {
+            window_start: 40,
+            next_effect: 50,
+            audit_anchor: Some((3, [7; 32])),
+            ..Meta::new(123)
+        };
+        let v1 = (
+            m.schema_version,
+            m.created_at_ms,
+            m.window_start,
+            m.next_effect,
+            m.next_audit,
+            m.next_quarantine,
+            m.next_source,
+            m.chain_head,
+            m.audit_anchor,
+        );
+        let mut bytes = vec![RECORD_V1];
+        bytes.extend(postcard::to_allocvec(&v1).unwrap());
+        let back = META.decode(&bytes).unwrap();
+        assert_eq!(
+            back,
+            Meta {
+                window_purged: 40,
+                ..m.clone()
+            }
+        );
+        let now = META.encode(&Meta {
+            window_purged: 30,
+            ..m.clone()
+        });
+        assert_eq!(now[0], RECORD_V2);
+        assert_eq!(META.decode(&now).unwrap().window_purged, 30);
     }
 
     #[test]

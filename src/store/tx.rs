@@ -52,10 +52,12 @@ pub trait Tx {
     fn put_window(&mut self, key: WindowKey, record: &WindowRecord) -> Result<(), StoreError>;
     /// Removes and returns the entry.
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError>;
-    /// Eviction of effect `offset` from the window: removes the entry of `key` if it names
-    /// that effect (an entry a later effect of the position holds, a released message's,
-    /// stays); whether it did. Reads no digest.
-    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError>;
+    /// Eviction of effect `offset`, at position `key`, from the window: the entry of `key`
+    /// leaves the window if it names that effect (an entry a later effect of the position
+    /// holds, a released message's, stays). Called for each effect from `Meta::window_start`
+    /// on, in order. Reads no digest; redb reads nothing at all (an entry of an effect below
+    /// the window's start is out of the window, and deleted at a later merge).
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<(), StoreError>;
     /// The sequences of source `no`'s `epoch` within `seqs` that the window holds, as
     /// sorted, disjoint, non-adjacent inclusive ranges: one read of the key range (redb: its
     /// keys only; PostgreSQL: the ranges themselves), never a point read per sequence.
@@ -286,7 +288,7 @@ impl<T: Tx + ?Sized> Tx for &mut T {
     fn remove_window(&mut self, key: WindowKey) -> Result<Option<WindowRecord>, StoreError> {
         (**self).remove_window(key)
     }
-    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<(), StoreError> {
         (**self).evict_window(key, offset)
     }
     fn put_effect(&mut self, offset: u64, record: &EffectRecord) -> Result<(), StoreError> {

@@ -1203,6 +1203,20 @@ fn marks_out_of_bounds(
             marks.effects_floor, meta.window_start
         ));
     }
+    if meta.window_purged > meta.window_start {
+        return Some(format!(
+            "the window's purge mark {} is past its start {}: entries of effects still in the \
+             window would count as deleted",
+            meta.window_purged, meta.window_start
+        ));
+    }
+    if marks.effects_floor > meta.window_purged {
+        return Some(format!(
+            "the effects retention floor {} is past the window's purge mark {}: the window \
+             entries of the effects between were never deleted",
+            marks.effects_floor, meta.window_purged
+        ));
+    }
     if marks.quarantine_floor > meta.next_quarantine {
         return Some(format!(
             "the quarantine retention floor {} is beyond the last quarantine id issued ({})",

@@ -93,9 +93,12 @@ fn batches(feed: &[Vec<u8>], size: usize, t0: u64) -> Vec<(u64, Vec<Incoming>)> 
 /// Everything a snapshot holds, as comparable text: meta, every audit entry, effect and
 /// quarantined message.
 fn dump(snap: &Snapshot) -> Vec<String> {
-    // The creation time is the one field the two stores do not share.
+    // The creation time and redb's purge mark (how far it has deleted evicted window
+    // entries; PostgreSQL deletes them at eviction) are the fields the two do not share.
     let mut meta = snap.meta().unwrap();
+    assert!(meta.window_purged <= meta.window_start, "{meta:?}");
     meta.created_at_ms = 0;
+    meta.window_purged = 0;
     let mut out = vec![format!("{meta:?}")];
     snap.scan_audit::<StoreError>(0, |e| {
         out.push(format!("{e:?}"));
@@ -505,4 +508,68 @@ fn migrate_copies_a_redb_database_into_a_new_schema_verifies_it_and_the_window_c
     let (code, _, err) = run(&["migrate", "--from", file, "--config", "/dev/null"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("backend = \"postgres\""), "{err}");
+}
+
+/// A redb file whose writer has evicted effects since its last merge of the window's small
+/// tables still holds their entries (out of the window by its start, deleted at the merge):
+/// the copy leaves them out, as the PostgreSQL writer deletes an evicted entry at once.
+#[test]
+fn migrate_leaves_out_the_window_entries_of_effects_evicted_since_the_last_merge() {
+    let db = PgDb::new("migrate_evicted");
+    let dir = tempfile::tempdir().unwrap();
+    let pg = dir.path().join("pg.toml");
+    std::fs::write(
+        &pg,
+        format!("[store]\nbackend = \"postgres\"\ndsn = \"{}\"\n", db.dsn()),
+    )
+    .unwrap();
+    let small = dir.path().join("small.toml");
+    std::fs::write(&small, "[window]\nmax_entries = 10\n").unwrap();
+    let file = dir.path().join("host.redb");
+    let feed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/release-f2ebb61/feed.jsonl"
+    );
+    let (pg, small, file) = (
+        pg.to_str().unwrap(),
+        small.to_str().unwrap(),
+        file.to_str().unwrap(),
+    );
+    let run = |args: &[&str]| {
+        let out = common::run(args);
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (code, _, err) = run(&["ingest", "--config", small, "--db", file, feed]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run(&["stats", "--db", file, "--format", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"window\":{\"entries\":10,"), "{out}");
+    let (code, _, err) = run(&["migrate-schema", "--config", pg]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run(&["migrate", "--from", file, "--config", pg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("25 effects, 10 window entries"), "{out}");
+    assert_eq!(
+        db.sql("SELECT count(*) FROM replay_guard.window_entries"),
+        "10"
+    );
+    // The copy decides like the file: the last ten are duplicates, the evicted are not.
+    let (code, _, err) = run(&["ingest", "--config", pg, feed]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err2) = run(&["ingest", "--config", small, "--db", file, feed]);
+    assert_eq!(code, Some(0), "{err2}");
+    // The summary's counts (after its first line, which names the database).
+    let tally = |e: &str| -> Vec<String> {
+        e.lines()
+            .skip_while(|l| !l.starts_with("replay-guard ingest:"))
+            .skip(1)
+            .map(String::from)
+            .collect()
+    };
+    assert!(tally(&err).iter().any(|l| l.contains("duplicate")), "{err}");
+    assert_eq!(tally(&err), tally(&err2), "{err}\n{err2}");
 }

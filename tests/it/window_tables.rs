@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
 use replay_guard::json::parse;
-use replay_guard::store::tables::{WINDOW, WINDOW_GONE, WINDOW_MERGE_AT, WINDOW_RECENT};
+use replay_guard::store::tables::{META, WINDOW, WINDOW_GONE, WINDOW_MERGE_AT, WINDOW_RECENT};
 
 use crate::common::msg;
 use crate::key_index::{field, number, ok, pg_store};
@@ -112,6 +112,14 @@ fn all_tables(db: &Path) -> (u64, u64, u64) {
     (main, recent, gone)
 }
 
+/// The window's start and purge mark (`Meta::window_start`, `window_purged`).
+fn marks(db: &Path) -> (u64, u64) {
+    let file = redb::Database::open(db).unwrap();
+    let txn = file.begin_read().unwrap();
+    let m = META.read(&txn).unwrap().unwrap();
+    (m.window_start, m.window_purged)
+}
+
 fn window_entries(store: &[&str]) -> u64 {
     let out = ok(&[&["stats"][..], store, &["--format", "json"]].concat());
     let stats = parse(out.as_bytes(), 64).unwrap();
@@ -193,9 +201,9 @@ fn replays_are_decided_alike_whichever_window_table_holds_the_original() {
     assert_eq!(ingest(&on_pg, &feed), (0, dup + new, conflict));
 }
 
-/// Eviction from the main table marks the positions gone until the next move: they decide
-/// `stale` at once, are not counted, and are left out of a copy into PostgreSQL; `backup`
-/// copies the mark.
+/// Eviction moves the window's start and leaves the evicted entries in their tables until
+/// the next move: they decide `stale` at once, are not counted, and are left out of a copy
+/// into PostgreSQL; `backup` copies them and the mark, and the next move deletes them.
 #[test]
 fn evicted_entries_of_the_main_table_are_gone_at_once_and_in_every_copy() {
     let dir = tempfile::tempdir().unwrap();
@@ -211,13 +219,13 @@ fn evicted_entries_of_the_main_table_are_gone_at_once_and_in_every_copy() {
     let store = ["--config", cfg.to_str().unwrap()];
     let total = SOURCES * PER_SOURCE;
     assert_eq!(ingest(&store, &first(dir.path())), (total, 0, 0));
-    // The oldest 2,000 (sequences 1..=50 of each source) were evicted: those in the main
-    // table are marked gone, those still in the small one (each source's first entry of a
-    // commit goes there) deleted at once.
+    // The oldest 2,000 (sequences 1..=50 of each source) were evicted after the move at
+    // 16,384 (`WINDOW_MERGE_AT`): still stored, in both tables, none marked gone, and out
+    // of the window by its start.
     let (main, recent, gone) = all_tables(&db);
-    let deleted = total - (main + recent);
-    assert_eq!(gone + deleted, total - keep, "{main} {recent} {gone}");
-    assert!(gone > 0, "{main} {recent} {gone}");
+    assert_eq!((main + recent, gone), (total, 0), "{main} {recent} {gone}");
+    assert!(main > 0 && recent > 0, "{main} {recent} {gone}");
+    assert_eq!(marks(&db), (total - keep, 0), "start, purged");
     assert_eq!(window_entries(&store), keep);
 
     // Sequence 1 (evicted) is stale; 250 and 500 (the newest) are duplicates.
@@ -250,4 +258,26 @@ fn evicted_entries_of_the_main_table_are_gone_at_once_and_in_every_copy() {
     assert_eq!(ingest_stale(&["--config", pg_cfg.as_str()], &feed), want);
     ok(&["verify", "--db", file]);
     ok(&["verify", "--config", &pg_cfg]);
+
+    // 14,000 more new positions evict as many: the move they reach deletes the evicted
+    // entries (found from their effects) and moves the purge mark to the start.
+    let mut lines = Vec::new();
+    for q in PER_SOURCE + 1..=PER_SOURCE + 350 {
+        for s in 0..SOURCES {
+            lines.push(msg("wt", &format!("s{s:02}"), 1, q, &format!("{s}/{q}")));
+        }
+    }
+    let more = write(dir.path(), "more.jsonl", &lines);
+    assert_eq!(ingest(&store, &more), (14_000, 0, 0));
+    let (main, recent, gone) = all_tables(&db);
+    let (start, purged) = marks(&db);
+    assert_eq!(start, total + 14_000 - keep);
+    assert!(purged > total - keep, "{start} {purged}");
+    assert_eq!(
+        (main + recent, gone),
+        (keep + (start - purged), 0),
+        "{main} {recent} {gone} {start} {purged}"
+    );
+    assert_eq!(window_entries(&store), keep);
+    ok(&["verify", "--db", file]);
 }

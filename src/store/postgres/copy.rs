@@ -121,12 +121,19 @@ impl CopyTable for ToPg<'_> {
         let Some(table) = t.open_in(self.txn)? else {
             return Ok(());
         };
-        let gone = if redb::TableHandle::name(&t.def) == WINDOW.stored() {
+        let name = redb::TableHandle::name(&t.def);
+        let gone = if name == WINDOW.stored() {
             gone_keys(self.txn)?
         } else {
             HashSet::new()
         };
-        let name = redb::TableHandle::name(&t.def);
+        // The entries of effects evicted since the writer's last merge are no longer in the
+        // window (`Meta::window_purged`): left out, as PostgreSQL deletes them at eviction.
+        let window_start = if name == WINDOW.stored() || name == WINDOW_RECENT.stored() {
+            META.read(self.txn)?.map(|m| m.window_start)
+        } else {
+            None
+        };
         let unmerge = name == redb::TableHandle::name(&AUDIT_KEYS)
             || name == redb::TableHandle::name(&AUDIT_SOURCES);
         let types: Vec<&str> = K::PG_TYPES.iter().chain(V::PG_TYPES).copied().collect();
@@ -150,6 +157,15 @@ impl CopyTable for ToPg<'_> {
             if !gone.is_empty() && gone.contains(<K as redb::Value>::as_bytes(&k.value()).as_ref())
             {
                 continue;
+            }
+            if let Some(start) = window_start {
+                let (key, value) = (k.value(), v.value());
+                let key = <K as redb::Value>::as_bytes(&key);
+                let key = <(u64, u64, u64) as redb::Value>::from_bytes(key.as_ref());
+                let entry = WINDOW.decode(&key, <V as redb::Value>::as_bytes(&value).as_ref())?;
+                if entry.effect_offset < start {
+                    continue;
+                }
             }
             let mut i = 0;
             let mut push = |c: Cell<'_>| {

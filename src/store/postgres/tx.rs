@@ -520,7 +520,12 @@ impl Tx for PgTx<'_> {
     }
 
     fn put_meta(&mut self, meta: &Meta) -> Result<(), StoreError> {
-        self.set_meta(META, meta);
+        // Evicted entries are deleted at once here (`evict_window`).
+        let meta = Meta {
+            window_purged: meta.window_start,
+            ..meta.clone()
+        };
+        self.set_meta(META, &meta);
         Ok(())
     }
 
@@ -605,14 +610,13 @@ impl Tx for PgTx<'_> {
         Ok(was)
     }
 
-    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<bool, StoreError> {
-        match self.window(key)? {
-            Some(w) if w.effect_offset == offset => {
-                self.window.set(key, None);
-                Ok(true)
-            }
-            _ => Ok(false),
+    fn evict_window(&mut self, key: WindowKey, offset: u64) -> Result<(), StoreError> {
+        if let Some(w) = self.window(key)?
+            && w.effect_offset == offset
+        {
+            self.window.set(key, None);
         }
+        Ok(())
     }
 
     fn window_present(
