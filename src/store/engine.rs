@@ -47,13 +47,29 @@ pub(super) struct SourceState {
     pub(super) dirty: bool,
 }
 
+/// Source numbers by name, kept by a feed writer from one transaction to the next.
+///
+/// Invariant: a committed source number never changes: `SOURCE_IDS` only grows (nothing
+/// renumbers or removes a source), so a number read or assigned in a transaction that
+/// committed stays right for every later one, whoever else writes the file. A writer takes
+/// the cache into a transaction (`Writer::with_names`) and gives it back only once that
+/// transaction committed; a failed one drops it, numbers it assigned included.
+#[derive(Default)]
+pub(super) struct SourceNames(HashMap<Source, u64>);
+
+impl SourceNames {
+    /// Most sources a cache keeps (about 100 bytes each): a feed of more starts again empty,
+    /// and reads the numbers it needs from the store.
+    const MAX: usize = 65_536;
+}
+
 /// One write transaction's batch state over a backend's tables (`Tx`): the meta record,
 /// the sources touched so far and the counters, written back by `finish`.
 pub(super) struct Writer<T: Tx> {
     pub(super) tx: T,
     pub(super) opts: StoreOptions,
     pub(super) meta: Meta,
-    names: HashMap<Source, u64>,
+    names: SourceNames,
     states: HashMap<u64, SourceState>,
     /// Retention's marks, loaded when first needed; written back by `finish` when changed.
     marks: Option<RetentionMarks>,
@@ -171,7 +187,7 @@ impl<T: Tx> Writer<T> {
             opts: opts.clone(),
             audit_at_open: meta.next_audit,
             meta,
-            names: HashMap::new(),
+            names: SourceNames::default(),
             states: HashMap::new(),
             marks: None,
             marks_dirty: false,
@@ -182,13 +198,29 @@ impl<T: Tx> Writer<T> {
         })
     }
 
+    /// Starts from the source numbers `names` holds (a feed writer's, from its earlier
+    /// committed transactions) instead of none.
+    pub(super) fn with_names(mut self, mut names: SourceNames) -> Self {
+        if names.0.len() > SourceNames::MAX {
+            names.0.clear();
+        }
+        self.names = names;
+        self
+    }
+
+    /// The source numbers this transaction read or assigned, with those it started from: for
+    /// the next transaction once this one has committed, never before.
+    pub(super) fn take_names(&mut self) -> SourceNames {
+        std::mem::take(&mut self.names)
+    }
+
     pub(super) fn source_no(&mut self, source: &Source) -> Result<Option<u64>, StoreError> {
-        if let Some(no) = self.names.get(source) {
+        if let Some(no) = self.names.0.get(source) {
             return Ok(Some(*no));
         }
         let found = self.tx.source_no(source.agency(), source.source_id())?;
         if let Some(no) = found {
-            self.names.insert(source.clone(), no);
+            self.names.0.insert(source.clone(), no);
         }
         Ok(found)
     }
@@ -432,7 +464,7 @@ impl<T: Tx> Writer<T> {
         self.meta.next_source += 1;
         self.tx
             .put_source_no(source.agency(), source.source_id(), no)?;
-        self.names.insert(source.clone(), no);
+        self.names.0.insert(source.clone(), no);
         self.states.insert(
             no,
             SourceState {
@@ -771,5 +803,58 @@ mod tests {
         assert_eq!(connects.len(), crate::store::upstream::CONNECTS);
         assert_eq!(connects.last().unwrap().broker, "mqtt://b73");
         assert_eq!(connects[0].at_ms, T0 + 10);
+    }
+
+    /// The source numbers of `sources`, as `SOURCE_IDS` holds them.
+    fn numbers(s: &Store, sources: &[&str]) -> Vec<Option<u64>> {
+        let txn = redb::ReadableDatabase::begin_read(s.db.get().unwrap()).unwrap();
+        let ids = txn.open_table(crate::store::tables::SOURCE_IDS).unwrap();
+        sources
+            .iter()
+            .map(|id| ids.get(("fire", *id)).unwrap().map(|g| g.value()))
+            .collect()
+    }
+
+    fn batch_of(sources: &[&str]) -> Vec<Incoming> {
+        let c = FeedContract::default();
+        sources
+            .iter()
+            .map(|id| {
+                let p = format!(r#"{{"agency":"fire","source_id":"{id}","epoch":1,"sequence":1}}"#);
+                Incoming::decode("t", p.into_bytes(), T0, &c)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_source_number_of_a_transaction_that_did_not_commit_is_not_kept() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        s.commit_batch(&batch_of(&["engine-7"]), T0).unwrap();
+        assert_eq!(numbers(&s, &["engine-7"]), [Some(0)]);
+        // engine-7's source record goes missing: a batch that reaches it fails, after it
+        // numbered a new source (engine-8, number 1) that the failed transaction never stored.
+        {
+            let txn = s.db.get().unwrap().begin_write().unwrap();
+            txn.open_table(super::SOURCES.raw())
+                .unwrap()
+                .remove(0)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let failed = s.commit_batch(&batch_of(&["engine-8", "engine-7"]), T0);
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(numbers(&s, &["engine-8"]), [None]);
+        // Number 1 goes to the next new source; engine-8 gets its own, not the failed one's.
+        s.commit_batch(&batch_of(&["engine-9"]), T0).unwrap();
+        s.commit_batch(&batch_of(&["engine-8"]), T0).unwrap();
+        assert_eq!(
+            numbers(&s, &["engine-7", "engine-9", "engine-8"]),
+            [Some(0), Some(1), Some(2)]
+        );
+        let txn = redb::ReadableDatabase::begin_read(s.db.get().unwrap()).unwrap();
+        let sources = super::SOURCES.open(&txn).unwrap();
+        for (no, id) in [(1, "engine-9"), (2, "engine-8")] {
+            assert_eq!(sources.get(no).unwrap().unwrap().source_id, id);
+        }
     }
 }

@@ -416,6 +416,8 @@ pub struct Store {
     _feed_lock: Option<file::FeedLock>,
     /// Whom `run` consumes as, recorded by the next batch.
     consumption: upstream::Consumption,
+    /// The feed writer's source numbers from its committed batches (`engine::SourceNames`).
+    names: engine::SourceNames,
 }
 
 fn builder(cache_bytes: usize, concurrency: Concurrency) -> Builder {
@@ -712,6 +714,7 @@ impl Store {
             opts,
             _feed_lock: None,
             consumption: upstream::Consumption::default(),
+            names: engine::SourceNames::default(),
         })
     }
 
@@ -775,19 +778,25 @@ impl Store {
         now_ms: u64,
     ) -> Result<BatchReport, StoreError> {
         let txn = Leak::new(self.begin_durable()?);
-        let report = {
-            let mut w = Leak::new(Writer::open(
-                RedbTx::open(&txn)?
-                    .merging_at(self.opts.window_merge_at)
-                    .direct_sources(self.opts.window_direct_sources)
-                    .segments_of(self.opts.index_segment_blocks),
-                &self.opts,
-            )?);
+        let (report, names) = {
+            let mut w = Leak::new(
+                Writer::open(
+                    RedbTx::open(&txn)?
+                        .merging_at(self.opts.window_merge_at)
+                        .direct_sources(self.opts.window_direct_sources)
+                        .segments_of(self.opts.index_segment_blocks),
+                    &self.opts,
+                )?
+                .with_names(std::mem::take(&mut self.names)),
+            );
             let report = w.decide_batch(batch, now_ms, self.consumption.pending())?;
+            let names = w.take_names();
             drop(w.into_inner().finish()?);
-            report
+            (report, names)
         };
         txn.into_inner().commit()?;
+        // Only now: a number the failed transaction assigned was never stored.
+        self.names = names;
         self.consumption.committed();
         Ok(report)
     }
