@@ -16,6 +16,10 @@
 //!
 //! Effect record version 3 adds the content digest after the head: the window entry leaves it
 //! there (`tables::WindowEntry`).
+//!
+//! Audit record version 3 leaves out the entry's own hash when the writer chained it at the
+//! index it is stored at (`StoredHash::Chained`, `note_chained`): a read recomputes it from
+//! that index, the content and `prev_hash`, so it decodes only where its index is known.
 
 use serde::{Deserialize, Serialize};
 
