@@ -43,6 +43,11 @@ pub struct RedbTx<'t> {
     direct_cap: usize,
     /// The sources this transaction put a window entry of through `WINDOW_RECENT`.
     via_recent: HashSet<u64>,
+    /// The audit index rows of the entries this transaction appended, not yet inserted:
+    /// `flush_index_rows` inserts them in key order (before anything reads or removes index
+    /// rows, and at `merge_indexes`, which every writer's `finish` calls).
+    pending_keys: Vec<(u64, u64)>,
+    pending_sources: Vec<SourceRow>,
     /// The offset and digest of the last effect this transaction wrote: a window entry for
     /// it leaves the digest to the effect record (`WindowEntry`).
     last_effect: Option<(u64, [u8; 32])>,
@@ -68,6 +73,20 @@ pub struct RedbTx<'t> {
 pub const DIRECT_SOURCES: usize = 64;
 
 impl<'t> RedbTx<'t> {
+    /// Inserts the pending audit index rows, each index's in key order: a transaction's
+    /// rows land in few leaves of the current block, and in order each leaf is visited once.
+    fn flush_index_rows(&mut self) -> Result<(), StoreError> {
+        self.pending_keys.sort_unstable();
+        for row in self.pending_keys.drain(..) {
+            self.audit_keys.insert(row, ()).map_err(redb)?;
+        }
+        self.pending_sources.sort_unstable();
+        for (key, value) in self.pending_sources.drain(..) {
+            self.audit_sources.insert(key, value).map_err(redb)?;
+        }
+        Ok(())
+    }
+
     pub fn open(txn: &'t WriteTransaction) -> Result<RedbTx<'t>, StoreError> {
         // Each table is a `Leak` until the `RedbTx` (itself held in one) owns it: a redb
         // panic must not run their destructors (see `guard`).
@@ -117,6 +136,8 @@ impl<'t> RedbTx<'t> {
             direct: Vec::new(),
             direct_cap: DIRECT_SOURCES,
             via_recent: HashSet::new(),
+            pending_keys: Vec::new(),
+            pending_sources: Vec::new(),
             last_effect: None,
             window_start,
             window_purged,
@@ -501,10 +522,11 @@ impl Tx for RedbTx<'_> {
     ) -> Result<(), StoreError> {
         self.audit.put(index, record, &mut self.buf)?;
         if let Some(key) = &record.key {
-            self.index_audit_key(index, key)?;
+            self.pending_keys
+                .push((audit_key_bucket(index, key), index));
         }
         if let Some(row) = audit_source_row(index, record, source_no) {
-            self.index_audit_source(row)?;
+            self.pending_sources.push(row);
         }
         Ok(())
     }
@@ -522,6 +544,7 @@ impl Tx for RedbTx<'_> {
     }
 
     fn merge_indexes(&mut self, meta: &Meta, budget: u64) -> Result<u64, StoreError> {
+        self.flush_index_rows()?;
         let stored = INDEX_MERGE.get(&self.meta)?;
         let mut merge = stored.unwrap_or_else(|| IndexMerge::with_blocks(self.segment_blocks));
         let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
@@ -559,6 +582,7 @@ impl Tx for RedbTx<'_> {
     }
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
+        self.flush_index_rows()?;
         // From the block `range` starts in: the entries before it are gone already.
         let blocks = whole_blocks(&(block_floor(*range.start())..=*range.end()));
         // Every merged segment that ends within: from 0, which also takes what retention by

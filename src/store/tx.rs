@@ -80,7 +80,9 @@ pub trait Tx {
     fn audit(&mut self, index: u64) -> Result<Option<AuditRecord>, StoreError>;
     /// Appends the entry, its row in the key index (`AUDIT_KEYS`) if it has a key, and its row
     /// in the source index (`AUDIT_SOURCES`) if it has a source and a position; `source_no`
-    /// is that source's number (`None`: it has none).
+    /// is that source's number (`None`: it has none). redb inserts the index rows at the
+    /// transaction's next `merge_indexes` or `remove_audit`, in key order: a writer calls
+    /// `merge_indexes` (`Writer::finish`) before it commits.
     fn put_audit(
         &mut self,
         index: u64,
