@@ -795,7 +795,7 @@ impl Store {
             (report, names)
         };
         txn.into_inner().commit()?;
-        // Only now: a number the failed transaction assigned was never stored.
+        // Only once committed: the numbers a failed transaction assigned were never stored.
         self.names = names;
         self.consumption.committed();
         Ok(report)
