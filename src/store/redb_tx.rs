@@ -80,10 +80,12 @@ impl<'t> RedbTx<'t> {
         for row in self.pending_keys.drain(..) {
             self.audit_keys.insert(row, ()).map_err(redb)?;
         }
-        self.pending_sources.sort_unstable();
-        for (key, value) in self.pending_sources.drain(..) {
-            self.audit_sources.insert(key, value).map_err(redb)?;
+        let mut sources = std::mem::take(&mut self.pending_sources);
+        sources.sort_unstable();
+        for row in sources.drain(..) {
+            self.index_audit_source(row)?;
         }
+        self.pending_sources = sources;
         Ok(())
     }
 
