@@ -68,8 +68,9 @@ pub const SOURCES: Records<u64, SourceRecord> = Records::new("sources", "sources
 pub const WINDOW: Records<(u64, u64, u64), WindowEntry> =
     Records::new("window", "window_entries", "source_no, epoch, sequence");
 /// The window's newest entries (redb only): `Tx::put_window` adds here (a source's second
-/// and later entries of one transaction go straight into `WINDOW`, for up to
-/// `redb_tx::DIRECT_SOURCES` sources) and a lookup reads this table, then `WINDOW` less
+/// and later entries of one transaction, and all of a source its batch names more than once,
+/// go straight into `WINDOW`, for up to `redb_tx::DIRECT_SOURCES` sources) and a lookup
+/// reads this table, then `WINDOW` less
 /// `WINDOW_GONE`. Keyed like `WINDOW`, so a feed of
 /// many sources dirties a page per source of this small table per commit instead of one of
 /// the whole window; once it holds `WINDOW_MERGE_AT` entries they move to `WINDOW` together,
