@@ -24,7 +24,8 @@ pub type Visit = ControlFlow<()>;
 /// One write transaction's tables, as records. Reads see the transaction's own writes.
 pub trait Tx {
     /// A hint before a batch is decided: the (agency, source_id, epoch, sequence) it will
-    /// look up, so a backend can fetch their sources and window entries at once.
+    /// look up, so a backend can fetch their sources and window entries at once (PostgreSQL)
+    /// or place the window entries of a source named more than once together (redb).
     fn prefetch(&mut self, _positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
         Ok(())
     }
