@@ -141,6 +141,7 @@ impl<T: Tx> Writer<T> {
         consumed_as: Option<&ConsumedAs>,
     ) -> Result<BatchReport, StoreError> {
         self.tx.prefetch(&positions(batch))?;
+        self.hint_repeated_sources(batch)?;
         let mut budget = batch.len() as u64 + EVICTION_SLACK;
         let mut report = BatchReport::default();
         report.evicted += self.evict(now_ms, &mut budget)?;
@@ -212,6 +213,27 @@ impl<T: Tx> Writer<T> {
     /// the next transaction once this one has committed, never before.
     pub(super) fn take_names(&mut self) -> SourceNames {
         std::mem::take(&mut self.names)
+    }
+
+    /// Tells the transaction which numbered sources the batch names more than once, in the
+    /// order their second message comes (`Tx::several_window_entries`). The numbers come
+    /// from the cache, or are read now instead of when their first message is decided.
+    fn hint_repeated_sources(&mut self, batch: &[Incoming]) -> Result<(), StoreError> {
+        let mut seen: HashMap<&Source, u8> = HashMap::with_capacity(batch.len());
+        let mut again = Vec::new();
+        for m in batch.iter().filter_map(|i| i.decoded.as_ref().ok()) {
+            let n = seen.entry(&m.source).or_insert(0);
+            if *n == 1 {
+                again.push(&m.source);
+            }
+            *n = n.saturating_add(1);
+        }
+        for source in again {
+            if let Some(no) = self.source_no(source)? {
+                self.tx.several_window_entries(no);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn source_no(&mut self, source: &Source) -> Result<Option<u64>, StoreError> {
@@ -824,6 +846,38 @@ mod tests {
                 Incoming::decode("t", p.into_bytes(), T0, &c)
             })
             .collect()
+    }
+
+    /// A batch naming a numbered source more than once hints it to the transaction
+    /// (`Tx::several_window_entries`): on redb its first new window entry of the commit goes
+    /// straight into the window's main table too; a source named once, or not numbered yet,
+    /// goes through the small table.
+    #[test]
+    fn a_source_the_batch_names_twice_is_hinted_before_it_is_decided() {
+        let c = FeedContract::default();
+        let at = |id: &str, seq: u64| {
+            let p = format!(r#"{{"agency":"fire","source_id":"{id}","epoch":1,"sequence":{seq}}}"#);
+            Incoming::decode("t", p.into_bytes(), T0, &c)
+        };
+        let tables = |s: &Store| {
+            use redb::ReadableTableMetadata;
+            let txn = redb::ReadableDatabase::begin_read(s.db.get().unwrap()).unwrap();
+            let len = |t: &str| {
+                let def = redb::TableDefinition::<(u64, u64, u64), &[u8]>::new(t);
+                txn.open_table(def).unwrap().len().unwrap()
+            };
+            (len("window"), len("window_recent"))
+        };
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        // Not numbered yet: both of a's entries start through the small table, the second
+        // goes straight in as a source's later entry always did.
+        s.commit_batch(&[at("a", 1), at("b", 1), at("a", 2)], T0)
+            .unwrap();
+        assert_eq!(tables(&s), (1, 2));
+        // Numbered now: a (twice) is hinted, b (once) is not.
+        s.commit_batch(&[at("a", 3), at("b", 2), at("a", 4)], T0)
+            .unwrap();
+        assert_eq!(tables(&s), (3, 3));
     }
 
     #[test]

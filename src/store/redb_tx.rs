@@ -65,7 +65,7 @@ pub struct RedbTx<'t> {
 
 /// How many sources' new window entries one transaction writes straight into `WINDOW`
 /// rather than into `WINDOW_RECENT` (from each one's second entry in the transaction on, or
-/// its first when the batch names it more than once: `prefetch`, `put_window`): each costs
+/// its first when the batch names it more than once: `several_window_entries`, `put_window`): each costs
 /// one copied page at that source's end of the window per commit,
 /// and saves its entries the later move (an insert each). A batch of a few dozen sources
 /// sends all but one entry per source straight in; one of a thousand sources with an entry
@@ -320,32 +320,13 @@ fn visit<T>(
 }
 
 impl Tx for RedbTx<'_> {
-    /// A source named by more than one of the batch's messages most likely gets more than
-    /// one window entry in this transaction: its first goes straight into `WINDOW` too (up
-    /// to `direct_cap` sources, in the order their second message comes), so the commit
-    /// copies one page for the source (its page of `WINDOW`) instead of two (that one and
-    /// one of `WINDOW_RECENT`). A source without a number yet starts as before.
-    fn prefetch(&mut self, positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
-        let mut seen = std::collections::HashMap::with_capacity(positions.len());
-        let mut again = Vec::new();
-        for &(agency, source_id, _, _) in positions {
-            let n = seen.entry((agency, source_id)).or_insert(0u8);
-            if *n == 1 {
-                again.push((agency, source_id));
-            }
-            *n = n.saturating_add(1);
+    /// Its first window entry of the transaction goes straight into `WINDOW` too (while
+    /// fewer than `direct_cap` sources do), so the commit copies one page for the source
+    /// (its page of `WINDOW`) instead of two (that one and one of `WINDOW_RECENT`).
+    fn several_window_entries(&mut self, source_no: u64) {
+        if self.direct.len() < self.direct_cap && !self.direct.contains(&source_no) {
+            self.direct.push(source_no);
         }
-        for (agency, source_id) in again {
-            if self.direct.len() >= self.direct_cap {
-                break;
-            }
-            if let Some(no) = self.source_no(agency, source_id)?
-                && !self.direct.contains(&no)
-            {
-                self.direct.push(no);
-            }
-        }
-        Ok(())
     }
 
     fn meta(&mut self) -> Result<Meta, StoreError> {
@@ -997,9 +978,9 @@ mod tests {
         txn.commit().unwrap();
     }
 
-    /// A source the batch names more than once (`Tx::prefetch`) has its first entry of the
-    /// transaction written straight into `WINDOW` too; a source named once, one without a
-    /// number yet, and sources past `direct_cap` start through `WINDOW_RECENT` as before.
+    /// A source the batch names more than once (`Tx::several_window_entries`) has its first
+    /// entry of the transaction written straight into `WINDOW` too; other sources, and
+    /// sources past `direct_cap`, start through `WINDOW_RECENT` as before.
     #[test]
     fn a_source_the_batch_names_twice_skips_the_small_window_table_from_its_first_entry() {
         let dir = tempfile::tempdir().unwrap();
@@ -1007,37 +988,28 @@ mod tests {
         let txn = db.begin_write().unwrap();
         {
             let mut tx = RedbTx::open(&txn).unwrap().direct_sources(2);
-            for (no, id) in [(1, "u1"), (2, "u2"), (3, "u3"), (4, "u4")] {
-                tx.put_source_no("a", id, no).unwrap();
+            // Hints for sources 1 (twice), 3 and 4, none for 2: 1 and 3 take the cap of two.
+            for no in [1, 1, 3, 4] {
+                tx.several_window_entries(no);
             }
-            // u1 twice, u2 once, "new" (no number) twice, u3 twice, u4 twice: u1 and u3 take
-            // the cap of two ("new" has no number), u4 is past it.
-            tx.prefetch(&[
-                ("a", "u1", 1, 1),
-                ("a", "u2", 1, 1),
-                ("a", "new", 1, 1),
-                ("a", "u1", 1, 2),
-                ("a", "new", 1, 2),
-                ("a", "u3", 1, 1),
-                ("a", "u4", 1, 1),
-                ("a", "u3", 1, 2),
-                ("a", "u4", 1, 2),
-            ])
-            .unwrap();
             for k in [(1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1)] {
                 tx.put_window(k, &entry(k.0 * 10 + k.2)).unwrap();
             }
             assert_eq!(
                 tx.window.len().unwrap(),
                 2,
-                "u1's and u3's first entries went straight in"
+                "sources 1's and 3's first entries went straight in"
             );
             assert_eq!(tx.window_recent.len().unwrap(), 2);
             for k in [(1, 1, 2), (3, 1, 2), (4, 1, 2)] {
                 tx.put_window(k, &entry(k.0 * 10 + k.2)).unwrap();
             }
             assert_eq!(tx.window.len().unwrap(), 4);
-            assert_eq!(tx.window_recent.len().unwrap(), 3, "u4 is past the cap");
+            assert_eq!(
+                tx.window_recent.len().unwrap(),
+                3,
+                "source 4 is past the cap"
+            );
             for k in [
                 (1, 1, 1),
                 (1, 1, 2),

@@ -24,11 +24,15 @@ pub type Visit = ControlFlow<()>;
 /// One write transaction's tables, as records. Reads see the transaction's own writes.
 pub trait Tx {
     /// A hint before a batch is decided: the (agency, source_id, epoch, sequence) it will
-    /// look up, so a backend can fetch their sources and window entries at once (PostgreSQL)
-    /// or place the window entries of a source named more than once together (redb).
+    /// look up, so a backend can fetch their sources and window entries at once.
     fn prefetch(&mut self, _positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// A hint before a batch is decided: the batch names source `source_no` more than once,
+    /// so this transaction will most likely put several window entries of it (redb writes
+    /// them all where it writes a source's later ones, `redb_tx::DIRECT_SOURCES`).
+    fn several_window_entries(&mut self, _source_no: u64) {}
 
     /// The meta record (counters of every log, chain head, window start).
     fn meta(&mut self) -> Result<Meta, StoreError>;
@@ -194,6 +198,9 @@ pub trait Tx {
 impl<T: Tx + ?Sized> Tx for &mut T {
     fn prefetch(&mut self, positions: &[(&str, &str, u64, u64)]) -> Result<(), StoreError> {
         (**self).prefetch(positions)
+    }
+    fn several_window_entries(&mut self, source_no: u64) {
+        (**self).several_window_entries(source_no)
     }
     fn scan_effect_heads(
         &mut self,
