@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 
 use super::StoreError;
-use super::index_merge::IndexRow;
+use super::index_merge::{self, IndexRow};
 use super::read::{AuditEntry, Snapshot};
 use super::tables::*;
 use crate::decide::{Seen, SourceMarks};
@@ -68,9 +68,10 @@ impl Snapshot {
         self.guard(|txn| {
             let merge = INDEX_MERGE.read(txn)?.unwrap_or_default();
             let keys = txn.open_table(AUDIT_KEYS)?;
+            let packed = open_packed(txn, AUDIT_KEYS_PACKED)?;
             let audit = AUDIT.open(txn)?;
             let mut indices = Vec::new();
-            let mut read = |b: u64| -> Result<(), StoreError> {
+            let read = |b: u64, indices: &mut Vec<u64>| -> Result<(), StoreError> {
                 for row in keys.range((b, 0)..=(b, u64::MAX))? {
                     indices.push(row?.0.value().1);
                 }
@@ -79,12 +80,14 @@ impl Snapshot {
             for segment in merge.segment_of(*blocks.start())..=merge.segment_of(*blocks.end()) {
                 let (merged, unmerged) = merge.keys.reads(segment);
                 if merged {
-                    read(merged_bucket(segment, prefix))?;
+                    let rows =
+                        index_merge::merged_rows_of(packed.as_ref(), &keys, segment, prefix)?;
+                    indices.extend(rows.into_iter().map(|(index, ())| index));
                 }
                 if unmerged {
                     for block in merge.blocks_of(segment) {
                         if blocks.contains(&block) {
-                            read(bucket(block))?;
+                            read(bucket(block), &mut indices)?;
                         }
                     }
                 }
@@ -218,7 +221,8 @@ impl Snapshot {
             let numbered = no.and_then(|n| u32::try_from(n.value()).ok());
             if let Some(no) = numbered {
                 let merge = INDEX_MERGE.read(txn)?.unwrap_or_default();
-                let mut read = |b: u64| -> Result<(), StoreError> {
+                let packed = open_packed(txn, AUDIT_SOURCES_PACKED)?;
+                let read = |b: u64, f: &mut dyn FnMut(u64, u64)| -> Result<(), StoreError> {
                     for row in rows.range((b, 0)..=(b, u64::MAX))? {
                         let (k, v) = row?;
                         if kept.contains(&k.value().1) {
@@ -232,15 +236,24 @@ impl Snapshot {
                 for segment in merge.segment_of(blocks.start)..=merge.segment_of(last) {
                     let (merged, unmerged) = merge.sources.reads(segment);
                     if merged {
-                        read(merged_bucket(segment, no))?;
+                        let merged =
+                            index_merge::merged_rows_of(packed.as_ref(), &rows, segment, no)?;
+                        for (index, (epoch, sequence)) in merged {
+                            if kept.contains(&index) {
+                                f(epoch, sequence);
+                            }
+                        }
                     }
                     if unmerged {
                         for block in merge.blocks_of(segment) {
                             if blocks.contains(&block) {
-                                read(audit_source_bucket(
-                                    block * AUDIT_KEY_BLOCK,
-                                    Some(u64::from(no)),
-                                ))?;
+                                read(
+                                    audit_source_bucket(
+                                        block * AUDIT_KEY_BLOCK,
+                                        Some(u64::from(no)),
+                                    ),
+                                    &mut *f,
+                                )?;
                             }
                         }
                     }
@@ -389,6 +402,22 @@ impl Snapshot {
     }
 }
 
+/// A packed index table open in a read transaction.
+type PackedTable = redb::ReadOnlyTable<(u64, u64), &'static [u8]>;
+
+/// A packed index table of a read transaction; `None` in a file no writer of schema version
+/// 5 has opened.
+fn open_packed(
+    txn: &redb::ReadTransaction,
+    def: redb::TableDefinition<'static, (u64, u64), &'static [u8]>,
+) -> Result<Option<PackedTable>, StoreError> {
+    match txn.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(StoreError::redb(e)),
+    }
+}
+
 /// A row of a redb index: (bucket, audit index) and its value.
 type OwnedRow<V> = ((u64, u64), <V as IndexRow>::Owned);
 
@@ -428,30 +457,45 @@ impl Snapshot {
         self.guard(|txn| Ok(Some(INDEX_MERGE.read(txn)?.unwrap_or_default())))
     }
 
-    /// The key index's merged rows of segment `segment` (redb), in order.
+    /// The key index's merged rows of segment `segment` (redb), packed or not, in order.
     pub fn audit_key_rows_merged(&self, segment: u64) -> Result<Vec<(u64, u64)>, StoreError> {
-        let b = merged_range(&(segment..segment + 1));
         self.guard(|txn| {
             let keys = txn.open_table(AUDIT_KEYS)?;
-            let mut rows = Vec::new();
-            for row in keys.range((b.start, 0)..(b.end, 0))? {
-                rows.push(row?.0.value());
-            }
-            Ok(rows)
+            let packed = open_packed(txn, AUDIT_KEYS_PACKED)?;
+            let rows = index_merge::merged_rows_in(packed.as_ref(), &keys, segment..segment + 1)?;
+            Ok(rows.into_iter().map(|(k, ())| k).collect())
         })
     }
 
-    /// The source index's merged rows of segment `segment` (redb), in order.
+    /// The source index's merged rows of segment `segment` (redb), packed or not, in order.
     pub fn audit_source_rows_merged(&self, segment: u64) -> Result<Vec<SourceRow>, StoreError> {
-        let b = merged_range(&(segment..segment + 1));
         self.guard(|txn| {
             let sources = txn.open_table(AUDIT_SOURCES)?;
-            let mut rows = Vec::new();
-            for row in sources.range((b.start, 0)..(b.end, 0))? {
-                let (k, v) = row?;
-                rows.push((k.value(), v.value()));
-            }
-            Ok(rows)
+            let packed = open_packed(txn, AUDIT_SOURCES_PACKED)?;
+            index_merge::merged_rows_in(packed.as_ref(), &sources, segment..segment + 1)
+        })
+    }
+
+    /// The first row of a packed run of the key index outside the merged buckets `legal`
+    /// (redb): a run no lookup reads.
+    pub fn packed_key_row_outside(
+        &self,
+        legal: std::ops::Range<u64>,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        self.guard(|txn| match open_packed(txn, AUDIT_KEYS_PACKED)? {
+            Some(t) => Ok(index_merge::packed_outside::<()>(&t, legal)?.map(|(k, ())| k)),
+            None => Ok(None),
+        })
+    }
+
+    /// The same for the source index.
+    pub fn packed_source_row_outside(
+        &self,
+        legal: std::ops::Range<u64>,
+    ) -> Result<Option<SourceRow>, StoreError> {
+        self.guard(|txn| match open_packed(txn, AUDIT_SOURCES_PACKED)? {
+            Some(t) => index_merge::packed_outside::<(u64, u64)>(&t, legal),
+            None => Ok(None),
         })
     }
 

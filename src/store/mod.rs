@@ -12,7 +12,7 @@ mod file;
 pub use file::{DiskSpace, SinkLocks, disk_space};
 mod guard;
 pub(crate) mod identity;
-mod index_merge;
+pub mod index_merge;
 pub(crate) mod ledger;
 pub(crate) mod lookup;
 mod operator;
@@ -692,7 +692,7 @@ impl Store {
             // missing one.
             drop(meta); // the list holds the meta table too
             // Before any table is opened under its new name.
-            upgrade::rename_redb_tables(&txn, found)?;
+            upgrade::upgrade_redb_tables(&txn, found)?;
             struct Create<'a>(&'a WriteTransaction);
             impl CopyTable for Create<'_> {
                 fn table<K: Cells + redb::Key, V: Cells>(

@@ -341,15 +341,25 @@ impl Snapshot {
             };
             add(AUDIT.name(), AUDIT.open(txn)?.stats().map_err(r)?);
             // Absent from a file of an older schema no writer has opened since.
-            match txn.open_table(AUDIT_KEYS) {
-                Ok(t) => add("audit_keys", t.stats().map_err(r)?),
-                Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(StoreError::redb(e)),
-            }
-            match txn.open_table(AUDIT_SOURCES) {
-                Ok(t) => add("audit_sources", t.stats().map_err(r)?),
-                Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(StoreError::redb(e)),
+            // Each index's packed merged rows count on its line.
+            for (name, def) in [
+                ("audit_keys", AUDIT_KEYS_PACKED),
+                ("audit_sources", AUDIT_SOURCES_PACKED),
+            ] {
+                let stats = match name {
+                    "audit_keys" => txn.open_table(AUDIT_KEYS).map(|t| t.stats()),
+                    _ => txn.open_table(AUDIT_SOURCES).map(|t| t.stats()),
+                };
+                match stats {
+                    Ok(s) => add(name, s.map_err(r)?),
+                    Err(redb::TableError::TableDoesNotExist(_)) => {}
+                    Err(e) => return Err(StoreError::redb(e)),
+                }
+                match txn.open_table(def) {
+                    Ok(t) => add(name, t.stats().map_err(r)?),
+                    Err(redb::TableError::TableDoesNotExist(_)) => {}
+                    Err(e) => return Err(StoreError::redb(e)),
+                }
             }
             add(EFFECTS.name(), EFFECTS.open(txn)?.stats().map_err(r)?);
             add(WINDOW.name(), WINDOW.open(txn)?.stats().map_err(r)?);

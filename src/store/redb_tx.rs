@@ -24,6 +24,8 @@ pub struct RedbTx<'t> {
     audit: Writable<'t, u64, AuditRecord>,
     audit_keys: Table<'t, (u64, u64), ()>,
     audit_sources: Table<'t, (u64, u64), (u64, u64)>,
+    audit_keys_packed: Table<'t, (u64, u64), &'static [u8]>,
+    audit_sources_packed: Table<'t, (u64, u64), &'static [u8]>,
     quarantine: Writable<'t, u64, QuarantineRecord>,
     quarantine_fp: Table<'t, &'static [u8; 32], u64>,
     quarantine_fp_by_id: Table<'t, u64, &'static [u8; 32]>,
@@ -104,6 +106,8 @@ impl<'t> RedbTx<'t> {
         let audit = Leak::new(AUDIT.open_mut(txn)?);
         let audit_keys = Leak::new(txn.open_table(AUDIT_KEYS).map_err(open)?);
         let audit_sources = Leak::new(txn.open_table(AUDIT_SOURCES).map_err(open)?);
+        let audit_keys_packed = Leak::new(txn.open_table(AUDIT_KEYS_PACKED).map_err(open)?);
+        let audit_sources_packed = Leak::new(txn.open_table(AUDIT_SOURCES_PACKED).map_err(open)?);
         let quarantine = Leak::new(QUARANTINE.open_mut(txn)?);
         let quarantine_fp = Leak::new(txn.open_table(QUARANTINE_FP).map_err(open)?);
         let quarantine_fp_by_id = Leak::new(txn.open_table(QUARANTINE_FP_BY_ID).map_err(open)?);
@@ -127,6 +131,8 @@ impl<'t> RedbTx<'t> {
             audit: audit.into_inner(),
             audit_keys: audit_keys.into_inner(),
             audit_sources: audit_sources.into_inner(),
+            audit_keys_packed: audit_keys_packed.into_inner(),
+            audit_sources_packed: audit_sources_packed.into_inner(),
             quarantine: quarantine.into_inner(),
             quarantine_fp: quarantine_fp.into_inner(),
             quarantine_fp_by_id: quarantine_fp_by_id.into_inner(),
@@ -562,15 +568,21 @@ impl Tx for RedbTx<'_> {
         let first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
         let span = Mergeable::of(&merge, first, meta.next_audit);
         let k = merge.blocks;
-        let moved =
-            index_merge::merge_rows(&mut self.audit_keys, &mut merge.keys, k, span, budget)?
-                + index_merge::merge_rows(
-                    &mut self.audit_sources,
-                    &mut merge.sources,
-                    k,
-                    span,
-                    budget,
-                )?;
+        let moved = index_merge::merge_rows(
+            &mut self.audit_keys,
+            &mut self.audit_keys_packed,
+            &mut merge.keys,
+            k,
+            span,
+            budget,
+        )? + index_merge::merge_rows(
+            &mut self.audit_sources,
+            &mut self.audit_sources_packed,
+            &mut merge.sources,
+            k,
+            span,
+            budget,
+        )?;
         if stored != Some(merge) {
             INDEX_MERGE.put(&mut self.meta, &merge, &mut self.buf)?;
         }
@@ -601,8 +613,16 @@ impl Tx for RedbTx<'_> {
         // a build before the merge (still running when this one upgraded the file) left.
         let n = self.index_merge()?.segment_entries();
         let segments = 0..(range.end().saturating_add(1) / n);
-        index_merge::remove_segments(&mut self.audit_keys, segments.clone())?;
-        index_merge::remove_segments(&mut self.audit_sources, segments)?;
+        index_merge::remove_segments(
+            &mut self.audit_keys,
+            &mut self.audit_keys_packed,
+            segments.clone(),
+        )?;
+        index_merge::remove_segments(
+            &mut self.audit_sources,
+            &mut self.audit_sources_packed,
+            segments,
+        )?;
         self.audit.retain_in(range, |_, _| false).map_err(redb)?;
         if !blocks.is_empty() {
             let (lo, hi) = (

@@ -18,8 +18,9 @@ use super::StoreError;
 
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line. Version 2
 /// added `AUDIT_KEYS`, version 3 `AUDIT_SOURCES`, version 4 their merged segments
-/// (`MERGED`, `INDEX_MERGE`); `upgrade` takes a store of version 1, 2 or 3 there.
-pub const SCHEMA_VERSION: u32 = 4;
+/// (`MERGED`, `INDEX_MERGE`), version 5 the merged rows packed (`AUDIT_KEYS_PACKED`,
+/// `AUDIT_SOURCES_PACKED`); `upgrade` takes a store of version 1 to 4 there.
+pub const SCHEMA_VERSION: u32 = 5;
 /// First byte of every stored record of the first version (every record type but
 /// `SinkRecord`, `AuditRecord` and `EffectRecord`, at 3, and `WindowEntry` and `Meta`, at 2:
 /// see `Record`).
@@ -167,6 +168,14 @@ pub fn whole_blocks(range: &std::ops::RangeInclusive<u64>) -> std::ops::Range<u6
 /// retention removes whole blocks of both kinds, as for `AUDIT_KEYS`.
 pub const AUDIT_SOURCES: TableDefinition<(u64, u64), (u64, u64)> =
     TableDefinition::new("audit_sources");
+/// The merged rows of `AUDIT_KEYS` (redb, schema version 5 on): (merged bucket of a key
+/// group, audit index of the run's first row) -> a packed run of rows (`index_merge::pack`).
+pub const AUDIT_KEYS_PACKED: TableDefinition<(u64, u64), &[u8]> =
+    TableDefinition::new("audit_keys_packed");
+/// The merged rows of `AUDIT_SOURCES`, packed the same way, one group per source number.
+pub const AUDIT_SOURCES_PACKED: TableDefinition<(u64, u64), &[u8]> =
+    TableDefinition::new("audit_sources_packed");
+
 /// The high bit of an `AUDIT_SOURCES` bucket for an entry whose source has no number (or one
 /// that does not fit in 32 bits); the block is in its low bits. As a PostgreSQL `bigint`
 /// such a bucket is negative, and the unnumbered buckets keep their order among themselves.
@@ -197,9 +206,20 @@ pub fn merged_bucket(segment: u64, low: u32) -> u64 {
     MERGED | segment << 32 | u64::from(low)
 }
 
-/// The merged buckets of segments `segments`.
+/// Segments a merged bucket can name (`ALL_SEGMENTS`: every one).
+pub const SEGMENTS: u64 = 1 << 30;
+pub const ALL_SEGMENTS: std::ops::Range<u64> = 0..SEGMENTS;
+
+/// The merged buckets of segments `segments` (up to `SEGMENTS`).
 pub fn merged_range(segments: &std::ops::Range<u64>) -> std::ops::Range<u64> {
-    merged_bucket(segments.start, 0)..merged_bucket(segments.end, 0)
+    let bucket = |segment: u64| {
+        if segment >= SEGMENTS {
+            UNNUMBERED
+        } else {
+            merged_bucket(segment, 0)
+        }
+    };
+    bucket(segments.start)..bucket(segments.end)
 }
 
 /// The bucket an index row would have in its block (`audit_key_bucket`'s form), whether it
@@ -512,6 +532,20 @@ pub fn for_each_table(copy: &mut impl CopyTable) -> Result<(), StoreError> {
         def: AUDIT_SOURCES,
         pg_table: "audit_sources",
         pg_columns: ["bucket, audit_index", "epoch, sequence"],
+        formerly: None,
+    })?;
+    // Copied as they are by `backup`; a copy into PostgreSQL writes their rows into its
+    // `audit_keys` and `audit_sources` under their blocks' buckets instead.
+    copy.table(WholeTable {
+        def: AUDIT_KEYS_PACKED,
+        pg_table: "",
+        pg_columns: ["", ""],
+        formerly: None,
+    })?;
+    copy.table(WholeTable {
+        def: AUDIT_SOURCES_PACKED,
+        pg_table: "",
+        pg_columns: ["", ""],
         formerly: None,
     })?;
     copy.table(records(QUARANTINE))?;

@@ -18,6 +18,12 @@
 //! nothing changes on PostgreSQL. A writer of a version-3 build refuses the upgraded store;
 //! its inspectors do not check the version and, reading only the blocks, miss every merged
 //! row (version 3 was never released; docs/src/install.md says so).
+//!
+//! Version 4 -> 5: on redb, the merged rows, stored one by one in the indexes' tables, moved
+//! into packed runs (`store::index_merge`, `tables::AUDIT_KEYS_PACKED`,
+//! `tables::AUDIT_SOURCES_PACKED`): a few bytes a row instead of 16 or 32 plus the B-tree's.
+//! Nothing changes on PostgreSQL. A writer of a version-4 build refuses the upgraded store;
+//! its inspectors, reading merged rows only one by one, would miss the packed ones.
 
 use std::collections::HashMap;
 
@@ -80,7 +86,8 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         match from {
             1 => "building and merging",
             2 => "completing and merging",
-            _ => "merging",
+            3 => "merging",
+            _ => "packing the merged rows of",
         }
     );
     let (indexed, indexed_sources) = if from < 3 {
@@ -109,9 +116,10 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
 }
 
 /// The redb half of an upgrade from schema `from`, before any table is opened: refuses a
-/// version this build does not know, and from version 1 renames the audit log to its new
-/// name (`tables::AUDIT`) and leaves the fence under the old one (`tables::AUDIT_FENCE`).
-pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), StoreError> {
+/// version this build does not know, from version 1 renames the audit log to its new
+/// name (`tables::AUDIT`) and leaves the fence under the old one (`tables::AUDIT_FENCE`),
+/// and from version 4 packs the merged index rows (`index_merge::repack_both`).
+pub fn upgrade_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), StoreError> {
     if from == SCHEMA_VERSION {
         return Ok(());
     }
@@ -130,6 +138,13 @@ pub fn rename_redb_tables(txn: &WriteTransaction, from: u32) -> Result<(), Store
             Err(e) => return Err(StoreError::redb(e)),
         }
         txn.open_table(AUDIT_FENCE)?;
+    }
+    if from == 4 {
+        let packed = super::index_merge::repack_both(txn)?;
+        tracing::info!(
+            packed,
+            "packed {packed} merged rows of the audit log's indexes (schema version 4 to 5)"
+        );
     }
     Ok(())
 }

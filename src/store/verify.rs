@@ -225,7 +225,11 @@ impl BlockIndex for KeyIndex {
         blocks: std::ops::Range<u64>,
         merge: &IndexMerge,
     ) -> Result<Option<(u64, u64)>, StoreError> {
-        snap.audit_key_row_outside_ranges(&legal_ranges(&blocks, merge, merge.keys))
+        let legal = legal_ranges(&blocks, merge, merge.keys);
+        match snap.audit_key_row_outside_ranges(&legal)? {
+            Some(row) => Ok(Some(row)),
+            None => snap.packed_key_row_outside(legal[1].clone()),
+        }
     }
     fn index_of(row: &(u64, u64)) -> u64 {
         row.1
@@ -320,7 +324,10 @@ impl BlockIndex for SourceIndex {
     ) -> Result<Option<SourceRow>, StoreError> {
         let [numbered, merged] = legal_ranges(&blocks, merge, merge.sources);
         let [_, unnumbered] = audit_source_ranges(&blocks);
-        snap.audit_source_row_outside_ranges(&[numbered, merged, unnumbered])
+        match snap.audit_source_row_outside_ranges(&[numbered, merged.clone(), unnumbered])? {
+            Some(row) => Ok(Some(row)),
+            None => snap.packed_source_row_outside(merged),
+        }
     }
     fn index_of(row: &SourceRow) -> u64 {
         row.0.1

@@ -1,18 +1,22 @@
-//! The audit indexes' merged segments (`store::index_merge`, schema version 4) through the
-//! real binary, on files whose segments are one block (set when the file is created through
-//! the library; the binary's writers and readers take the size from the file): the writer
-//! moves the rows of complete segments to their merged buckets and `explain` and `gaps
-//! --source` give exactly what a scan gives; `verify` checks the merged rows and catches a
-//! missing, misplaced or premature one; retention removes whole merged segments; a file of
-//! schema version 3 is merged by the upgrade; `migrate --from` takes merged rows to
-//! PostgreSQL under their blocks' buckets.
+//! The audit indexes' merged segments (`store::index_merge`, schema version 4; packed from
+//! version 5) through the real binary, on files whose segments are one block (set when the
+//! file is created through the library; the binary's writers and readers take the size from
+//! the file): the writer moves the rows of complete segments to their merged buckets and
+//! `explain` and `gaps --source` give exactly what a scan gives; `verify` checks the merged
+//! rows and catches a missing, misplaced or premature one; retention removes whole merged
+//! segments; a file of schema version 3 is merged by the upgrade, and one of version 4 packed;
+//! `migrate --from` takes merged rows to PostgreSQL under their blocks' buckets.
+//!
+//! The damage tests edit merged rows one by one: `edited` unpacks the runs into the rows
+//! they stand for (as schema version 4 stored them), edits, and packs them again.
 
 use std::path::Path;
 
 use redb::ReadableDatabase as _;
+use replay_guard::store::index_merge::{repack, unpack_all};
 use replay_guard::store::tables::{
-    AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_SOURCES, INDEX_MERGE, IndexMerge, MERGED, META_TABLE,
-    UNNUMBERED,
+    AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_KEYS_PACKED, AUDIT_SOURCES, AUDIT_SOURCES_PACKED,
+    INDEX_MERGE, IndexMerge, MERGED, META_TABLE, SCHEMA_VERSION, UNNUMBERED,
 };
 use replay_guard::store::{Store, StoreOptions};
 
@@ -61,7 +65,9 @@ fn edited_keys(db: &Path, name: &str, edit: &dyn Fn(&mut KeyTable)) -> std::path
     std::fs::copy(db, &copy).unwrap();
     let rdb = redb::Database::create(&copy).unwrap();
     let txn = rdb.begin_write().unwrap();
+    unpack_all(&txn, AUDIT_KEYS).unwrap();
     edit(&mut txn.open_table(AUDIT_KEYS).unwrap());
+    repack(&txn, AUDIT_KEYS).unwrap();
     txn.commit().unwrap();
     copy
 }
@@ -225,10 +231,12 @@ fn gaps_of_one_source_read_merged_segments_and_verify_checks_their_positions() {
     {
         let rdb = redb::Database::create(&reference).unwrap();
         let txn = rdb.begin_write().unwrap();
+        unpack_all(&txn, AUDIT_SOURCES).unwrap();
         txn.open_table(AUDIT_SOURCES)
             .unwrap()
             .insert((bucket, index), (epoch, sequence + 1))
             .unwrap();
+        repack(&txn, AUDIT_SOURCES).unwrap();
         txn.commit().unwrap();
     }
     verify_fails(
@@ -242,7 +250,7 @@ fn gaps_of_one_source_read_merged_segments_and_verify_checks_their_positions() {
 fn downgrade_to_3(db: &Path) {
     let rdb = redb::Database::create(db).unwrap();
     let txn = rdb.begin_write().unwrap();
-    crate::key_index::set_schema_version(&txn, 4, 3);
+    crate::key_index::set_schema_version(&txn, SCHEMA_VERSION, 3);
     txn.open_table(META_TABLE)
         .unwrap()
         .remove(INDEX_MERGE.key())
@@ -307,6 +315,101 @@ fn a_file_of_schema_version_3_is_merged_by_the_upgrade_and_copied_to_postgresql_
     assert_eq!(explain_matches_dump(&["--config", &cfg]), want);
     let verified = ok(&["verify", "--config", &cfg]);
     assert!(source_index_line(&verified).is_some(), "{verified}");
+}
+
+/// (merged rows stored one by one in the two indexes' tables, packed runs of both; `None`
+/// for a packed table that does not exist).
+fn merged_storage(db: &Path) -> (usize, Option<usize>) {
+    use redb::ReadableTableMetadata as _;
+    let rdb = redb::Database::open(db).unwrap();
+    let txn = rdb.begin_read().unwrap();
+    let keys = txn.open_table(AUDIT_KEYS).unwrap();
+    let sources = txn.open_table(AUDIT_SOURCES).unwrap();
+    let one_by_one = keys.range((MERGED, 0)..(UNNUMBERED, 0)).unwrap().count()
+        + sources.range((MERGED, 0)..(UNNUMBERED, 0)).unwrap().count();
+    let runs = match (
+        txn.open_table(AUDIT_KEYS_PACKED),
+        txn.open_table(AUDIT_SOURCES_PACKED),
+    ) {
+        (Ok(k), Ok(s)) => Some((k.len().unwrap() + s.len().unwrap()) as usize),
+        _ => None,
+    };
+    (one_by_one, runs)
+}
+
+/// Takes a file of this version back to schema version 4: every packed run unpacked into the
+/// merged rows it stands for, stored one by one in the indexes' tables as version 4 wrote
+/// them, and the packed tables gone.
+fn downgrade_to_4(db: &Path) {
+    let rdb = redb::Database::create(db).unwrap();
+    let txn = rdb.begin_write().unwrap();
+    unpack_all(&txn, AUDIT_KEYS).unwrap();
+    unpack_all(&txn, AUDIT_SOURCES).unwrap();
+    assert!(txn.delete_table(AUDIT_KEYS_PACKED).unwrap());
+    assert!(txn.delete_table(AUDIT_SOURCES_PACKED).unwrap());
+    crate::key_index::set_schema_version(&txn, SCHEMA_VERSION, 4);
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_file_of_schema_version_4_is_read_as_it_is_and_its_merged_rows_packed_by_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("k.redb");
+    let s = db.to_str().unwrap();
+    create(&db);
+    ok(&["ingest", "--db", s, key_feed(dir.path()).to_str().unwrap()]);
+    let store = ["--db", s];
+    let (keys, sources) = (index_rows(&db), source_rows(&db));
+    let merged_rows = keys.iter().filter(|(b, _)| merged(*b)).count()
+        + sources.iter().filter(|((b, _), _)| merged(*b)).count();
+    assert!(merged_rows > 3 * AUDIT_KEY_BLOCK as usize, "{merged_rows}");
+    let (one_by_one, runs) = merged_storage(&db);
+    assert_eq!(one_by_one, 0, "the writer stores merged rows packed only");
+    let runs = runs.unwrap();
+    // Segments of one block give each key group about one row; the one source's rows of a
+    // segment fill few runs.
+    assert!(
+        runs > 0 && runs * 2 < merged_rows,
+        "{runs} runs for {merged_rows} rows"
+    );
+    let (want, gaps) = (explain_matches_dump(&store), gaps_agree(&store));
+
+    downgrade_to_4(&db);
+    assert_eq!(merged_storage(&db), (merged_rows, None));
+    // Read as it is until a writer upgrades it.
+    assert_eq!(
+        (index_rows(&db), source_rows(&db)),
+        (keys.clone(), sources.clone())
+    );
+    assert_eq!(explain_matches_dump(&store), want);
+    assert_eq!(gaps_agree(&store), gaps);
+    let verified = ok(&["verify", "--db", s]);
+    assert!(key_index_line(&verified).is_some(), "{verified}");
+
+    // A writer's open packs every merged row, in the upgrade's one transaction.
+    Store::open(&db, StoreOptions::default(), 2)
+        .unwrap()
+        .close()
+        .unwrap();
+    assert_eq!(merged_storage(&db), (0, Some(runs)));
+    assert_eq!((index_rows(&db), source_rows(&db)), (keys.clone(), sources));
+    assert_eq!(explain_matches_dump(&store), want);
+    assert_eq!(gaps_agree(&store), gaps);
+    let verified = ok(&["verify", "--db", s]);
+    assert!(
+        key_index_line(&verified)
+            .is_some_and(|l| l.contains(&format!("each of the {} ", keys.len()))),
+        "{verified}"
+    );
+    assert!(source_index_line(&verified).is_some(), "{verified}");
+    let rdb = redb::Database::open(&db).unwrap();
+    let txn = rdb.begin_read().unwrap();
+    let meta = txn.open_table(META_TABLE).unwrap();
+    let meta = replay_guard::store::tables::META
+        .get(&meta)
+        .unwrap()
+        .unwrap();
+    assert_eq!(meta.schema_version, SCHEMA_VERSION);
 }
 
 #[test]

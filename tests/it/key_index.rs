@@ -8,8 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use replay_guard::json::{Json, parse};
+use replay_guard::store::index_merge::for_each_packed;
 use replay_guard::store::tables::{
-    AUDIT, AUDIT_FENCE, AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_SOURCES, META, META_TABLE,
+    ALL_SEGMENTS, AUDIT, AUDIT_FENCE, AUDIT_KEY_BLOCK, AUDIT_KEYS, AUDIT_KEYS_PACKED,
+    AUDIT_SOURCES, META, META_TABLE, SCHEMA_VERSION,
 };
 
 use crate::common::{self, msg};
@@ -185,7 +187,7 @@ fn downgrade(db: &Path) {
     assert!(txn.delete_table(AUDIT_SOURCES).unwrap());
     txn.delete_table(AUDIT_FENCE).unwrap(); // there after an upgrade only
     txn.rename_table(AUDIT.raw(), OLD_AUDIT).unwrap();
-    set_schema_version(&txn, 4, 1);
+    set_schema_version(&txn, SCHEMA_VERSION, 1);
     txn.commit().unwrap();
 }
 
@@ -209,12 +211,23 @@ fn meta_version(db: &redb::Database) -> u32 {
     META.get(&t).unwrap().unwrap().schema_version
 }
 
+/// Every row of the key index, merged rows packed or not as the rows they stand for, in
+/// order.
 pub(crate) fn index_rows(db: &Path) -> Vec<(u64, u64)> {
     use redb::{ReadableDatabase as _, ReadableTable as _};
     let rdb = redb::Database::open(db).unwrap();
     let txn = rdb.begin_read().unwrap();
     let t = txn.open_table(AUDIT_KEYS).unwrap();
-    t.iter().unwrap().map(|r| r.unwrap().0.value()).collect()
+    let mut rows: Vec<(u64, u64)> = t.iter().unwrap().map(|r| r.unwrap().0.value()).collect();
+    if let Ok(packed) = txn.open_table(AUDIT_KEYS_PACKED) {
+        for_each_packed::<()>(&packed, ALL_SEGMENTS, &mut |k, ()| {
+            rows.push(k);
+            Ok(())
+        })
+        .unwrap();
+    }
+    rows.sort_unstable();
+    rows
 }
 
 #[test]

@@ -9,7 +9,11 @@
 
 use std::path::{Path, PathBuf};
 
-use replay_guard::store::tables::{AUDIT_KEY_BLOCK, AUDIT_SOURCES, META, SourceRow, UNNUMBERED};
+use replay_guard::store::index_merge::for_each_packed;
+use replay_guard::store::tables::{
+    ALL_SEGMENTS, AUDIT_KEY_BLOCK, AUDIT_SOURCES, AUDIT_SOURCES_PACKED, META, SCHEMA_VERSION,
+    SourceRow, UNNUMBERED,
+};
 
 use crate::common::msg;
 use crate::key_index::{
@@ -87,13 +91,23 @@ pub(crate) fn source_rows(db: &Path) -> Vec<SourceRow> {
     let rdb = redb::Database::open(db).unwrap();
     let txn = rdb.begin_read().unwrap();
     let t = txn.open_table(AUDIT_SOURCES).unwrap();
-    t.iter()
+    let mut rows: Vec<SourceRow> = t
+        .iter()
         .unwrap()
         .map(|r| {
             let (k, v) = r.unwrap();
             (k.value(), v.value())
         })
-        .collect()
+        .collect();
+    if let Ok(packed) = txn.open_table(AUDIT_SOURCES_PACKED) {
+        for_each_packed::<(u64, u64)>(&packed, ALL_SEGMENTS, &mut |k, v| {
+            rows.push((k, v));
+            Ok(())
+        })
+        .unwrap();
+    }
+    rows.sort_unstable();
+    rows
 }
 
 /// Takes a file back to schema version 2: no source index, meta version 2.
@@ -101,7 +115,7 @@ fn downgrade_to_2(db: &Path) {
     let rdb = redb::Database::create(db).unwrap();
     let txn = rdb.begin_write().unwrap();
     assert!(txn.delete_table(AUDIT_SOURCES).unwrap());
-    crate::key_index::set_schema_version(&txn, 4, 2);
+    crate::key_index::set_schema_version(&txn, SCHEMA_VERSION, 2);
     txn.commit().unwrap();
 }
 
@@ -481,7 +495,7 @@ fn a_populated_postgresql_schema_of_version_2_is_upgraded_in_place_by_the_next_w
     let meta_hex =
         pg.sql("SELECT encode(record, 'hex') FROM replay_guard.meta WHERE name = 'meta'");
     let mut meta = META.decode(&unhex(meta_hex.trim())).unwrap();
-    assert_eq!(meta.schema_version, 4);
+    assert_eq!(meta.schema_version, SCHEMA_VERSION);
     meta.schema_version = 1;
     pg.sql(&format!(
         "DROP TABLE replay_guard.audit_keys; DROP TABLE replay_guard.audit_sources; \

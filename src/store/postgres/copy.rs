@@ -10,6 +10,7 @@ use redb::{ReadTransaction, ReadableTable};
 use super::PgStore;
 use super::conn::Conn;
 use super::tx::db;
+use crate::store::index_merge::for_each_packed;
 use crate::store::tables::*;
 use crate::store::{Snapshot, StoreError};
 
@@ -188,6 +189,41 @@ impl CopyTable for ToPg<'_> {
             V::cells(v.value(), &mut push);
             if cols[0].len() >= CHUNK {
                 self.send(t.pg_table, &sql, &mut cols)?;
+            }
+        }
+        if unmerge {
+            // The packed merged rows (`index_merge`), each under its block's bucket.
+            let keys = name == redb::TableHandle::name(&AUDIT_KEYS);
+            let def = if keys {
+                AUDIT_KEYS_PACKED
+            } else {
+                AUDIT_SOURCES_PACKED
+            };
+            let packed = match self.txn.open_table(def) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(StoreError::redb(e)),
+            };
+            if let Some(packed) = packed {
+                let mut row = |(bucket, index): (u64, u64),
+                               position: Option<(u64, u64)>|
+                 -> Result<(), StoreError> {
+                    let mut cells = vec![block_bucket(bucket, index), index];
+                    cells.extend(position.into_iter().flat_map(|(e, q)| [e, q]));
+                    for (col, x) in cols.iter_mut().zip(cells) {
+                        col.push(Cell::Int(x));
+                    }
+                    if cols[0].len() >= CHUNK {
+                        self.send(t.pg_table, &sql, &mut cols)?;
+                    }
+                    Ok(())
+                };
+                let all = ALL_SEGMENTS;
+                if keys {
+                    for_each_packed::<()>(&packed, all, &mut |k, ()| row(k, None))?;
+                } else {
+                    for_each_packed::<(u64, u64)>(&packed, all, &mut |k, v| row(k, Some(v)))?;
+                }
             }
         }
         self.send(t.pg_table, &sql, &mut cols)
