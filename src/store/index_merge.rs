@@ -155,7 +155,7 @@ pub fn merge_rows<V: IndexRow>(
         };
     }
     let mut moved = 0;
-    let mut rows: Vec<(u64, u64, V::Owned)> = Vec::new();
+    let mut rows: Vec<Merged<V::Owned>> = Vec::new();
     while moved < budget && mark.segment < span.complete {
         let segment = mark.segment;
         let blocks = segment * blocks_per_segment..(segment + 1) * blocks_per_segment;
@@ -195,7 +195,8 @@ pub fn merge_rows<V: IndexRow>(
                 let Some(Reverse((low, index, i, v))) = heap.pop() else {
                     break;
                 };
-                rows.push((low, index, v));
+                // Lows come from 32-bit fields of the bucket.
+                rows.push((low as u32, index, v));
                 taken[i] = Some((low, index));
                 next(&mut ranges, i, &mut heap)?;
             }
@@ -208,10 +209,7 @@ pub fn merge_rows<V: IndexRow>(
             };
             continue;
         };
-        // Lows come from 32-bit fields of the bucket.
-        let merged: Vec<Merged<V::Owned>> =
-            rows.iter().map(|&(low, i, v)| (low as u32, i, v)).collect();
-        put_packed::<V>(packed, segment, &merged)?;
+        put_packed::<V>(packed, segment, &rows)?;
         for (block, last) in blocks.zip(&taken) {
             if let Some((low, index)) = *last {
                 let last = (audit_key_block_start(block) | low, index);
@@ -220,7 +218,7 @@ pub fn merge_rows<V: IndexRow>(
                     .map_err(r)?;
             }
         }
-        mark.next = (low, index.saturating_add(1));
+        mark.next = (u64::from(low), index.saturating_add(1));
         moved += rows.len() as u64;
     }
     Ok(moved)
