@@ -3,7 +3,7 @@
 
 use crate::json::{self, JsonError, Pointer, Value};
 use crate::key::{canonical_digest, message_digest, sha256};
-use crate::model::{MAX_NAME_BYTES, Message, Position, Source, hex};
+use crate::model::{Digest, MAX_NAME_BYTES, Message, Position, Source, hex};
 
 /// Default `max_payload_bytes`: 256 KiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
@@ -152,6 +152,14 @@ pub fn decode(payload: &[u8], contract: &FeedContract) -> Result<Message, Decode
     Ok(Message::new(source, position, digest))
 }
 
+/// The content digest `decode` gives a well-formed payload under a contract that ignores no
+/// member: SHA-256 of its canonical JSON. The store recomputes a stored effect's digest with
+/// it (`store::stored`), so the limits are the widest any config admits.
+pub fn whole_digest(payload: &[u8]) -> Result<Digest, JsonError> {
+    let mut value = json::parse_borrowed(payload, STORED_MAX_DEPTH)?;
+    canonical_digest(&mut value)
+}
+
 fn kind(v: &Value<'_>) -> &'static str {
     match v {
         Value::Null => "null",
@@ -226,6 +234,9 @@ pub struct Incoming {
     pub payload: Vec<u8>,
     pub received_at_ms: u64,
     pub decoded: Result<Message, DecodeError>,
+    /// `decoded`'s digest is `whole_digest(&payload)` (the contract ignores no member), so a
+    /// stored effect of it need not hold the digest (`store::stored`).
+    pub whole_digest: bool,
 }
 
 impl Incoming {
@@ -240,6 +251,7 @@ impl Incoming {
             topic: topic.into(),
             payload,
             received_at_ms,
+            whole_digest: decoded.is_ok() && contract.digest_ignore.is_empty(),
             decoded,
         }
     }
@@ -265,6 +277,7 @@ impl Incoming {
                 limit,
                 sha256,
             }),
+            whole_digest: false,
         }
     }
 }

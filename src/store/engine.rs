@@ -39,6 +39,8 @@ pub(super) struct EffectOrigin<'a> {
     pub(super) late: bool,
     pub(super) released: bool,
     pub(super) audit_index: u64,
+    /// The message's digest is `wire::whole_digest(payload)` (`Incoming::whole_digest`).
+    pub(super) whole_digest: bool,
 }
 
 /// Cached state of one source during a batch.
@@ -292,7 +294,12 @@ impl<T: Tx> Writer<T> {
                     None
                 } else {
                     let wkey = (no, msg.position.epoch, msg.position.sequence);
-                    self.tx.window(wkey)?.map(|w| Seen {
+                    if incoming.whole_digest {
+                        super::stored::expect_resend(&incoming.payload, msg.digest.as_bytes());
+                    }
+                    let found = self.tx.window(wkey);
+                    super::stored::forget_resend();
+                    found?.map(|w| Seen {
                         digest: Digest::from_bytes(w.digest),
                         effect_offset: w.effect_offset,
                     })
@@ -323,6 +330,7 @@ impl<T: Tx> Writer<T> {
                         late,
                         released: false,
                         audit_index,
+                        whole_digest: incoming.whole_digest,
                     },
                 )?;
                 if !late {
@@ -410,7 +418,11 @@ impl<T: Tx> Writer<T> {
         effect.payload.clear();
         effect.payload.extend_from_slice(origin.payload);
         effect.digest = Some(*msg.digest.as_bytes());
+        if origin.whole_digest {
+            super::stored::note_whole_digest(msg.digest.as_bytes());
+        }
         let put = self.tx.put_effect(offset, &effect);
+        super::stored::forget_whole_digest();
         self.effect_buf = Some(effect);
         put?;
         let w = WindowRecord {

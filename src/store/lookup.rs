@@ -378,9 +378,9 @@ impl Snapshot {
                 // An entry of an evicted effect is no longer in the window (`Meta::window_purged`).
                 let start = META.read(txn)?.map_or(0, |m| m.window_start);
                 let window = window.filter(|w| w.effect_offset >= start);
-                let effects = EFFECTS.open(txn)?;
+                let (effects, audit) = (EFFECTS.open(txn)?, AUDIT.open(txn)?);
                 let window = window
-                    .map(|w| w.resolve(key(no), |offset| effects.digest(offset)))
+                    .map(|w| w.resolve(key(no), |offset| effects.digest_or_audited(&audit, offset)))
                     .transpose()?;
                 Ok::<_, StoreError>(Some((no, SOURCES.open(txn)?.get(no)?, window)))
             })?,

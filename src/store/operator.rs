@@ -308,7 +308,13 @@ impl<T: Tx> Writer<T> {
                 )));
             }
             self.check_release(id, msg, &rec, prior)?;
-            effect_offset = Some(self.apply_released(msg, &rec, audit_index, now_ms)?);
+            effect_offset = Some(self.apply_released(
+                msg,
+                &rec,
+                audit_index,
+                now_ms,
+                contract.digest_ignore.is_empty(),
+            )?);
         }
         let msg = decoded.ok();
         let outcome = resolution.outcome();
@@ -406,6 +412,7 @@ impl<T: Tx> Writer<T> {
         rec: &QuarantineRecord,
         audit_index: u64,
         now_ms: u64,
+        whole_digest: bool,
     ) -> Result<u64, StoreError> {
         let (no, late) = match self.source_no(&msg.source)? {
             Some(no) => {
@@ -435,6 +442,7 @@ impl<T: Tx> Writer<T> {
                 late,
                 released: true,
                 audit_index,
+                whole_digest,
             },
         )
     }

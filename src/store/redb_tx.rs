@@ -186,7 +186,9 @@ impl<'t> RedbTx<'t> {
 impl RedbTx<'_> {
     /// `entry` with its digest (its own or its effect's).
     fn resolve(&self, key: WindowKey, entry: WindowEntry) -> Result<WindowRecord, StoreError> {
-        entry.resolve(key, |offset| self.effects.digest(offset))
+        entry.resolve(key, |offset| {
+            self.effects.digest_or_audited(&self.audit, offset)
+        })
     }
 
     /// Whether `key`'s entry in `WINDOW` has been removed (`WINDOW_GONE`).

@@ -20,6 +20,12 @@
 //! Audit record version 3 leaves out the entry's own hash when the writer chained it at the
 //! index it is stored at (`StoredHash::Chained`, `note_chained`): a read recomputes it from
 //! that index, the content and `prev_hash`, so it decodes only where its index is known.
+//!
+//! Effect record version 4 leaves out the content digest when it is the payload's own
+//! (`wire::whole_digest`: the contract ignored no member), as the engine notes right before
+//! it writes the effect (`StoredDigest::Payload`, `note_whole_digest`): a read parses the
+//! payload and recomputes it. An effect under `digest_ignore`, or one the note does not
+//! name, keeps the digest's bytes.
 
 use serde::{Deserialize, Serialize};
 
@@ -360,6 +366,74 @@ struct EffectV3<S, B> {
     rest: EffectRest<S, B>,
 }
 
+/// `EffectRecord` as stored at record version 4: version 3 with the digest left out when it
+/// is its payload's (`StoredDigest::Payload`).
+#[derive(Serialize, Deserialize)]
+struct EffectV4<S, B> {
+    head: EffectHead,
+    digest: StoredDigest,
+    rest: EffectRest<S, B>,
+}
+
+/// How an effect of record version 4 holds its content digest.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredDigest {
+    /// None (an effect written before the window left its digest to the effect).
+    None,
+    /// `wire::whole_digest` of the effect's payload: the writer decoded the payload under a
+    /// contract that ignores no member (`note_whole_digest`), and a reader recomputes it.
+    Payload,
+    Bytes([u8; 32]),
+}
+
+thread_local!(static WHOLE: std::cell::Cell<Option<[u8; 32]>> = const { std::cell::Cell::new(None) });
+
+/// Tells this thread's next effect encoding that `digest` is `wire::whole_digest` of the
+/// payload of the effect it encodes: the engine calls it right before it writes a decoded
+/// message's effect, when the message's contract ignores no member (`Incoming::whole_digest`),
+/// and clears it (`forget_whole_digest`) right after. Any other effect (a released quarantine
+/// record, a copy, a digest under `digest_ignore`) keeps its digest's bytes.
+pub(crate) fn note_whole_digest(digest: &[u8; 32]) {
+    WHOLE.set(Some(*digest));
+}
+
+/// Undoes an unused `note_whole_digest` (a backend that encodes its effects later).
+pub(crate) fn forget_whole_digest() {
+    WHOLE.set(None);
+}
+
+thread_local!(static RESEND: std::cell::RefCell<(Vec<u8>, Option<[u8; 32]>)> =
+    const { std::cell::RefCell::new((Vec::new(), None)) });
+
+/// Tells this thread's next reads of an effect's digest that `payload` (decoded under a
+/// contract that ignores no member) has the digest `digest`: an effect whose payload is these
+/// very bytes, and whose digest is its payload's, has that digest without parsing the
+/// payload again. The engine calls it before it looks a delivery's position up in the window
+/// (a broker's redelivery is the same bytes), and `forget_resend` after.
+pub(crate) fn expect_resend(payload: &[u8], digest: &[u8; 32]) {
+    RESEND.with_borrow_mut(|(bytes, d)| {
+        bytes.clear();
+        bytes.extend_from_slice(payload);
+        *d = Some(*digest);
+    });
+}
+
+/// Undoes `expect_resend`.
+pub(crate) fn forget_resend() {
+    RESEND.with_borrow_mut(|(_, d)| *d = None);
+}
+
+/// The digest of `payload`, which gives a version-4 effect's digest: `expect_resend`'s when
+/// the bytes are the ones it named, else recomputed (`None` if they no longer parse).
+fn payload_digest(payload: &[u8]) -> Option<[u8; 32]> {
+    let known = RESEND.with_borrow(|(bytes, d)| d.filter(|_| bytes.as_slice() == payload));
+    known.or_else(|| {
+        crate::wire::whole_digest(payload)
+            .ok()
+            .map(|d| *d.as_bytes())
+    })
+}
+
 /// The fields of a stored effect after its head (and digest).
 #[derive(Serialize, Deserialize)]
 struct EffectRest<S, B> {
@@ -374,14 +448,19 @@ struct EffectRest<S, B> {
 }
 
 pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-    let stored = EffectV3::<&str, bytes::Bytes> {
+    let digest = match r.digest {
+        None => StoredDigest::None,
+        Some(d) if WHOLE.take() == Some(d) => StoredDigest::Payload,
+        Some(d) => StoredDigest::Bytes(d),
+    };
+    let stored = EffectV4::<&str, bytes::Bytes> {
         head: EffectHead {
             source_no: r.source_no,
             epoch: r.epoch,
             sequence: r.sequence,
             received_at_ms: r.received_at_ms,
         },
-        digest: r.digest,
+        digest,
         rest: EffectRest {
             key: StoredKey::of(
                 Some(&r.key),
@@ -402,7 +481,24 @@ pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<
     postcard::to_extend(&stored, out)
 }
 
+/// Decodes a version 4 effect body. A digest stored as its payload's is recomputed; a
+/// payload that no longer parses (damage) reads with no digest, never a guessed one: the
+/// record still reads (`dump-effects` and `verify` name its payload), and a window lookup
+/// that needs its digest takes the one its applying audit entry recorded
+/// (`digest_or_audited`), or is an error naming the entry and the effect
+/// (`WindowEntry::resolve`).
 pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
+    let s: EffectV4<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
+    let digest = match s.digest {
+        StoredDigest::None => None,
+        StoredDigest::Bytes(d) => Some(d),
+        StoredDigest::Payload => payload_digest(&s.rest.payload.0),
+    };
+    effect_of(s.head, digest, s.rest)
+}
+
+/// Decodes a version 3 effect body (its digest, if any, stored).
+pub(super) fn decode_effect_v3(body: &[u8]) -> postcard::Result<EffectRecord> {
     let s: EffectV3<String, bytes::ByteBuf> = postcard::from_bytes(body)?;
     effect_of(s.head, s.digest, s.rest)
 }
@@ -443,9 +539,23 @@ fn effect_of(
 }
 
 /// The digest of a version 3 effect body (`None` if it holds none), without decoding the rest.
-pub(super) fn effect_digest(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
+pub(super) fn effect_digest_v3(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
     let ((_, digest), _) = postcard::take_from_bytes::<(EffectHead, Option<[u8; 32]>)>(body)?;
     Ok(digest)
+}
+
+/// The digest of a version 4 effect body (`None` if it holds none, or its payload no longer
+/// parses): read from its leading fields when stored, else recomputed from its payload.
+pub(super) fn effect_digest(body: &[u8]) -> postcard::Result<Option<[u8; 32]>> {
+    let ((_, digest), _) = postcard::take_from_bytes::<(EffectHead, StoredDigest)>(body)?;
+    match digest {
+        StoredDigest::None => Ok(None),
+        StoredDigest::Bytes(d) => Ok(Some(d)),
+        StoredDigest::Payload => {
+            let s: EffectV4<&str, &[u8]> = postcard::from_bytes(body)?;
+            Ok(payload_digest(s.rest.payload))
+        }
+    }
 }
 
 /// The payload as `tables::bytes` stores it (one length-prefixed blob), borrowed when
@@ -478,7 +588,7 @@ mod tests {
     use crate::decide::{OutOfOrder, Seen, SourceMarks, decide};
     use crate::model::{Digest, Message, Outcome, Position, Source};
     use crate::store::tables::{
-        AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2, RECORD_V3, WINDOW,
+        AUDIT, AuditHead, EFFECTS, EffectHead, RECORD_V1, RECORD_V2, RECORD_V3, RECORD_V4, WINDOW,
         WindowEntry, WindowRecord, effect_digest,
     };
 
@@ -601,18 +711,51 @@ mod tests {
         assert_eq!(AUDIT.encode(&stored).len(), v2.len() + 1);
     }
 
+    /// The stored form of `e` at record version 3 (its digest, if any, always stored).
+    fn effect_v3(e: &EffectRecord) -> Vec<u8> {
+        let mut v3 = vec![RECORD_V3];
+        let stored = EffectV3::<&str, bytes::Bytes> {
+            head: EffectHead {
+                source_no: e.source_no,
+                epoch: e.epoch,
+                sequence: e.sequence,
+                received_at_ms: e.received_at_ms,
+            },
+            digest: e.digest,
+            rest: EffectRest {
+                key: StoredKey::Derived,
+                agency: &e.agency,
+                source_id: &e.source_id,
+                topic: &e.topic,
+                late: e.late,
+                released: e.released,
+                audit_index: e.audit_index,
+                payload: bytes::Bytes(&e.payload),
+            },
+        };
+        v3.extend(postcard::to_allocvec(&stored).unwrap());
+        v3
+    }
+
     /// Version 3 adds the content digest after the head; a version-2 effect (every file
-    /// before it) decodes with none, and its head and digest read as before.
+    /// before it) decodes with none, and its head and digest read as before; a version-3
+    /// effect (every file of schema 5) decodes with its digest.
     #[test]
     fn an_effect_holds_its_digest_from_version_3_and_older_ones_still_decode() {
         let e = effect();
-        let v3 = EFFECTS.encode(&e);
+        let v4 = EFFECTS.encode(&e);
+        assert_eq!(effect_digest(0, &v4).unwrap(), Some([5; 32]));
+        let v3 = effect_v3(&e);
+        assert_eq!(v3.len(), v4.len());
+        assert_eq!(EFFECTS.decode(&0, &v3).unwrap(), e);
         assert_eq!(effect_digest(0, &v3).unwrap(), Some([5; 32]));
         let none = EffectRecord {
             digest: None,
             ..e.clone()
         };
         assert_eq!(effect_digest(0, &EFFECTS.encode(&none)).unwrap(), None);
+        assert_eq!(effect_digest(0, &effect_v3(&none)).unwrap(), None);
+        assert_eq!(EFFECTS.decode(&0, &effect_v3(&none)).unwrap(), none);
         let mut v2 = vec![RECORD_V2];
         let stored = Effect::<&str, bytes::Bytes> {
             head: EffectHead {
@@ -640,6 +783,55 @@ mod tests {
         assert_eq!(v3.len(), v2.len() + 33);
         // A version-1 effect (serde form, no digest field) decodes with none too.
         assert_eq!(EFFECTS.decode(&0, &version_1(&none)).unwrap(), none);
+    }
+
+    /// An effect whose digest the engine noted as its payload's (version 4) leaves the
+    /// 32 bytes out and reads back with the digest recomputed; an effect the note does not
+    /// name keeps them; a payload that no longer parses reads with none, never a guessed one.
+    #[test]
+    fn an_effect_leaves_out_its_payloads_digest_only_when_noted_and_reads_it_back() {
+        let mut e = effect();
+        let whole = *crate::wire::whole_digest(&e.payload).unwrap().as_bytes();
+        e.digest = Some(whole);
+        let kept = EFFECTS.encode(&e);
+        note_whole_digest(&whole);
+        let derived = EFFECTS.encode(&e);
+        assert_eq!((derived[0], derived.len() + 32), (RECORD_V4, kept.len()));
+        assert_eq!(EFFECTS.decode(&0, &derived).unwrap(), e);
+        assert_eq!(effect_digest(0, &derived).unwrap(), Some(whole));
+        // The note is used once, and only for the digest it names.
+        assert_eq!(EFFECTS.encode(&e), kept);
+        note_whole_digest(&[5; 32]);
+        assert_eq!(EFFECTS.encode(&e), kept);
+        forget_whole_digest();
+        note_whole_digest(&whole);
+        forget_whole_digest();
+        assert_eq!(EFFECTS.encode(&e), kept);
+        // The same content spelled otherwise has the same digest, read back from its bytes.
+        let mut respelled = e.clone();
+        respelled.payload =
+            br#"{ "sequence": 99.0, "epoch": 2, "source_id": "e1", "agency": "fd" }"#.to_vec();
+        note_whole_digest(&whole);
+        let bytes = EFFECTS.encode(&respelled);
+        assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), respelled);
+        // A damaged payload: the record reads with no digest, not a guessed one.
+        let mut damaged = derived.clone();
+        let at = damaged.len() - 2;
+        damaged[at] = b'{';
+        let read = EFFECTS.decode(&7, &damaged).unwrap();
+        assert_eq!((read.digest, read.sequence), (None, 99));
+        assert_eq!(effect_digest(7, &damaged).unwrap(), None);
+        // A lookup for a resend of the same bytes takes the resend's digest without parsing
+        // the payload (shown here with a digest no parse would give); other bytes are parsed.
+        expect_resend(&e.payload, &[7; 32]);
+        assert_eq!(effect_digest(0, &derived).unwrap(), Some([7; 32]));
+        expect_resend(&respelled.payload, &[7; 32]);
+        assert_eq!(effect_digest(0, &derived).unwrap(), Some(whole));
+        forget_resend();
+        assert_eq!(effect_digest(0, &derived).unwrap(), Some(whole));
+        // Head reads (eviction, retention) are unchanged.
+        let head: EffectHead = EFFECTS.head(0, &derived).unwrap();
+        assert_eq!((head.source_no, head.epoch, head.sequence), (3, 2, 99));
     }
 
     /// A window entry of version 2 stores its digest only when its effect does not hold it;
@@ -709,7 +901,7 @@ mod tests {
 
         let e = effect();
         let bytes = EFFECTS.encode(&e);
-        assert_eq!(bytes[0], RECORD_V3);
+        assert_eq!(bytes[0], RECORD_V4);
         assert_eq!(EFFECTS.decode(&0, &bytes).unwrap(), e);
         // The key's 32 bytes become a one-byte tag; the digest (not in version 1) takes 33.
         assert_eq!(bytes.len() + 31, version_1(&e).len() + 33);

@@ -19,11 +19,12 @@ use super::StoreError;
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line. Version 2
 /// added `AUDIT_KEYS`, version 3 `AUDIT_SOURCES`, version 4 their merged segments
 /// (`MERGED`, `INDEX_MERGE`), version 5 the merged rows packed (`AUDIT_KEYS_PACKED`,
-/// `AUDIT_SOURCES_PACKED`); `upgrade` takes a store of version 1 to 4 there.
-pub const SCHEMA_VERSION: u32 = 5;
+/// `AUDIT_SOURCES_PACKED`), version 6 effect records of version 4 (`RECORD_V4`), which a
+/// build before it cannot read; `upgrade` takes a store of version 1 to 5 there.
+pub const SCHEMA_VERSION: u32 = 6;
 /// First byte of every stored record of the first version (every record type but
-/// `SinkRecord`, `AuditRecord` and `EffectRecord`, at 3, and `WindowEntry` and `Meta`, at 2:
-/// see `Record`).
+/// `EffectRecord`, at 4, `SinkRecord` and `AuditRecord`, at 3, and `WindowEntry` and `Meta`,
+/// at 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
 /// stored (`stored`). `WindowEntry`: the digest left to the effect record (`WindowEntry`).
@@ -32,6 +33,8 @@ pub const RECORD_V2: u8 = 2;
 /// `EffectRecord` with the content digest (`stored`), which the window entry leaves out;
 /// `AuditRecord` without its hash when the writer chained it at its index (`stored`).
 pub const RECORD_V3: u8 = 3;
+/// `EffectRecord` without its content digest when the digest is its payload's (`stored`).
+pub const RECORD_V4: u8 = 4;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
 /// older version of it decode. A changed record gets a new `VERSION`, keeps decoding every
@@ -856,17 +859,48 @@ where
     }
 }
 
-/// The content digest a stored effect record holds (record version 3 on), read from its
-/// leading fields.
-pub fn effect_digest(offset: u64, bytes: &[u8]) -> Result<Option<[u8; 32]>, RecordError> {
-    match bytes.split_first() {
-        Some((&RECORD_V3, body)) => super::stored::effect_digest(body).map_err(|e| RecordError {
-            table: EFFECTS.name(),
-            key: offset.to_string(),
-            why: format!("postcard: {e}"),
-        }),
-        _ => Ok(None),
+impl<T> Opened<T, u64, EffectRecord>
+where
+    T: ReadableTable<u64, &'static [u8]>,
+{
+    /// `digest`, or, for an effect that holds none because its payload (which gives its
+    /// digest, record version 4) no longer parses, the digest its applying audit entry
+    /// recorded, read from `audit`: a damaged payload does not stop the window from telling a
+    /// replay of the message that was applied.
+    pub fn digest_or_audited<A>(
+        &self,
+        audit: &Opened<A, u64, AuditRecord>,
+        offset: u64,
+    ) -> Result<Option<[u8; 32]>, StoreError>
+    where
+        A: ReadableTable<u64, &'static [u8]>,
+    {
+        if let Some(d) = self.digest(offset)? {
+            return Ok(Some(d));
+        }
+        let Some(effect) = self.get(offset)? else {
+            return Ok(None);
+        };
+        Ok(audit
+            .get(effect.audit_index)?
+            .filter(|a| a.effect_offset == Some(offset))
+            .and_then(|a| a.digest))
     }
+}
+
+/// The content digest a stored effect record holds (record version 3 on), read from its
+/// leading fields, or from version 4 on recomputed from its payload where it left it out.
+pub fn effect_digest(offset: u64, bytes: &[u8]) -> Result<Option<[u8; 32]>, RecordError> {
+    let read = match bytes.split_first() {
+        Some((&RECORD_V4, body)) => super::stored::effect_digest(body),
+        Some((&RECORD_V3, body)) => super::stored::effect_digest_v3(body),
+        _ => return Ok(None),
+    };
+    read.map_err(|e| RecordError {
+        table: EFFECTS.name(),
+        key: offset.to_string(),
+        why: format!("postcard: {e}"),
+    })
 }
 
 impl<K, R> Opened<Table<'_, K, &'static [u8]>, K, R>
@@ -1520,11 +1554,12 @@ impl Record for WindowEntry {
 /// Version 1 is the serde form of the struct (without `digest`); version 2
 /// `stored::encode_effect`'s without the digest, version 3 with it.
 impl Record for EffectRecord {
-    const VERSION: u8 = RECORD_V3;
+    const VERSION: u8 = RECORD_V4;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
         match version {
             RECORD_V1 => Some(postcard::from_bytes(body)),
             RECORD_V2 => Some(super::stored::decode_effect_v2(body)),
+            RECORD_V3 => Some(super::stored::decode_effect_v3(body)),
             _ => None,
         }
     }
@@ -1614,7 +1649,8 @@ impl WindowEntry {
                     key: Shown::<(u64, u64, u64)>(&key).to_string(),
                     why: format!(
                         "the window entry leaves its digest to effect {}, which holds none \
-                         (missing or written before record version 3)",
+                         (missing, written before record version 3, or its payload, which \
+                         gives its digest, no longer parses)",
                         self.effect_offset
                     ),
                 })

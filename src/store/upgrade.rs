@@ -24,6 +24,11 @@
 //! `tables::AUDIT_SOURCES_PACKED`): a few bytes a row instead of 16 or 32 plus the B-tree's.
 //! Nothing changes on PostgreSQL. A writer of a version-4 build refuses the upgraded store;
 //! its inspectors, reading merged rows only one by one, would miss the packed ones.
+//!
+//! Version 5 -> 6: nothing is rewritten. From version 6 an effect whose content digest is its
+//! payload's leaves the digest out (effect record version 4, `store::stored`), which a build
+//! of version 5 cannot decode: the version only makes such a build refuse the store. Effects
+//! of record version 3 keep their digest and read as before.
 
 use std::collections::HashMap;
 
@@ -82,12 +87,13 @@ pub fn to_current(tx: &mut dyn Tx) -> Result<Option<Upgraded>, StoreError> {
         from,
         to = SCHEMA_VERSION,
         entries,
-        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: {} the audit log's indexes ({entries} entries; a build before this one refuses the upgraded store)",
+        "upgrading the store's schema from version {from} to {SCHEMA_VERSION}: {} ({entries} audit entries; a build before this one refuses the upgraded store)",
         match from {
-            1 => "building and merging",
-            2 => "completing and merging",
-            3 => "merging",
-            _ => "packing the merged rows of",
+            1 => "building and merging the audit log's indexes",
+            2 => "completing and merging the audit log's indexes",
+            3 => "merging the audit log's indexes",
+            4 => "packing the merged rows of the audit log's indexes",
+            _ => "nothing to rewrite",
         }
     );
     let (indexed, indexed_sources) = if from < 3 {

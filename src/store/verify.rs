@@ -676,8 +676,9 @@ pub fn verify_reporting(
                 Some(p)
             } else if r.audit_index < scan.audit_from {
                 // The applying entry was pruned: the payload must still be the message the
-                // record names, and have the digest it holds (record version 3 on; else its
-                // digest is proven only by a retained `duplicate`).
+                // record names, and have the digest it holds (record version 3, or 4 under
+                // `digest_ignore`; one of version 4 that reads its digest from its payload, or
+                // of version 2, has its digest proven only by a retained `duplicate`).
                 content_problem(
                     &r.payload,
                     contract,
@@ -1078,6 +1079,17 @@ fn effect_content(
             cause(false)
         ));
     }
+    // The payload first: an effect that reads its digest from its payload (record version
+    // 4) differs in both when its payload was edited, and the payload is what changed.
+    if let Some(problem) = content_problem(
+        &r.payload,
+        contract,
+        ar.key,
+        ar.digest,
+        &format!("audit entry {}", a.index),
+    ) {
+        return Some(problem);
+    }
     // The digest the window compares replays with (record version 3 on).
     if r.digest.is_some() && r.digest != ar.digest {
         return Some(format!(
@@ -1086,13 +1098,7 @@ fn effect_content(
             cause(false)
         ));
     }
-    content_problem(
-        &r.payload,
-        contract,
-        ar.key,
-        ar.digest,
-        &format!("audit entry {}", a.index),
-    )
+    None
 }
 
 /// One kept quarantine record against the audit entry that quarantined it (when retained)

@@ -19,6 +19,11 @@
 //! holding their digests, beside effects without) decides replays beside the new entries
 //! (which leave the digest to their effects), and its audit entries (their hashes stored)
 //! chain on with new ones that leave the hash out (audit record version 3).
+//! A database of the last build of schema version 5 (`tests/fixtures/records-v3-c288fa8/`:
+//! that build's `ingest` of the same feed, then `quarantine release 0` by `j.doe`; its outputs
+//! saved beside), whose effects hold their digests (effect record version 3), reads back as it
+//! printed it, is taken to schema version 6 by its first writer, and decides replays of its
+//! effects beside new effects that leave the digest to their payload (effect record version 4).
 
 use std::path::Path;
 
@@ -36,6 +41,12 @@ const RECORDS_V2_FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/records-v2-349acce"
 );
+const RECORDS_V3_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/records-v3-c288fa8"
+);
+/// When `RECORDS_V3_FIXTURE` was written (its last effect's `received_at`), in ms.
+const RECORDS_V3_WRITTEN_MS: u64 = 1_796_543_969_981;
 /// When `RECORDS_V2_FIXTURE` was written (its last effect's `received_at`), in ms.
 const RECORDS_V2_WRITTEN_MS: u64 = 1_796_458_589_148;
 const RELAY_FIXTURE: &str = concat!(
@@ -318,15 +329,16 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         old.len()
     );
     // Effects 0 and 30, less their strings: the key's 32 bytes are a one-byte tag (and the
-    // new one holds the content digest, 33 bytes, since record version 3).
+    // new one holds the content digest since record version 3, as a one-byte tag since
+    // version 4, its payload's digest).
     let fixed = |bytes: &[u8]| {
         let r = EFFECTS.decode(&0, bytes).unwrap();
         bytes.len() - r.payload.len() - r.agency.len() - r.source_id.len() - r.topic.len()
     };
     let (old, new) = (raw(EFFECTS.raw(), 0), raw(EFFECTS.raw(), 30));
-    assert_eq!((old[0], new[0]), (1, 3));
+    assert_eq!((old[0], new[0]), (1, 4));
     assert!(
-        fixed(&new) + 31 <= fixed(&old) + 33,
+        fixed(&new) + 31 <= fixed(&old) + 1,
         "{} vs {}",
         fixed(&new),
         fixed(&old)
@@ -422,7 +434,8 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
     assert!(explained.contains("conflict"), "{explained}");
 
     // The file holds both versions of each: an old window entry with its 32-byte digest, a
-    // new one of a few bytes; an old effect without the digest, a new one with it.
+    // new one of a few bytes; an old effect without the digest, a new one with it (from
+    // effect record version 4 as its payload's, recomputed when read).
     let file = redb::Builder::new()
         .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
         .open(&db)
@@ -459,7 +472,7 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
         let bytes = redb::ReadableTable::get(&effects, offset).unwrap().unwrap();
         bytes.value()[0]
     };
-    assert_eq!((first(0), first(11)), (2, 3));
+    assert_eq!((first(0), first(11)), (2, 4));
     // Audit entries: the fixture's store their hashes (version 2), the new ones, chained at
     // their index, leave them out (version 3); `verify` above read them as one chain.
     let audit = txn.open_table(AUDIT.raw()).unwrap();
@@ -479,4 +492,213 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
         hash_of(23, &new),
         "recomputed at its index"
     );
+}
+
+#[test]
+fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_their_payload() {
+    use replay_guard::model::Outcome;
+    use replay_guard::store::tables::{EFFECTS, META, META_TABLE};
+    use replay_guard::store::{Incoming, Store, StoreOptions};
+    use replay_guard::wire::FeedContract;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("prev.redb");
+    std::fs::copy(Path::new(RECORDS_V3_FIXTURE).join("prev.redb"), &db).unwrap();
+    let db_s = db.to_str().unwrap();
+    let fixture =
+        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V3_FIXTURE).join(name)).unwrap();
+    let schema = || {
+        let file = redb::Database::open(&db).unwrap();
+        let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+        let meta = META
+            .get(&txn.open_table(META_TABLE).unwrap())
+            .unwrap()
+            .unwrap();
+        meta.schema_version
+    };
+    // Read as that build printed it, before any writer of this one opened it.
+    assert_eq!(schema(), 5);
+    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
+        assert_eq!(
+            stdout(&[cmd, "--db", db_s]),
+            fixture(&format!("{cmd}.jsonl")),
+            "{cmd}"
+        );
+    }
+    assert_eq!(
+        stdout(&["verify", "--db", db_s]),
+        fixture("verify.txt").replace("prev.redb", db_s)
+    );
+
+    // Decided through the library a minute after the fixture was written (its window has not
+    // aged out; `ingest` decides at the wall clock).
+    let at = RECORDS_V3_WRITTEN_MS + 60_000;
+    let contract = FeedContract::default();
+    let decide = |store: &mut Store, lines: &[&str]| -> Vec<Outcome> {
+        let batch: Vec<Incoming> = lines
+            .iter()
+            .map(|l| Incoming::decode("t", l.as_bytes().to_vec(), at, &contract))
+            .collect();
+        let report = store.commit_batch(&batch, at).unwrap();
+        report.decided.iter().map(|d| d.outcome).collect()
+    };
+    let msg = crate::common::msg;
+    let mut store = Store::open(&db, StoreOptions::default(), at).unwrap();
+    let old = [
+        // Replays of the fixture's effects (each holding its digest): an applied one, the
+        // operator-released one, a late one; then other content at an old position.
+        msg("fd", "e1", 1, 3, "count 3"),
+        msg("fd", "e1", 1, 5, "count 50"),
+        msg("ems", "m2", 2, 3, "on scene, triage"),
+        msg("fd", "e1", 1, 4, "count 40"),
+        // New positions: effects that leave the digest to their payload.
+        msg("fd", "e1", 1, 7, "count 7"),
+        msg("ems", "m2", 2, 5, "at hospital"),
+    ];
+    let old: Vec<&str> = old.iter().map(String::as_str).collect();
+    use Outcome::*;
+    assert_eq!(
+        decide(&mut store, &old),
+        [Duplicate, Duplicate, Duplicate, Conflict, Applied, Applied]
+    );
+    // Replays of the new ones in a later batch, one spelled otherwise (the same canonical
+    // content): the digest is recomputed from the stored payload; other content conflicts.
+    let respelled =
+        r#"{ "body": "count 7", "sequence": 7, "epoch": 1, "source_id": "e1", "agency": "fd" }"#;
+    let new = [
+        respelled.to_string(),
+        msg("ems", "m2", 2, 5, "at hospital"),
+        msg("fd", "e1", 1, 7, "count 70"),
+    ];
+    let new: Vec<&str> = new.iter().map(String::as_str).collect();
+    assert_eq!(decide(&mut store, &new), [Duplicate, Duplicate, Conflict]);
+    store.close().unwrap();
+    assert_eq!(schema(), 6);
+    let verified = stdout(&["verify", "--db", db_s]);
+    assert!(
+        verified.contains("24 audit entries, hash chain intact from the first entry; 13 effects"),
+        "{verified}"
+    );
+    // The old effects print as they did; the new ones with the digest their audit entries hold.
+    let effects = stdout(&["dump-effects", "--db", db_s]);
+    assert!(
+        effects.starts_with(&fixture("dump-effects.jsonl")),
+        "{effects}"
+    );
+    let explained = stdout(&[
+        "explain",
+        "--db",
+        db_s,
+        "--source",
+        "fd/e1",
+        "--epoch",
+        "1",
+        "--sequence",
+        "7",
+    ]);
+    assert!(explained.contains("conflict"), "{explained}");
+
+    // The file holds both versions: an old effect with its 33-byte digest, a new one whose
+    // digest is a one-byte tag, each read with the digest its audit entry recorded.
+    let audit = stdout(&["dump-audit", "--db", db_s]);
+    let file = redb::Database::open(&db).unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+    let table = txn.open_table(EFFECTS.raw()).unwrap();
+    let raw = |offset: u64| {
+        redb::ReadableTable::get(&table, offset)
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec()
+    };
+    let fixed = |offset: u64, bytes: &[u8]| {
+        let r = EFFECTS.decode(&offset, bytes).unwrap();
+        bytes.len() - r.payload.len()
+    };
+    let (old, new) = (raw(2), raw(11));
+    assert_eq!((old[0], new[0]), (3, 4));
+    assert!(fixed(11, &new) + 30 <= fixed(2, &old), "{old:?} {new:?}");
+    for offset in [2, 11] {
+        let digest = EFFECTS
+            .decode(&offset, &raw(offset))
+            .unwrap()
+            .digest
+            .unwrap();
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(
+            audit
+                .lines()
+                .any(|l| l.contains(&format!("\"effect_offset\":{offset},"))
+                    && l.contains(&format!("\"digest\":\"{hex}\""))),
+            "effect {offset}: {hex}"
+        );
+    }
+}
+
+/// Under a contract that ignores members the digest is not the payload's: the effect keeps
+/// its digest's bytes, and a replay differing only in an ignored member is a duplicate of it
+/// in a later run, while a changed member conflicts.
+#[test]
+fn an_effect_under_digest_ignore_keeps_its_digest() {
+    use replay_guard::store::tables::EFFECTS;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let cfg = dir.path().join("config.toml");
+    let one = r#"{"agency":"A","source_id":"S","sequence":1,"stamp":"t-1","casualties":3}"#;
+    let plain_db = dir.path().join("plain.redb");
+    let stored = |db: &Path| {
+        let file = redb::Database::open(db).unwrap();
+        let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+        let table = txn.open_table(EFFECTS.raw()).unwrap();
+        redb::ReadableTable::get(&table, 0u64)
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec()
+    };
+    // The same message under the default contract: its digest left out.
+    let feed = dir.path().join("one.jsonl");
+    std::fs::write(&feed, format!("{one}\n")).unwrap();
+    stdout(&[
+        "ingest",
+        "--db",
+        plain_db.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\npath = {:?}\n\n[feed]\ndigest_ignore = [\"/stamp\"]\n",
+            db.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let cfg_s = cfg.to_str().unwrap();
+    stdout(&["ingest", "--config", cfg_s, feed.to_str().unwrap()]);
+    let (plain, kept) = (stored(&plain_db), stored(&db));
+    assert_eq!((plain[0], kept[0]), (4, 4));
+    assert_eq!(kept.len(), plain.len() + 32);
+    let replays = concat!(
+        r#"{"agency":"A","source_id":"S","sequence":1,"stamp":"t-2","casualties":3}"#,
+        "\n",
+        r#"{"agency":"A","source_id":"S","sequence":1,"stamp":"t-3","casualties":6}"#,
+        "\n"
+    );
+    std::fs::write(&feed, replays).unwrap();
+    stdout(&["ingest", "--config", cfg_s, feed.to_str().unwrap()]);
+    let audit = stdout(&["dump-audit", "--config", cfg_s]);
+    let outcomes: Vec<&str> = audit
+        .lines()
+        .map(|l| {
+            l.split("\"outcome\":\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(outcomes, ["applied", "duplicate", "conflict"]);
+    assert!(stdout(&["verify", "--config", cfg_s]).contains("hash chain intact"));
 }

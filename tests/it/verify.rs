@@ -355,6 +355,27 @@ fn an_unparseable_effect_payload_fails_verify_and_dump_flags_it() {
         story.contains(r#""payload_error":"invalid JSON at byte"#),
         "{story}"
     );
+    // The writer still tells a replay of the applied message: the effect gives no digest (its
+    // payload gave it), so the window reads the one its audit entry recorded. The feed a
+    // third time decides as the second time did.
+    let feed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl");
+    let out = run(&["ingest", "--db", d, feed.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let (_, audit, _) = output(&["dump-audit", "--db", d]);
+    let outcomes: Vec<&str> = audit
+        .lines()
+        .map(|l| {
+            l.split(r#""outcome":""#)
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    let third = outcomes.len() / 3;
+    assert_eq!(outcomes[third..2 * third], outcomes[2 * third..], "{audit}");
+    assert!(outcomes[2 * third..].contains(&"duplicate"), "{audit}");
 }
 
 #[test]
@@ -562,12 +583,39 @@ fn effects_whose_audit_entry_was_pruned_are_still_checked_where_provable() {
             && err.contains("not the key the effect record holds (its audit entry was pruned)"),
         "{err}"
     );
-    // Its content edited under the same key: the digest it holds (record version 3) differs
-    // from the edited payload's.
+    // Its content edited under the same key: under the default contract the effect reads its
+    // digest from its payload (effect record version 4), so nothing outside the edited bytes
+    // recorded the old content: `verify` proves the key only (docs/src/limitations.md).
     let edited = tampered(dir.path(), &db, "edited", |txn| {
         edit_stored(txn, EFFECTS, 1, b"body-2", b"body-Y");
     });
     let (code, _, err) = verify(&edited);
+    assert_eq!(code, Some(0), "{err}");
+    // Under `digest_ignore` the effect holds its digest's bytes, which the edit contradicts.
+    let ignoring = dir.path().join("ignoring.toml");
+    std::fs::write(
+        &ignoring,
+        "[commit]\nmax_batch = 1\n[retention]\naudit_max_entries = 4\n\
+         [feed]\ndigest_ignore = [\"/epoch\"]\n",
+    )
+    .unwrap();
+    let kept = dir.path().join("kept.redb");
+    let out = super::common::run_with_stdin(
+        &[
+            "ingest",
+            "--config",
+            ignoring.to_str().unwrap(),
+            "--db",
+            kept.to_str().unwrap(),
+            "-",
+        ],
+        feed.as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let edited = tampered(dir.path(), &kept, "edited-kept", |txn| {
+        edit_stored(txn, EFFECTS, 1, b"body-2", b"body-Y");
+    });
+    let (code, _, err) = verify_with(&edited, &["--config", ignoring.to_str().unwrap()]);
     assert_eq!(code, Some(4), "{err}");
     assert!(
         err.contains(
