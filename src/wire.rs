@@ -251,7 +251,11 @@ impl Incoming {
             topic: topic.into(),
             payload,
             received_at_ms,
-            whole_digest: decoded.is_ok() && contract.digest_ignore.is_empty(),
+            // `whole_digest` parses at most `STORED_MAX_DEPTH` deep: a contract admitting more
+            // (a library caller's) keeps the digest's bytes.
+            whole_digest: decoded.is_ok()
+                && contract.digest_ignore.is_empty()
+                && contract.max_depth <= STORED_MAX_DEPTH,
             decoded,
         }
     }

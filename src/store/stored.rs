@@ -391,8 +391,9 @@ thread_local!(static WHOLE: std::cell::Cell<Option<[u8; 32]>> = const { std::cel
 /// Tells this thread's next effect encoding that `digest` is `wire::whole_digest` of the
 /// payload of the effect it encodes: the engine calls it right before it writes a decoded
 /// message's effect, when the message's contract ignores no member (`Incoming::whole_digest`),
-/// and clears it (`forget_whole_digest`) right after. Any other effect (a released quarantine
-/// record, a copy, a digest under `digest_ignore`) keeps its digest's bytes.
+/// and clears it (`forget_whole_digest`) right after; `quarantine release` does the same for
+/// the message it re-decodes from the quarantined bytes. Any other effect (a copy, a digest
+/// under `digest_ignore`) keeps its digest's bytes.
 pub(crate) fn note_whole_digest(digest: &[u8; 32]) {
     WHOLE.set(Some(*digest));
 }

@@ -849,8 +849,9 @@ impl<T> Opened<T, u64, EffectRecord>
 where
     T: ReadableTable<u64, &'static [u8]>,
 {
-    /// The content digest the effect at `offset` holds (`None`: no such effect, or one of a
-    /// record version before 3), without decoding the rest of it.
+    /// The content digest the effect at `offset` holds (`None`: no such effect, one of a
+    /// record version before 3, or one of version 4 whose payload, which gives its digest,
+    /// no longer parses), without decoding the rest of it unless the payload gives it.
     pub fn digest(&self, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
         match self.table.get(offset)? {
             Some(g) => Ok(effect_digest(offset, g.value())?),
