@@ -486,7 +486,7 @@ pub(super) fn encode_effect(r: &EffectRecord, out: Vec<u8>) -> postcard::Result<
 /// payload that no longer parses (damage) reads with no digest, never a guessed one: the
 /// record still reads (`dump-effects` and `verify` name its payload), and a window lookup
 /// that needs its digest takes the one its applying audit entry recorded
-/// (`digest_or_audited`), or is an error naming the entry and the effect
+/// (`tables::effect_digest_or_audited`), or is an error naming the entry and the effect
 /// (`WindowEntry::resolve`).
 pub(super) fn decode_effect(body: &[u8]) -> postcard::Result<EffectRecord> {
     let s: EffectV4<String, bytes::ByteBuf> = postcard::from_bytes(body)?;

@@ -876,17 +876,29 @@ where
     where
         A: ReadableTable<u64, &'static [u8]>,
     {
-        if let Some(d) = self.digest(offset)? {
-            return Ok(Some(d));
+        match self.table.get(offset)? {
+            Some(g) => effect_digest_or_audited(offset, g.value(), |index| audit.get(index)),
+            None => Ok(None),
         }
-        let Some(effect) = self.get(offset)? else {
-            return Ok(None);
-        };
-        Ok(audit
-            .get(effect.audit_index)?
-            .filter(|a| a.effect_offset == Some(offset))
-            .and_then(|a| a.digest))
     }
+}
+
+/// The digest of the effect stored at `offset` as `bytes` (`effect_digest`), or, when it
+/// gives none because its payload (which gives its digest, record version 4) no longer
+/// parses, the digest its applying audit entry recorded (`audit(index)`: that entry, if
+/// kept). Both stores resolve a window entry that leaves its digest to its effect with it.
+pub fn effect_digest_or_audited(
+    offset: u64,
+    bytes: &[u8],
+    audit: impl FnOnce(u64) -> Result<Option<AuditRecord>, StoreError>,
+) -> Result<Option<[u8; 32]>, StoreError> {
+    if let Some(d) = effect_digest(offset, bytes)? {
+        return Ok(Some(d));
+    }
+    let effect = EFFECTS.decode(&offset, bytes)?;
+    Ok(audit(effect.audit_index)?
+        .filter(|a| a.effect_offset == Some(offset))
+        .and_then(|a| a.digest))
 }
 
 /// The content digest a stored effect record holds (record version 3 on), read from its

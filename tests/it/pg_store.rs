@@ -493,6 +493,18 @@ fn migrate_copies_a_redb_database_into_a_new_schema_verifies_it_and_the_window_c
             "{cmd}"
         );
     }
+    // The first effect's payload damaged on the shared store: it gives no digest (effect
+    // record version 4 reads its digest from its payload, and the copied window entry leaves
+    // it to the effect), so the window takes the one its applying audit entry recorded.
+    db.sql(
+        "UPDATE replay_guard.effects SET record = set_byte(record, length(record) - 2, 123) \
+         WHERE effect_offset = 0",
+    );
+    let (_, effects, _) = run(&["dump-effects", "--config", cfg]);
+    assert!(
+        effects.lines().next().unwrap().contains("payload_error"),
+        "{effects}"
+    );
     // The window came along: the host's replays are duplicates on the shared store.
     let (code, _, err) = run(&["ingest", "--config", cfg, feed]);
     assert_eq!(code, Some(0), "{err}");

@@ -156,14 +156,17 @@ fn decode_col<K: KeyText, R: Record>(
     Ok(records.decode(key, bytes)?)
 }
 
-/// The content digest the effect at `offset` holds: a window entry copied from a redb file
-/// may leave its digest there (`WindowEntry::resolve`).
+/// The content digest the effect at `offset` holds (or its applying audit entry recorded,
+/// `effect_digest_or_audited`): a window entry copied from a redb file may leave its digest
+/// there (`WindowEntry::resolve`).
 fn effect_digest(conn: &Conn, sql: &Sql, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
     match conn.query(&sql.effect, &[&db(offset)])?.first() {
-        Some(r) => Ok(crate::store::tables::effect_digest(
-            offset,
-            r.get::<_, &[u8]>(0),
-        )?),
+        Some(r) => effect_digest_or_audited(offset, r.get::<_, &[u8]>(0), |index| {
+            conn.query(&sql.audit, &[&db(index)])?
+                .first()
+                .map(|a| Ok(AUDIT.decode(&index, a.get::<_, &[u8]>(0))?))
+                .transpose()
+        }),
         None => Ok(None),
     }
 }

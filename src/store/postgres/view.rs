@@ -553,15 +553,25 @@ impl PgView {
             .transpose()
     }
 
-    /// The content digest the effect at `offset` holds (`None` if none: see
-    /// `WindowEntry::resolve`).
+    /// The content digest the effect at `offset` holds, or its applying audit entry recorded
+    /// (`None` if neither: see `WindowEntry::resolve`, `effect_digest_or_audited`).
     pub fn effect_digest(&self, offset: u64) -> Result<Option<[u8; 32]>, StoreError> {
         let sql = format!(
             "SELECT record FROM {}.effects WHERE effect_offset = $1",
             self.schema
         );
+        let audit = format!(
+            "SELECT record FROM {}.audit_log WHERE audit_index = $1",
+            self.schema
+        );
         match self.conn().query(&sql, &[&db(offset)])?.first() {
-            Some(r) => Ok(effect_digest(offset, r.get::<_, &[u8]>(0))?),
+            Some(r) => effect_digest_or_audited(offset, r.get::<_, &[u8]>(0), |index| {
+                self.conn()
+                    .query(&audit, &[&db(index)])?
+                    .first()
+                    .map(|a| Ok(AUDIT.decode(&index, a.get::<_, &[u8]>(0))?))
+                    .transpose()
+            }),
             None => Ok(None),
         }
     }
