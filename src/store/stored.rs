@@ -712,28 +712,36 @@ mod tests {
         assert_eq!(AUDIT.encode(&stored).len(), v2.len() + 1);
     }
 
+    /// The head and the rest of `e` as every stored version since 2 writes them.
+    fn parts(e: &EffectRecord) -> (EffectHead, EffectRest<&str, bytes::Bytes<'_>>) {
+        let head = EffectHead {
+            source_no: e.source_no,
+            epoch: e.epoch,
+            sequence: e.sequence,
+            received_at_ms: e.received_at_ms,
+        };
+        let rest = EffectRest {
+            key: StoredKey::Derived,
+            agency: e.agency.as_str(),
+            source_id: e.source_id.as_str(),
+            topic: e.topic.as_str(),
+            late: e.late,
+            released: e.released,
+            audit_index: e.audit_index,
+            payload: bytes::Bytes(&e.payload),
+        };
+        (head, rest)
+    }
+
     /// The stored form of `e` at record version 3 (its digest, if any, always stored).
     fn effect_v3(e: &EffectRecord) -> Vec<u8> {
-        let mut v3 = vec![RECORD_V3];
-        let stored = EffectV3::<&str, bytes::Bytes> {
-            head: EffectHead {
-                source_no: e.source_no,
-                epoch: e.epoch,
-                sequence: e.sequence,
-                received_at_ms: e.received_at_ms,
-            },
+        let (head, rest) = parts(e);
+        let stored = EffectV3 {
+            head,
             digest: e.digest,
-            rest: EffectRest {
-                key: StoredKey::Derived,
-                agency: &e.agency,
-                source_id: &e.source_id,
-                topic: &e.topic,
-                late: e.late,
-                released: e.released,
-                audit_index: e.audit_index,
-                payload: bytes::Bytes(&e.payload),
-            },
+            rest,
         };
+        let mut v3 = vec![RECORD_V3];
         v3.extend(postcard::to_allocvec(&stored).unwrap());
         v3
     }
@@ -757,26 +765,9 @@ mod tests {
         assert_eq!(effect_digest(0, &EFFECTS.encode(&none)).unwrap(), None);
         assert_eq!(effect_digest(0, &effect_v3(&none)).unwrap(), None);
         assert_eq!(EFFECTS.decode(&0, &effect_v3(&none)).unwrap(), none);
+        let (head, rest) = parts(&e);
         let mut v2 = vec![RECORD_V2];
-        let stored = Effect::<&str, bytes::Bytes> {
-            head: EffectHead {
-                source_no: e.source_no,
-                epoch: e.epoch,
-                sequence: e.sequence,
-                received_at_ms: e.received_at_ms,
-            },
-            rest: EffectRest {
-                key: StoredKey::Derived,
-                agency: &e.agency,
-                source_id: &e.source_id,
-                topic: &e.topic,
-                late: e.late,
-                released: e.released,
-                audit_index: e.audit_index,
-                payload: bytes::Bytes(&e.payload),
-            },
-        };
-        v2.extend(postcard::to_allocvec(&stored).unwrap());
+        v2.extend(postcard::to_allocvec(&Effect { head, rest }).unwrap());
         assert_eq!(EFFECTS.decode(&0, &v2).unwrap(), none);
         assert_eq!(effect_digest(0, &v2).unwrap(), None);
         let head: EffectHead = EFFECTS.head(0, &v2).unwrap();

@@ -64,6 +64,73 @@ fn stdout(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Copies `fixture`'s database into `dir` and checks that it reads back as the build that
+/// wrote it printed it (the three dumps and `verify`); the copy.
+fn fixture_reads_as_printed(fixture: &str, dir: &Path) -> std::path::PathBuf {
+    let db = dir.join("prev.redb");
+    std::fs::copy(Path::new(fixture).join("prev.redb"), &db).unwrap();
+    let db_s = db.to_str().unwrap();
+    let saved = |name: &str| std::fs::read_to_string(Path::new(fixture).join(name)).unwrap();
+    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
+        assert_eq!(
+            stdout(&[cmd, "--db", db_s]),
+            saved(&format!("{cmd}.jsonl")),
+            "{cmd}"
+        );
+    }
+    assert_eq!(
+        stdout(&["verify", "--db", db_s]),
+        saved("verify.txt").replace("prev.redb", db_s)
+    );
+    db
+}
+
+/// The outcomes of one batch of `lines` committed through the library at `at` (a fixture's
+/// window has not aged out a minute after it was written; `ingest` decides at the wall
+/// clock).
+fn decide_at(
+    store: &mut replay_guard::store::Store,
+    at: u64,
+    lines: &[String],
+) -> Vec<replay_guard::model::Outcome> {
+    let contract = replay_guard::wire::FeedContract::default();
+    let batch: Vec<replay_guard::store::Incoming> = lines
+        .iter()
+        .map(|l| replay_guard::store::Incoming::decode("t", l.clone().into_bytes(), at, &contract))
+        .collect();
+    let report = store.commit_batch(&batch, at).unwrap();
+    report.decided.iter().map(|d| d.outcome).collect()
+}
+
+/// The records fixtures' tests' first batch: replays of the fixture's messages (an applied
+/// one, the operator-released one, a late one), other content at an old position, then two
+/// new positions.
+fn first_replays() -> Vec<String> {
+    let msg = crate::common::msg;
+    vec![
+        msg("fd", "e1", 1, 3, "count 3"),
+        msg("fd", "e1", 1, 5, "count 50"),
+        msg("ems", "m2", 2, 3, "on scene, triage"),
+        msg("fd", "e1", 1, 4, "count 40"),
+        msg("fd", "e1", 1, 7, "count 7"),
+        msg("ems", "m2", 2, 5, "at hospital"),
+    ]
+}
+
+/// What the records fixtures' tests check after deciding the same replays (the fixtures'
+/// feed, then two batches): the whole record verifies, and the conflict at fd/e1 epoch 1
+/// sequence 7 is told.
+fn after_the_records_fixtures_replays(db: &str) {
+    let verified = stdout(&["verify", "--db", db]);
+    assert!(
+        verified.contains("24 audit entries, hash chain intact from the first entry; 13 effects"),
+        "{verified}"
+    );
+    let at = ["--source", "fd/e1", "--epoch", "1", "--sequence", "7"];
+    let explained = stdout(&[&["explain", "--db", db][..], &at[..]].concat());
+    assert!(explained.contains("conflict"), "{explained}");
+}
+
 #[test]
 fn a_database_written_by_the_previous_release_reads_verifies_and_takes_new_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,22 +309,10 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
     use replay_guard::store::tables::{AUDIT, EFFECTS};
 
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("prev.redb");
-    std::fs::copy(Path::new(RECORDS_V1_FIXTURE).join("prev.redb"), &db).unwrap();
+    let db = fixture_reads_as_printed(RECORDS_V1_FIXTURE, dir.path());
     let db_s = db.to_str().unwrap();
     let fixture =
         |name: &str| std::fs::read_to_string(Path::new(RECORDS_V1_FIXTURE).join(name)).unwrap();
-    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
-        assert_eq!(
-            stdout(&[cmd, "--db", db_s]),
-            fixture(&format!("{cmd}.jsonl")),
-            "{cmd}"
-        );
-    }
-    assert_eq!(
-        stdout(&["verify", "--db", db_s]),
-        fixture("verify.txt").replace("prev.redb", db_s)
-    );
 
     // New entries of every common reason: a new source, its next positions, a late one, two
     // replays, and a replay of an old effect (stale: the fixture's window has aged out).
@@ -349,55 +404,21 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
 fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_to_the_effect() {
     use replay_guard::model::Outcome;
     use replay_guard::store::tables::{AUDIT, EFFECTS, SOURCE_IDS, WINDOW, WINDOW_RECENT};
-    use replay_guard::store::{Incoming, Store, StoreOptions};
-    use replay_guard::wire::FeedContract;
+    use replay_guard::store::{Store, StoreOptions};
 
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("prev.redb");
-    std::fs::copy(Path::new(RECORDS_V2_FIXTURE).join("prev.redb"), &db).unwrap();
+    let db = fixture_reads_as_printed(RECORDS_V2_FIXTURE, dir.path());
     let db_s = db.to_str().unwrap();
-    let fixture =
-        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V2_FIXTURE).join(name)).unwrap();
-    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
-        assert_eq!(
-            stdout(&[cmd, "--db", db_s]),
-            fixture(&format!("{cmd}.jsonl")),
-            "{cmd}"
-        );
-    }
-    assert_eq!(
-        stdout(&["verify", "--db", db_s]),
-        fixture("verify.txt").replace("prev.redb", db_s)
-    );
-
-    // Decided through the library a minute after the fixture was written, so its window has
-    // not aged out (`ingest` decides at the wall clock).
+    // Decided a minute after the fixture was written.
     let at = RECORDS_V2_WRITTEN_MS + 60_000;
-    let contract = FeedContract::default();
-    let decide = |store: &mut Store, lines: &[String]| -> Vec<Outcome> {
-        let batch: Vec<Incoming> = lines
-            .iter()
-            .map(|l| Incoming::decode("t", l.clone().into_bytes(), at, &contract))
-            .collect();
-        let report = store.commit_batch(&batch, at).unwrap();
-        report.decided.iter().map(|d| d.outcome).collect()
-    };
+    let decide = |store: &mut Store, lines: &[String]| decide_at(store, at, lines);
     let msg = crate::common::msg;
     let mut store = Store::open(&db, StoreOptions::default(), at).unwrap();
     let old = decide(
         &mut store,
-        &[
-            // Replays of the fixture's messages, found in its window (each entry with its
-            // digest, each effect without): an applied one, the operator-released one, a
-            // late one; then other content at an old position.
-            msg("fd", "e1", 1, 3, "count 3"),
-            msg("fd", "e1", 1, 5, "count 50"),
-            msg("ems", "m2", 2, 3, "on scene, triage"),
-            msg("fd", "e1", 1, 4, "count 40"),
-            // New positions: effects with the digest, window entries without.
-            msg("fd", "e1", 1, 7, "count 7"),
-            msg("ems", "m2", 2, 5, "at hospital"),
-        ],
+        // Replays of the fixture's messages found in its window (each entry with its digest,
+        // each effect without); new positions: effects with the digest, entries without.
+        &first_replays(),
     );
     use Outcome::*;
     assert_eq!(
@@ -415,23 +436,7 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
     );
     assert_eq!(new, [Duplicate, Duplicate, Conflict]);
     store.close().unwrap();
-    let verified = stdout(&["verify", "--db", db_s]);
-    assert!(
-        verified.contains("24 audit entries, hash chain intact from the first entry; 13 effects"),
-        "{verified}"
-    );
-    let explained = stdout(&[
-        "explain",
-        "--db",
-        db_s,
-        "--source",
-        "fd/e1",
-        "--epoch",
-        "1",
-        "--sequence",
-        "7",
-    ]);
-    assert!(explained.contains("conflict"), "{explained}");
+    after_the_records_fixtures_replays(db_s);
 
     // The file holds both versions of each: an old window entry with its 32-byte digest, a
     // new one of a few bytes; an old effect without the digest, a new one with it (from
@@ -498,15 +503,10 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
 fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_their_payload() {
     use replay_guard::model::Outcome;
     use replay_guard::store::tables::{EFFECTS, META, META_TABLE};
-    use replay_guard::store::{Incoming, Store, StoreOptions};
-    use replay_guard::wire::FeedContract;
+    use replay_guard::store::{Store, StoreOptions};
 
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("prev.redb");
-    std::fs::copy(Path::new(RECORDS_V3_FIXTURE).join("prev.redb"), &db).unwrap();
-    let db_s = db.to_str().unwrap();
-    let fixture =
-        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V3_FIXTURE).join(name)).unwrap();
     let schema = || {
         let file = redb::Database::open(&db).unwrap();
         let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
@@ -517,48 +517,21 @@ fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_t
         meta.schema_version
     };
     // Read as that build printed it, before any writer of this one opened it.
+    assert_eq!(fixture_reads_as_printed(RECORDS_V3_FIXTURE, dir.path()), db);
+    let db_s = db.to_str().unwrap();
+    let fixture =
+        |name: &str| std::fs::read_to_string(Path::new(RECORDS_V3_FIXTURE).join(name)).unwrap();
     assert_eq!(schema(), 5);
-    for cmd in ["dump-audit", "dump-effects", "dump-quarantine"] {
-        assert_eq!(
-            stdout(&[cmd, "--db", db_s]),
-            fixture(&format!("{cmd}.jsonl")),
-            "{cmd}"
-        );
-    }
-    assert_eq!(
-        stdout(&["verify", "--db", db_s]),
-        fixture("verify.txt").replace("prev.redb", db_s)
-    );
-
-    // Decided through the library a minute after the fixture was written (its window has not
-    // aged out; `ingest` decides at the wall clock).
+    // Decided a minute after the fixture was written.
     let at = RECORDS_V3_WRITTEN_MS + 60_000;
-    let contract = FeedContract::default();
-    let decide = |store: &mut Store, lines: &[&str]| -> Vec<Outcome> {
-        let batch: Vec<Incoming> = lines
-            .iter()
-            .map(|l| Incoming::decode("t", l.as_bytes().to_vec(), at, &contract))
-            .collect();
-        let report = store.commit_batch(&batch, at).unwrap();
-        report.decided.iter().map(|d| d.outcome).collect()
-    };
+    let decide = |store: &mut Store, lines: &[String]| decide_at(store, at, lines);
     let msg = crate::common::msg;
     let mut store = Store::open(&db, StoreOptions::default(), at).unwrap();
-    let old = [
-        // Replays of the fixture's effects (each holding its digest): an applied one, the
-        // operator-released one, a late one; then other content at an old position.
-        msg("fd", "e1", 1, 3, "count 3"),
-        msg("fd", "e1", 1, 5, "count 50"),
-        msg("ems", "m2", 2, 3, "on scene, triage"),
-        msg("fd", "e1", 1, 4, "count 40"),
-        // New positions: effects that leave the digest to their payload.
-        msg("fd", "e1", 1, 7, "count 7"),
-        msg("ems", "m2", 2, 5, "at hospital"),
-    ];
-    let old: Vec<&str> = old.iter().map(String::as_str).collect();
     use Outcome::*;
+    // Replays of the fixture's effects (each holding its digest); new positions: effects that
+    // leave the digest to their payload.
     assert_eq!(
-        decide(&mut store, &old),
+        decide(&mut store, &first_replays()),
         [Duplicate, Duplicate, Duplicate, Conflict, Applied, Applied]
     );
     // Replays of the new ones in a later batch, one spelled otherwise (the same canonical
@@ -570,33 +543,16 @@ fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_t
         msg("ems", "m2", 2, 5, "at hospital"),
         msg("fd", "e1", 1, 7, "count 70"),
     ];
-    let new: Vec<&str> = new.iter().map(String::as_str).collect();
     assert_eq!(decide(&mut store, &new), [Duplicate, Duplicate, Conflict]);
     store.close().unwrap();
     assert_eq!(schema(), 6);
-    let verified = stdout(&["verify", "--db", db_s]);
-    assert!(
-        verified.contains("24 audit entries, hash chain intact from the first entry; 13 effects"),
-        "{verified}"
-    );
-    // The old effects print as they did; the new ones with the digest their audit entries hold.
+    after_the_records_fixtures_replays(db_s);
+    // The old effects print as they did.
     let effects = stdout(&["dump-effects", "--db", db_s]);
     assert!(
         effects.starts_with(&fixture("dump-effects.jsonl")),
         "{effects}"
     );
-    let explained = stdout(&[
-        "explain",
-        "--db",
-        db_s,
-        "--source",
-        "fd/e1",
-        "--epoch",
-        "1",
-        "--sequence",
-        "7",
-    ]);
-    assert!(explained.contains("conflict"), "{explained}");
 
     // The file holds both versions: an old effect with its 33-byte digest, a new one whose
     // digest is a one-byte tag, each read with the digest its audit entry recorded.
