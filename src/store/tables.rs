@@ -1564,8 +1564,9 @@ impl Record for WindowEntry {
         })
     }
 }
-/// Version 1 is the serde form of the struct (without `digest`); version 2
-/// `stored::encode_effect`'s without the digest, version 3 with it.
+/// Version 1 is the serde form of the struct (without `digest`); version 2 the stored form
+/// (`stored`) without the digest, version 3 with it, version 4 with it or, when it is its
+/// payload's, a tag in its place (`stored::encode_effect`).
 impl Record for EffectRecord {
     const VERSION: u8 = RECORD_V4;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
