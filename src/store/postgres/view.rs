@@ -560,17 +560,9 @@ impl PgView {
             "SELECT record FROM {}.effects WHERE effect_offset = $1",
             self.schema
         );
-        let audit = format!(
-            "SELECT record FROM {}.audit_log WHERE audit_index = $1",
-            self.schema
-        );
         match self.conn().query(&sql, &[&db(offset)])?.first() {
             Some(r) => effect_digest_or_audited(offset, r.get::<_, &[u8]>(0), |index| {
-                self.conn()
-                    .query(&audit, &[&db(index)])?
-                    .first()
-                    .map(|a| Ok(AUDIT.decode(&index, a.get::<_, &[u8]>(0))?))
-                    .transpose()
+                self.get(AUDIT, index)
             }),
             None => Ok(None),
         }
