@@ -571,8 +571,14 @@ impl<T: Tx> Writer<T> {
         let index = self.meta.next_audit;
         rec.prev_hash = self.meta.chain_head;
         rec.hash = audit::entry_hash(index, rec, &rec.prev_hash);
-        // Stored at `index`, so the stored entry may leave the hash out.
-        super::stored::note_chained(&rec.hash);
+        // Stored at `index`, so the stored entry may leave the hash out, and its `prev_hash`
+        // too when the entry before it is stored (not pruned by retention).
+        let after_stored = index > 0
+            && self
+                .meta
+                .audit_anchor
+                .is_none_or(|(pruned, _)| pruned + 1 < index);
+        super::stored::note_chained(index, &rec.hash, after_stored);
         self.tx.put_audit(index, rec, source_no)?;
         self.meta.chain_head = rec.hash;
         self.meta.next_audit += 1;

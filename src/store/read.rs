@@ -464,6 +464,31 @@ impl Snapshot {
         )
     }
 
+    /// Where an edit that shows at the link into entry `index` (its stored `prev_hash`, or
+    /// the chain head for `index` = the next index) can be: from the returned index to
+    /// `index - 1`. Entries that leave their `prev_hash` to the entry before them (audit
+    /// record version 4) pass an edit of that entry on to the next that holds its own: the
+    /// span goes back over them, to the first that holds it (at most
+    /// `stored::AUDIT_CHECKPOINT` back).
+    pub fn audit_link_span(&self, index: u64) -> Result<u64, StoreError> {
+        let last = index.saturating_sub(1);
+        if self.pg().is_some() {
+            return Ok(last);
+        }
+        self.guard(|txn| {
+            let opened = AUDIT.open(txn)?;
+            let raw: &ReadOnly<u64> = &opened;
+            let mut at = last;
+            while at > 0 {
+                match raw.get(at)? {
+                    Some(g) if audit_leaves_prev_hash(g.value()) => at -= 1,
+                    _ => break,
+                }
+            }
+            Ok(at)
+        })
+    }
+
     /// One audit entry by index.
     pub fn audit_entry(&self, index: u64) -> Result<Option<AuditEntry>, StoreError> {
         self.get(AUDIT, index, |index, record| AuditEntry { index, record })

@@ -609,6 +609,12 @@ impl Tx for RedbTx<'_> {
 
     fn remove_audit(&mut self, range: RangeInclusive<u64>) -> Result<(), StoreError> {
         self.flush_index_rows()?;
+        // The first entry kept may leave its `prev_hash` to the last one removed: it is read
+        // (with that hash) while that one is here, and stored again holding its hashes.
+        let first_kept = range.end().saturating_add(1);
+        if let Some(kept) = self.audit.get(first_kept)? {
+            self.audit.put(first_kept, &kept, &mut self.buf)?;
+        }
         // From the block `range` starts in: the entries before it are gone already.
         let blocks = whole_blocks(&(block_floor(*range.start())..=*range.end()));
         // Every merged segment that ends within: from 0, which also takes what retention by

@@ -21,6 +21,12 @@
 //! index it is stored at (`StoredHash::Chained`, `note_chained`): a read recomputes it from
 //! that index, the content and `prev_hash`, so it decodes only where its index is known.
 //!
+//! Audit record version 4 also leaves out `prev_hash` when it is the hash of the entry stored
+//! at the index before (`StoredPrev::Previous`): the writer chained it so and that entry is in
+//! the table, and every `AUDIT_CHECKPOINT`th entry keeps the bytes, so a reader that has not
+//! just read the entry before recomputes it from at most that many entries
+//! (`tables::Opened::get`). Such an entry decodes only with its predecessor's hash.
+//!
 //! Effect record version 4 leaves out the content digest when it is the payload's own
 //! (`wire::whole_digest`: the contract ignored no member), as the engine notes right before
 //! it writes the effect (`StoredDigest::Payload`, `note_whole_digest`): a read parses the
@@ -232,8 +238,9 @@ impl StoredReason<String> {
     }
 }
 
-/// `AuditRecord` as stored (`S`: `&str` when encoding, `String` when decoding; `H`: the hash,
-/// `[u8; 32]` at record version 2, `StoredHash` at 3). The first two fields are `AuditHead`'s.
+/// `AuditRecord` as stored at record versions 2 and 3 (`S`: `&str` when encoding, `String`
+/// when decoding; `H`: the hash, `[u8; 32]` at record version 2, `StoredHash` at 3). The
+/// first two fields are `AuditHead`'s. Version 4 is laid out by `encode_audit`.
 #[derive(Serialize, Deserialize)]
 struct Audit<S, H> {
     recorded_at_ms: u64,
@@ -261,58 +268,257 @@ enum StoredHash {
     Bytes([u8; 32]),
 }
 
-thread_local!(static CHAINED: std::cell::Cell<Option<[u8; 32]>> = const { std::cell::Cell::new(None) });
+/// Every entry at an index that is a multiple of this keeps its `prev_hash` bytes, so a
+/// reader recomputes an entry's predecessor hash from at most this many entries, and
+/// `verify` names an edited entry within this many. Part of the file format only in that
+/// a file written with another value reads the same (a reader follows the tags).
+pub const AUDIT_CHECKPOINT: u64 = 32;
+
+/// What the writer noted about the next entry it stores: its hash, and whether its
+/// `prev_hash` may be left to the entry stored at the index before.
+#[derive(Clone, Copy)]
+struct Chained {
+    hash: [u8; 32],
+    prev_left_out: bool,
+}
+
+thread_local!(static CHAINED: std::cell::Cell<Option<Chained>> = const { std::cell::Cell::new(None) });
 
 /// Tells this thread's next audit encodings that an entry whose hash is `hash` was chained by
 /// `audit::entry_hash` of the index it is stored at, its content and its `prev_hash`: the
 /// engine calls it right after it computes an entry's hash, before it stores the entry, so
-/// the entry stores "chained" instead of the 32 bytes. Any other entry (a copy, a record
-/// decoded and written again) keeps its hash's bytes, so what was stored is what is read.
-pub(crate) fn note_chained(hash: &[u8; 32]) {
-    CHAINED.set(Some(*hash));
+/// the entry stores "chained" instead of the 32 bytes. `after_stored`: its `prev_hash` is
+/// the hash of the entry the table holds at the index before `index` (one not pruned), so
+/// the entry leaves that out too (`StoredPrev::Previous`), unless `index` is a multiple of
+/// `AUDIT_CHECKPOINT`. Any other entry (a copy, a record decoded and written again) keeps
+/// its hashes' bytes, so what was stored is what is read.
+pub(crate) fn note_chained(index: u64, hash: &[u8; 32], after_stored: bool) {
+    CHAINED.set(Some(Chained {
+        hash: *hash,
+        prev_left_out: after_stored && !index.is_multiple_of(AUDIT_CHECKPOINT),
+    }));
 }
 
+/// Tells this thread's next audit encoding to keep the `prev_hash` bytes whatever the writer
+/// noted: for a store whose readers take each entry alone (PostgreSQL).
+pub(crate) fn keep_prev_hash() {
+    if let Some(c) = CHAINED.get() {
+        CHAINED.set(Some(Chained {
+            prev_left_out: false,
+            ..c
+        }));
+    }
+}
+
+/// The bits of an audit entry of record version 4 that say which fields it holds and in
+/// which form (`encode_audit`): one varint (two bytes for an applied entry) instead of a
+/// tag byte per optional field.
+mod bits {
+    /// The key is key v1 of the entry's fields (`StoredKey::Derived`).
+    pub const KEY_DERIVED: u16 = 1 << 0;
+    /// The key's 32 bytes follow (`StoredKey::Bytes`); neither key bit: no key.
+    pub const KEY_BYTES: u16 = 1 << 1;
+    pub const AGENCY: u16 = 1 << 2;
+    pub const SOURCE_ID: u16 = 1 << 3;
+    pub const EPOCH: u16 = 1 << 4;
+    pub const SEQUENCE: u16 = 1 << 5;
+    /// The reason is a template's number and its two numbers (`StoredReason::Template`),
+    /// else its text.
+    pub const REASON_TEMPLATE: u16 = 1 << 6;
+    pub const DIGEST: u16 = 1 << 7;
+    pub const EFFECT_OFFSET: u16 = 1 << 8;
+    pub const QUARANTINE_ID: u16 = 1 << 9;
+    /// `prev_hash`'s bytes follow; else it is the hash of the entry stored before.
+    pub const PREV_HASH: u16 = 1 << 10;
+    /// The hash's bytes follow; else it is recomputed at the entry's index (chained).
+    pub const HASH: u16 = 1 << 11;
+    pub const ALL: u16 = (1 << 12) - 1;
+}
+
+/// Encodes an audit entry at record version 4: `AuditHead`'s two fields (postcard), the
+/// `bits` (a postcard varint), then, each in postcard's form, the fields the bits name, in
+/// `AuditRecord`'s order (the topic always).
 pub(super) fn encode_audit(r: &AuditRecord, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-    let hash = if CHAINED.take() == Some(r.hash) {
-        StoredHash::Chained
-    } else {
-        StoredHash::Bytes(r.hash)
+    let noted = CHAINED.take().filter(|c| c.hash == r.hash);
+    let key = StoredKey::of(
+        r.key.as_ref(),
+        r.agency.as_deref(),
+        r.source_id.as_deref(),
+        r.epoch,
+        r.sequence,
+    );
+    let reason = StoredReason::of(&r.reason);
+    let mut flags = match key {
+        StoredKey::None => 0,
+        StoredKey::Derived => bits::KEY_DERIVED,
+        StoredKey::Bytes(_) => bits::KEY_BYTES,
     };
-    let stored = Audit::<&str, StoredHash> {
-        recorded_at_ms: r.recorded_at_ms,
-        outcome: r.outcome,
-        key: StoredKey::of(
-            r.key.as_ref(),
-            r.agency.as_deref(),
-            r.source_id.as_deref(),
-            r.epoch,
-            r.sequence,
+    for (present, bit) in [
+        (r.agency.is_some(), bits::AGENCY),
+        (r.source_id.is_some(), bits::SOURCE_ID),
+        (r.epoch.is_some(), bits::EPOCH),
+        (r.sequence.is_some(), bits::SEQUENCE),
+        (
+            matches!(reason, StoredReason::Template(..)),
+            bits::REASON_TEMPLATE,
         ),
-        agency: r.agency.as_deref(),
-        source_id: r.source_id.as_deref(),
-        epoch: r.epoch,
-        sequence: r.sequence,
-        topic: &r.topic,
-        reason: StoredReason::of(&r.reason),
-        digest: r.digest,
-        effect_offset: r.effect_offset,
-        quarantine_id: r.quarantine_id,
-        prev_hash: r.prev_hash,
-        hash,
+        (r.digest.is_some(), bits::DIGEST),
+        (r.effect_offset.is_some(), bits::EFFECT_OFFSET),
+        (r.quarantine_id.is_some(), bits::QUARANTINE_ID),
+        (!noted.is_some_and(|c| c.prev_left_out), bits::PREV_HASH),
+        (noted.is_none(), bits::HASH),
+    ] {
+        if present {
+            flags |= bit;
+        }
+    }
+    let mut out = postcard::to_extend(&(r.recorded_at_ms, r.outcome, flags), out)?;
+    if let StoredKey::Bytes(k) = &key {
+        out = postcard::to_extend(k, out)?;
+    }
+    if let Some(a) = &r.agency {
+        out = postcard::to_extend(a, out)?;
+    }
+    if let Some(s) = &r.source_id {
+        out = postcard::to_extend(s, out)?;
+    }
+    if let Some(e) = r.epoch {
+        out = postcard::to_extend(&e, out)?;
+    }
+    if let Some(q) = r.sequence {
+        out = postcard::to_extend(&q, out)?;
+    }
+    out = postcard::to_extend(&r.topic, out)?;
+    out = match reason {
+        StoredReason::Template(n, a, b) => postcard::to_extend(&(n, a, b), out)?,
+        StoredReason::Text(t) => postcard::to_extend(t, out)?,
     };
-    postcard::to_extend(&stored, out)
+    if let Some(d) = &r.digest {
+        out = postcard::to_extend(d, out)?;
+    }
+    if let Some(o) = r.effect_offset {
+        out = postcard::to_extend(&o, out)?;
+    }
+    if let Some(q) = r.quarantine_id {
+        out = postcard::to_extend(&q, out)?;
+    }
+    if flags & bits::PREV_HASH != 0 {
+        out = postcard::to_extend(&r.prev_hash, out)?;
+    }
+    if flags & bits::HASH != 0 {
+        out = postcard::to_extend(&r.hash, out)?;
+    }
+    Ok(out)
+}
+
+/// The fields of a stored body, read in order.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<T: serde::de::DeserializeOwned>(&mut self) -> postcard::Result<T> {
+        let (v, rest) = postcard::take_from_bytes(self.0)?;
+        self.0 = rest;
+        Ok(v)
+    }
+
+    /// The next field if `flags` has `bit`.
+    fn take_if<T: serde::de::DeserializeOwned>(
+        &mut self,
+        flags: u16,
+        bit: u16,
+    ) -> postcard::Result<Option<T>> {
+        (flags & bit != 0).then(|| self.take()).transpose()
+    }
+}
+
+/// Decodes a version 4 audit body stored at `index`, whose predecessor (the entry at
+/// `index - 1`) has the hash `prev`, if the caller knows it: `Ok(None)` when the entry
+/// leaves its `prev_hash` to that entry and `prev` is `None` (the caller reads the
+/// predecessor and asks again). A "chained" hash is recomputed from `index`; without an
+/// index, such an entry does not decode. Bits no build writes, and bytes after the last
+/// field, are errors.
+pub(super) fn decode_audit(
+    body: &[u8],
+    index: Option<u64>,
+    prev: Option<&[u8; 32]>,
+) -> postcard::Result<Option<AuditRecord>> {
+    let mut f = Fields(body);
+    let (recorded_at_ms, outcome, flags): (u64, u8, u16) = f.take()?;
+    let key_bits = flags & (bits::KEY_DERIVED | bits::KEY_BYTES);
+    if flags & !bits::ALL != 0 || key_bits == bits::KEY_DERIVED | bits::KEY_BYTES {
+        return Err(postcard::Error::SerdeDeCustom);
+    }
+    let key = match key_bits {
+        bits::KEY_DERIVED => StoredKey::Derived,
+        bits::KEY_BYTES => StoredKey::Bytes(f.take()?),
+        _ => StoredKey::None,
+    };
+    let agency: Option<String> = f.take_if(flags, bits::AGENCY)?;
+    let source_id: Option<String> = f.take_if(flags, bits::SOURCE_ID)?;
+    let epoch = f.take_if(flags, bits::EPOCH)?;
+    let sequence = f.take_if(flags, bits::SEQUENCE)?;
+    let topic = f.take()?;
+    let reason = if flags & bits::REASON_TEMPLATE != 0 {
+        let (n, a, b) = f.take()?;
+        StoredReason::Template(n, a, b)
+    } else {
+        StoredReason::Text(f.take()?)
+    };
+    let digest = f.take_if(flags, bits::DIGEST)?;
+    let effect_offset = f.take_if(flags, bits::EFFECT_OFFSET)?;
+    let quarantine_id = f.take_if(flags, bits::QUARANTINE_ID)?;
+    let stored_prev: Option<[u8; 32]> = f.take_if(flags, bits::PREV_HASH)?;
+    let stored_hash: Option<[u8; 32]> = f.take_if(flags, bits::HASH)?;
+    if !f.0.is_empty() {
+        return Err(postcard::Error::SerdeDeCustom);
+    }
+    let Some(prev_hash) = stored_prev.or(prev.copied()) else {
+        return Ok(None);
+    };
+    let mut r = AuditRecord {
+        key: key.key(agency.as_deref(), source_id.as_deref(), epoch, sequence)?,
+        recorded_at_ms,
+        outcome,
+        agency,
+        source_id,
+        epoch,
+        sequence,
+        topic,
+        reason: reason.text()?,
+        digest,
+        effect_offset,
+        quarantine_id,
+        prev_hash,
+        hash: [0; 32],
+    };
+    let stored = match stored_hash {
+        Some(h) => StoredHash::Bytes(h),
+        None => StoredHash::Chained,
+    };
+    chained_hash(&mut r, stored, index)?;
+    Ok(Some(r))
 }
 
 /// Decodes a version 3 audit body stored at `index` (a "chained" hash is recomputed from it;
 /// without an index, such an entry does not decode).
-pub(super) fn decode_audit(body: &[u8], index: Option<u64>) -> postcard::Result<AuditRecord> {
+pub(super) fn decode_audit_v3(body: &[u8], index: Option<u64>) -> postcard::Result<AuditRecord> {
     let (mut r, stored) = audit_of(postcard::from_bytes::<Audit<String, StoredHash>>(body)?)?;
+    chained_hash(&mut r, stored, index)?;
+    Ok(r)
+}
+
+/// Sets `r.hash` from its stored form.
+fn chained_hash(
+    r: &mut AuditRecord,
+    stored: StoredHash,
+    index: Option<u64>,
+) -> postcard::Result<()> {
     r.hash = match (stored, index) {
         (StoredHash::Bytes(h), _) => h,
-        (StoredHash::Chained, Some(i)) => crate::store::audit::entry_hash(i, &r, &r.prev_hash),
+        (StoredHash::Chained, Some(i)) => crate::store::audit::entry_hash(i, r, &r.prev_hash),
         (StoredHash::Chained, None) => return Err(postcard::Error::SerdeDeCustom),
     };
-    Ok(r)
+    Ok(())
 }
 
 /// Decodes a version 2 audit body (its hash stored).
@@ -633,7 +839,7 @@ mod tests {
     /// Encodes at version 3, checks the version byte and the round trip, and returns the size.
     fn audit_round_trip(r: &AuditRecord) -> usize {
         let bytes = AUDIT.encode(r);
-        assert_eq!(bytes[0], RECORD_V3);
+        assert_eq!(bytes[0], RECORD_V4);
         assert_eq!(AUDIT.decode(&0, &bytes).unwrap(), *r);
         let head: AuditHead = AUDIT.head(0, &bytes).unwrap();
         assert_eq!(
@@ -664,31 +870,31 @@ mod tests {
     /// An entry the writer chained at its index leaves its hash out and reads it back there
     /// (recomputed); at another index it reads with another hash, which is how an edit of
     /// it shows (the next entry's link breaks). Every other entry keeps its hash's bytes,
-    /// and a version-2 entry (hash always stored) still decodes, head included.
+    /// and entries of versions 2 and 3 (hash always stored; `prev_hash` always stored)
+    /// still decode, head included.
     #[test]
     fn an_audit_entry_chained_at_its_index_leaves_its_hash_out_and_others_keep_theirs() {
         let mut r = audit("first message from this source");
         r.hash = crate::store::audit::entry_hash(7, &r, &r.prev_hash);
         let kept = AUDIT.encode(&r);
-        note_chained(&r.hash);
+        note_chained(7, &r.hash, false);
         let chained = AUDIT.encode(&r);
-        assert_eq!((chained[0], chained.len() + 32), (RECORD_V3, kept.len()));
+        assert_eq!((chained[0], chained.len() + 32), (RECORD_V4, kept.len()));
         assert_eq!(AUDIT.decode(&7, &chained).unwrap(), r);
         assert_eq!(AUDIT.decode(&7, &kept).unwrap(), r);
         let elsewhere = AUDIT.decode(&8, &chained).unwrap();
         assert_ne!(elsewhere.hash, r.hash);
         assert_eq!(AUDIT.decode(&8, &kept).unwrap().hash, r.hash);
         // No index, no hash: an error, not a guess.
-        assert!(decode_audit(&chained[1..], None).is_err());
+        assert!(decode_audit(&chained[1..], None, None).is_err());
         // The note is for one entry, and only for the hash noted.
         assert_eq!(AUDIT.encode(&r), kept);
-        note_chained(&[3; 32]);
+        note_chained(7, &[3; 32], true);
         assert_eq!(AUDIT.encode(&r), kept);
 
         let stored = audit("x");
-        let mut v2 = vec![RECORD_V2];
-        v2.extend(
-            postcard::to_allocvec(&Audit::<&str, [u8; 32]> {
+        fn body<H: Serialize>(stored: &AuditRecord, hash: H) -> Vec<u8> {
+            postcard::to_allocvec(&Audit::<&str, _> {
                 recorded_at_ms: stored.recorded_at_ms,
                 outcome: stored.outcome,
                 key: StoredKey::Derived,
@@ -702,14 +908,72 @@ mod tests {
                 effect_offset: stored.effect_offset,
                 quarantine_id: stored.quarantine_id,
                 prev_hash: stored.prev_hash,
-                hash: stored.hash,
+                hash,
             })
-            .unwrap(),
-        );
+            .unwrap()
+        }
+        let v2 = [vec![RECORD_V2], body(&stored, stored.hash)].concat();
         assert_eq!(AUDIT.decode(&5, &v2).unwrap(), stored);
         let head: AuditHead = AUDIT.head(5, &v2).unwrap();
         assert_eq!(head.recorded_at_ms, stored.recorded_at_ms);
-        assert_eq!(AUDIT.encode(&stored).len(), v2.len() + 1);
+        // One bits varint (2 bytes) instead of nine tag bytes.
+        assert_eq!(AUDIT.encode(&stored).len() + 7, v2.len());
+        // Version 3, as the builds of schema 5 and 6 wrote it: the hash left out, the
+        // `prev_hash` stored.
+        let mut chained3 = stored.clone();
+        chained3.hash = crate::store::audit::entry_hash(5, &chained3, &chained3.prev_hash);
+        let v3 = [vec![RECORD_V3], body(&stored, StoredHash::Chained)].concat();
+        assert_eq!(AUDIT.decode(&5, &v3).unwrap(), chained3);
+        let v3 = [
+            vec![RECORD_V3],
+            body(&stored, StoredHash::Bytes(stored.hash)),
+        ];
+        assert_eq!(AUDIT.decode(&5, &v3.concat()).unwrap(), stored);
+    }
+
+    /// An entry chained after the entry the table holds before it leaves its `prev_hash` to
+    /// that entry, except at a checkpoint index: alone it does not decode (an error, not a
+    /// guess), and with its predecessor's hash it decodes to the entry that was encoded.
+    #[test]
+    fn an_audit_entry_after_a_stored_one_leaves_its_prev_hash_to_it_except_at_checkpoints() {
+        let at = |index: u64, after_stored: bool| {
+            let mut r = audit("first message from this source");
+            r.hash = crate::store::audit::entry_hash(index, &r, &r.prev_hash);
+            let kept = AUDIT.encode(&r);
+            note_chained(index, &r.hash, after_stored);
+            let bytes = AUDIT.encode(&r);
+            (r, kept, bytes)
+        };
+        let (r, kept, bytes) = at(7, true);
+        assert_eq!(bytes.len() + 64, kept.len(), "both hashes left out");
+        assert_eq!(decode_audit(&bytes[1..], Some(7), None).unwrap(), None);
+        let e = AUDIT.decode(&7, &bytes).unwrap_err().to_string();
+        assert!(
+            e.contains("leaves its prev_hash to the entry before it"),
+            "{e}"
+        );
+        let back = decode_audit(&bytes[1..], Some(7), Some(&r.prev_hash));
+        assert_eq!(back.unwrap().as_ref(), Some(&r));
+        // Given another predecessor hash, it reads with that one, and so with another hash
+        // of its own: how an edit of the entry before shows at the next checkpoint.
+        let other = decode_audit(&bytes[1..], Some(7), Some(&[8; 32]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(other.prev_hash, [8; 32]);
+        assert_ne!(other.hash, r.hash);
+        // The head still decodes alone (retention, `stats`).
+        let head: AuditHead = AUDIT.head(7, &bytes).unwrap();
+        assert_eq!(head.recorded_at_ms, r.recorded_at_ms);
+        // At a checkpoint, or after an entry the table no longer holds, it keeps the bytes.
+        for (index, after_stored) in [
+            (AUDIT_CHECKPOINT, true),
+            (2 * AUDIT_CHECKPOINT, true),
+            (7, false),
+        ] {
+            let (r, kept, bytes) = at(index, after_stored);
+            assert_eq!(bytes.len() + 32, kept.len(), "{index}");
+            assert_eq!(AUDIT.decode(&index, &bytes).unwrap(), r);
+        }
     }
 
     /// The head and the rest of `e` as every stored version since 2 writes them.
@@ -1004,25 +1268,41 @@ mod tests {
 
     #[test]
     fn stored_forms_no_build_writes_are_errors_not_guesses() {
+        let r = audit("x");
+        let bytes = AUDIT.encode(&r);
+        assert_eq!(AUDIT.decode(&0, &bytes).unwrap(), r);
+        let at = 1 + 6 + 1; // version, recorded_at_ms (6-byte varint), outcome; then the bits
+        let forge = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut forged = bytes.clone();
+            edit(&mut forged);
+            AUDIT.decode(&0, &forged)
+        };
+        // Both key forms at once; a bit no build writes (bit 12: the second varint byte's
+        // sixth); a byte after the last field.
+        assert!(forge(&|b| b[at] |= 0b11).is_err());
+        assert!(forge(&|b| b[at + 1] |= 1 << 5).is_err());
+        assert!(forge(&|b| b.push(0)).is_err());
         // "Derived" without the fields to derive from.
         let mut r = audit("x");
         r.agency = None;
         r.key = None;
         let bytes = AUDIT.encode(&r);
-        let at = 1 + 6 + 1; // version, recorded_at_ms (6-byte varint), outcome
-        assert_eq!(bytes[at], 0, "StoredKey::None");
+        assert_eq!(bytes[at] & 0b11, 0, "no key");
         let mut forged = bytes.clone();
-        forged[at] = 1; // StoredKey::Derived
+        forged[at] |= 1; // KEY_DERIVED
         assert!(AUDIT.decode(&0, &forged).is_err());
         // A template number past the end of the list.
         let r = audit("first message from this source");
         let bytes = AUDIT.encode(&r);
+        let topic = r.topic.as_bytes();
         let n = bytes
-            .windows(4)
-            .position(|w| w == [1, 0, 0, 0])
-            .expect("Template(0, 0, 0)");
+            .windows(topic.len())
+            .position(|w| w == topic)
+            .expect("the topic")
+            + topic.len();
+        assert_eq!(bytes[n..n + 3], [0, 0, 0], "Template(0, 0, 0)");
         let mut forged = bytes.clone();
-        forged[n + 1] = TEMPLATES.len() as u8;
+        forged[n] = TEMPLATES.len() as u8;
         assert!(AUDIT.decode(&0, &forged).is_err());
     }
 }

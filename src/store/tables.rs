@@ -19,11 +19,12 @@ use super::StoreError;
 /// Schema of the whole file; bump with a migration test and a CHANGELOG line. Version 2
 /// added `AUDIT_KEYS`, version 3 `AUDIT_SOURCES`, version 4 their merged segments
 /// (`MERGED`, `INDEX_MERGE`), version 5 the merged rows packed (`AUDIT_KEYS_PACKED`,
-/// `AUDIT_SOURCES_PACKED`), version 6 effect records of version 4 (`RECORD_V4`), which a
-/// build before it cannot read; `upgrade` takes a store of version 1 to 5 there.
-pub const SCHEMA_VERSION: u32 = 6;
+/// `AUDIT_SOURCES_PACKED`), version 6 effect records of version 4 (`RECORD_V4`), version 7
+/// audit records of version 4, each of which a build before it cannot read; `upgrade` takes
+/// a store of version 1 to 6 there.
+pub const SCHEMA_VERSION: u32 = 7;
 /// First byte of every stored record of the first version (every record type but
-/// `EffectRecord`, at 4, `SinkRecord` and `AuditRecord`, at 3, and `WindowEntry` and `Meta`,
+/// `EffectRecord` and `AuditRecord`, at 4, `SinkRecord`, at 3, and `WindowEntry` and `Meta`,
 /// at 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
@@ -33,7 +34,9 @@ pub const RECORD_V2: u8 = 2;
 /// `EffectRecord` with the content digest (`stored`), which the window entry leaves out;
 /// `AuditRecord` without its hash when the writer chained it at its index (`stored`).
 pub const RECORD_V3: u8 = 3;
-/// `EffectRecord` without its content digest when the digest is its payload's (`stored`).
+/// `EffectRecord` without its content digest when the digest is its payload's (`stored`);
+/// `AuditRecord` without `prev_hash` when it is the hash of the entry stored before it
+/// (`stored`).
 pub const RECORD_V4: u8 = 4;
 
 /// A stored record type: the format version its bytes start with, and how the bytes of an
@@ -55,13 +58,39 @@ pub trait Record: Serialize + DeserializeOwned {
     fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
         postcard::from_bytes(body)
     }
+    /// `decode_older` for a record stored under the u64 key `index` (`None` for another key
+    /// type), for an older version that leaves out what its key determines. By default
+    /// `decode_older`.
+    fn decode_older_at(
+        version: u8,
+        body: &[u8],
+        _index: Option<u64>,
+    ) -> Option<Result<Self, postcard::Error>> {
+        Self::decode_older(version, body)
+    }
     /// Decodes the postcard body of `VERSION` stored under the u64 key `index` (`None` for
     /// another key type): for a record whose stored form leaves out what its key determines
-    /// (an audit entry's hash). By default `decode_body`.
-    fn decode_body_at(body: &[u8], _index: Option<u64>) -> Result<Self, postcard::Error> {
-        Self::decode_body(body)
+    /// (an audit entry's hash), or what the record stored at `index - 1` holds (an audit
+    /// entry's `prev_hash`: that record's `chain_hash`, `prev`, if the caller has it;
+    /// `Ok(None)` when it is needed and `prev` is `None`). By default `decode_body`.
+    fn decode_body_at(
+        body: &[u8],
+        _index: Option<u64>,
+        _prev: Option<&[u8; 32]>,
+    ) -> Result<Option<Self>, postcard::Error> {
+        Self::decode_body(body).map(Some)
+    }
+    /// What the record stored at the next u64 key takes as `decode_body_at`'s `prev`: an
+    /// audit entry's hash. `None` for a record that is not chained.
+    fn chain_hash(&self) -> Option<[u8; 32]> {
+        None
     }
 }
+
+/// How far back a read of a chained record follows the records that leave their
+/// predecessor's hash to the record before them, before it calls the file damaged: the
+/// writer stores the bytes at least every `stored::AUDIT_CHECKPOINT`th record.
+const CHAIN_WALK_LIMIT: u64 = 4 * super::stored::AUDIT_CHECKPOINT;
 
 /// (agency, source_id) -> source number.
 pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");
@@ -799,23 +828,98 @@ where
     pub fn get<'k>(&self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
         let key = key.borrow();
         match self.table.get(key)? {
-            Some(g) => Ok(Some(self.records.decode(key, g.value())?)),
+            Some(g) => Ok(Some(self.decode_chained(key, g.value(), None)?)),
             None => Ok(None),
         }
     }
 
-    /// The records with keys in `range`, in key order (`.rev()` for the other way).
+    /// The records with keys in `range`, in key order (`.rev()` for the other way, where
+    /// each chained record reads the records before it again: `decode_chained`).
     pub fn range<'k, KR: Borrow<K::SelfType<'k>> + 'k>(
         &self,
         range: impl RangeBounds<KR> + 'k,
     ) -> Result<impl DoubleEndedIterator<Item = Entry<'_, K, R>> + '_, StoreError> {
-        let records = self.records;
         let entries = self.table.range(range)?;
+        // The chain hash of the record just read, for the next one (in key order).
+        let mut last: Option<(u64, [u8; 32])> = None;
         Ok(entries.map(move |item| {
             let (k, v) = item?;
-            let record = records.decode(&k.value(), v.value())?;
+            let index = K::index(&k.value());
+            let prev = match (index, last) {
+                (Some(i), Some((j, hash))) if j.checked_add(1) == Some(i) => Some(hash),
+                _ => None,
+            };
+            let record = self.decode_chained(&k.value(), v.value(), prev.as_ref())?;
+            last = index.zip(record.chain_hash());
             Ok((k, record))
         }))
+    }
+
+    /// Decodes the record stored at `key` as `bytes`, given the chain hash of the record
+    /// at the index before (`prev`) if known. A record that leaves its `prev_hash` to that
+    /// record and was not given it (an audit entry read alone) takes it from the records
+    /// before it: back to the first that holds its own (at most `AUDIT_CHECKPOINT` back, as
+    /// the writer stores them), then forward.
+    fn decode_chained(
+        &self,
+        key: &K::SelfType<'_>,
+        bytes: &[u8],
+        prev: Option<&[u8; 32]>,
+    ) -> Result<R, StoreError> {
+        let index = K::index(key);
+        let name = self.records.name;
+        if let Some(r) = decode_after(name, &Shown::<K>(key), index, prev, bytes)? {
+            return Ok(r);
+        }
+        let err = |why: String| RecordError {
+            table: name,
+            key: Shown::<K>(key).to_string(),
+            why,
+        };
+        let Some(index) = index else {
+            return Err(err(format!("{CHAINED_ALONE} read")).into());
+        };
+        // The records before it that leave their predecessor's hash out too, newest first.
+        let mut before: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut hash = loop {
+            // Entry 0 has no entry before it: one that leaves its prev_hash out is damage.
+            let Some(at) = index.checked_sub(before.len() as u64 + 1) else {
+                return Err(err(format!("{CHAINED_ALONE} there (damaged)")).into());
+            };
+            let found = match K::at_index(at) {
+                Some(k) => self.table.get(k)?,
+                None => None,
+            };
+            let Some(g) = found else {
+                return Err(err(format!(
+                    "entry {at}, whose hash it takes as its prev_hash, is missing (damaged)"
+                ))
+                .into());
+            };
+            match decode_after::<R>(name, &at, Some(at), None, g.value())? {
+                Some(r) => match r.chain_hash() {
+                    Some(h) => break h,
+                    None => return Err(err(format!("{CHAINED_ALONE} chained")).into()),
+                },
+                None if (before.len() as u64) < CHAIN_WALK_LIMIT => {
+                    before.push((at, g.value().to_vec()));
+                }
+                None => {
+                    return Err(err(format!(
+                        "{CHAINED_ALONE} found within {CHAIN_WALK_LIMIT} entries (damaged)"
+                    ))
+                    .into());
+                }
+            }
+        };
+        for (at, bytes) in before.iter().rev() {
+            let r = decode_after::<R>(name, at, Some(*at), Some(&hash), bytes)?;
+            hash = r
+                .and_then(|r| r.chain_hash())
+                .ok_or_else(|| err(format!("{CHAINED_ALONE} chained (entry {at})")))?;
+        }
+        decode_after(name, &Shown::<K>(key), Some(index), Some(&hash), bytes)?
+            .ok_or_else(|| err(format!("{CHAINED_ALONE} chained")).into())
     }
 
     /// Every record, in key order.
@@ -899,6 +1003,42 @@ pub fn effect_digest_or_audited(
     Ok(audit(effect.audit_index)?
         .filter(|a| a.effect_offset == Some(offset))
         .and_then(|a| a.digest))
+}
+
+/// A stored audit entry as a store whose readers take each entry alone holds it (PostgreSQL,
+/// filled by `migrate --from`): the entry stored at `index` as `bytes`, after an entry whose
+/// hash is `prev` (the copy goes in index order; `None` for the first), and its hash, for
+/// the next. The bytes are `None` when they hold their `prev_hash` already, else the entry
+/// encoded again holding it (record version 4 leaves it to the entry before).
+pub fn audit_standalone(
+    index: u64,
+    bytes: &[u8],
+    prev: Option<&[u8; 32]>,
+) -> Result<(Option<Vec<u8>>, [u8; 32]), StoreError> {
+    let name = AUDIT.name;
+    if let Some(r) = decode_after::<AuditRecord>(name, &index, Some(index), None, bytes)? {
+        return Ok((None, r.hash));
+    }
+    let r =
+        decode_after::<AuditRecord>(name, &index, Some(index), prev, bytes)?.ok_or_else(|| {
+            RecordError {
+                table: name,
+                key: index.to_string(),
+                why: format!("{CHAINED_ALONE} copied before it"),
+            }
+        })?;
+    // Its own hash is still the one its index gives: left out as before.
+    super::stored::note_chained(index, &r.hash, false);
+    Ok((Some(AUDIT.encode(&r)), r.hash))
+}
+
+/// Whether the stored audit entry `bytes` leaves its `prev_hash` to the entry before it
+/// (record version 4).
+pub fn audit_leaves_prev_hash(bytes: &[u8]) -> bool {
+    matches!(
+        decode_after::<AuditRecord>(AUDIT.name, &0, Some(0), None, bytes),
+        Ok(None)
+    )
 }
 
 /// The content digest a stored effect record holds (record version 3 on), read from its
@@ -1022,6 +1162,10 @@ pub trait KeyText: Key + 'static {
     fn index(_key: &Self::SelfType<'_>) -> Option<u64> {
         None
     }
+    /// The key that is the index `index` (`None` unless the key is a u64).
+    fn at_index(_index: u64) -> Option<Self::SelfType<'static>> {
+        None
+    }
 }
 
 impl KeyText for u64 {
@@ -1030,6 +1174,9 @@ impl KeyText for u64 {
     }
     fn index(key: &u64) -> Option<u64> {
         Some(*key)
+    }
+    fn at_index(index: u64) -> Option<u64> {
+        Some(index)
     }
 }
 
@@ -1586,13 +1733,22 @@ impl Record for EffectRecord {
 }
 /// Version 1 is the serde form of the struct; version 2 `stored::encode_audit`'s with the
 /// hash stored; version 3 with the hash left out when it is the one its index, content and
-/// `prev_hash` give (`stored::note_chained`), recomputed when decoded.
+/// `prev_hash` give (`stored::note_chained`), recomputed when decoded; version 4 also with
+/// `prev_hash` left out when it is the hash of the entry stored before it.
 impl Record for AuditRecord {
-    const VERSION: u8 = RECORD_V3;
+    const VERSION: u8 = RECORD_V4;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
+        Self::decode_older_at(version, body, None)
+    }
+    fn decode_older_at(
+        version: u8,
+        body: &[u8],
+        index: Option<u64>,
+    ) -> Option<Result<Self, postcard::Error>> {
         match version {
             RECORD_V1 => Some(postcard::from_bytes(body)),
             RECORD_V2 => Some(super::stored::decode_audit_v2(body)),
+            RECORD_V3 => Some(super::stored::decode_audit_v3(body, index)),
             _ => None,
         }
     }
@@ -1600,10 +1756,17 @@ impl Record for AuditRecord {
         super::stored::encode_audit(self, out)
     }
     fn decode_body(body: &[u8]) -> Result<Self, postcard::Error> {
-        super::stored::decode_audit(body, None)
+        super::stored::decode_audit(body, None, None)?.ok_or(postcard::Error::SerdeDeCustom)
     }
-    fn decode_body_at(body: &[u8], index: Option<u64>) -> Result<Self, postcard::Error> {
-        super::stored::decode_audit(body, index)
+    fn decode_body_at(
+        body: &[u8],
+        index: Option<u64>,
+        prev: Option<&[u8; 32]>,
+    ) -> Result<Option<Self>, postcard::Error> {
+        super::stored::decode_audit(body, index, prev)
+    }
+    fn chain_hash(&self) -> Option<[u8; 32]> {
+        Some(self.hash)
     }
 }
 impl Record for QuarantineRecord {}
@@ -1815,6 +1978,28 @@ fn decode<T: Record>(
     index: Option<u64>,
     bytes: &[u8],
 ) -> Result<T, RecordError> {
+    match decode_after(table, &key, index, None, bytes)? {
+        Some(r) => Ok(r),
+        None => Err(RecordError {
+            table,
+            key: key.to_string(),
+            why: format!("{CHAINED_ALONE} read alone"),
+        }),
+    }
+}
+
+/// Why a chained record did not decode: it leaves its `prev_hash` to the record before it.
+const CHAINED_ALONE: &str = "leaves its prev_hash to the entry before it, which was not";
+
+/// `decode`, given the `chain_hash` of the record stored at `index - 1` (`prev`) if the
+/// caller has it: `Ok(None)` for a record that needs it and was not given it.
+fn decode_after<T: Record>(
+    table: &'static str,
+    key: &impl std::fmt::Display,
+    index: Option<u64>,
+    prev: Option<&[u8; 32]>,
+    bytes: &[u8],
+) -> Result<Option<T>, RecordError> {
     let err = |why: String| RecordError {
         table,
         key: key.to_string(),
@@ -1822,10 +2007,12 @@ fn decode<T: Record>(
     };
     match bytes.split_first() {
         Some((&v, rest)) if v == T::VERSION => {
-            T::decode_body_at(rest, index).map_err(|e| err(format!("postcard: {e}")))
+            T::decode_body_at(rest, index, prev).map_err(|e| err(format!("postcard: {e}")))
         }
-        Some((&v, rest)) => match T::decode_older(v, rest) {
-            Some(r) => r.map_err(|e| err(format!("postcard (record version {v}): {e}"))),
+        Some((&v, rest)) => match T::decode_older_at(v, rest, index) {
+            Some(r) => r
+                .map(Some)
+                .map_err(|e| err(format!("postcard (record version {v}): {e}"))),
             None => Err(err(format!("unknown record version {v}"))),
         },
         None => Err(err("empty record".into())),
@@ -2029,6 +2216,107 @@ mod tests {
         };
         let h: AuditHead = AUDIT.head(0, &AUDIT.encode(&r)).unwrap();
         assert_eq!((h.recorded_at_ms, h.outcome), (1_700_000_000_123, 2));
+    }
+
+    /// Entries chained as the writer chains them (each after the one the table holds before
+    /// it) read the same alone, in a range from anywhere, and backwards; with an entry gone
+    /// (damage), those that leave their `prev_hash` to it are named errors up to the next
+    /// checkpoint, and the rest still read.
+    #[test]
+    fn audit_entries_that_leave_their_prev_hash_out_read_alone_in_ranges_and_backwards() {
+        use super::super::stored::{AUDIT_CHECKPOINT, note_chained};
+        use redb::ReadableDatabase as _;
+        let db = redb::Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .unwrap();
+        let n = 3 * AUDIT_CHECKPOINT + 5;
+        let mut written = Vec::new();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = AUDIT.open_mut(&txn).unwrap();
+            let mut buf = Vec::new();
+            let mut prev = [0; 32];
+            for i in 0..n {
+                let mut r = AuditRecord {
+                    recorded_at_ms: 1_700_000_000_000 + i,
+                    outcome: 1,
+                    key: None,
+                    agency: None,
+                    source_id: None,
+                    epoch: None,
+                    sequence: Some(i),
+                    topic: "t".into(),
+                    reason: format!("entry {i}"),
+                    digest: None,
+                    effect_offset: None,
+                    quarantine_id: None,
+                    prev_hash: prev,
+                    hash: [0; 32],
+                };
+                r.hash = crate::store::audit::entry_hash(i, &r, &prev);
+                note_chained(i, &r.hash, i > 0);
+                t.put(i, &r, &mut buf).unwrap();
+                prev = r.hash;
+                written.push(r);
+            }
+        }
+        txn.commit().unwrap();
+        let txn = db.begin_read().unwrap();
+        let t = AUDIT.open(&txn).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                t.get(i).unwrap().as_ref(),
+                Some(&written[i as usize]),
+                "{i}"
+            );
+        }
+        for from in [0, 1, AUDIT_CHECKPOINT - 1, AUDIT_CHECKPOINT + 7] {
+            let read: Vec<AuditRecord> = t.range(from..).unwrap().map(|e| e.unwrap().1).collect();
+            assert_eq!(read, written[from as usize..], "from {from}");
+        }
+        let back: Vec<AuditRecord> = t.all().unwrap().rev().map(|e| e.unwrap().1).collect();
+        assert!(back.iter().eq(written.iter().rev()));
+        drop((t, txn));
+
+        let gone = AUDIT_CHECKPOINT + 3;
+        let txn = db.begin_write().unwrap();
+        AUDIT.open_mut(&txn).unwrap().remove(gone).unwrap();
+        txn.commit().unwrap();
+        let txn = db.begin_read().unwrap();
+        let t = AUDIT.open(&txn).unwrap();
+        for i in (0..n).filter(|&i| i != gone) {
+            let read = t.get(i);
+            if i > gone && i < 2 * AUDIT_CHECKPOINT {
+                let e = read.unwrap_err().to_string();
+                let want =
+                    format!("entry {gone}, whose hash it takes as its prev_hash, is missing");
+                assert!(e.contains(&want), "{i}: {e}");
+            } else {
+                assert_eq!(read.unwrap().as_ref(), Some(&written[i as usize]), "{i}");
+            }
+        }
+        let read: Vec<_> = t.range(gone + 1..).unwrap().collect();
+        let failed = read.iter().filter(|e| e.is_err()).count() as u64;
+        assert_eq!(failed, 2 * AUDIT_CHECKPOINT - gone - 1);
+        assert!(read.last().unwrap().is_ok());
+        drop(read);
+        drop((t, txn));
+
+        // Entry 0 leaving its prev_hash out (no build writes it) is damage, named.
+        let txn = db.begin_write().unwrap();
+        {
+            let r = &written[1];
+            note_chained(1, &r.hash, true);
+            let bytes = AUDIT.encode(r);
+            let mut t = AUDIT.open_mut(&txn).unwrap();
+            t.table.insert(0, bytes.as_slice()).unwrap();
+            let e = t.get(0).unwrap_err().to_string();
+            assert!(
+                e.contains("leaves its prev_hash to the entry before it"),
+                "{e}"
+            );
+        }
+        txn.abort().unwrap();
     }
 
     #[test]

@@ -29,6 +29,12 @@
 //! payload's leaves the digest out (effect record version 4, `store::stored`), which a build
 //! of version 5 cannot decode: the version only makes such a build refuse the store. Effects
 //! of record version 3 keep their digest and read as before.
+//!
+//! Version 6 -> 7: nothing is rewritten. From version 7 an audit entry chained after the
+//! entry stored before it leaves its `prev_hash` to that entry (audit record version 4,
+//! `store::stored`), which a build of version 6 cannot decode: the version only makes such a
+//! build refuse the store. Entries of record version 3 keep their `prev_hash` and read as
+//! before.
 
 use std::collections::HashMap;
 

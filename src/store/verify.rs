@@ -537,7 +537,7 @@ pub fn verify_reporting(
         merge,
     );
     let mut fail = None;
-    snap.scan_audit::<StoreError>(expected, |e| {
+    let scanned = snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
         let problem = if e.index != expected {
             at(format!(
@@ -546,10 +546,14 @@ pub fn verify_reporting(
         } else if e.record.prev_hash != prev {
             let (whose, hint) = if e.index > report.audit_from {
                 // An entry that stores no hash (record version 3) reads with the hash of its
-                // content, so an edit of it shows here, at the next entry's link.
+                // content, so an edit of it shows here, at the next entry's link, or at the
+                // next that holds its prev_hash (record version 4).
                 (
                     format!("entry {}'s hash", e.index - 1),
-                    format!(" (entry {} was edited, or this prev_hash)", e.index - 1),
+                    format!(
+                        " ({} was edited, or this prev_hash)",
+                        edited(snap, e.index, report.audit_from)?
+                    ),
                 )
             } else if report.audit_from == 0 {
                 ("the start of the log".to_string(), String::new())
@@ -584,7 +588,15 @@ pub fn verify_reporting(
         prev = e.record.hash;
         expected += 1;
         Ok(ControlFlow::Continue(()))
-    })?;
+    });
+    // An entry that does not decode (damaged, or leaving its `prev_hash` to an entry that is
+    // missing) is the first problem the scan met.
+    match scanned {
+        Err(StoreError::Record(r)) if r.table == super::tables::AUDIT.name() && fail.is_none() => {
+            fail = Some(format!("audit entry {}: {}", r.key, r.why));
+        }
+        other => other?,
+    }
     // The first entry that applied a key a second time is the first problem the scan would
     // have met (it stops at a problem, and only entries before it, or it, were noted).
     if let Some((index, key)) = first_key_applied_twice(snap, &mut scan.applied_keys)? {
@@ -599,11 +611,12 @@ pub fn verify_reporting(
         && prev != meta.chain_head
     {
         fail = Some(format!(
-            "audit entry {}: its hash {} is not the database's chain head {} (the entry was \
-             edited, or the chain head)",
+            "audit entry {}: its hash {} is not the database's chain head {} ({} was edited, \
+             or the chain head)",
             expected - 1,
             hex(&prev),
-            hex(&meta.chain_head)
+            hex(&meta.chain_head),
+            edited(snap, expected, report.audit_from)?
         ));
     }
     if fail.is_none() && (prev != meta.chain_head || expected != meta.next_audit) {
@@ -1243,6 +1256,19 @@ fn marks_out_of_bounds(
         )),
         _ => None,
     }
+}
+
+/// Which entries an edit that breaks the link into entry `index` can be in (`from`: the
+/// first entry kept): "entry N", or "an entry from N to M" where entries leave their
+/// `prev_hash` to the entry before them (`Snapshot::audit_link_span`).
+fn edited(snap: &Snapshot, index: u64, from: u64) -> Result<String, StoreError> {
+    let last = index - 1;
+    let first = snap.audit_link_span(index)?.max(from);
+    Ok(if first >= last {
+        format!("entry {last}")
+    } else {
+        format!("an entry from {first} to {last}")
+    })
 }
 
 /// The invariants of one (hash-valid) entry; `Some(problem)` if broken.

@@ -24,6 +24,11 @@
 //! saved beside), whose effects hold their digests (effect record version 3), reads back as it
 //! printed it, is taken to schema version 6 by its first writer, and decides replays of its
 //! effects beside new effects that leave the digest to their payload (effect record version 4).
+//! A database of the last build of schema version 6 (`tests/fixtures/records-v4-d22fd6c/`:
+//! made the same way), whose audit entries hold their `prev_hash` (audit record version 3),
+//! reads back as it printed it, is taken to schema version 7 by its first writer, and its
+//! entries chain on with new ones that leave their `prev_hash` to the entry before (audit
+//! record version 4); an edit of one of its entries is still named alone.
 
 use std::path::Path;
 
@@ -47,6 +52,12 @@ const RECORDS_V3_FIXTURE: &str = concat!(
 );
 /// When `RECORDS_V3_FIXTURE` was written (its last effect's `received_at`), in ms.
 const RECORDS_V3_WRITTEN_MS: u64 = 1_796_543_969_981;
+const RECORDS_V4_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/records-v4-d22fd6c"
+);
+/// When `RECORDS_V4_FIXTURE` was written (its last effect's `received_at`), in ms.
+const RECORDS_V4_WRITTEN_MS: u64 = 1_796_556_639_296;
 /// When `RECORDS_V2_FIXTURE` was written (its last effect's `received_at`), in ms.
 const RECORDS_V2_WRITTEN_MS: u64 = 1_796_458_589_148;
 const RELAY_FIXTURE: &str = concat!(
@@ -374,9 +385,10 @@ fn audit_and_effect_records_of_version_1_read_back_and_chain_on_with_version_2()
         bytes.value().to_vec()
     };
     // Entries 2 and 40: "new position above high-water mark", applied, one digit of sequence.
-    // Since record version 3 the entry also leaves out its hash (32 bytes for a 1-byte tag).
+    // Since record version 3 the entry also leaves out its hash (32 bytes for a 1-byte tag),
+    // and since version 4 its presence tags are one varint.
     let (old, new) = (raw(AUDIT.raw(), 2), raw(AUDIT.raw(), 40));
-    assert_eq!((old[0], new[0]), (1, 3));
+    assert_eq!((old[0], new[0]), (1, 4));
     assert!(
         new.len() + 32 + 50 + 31 <= old.len(),
         "{} vs {}",
@@ -486,15 +498,16 @@ fn window_entries_with_their_digest_decide_replays_beside_entries_that_leave_it_
         bytes.value().to_vec()
     };
     let (old, new) = (stored(0), stored(23));
-    assert_eq!((old[0], new[0]), (2, 3));
-    let hash_of = |index: u64, bytes: &[u8]| AUDIT.decode(&index, bytes).unwrap().hash;
+    assert_eq!((old[0], new[0]), (2, 4));
+    // Record version 4 also leaves out the `prev_hash` of an entry chained after one the
+    // table holds: alone it does not decode; read from the table it takes entry 22's hash.
+    assert!(AUDIT.decode(&23, &new).is_err());
+    let opened = AUDIT.open(&txn).unwrap();
+    let entry = |index: u64| opened.get(index).unwrap().unwrap();
+    assert_eq!(entry(22).hash, entry(23).prev_hash);
     assert_eq!(
-        hash_of(22, &stored(22)),
-        AUDIT.decode(&23, &new).unwrap().prev_hash
-    );
-    assert_ne!(
-        hash_of(22, &new),
-        hash_of(23, &new),
+        entry(23).hash,
+        replay_guard::store::audit_entry_hash(23, &entry(23), &entry(22).hash),
         "recomputed at its index"
     );
 }
@@ -545,7 +558,7 @@ fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_t
     ];
     assert_eq!(decide(&mut store, &new), [Duplicate, Duplicate, Conflict]);
     store.close().unwrap();
-    assert_eq!(schema(), 6);
+    assert_eq!(schema(), 7);
     after_the_records_fixtures_replays(db_s);
     // The old effects print as they did.
     let effects = stdout(&["dump-effects", "--db", db_s]);
@@ -657,4 +670,95 @@ fn an_effect_under_digest_ignore_keeps_its_digest() {
         .collect();
     assert_eq!(outcomes, ["applied", "duplicate", "conflict"]);
     assert!(stdout(&["verify", "--config", cfg_s]).contains("hash chain intact"));
+}
+
+#[test]
+fn audit_entries_holding_their_prev_hash_chain_on_with_entries_that_leave_it_to_the_one_before() {
+    use replay_guard::model::Outcome::*;
+    use replay_guard::store::tables::{AUDIT, META, META_TABLE};
+    use replay_guard::store::{Store, StoreOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_reads_as_printed(RECORDS_V4_FIXTURE, dir.path());
+    let db_s = db.to_str().unwrap();
+    let schema = || {
+        let file = redb::Database::open(&db).unwrap();
+        let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+        let meta = META.get(&txn.open_table(META_TABLE).unwrap()).unwrap();
+        meta.unwrap().schema_version
+    };
+    assert_eq!(schema(), 6);
+    let at = RECORDS_V4_WRITTEN_MS + 60_000;
+    let mut store = Store::open(&db, StoreOptions::default(), at).unwrap();
+    assert_eq!(
+        decide_at(&mut store, at, &first_replays()),
+        [Duplicate, Duplicate, Duplicate, Conflict, Applied, Applied]
+    );
+    let msg = crate::common::msg;
+    let new = [
+        msg("fd", "e1", 1, 7, "count 7"),
+        msg("ems", "m2", 2, 5, "at hospital"),
+        msg("fd", "e1", 1, 7, "count 70"),
+    ];
+    assert_eq!(
+        decide_at(&mut store, at, &new),
+        [Duplicate, Duplicate, Conflict]
+    );
+    store.close().unwrap();
+    assert_eq!(schema(), 7);
+    after_the_records_fixtures_replays(db_s);
+    let audit = stdout(&["dump-audit", "--db", db_s]);
+    let fixture = std::fs::read_to_string(Path::new(RECORDS_V4_FIXTURE).join("dump-audit.jsonl"));
+    assert!(audit.starts_with(&fixture.unwrap()), "{audit}");
+
+    // The fixture's entries hold their prev_hash (version 3); the new ones after entry 15,
+    // chained after an entry the file holds, leave it out (version 4) and read with the hash
+    // of the entry before.
+    {
+        let file = redb::Database::open(&db).unwrap();
+        let txn = redb::ReadableDatabase::begin_read(&file).unwrap();
+        let raw = {
+            let t = txn.open_table(AUDIT.raw()).unwrap();
+            move |index: u64| {
+                let bytes = redb::ReadableTable::get(&t, index).unwrap().unwrap();
+                bytes.value().to_vec()
+            }
+        };
+        let (old, new) = (raw(14), raw(16));
+        assert_eq!((old[0], new[0]), (3, 4));
+        assert!(AUDIT.decode(&14, &old).is_ok());
+        assert!(AUDIT.decode(&16, &new).is_err(), "needs entry 15's hash");
+        assert!(new.len() + 32 < old.len(), "{} vs {}", new.len(), old.len());
+        let opened = AUDIT.open(&txn).unwrap();
+        let entry = |index: u64| opened.get(index).unwrap().unwrap();
+        assert_eq!(entry(16).prev_hash, entry(15).hash);
+        assert_eq!(entry(15).prev_hash, entry(14).hash);
+    }
+
+    // An edit in place of a fixture's entry is named alone: the entry after it holds the
+    // prev_hash it breaks.
+    {
+        let file = redb::Database::open(&db).unwrap();
+        let txn = file.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(AUDIT.raw()).unwrap();
+            let mut bytes = redb::ReadableTable::get(&t, 6)
+                .unwrap()
+                .unwrap()
+                .value()
+                .to_vec();
+            let at = bytes.windows(6).position(|w| w == b"ingest").unwrap();
+            bytes[at..at + 6].copy_from_slice(b"INGEST");
+            t.insert(6, bytes.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let out = run(&["verify", "--db", db_s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("audit entry 7: prev_hash ")
+            && err.contains(" (entry 6 was edited, or this prev_hash)"),
+        "{err}"
+    );
 }

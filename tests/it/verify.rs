@@ -46,9 +46,12 @@ fn tampered(
 }
 
 fn audit_record(txn: &redb::WriteTransaction, index: u64) -> (Vec<u8>, AuditRecord) {
-    let t = txn.open_table(AUDIT.raw()).unwrap();
-    let bytes = t.get(index).unwrap().unwrap().value().to_vec();
-    let rec = AUDIT.decode(&index, &bytes).unwrap();
+    let bytes = {
+        let t = txn.open_table(AUDIT.raw()).unwrap();
+        t.get(index).unwrap().unwrap().value().to_vec()
+    };
+    // Read from the table: an entry may leave its `prev_hash` to the one before it.
+    let rec = AUDIT.open_mut(txn).unwrap().get(index).unwrap().unwrap();
     (bytes, rec)
 }
 
@@ -107,12 +110,14 @@ fn verify_catches_each_kind_of_tampering() {
         ),
         (
             // An entry the writer chained stores no hash (it reads with the hash of its
-            // content): a byte edit of it breaks the next entry's link, which names it.
+            // content), and the entries after it, up to a checkpoint, take that hash as
+            // their prev_hash: a byte edit of it breaks the next link that is stored, here
+            // the chain head, which names the entries it can be in.
             "edited-in-place",
             tampered(dir.path(), &honest, "edited-in-place", |txn| {
                 edit_stored(txn, AUDIT, 6, b"ingest", b"INGEST");
             }),
-            "audit entry 7: prev_hash ",
+            "audit entry 27: its hash ",
         ),
         (
             // The last entry's link is the database's chain head.
@@ -127,7 +132,7 @@ fn verify_catches_each_kind_of_tampering() {
             tampered(dir.path(), &honest, "deleted", |txn| {
                 txn.open_table(AUDIT.raw()).unwrap().remove(5).unwrap();
             }),
-            "audit entry 6: expected index 5",
+            "audit entry 6: entry 5, whose hash it takes as its prev_hash, is missing (damaged)",
         ),
         (
             "reordered",
@@ -199,8 +204,7 @@ fn verify_catches_each_kind_of_tampering() {
         assert!(err.contains(want), "{name}: {err:?} lacks {want:?}");
         if name == "edited-in-place" {
             assert!(
-                err.contains("does not match entry 6's hash ")
-                    && err.contains(" (entry 6 was edited, or this prev_hash)"),
+                err.contains(" (an entry from 0 to 27 was edited, or the chain head)"),
                 "{name}: {err}"
             );
         }
@@ -215,6 +219,67 @@ fn verify_catches_each_kind_of_tampering() {
         }
         assert_eq!(err.lines().count(), 1, "{name}: {err}");
     }
+}
+
+/// Entries chained after the entry before them leave their `prev_hash` to it, and every
+/// 32nd entry (a checkpoint) keeps its bytes: an edit in place shows at the next stored link,
+/// the next checkpoint or the chain head, which names the entries the edit can be in (back
+/// to the last entry that holds its `prev_hash`, as an older build's entries all do).
+#[test]
+fn an_edit_in_place_shows_at_the_next_checkpoint_naming_the_entries_it_can_be_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let feed = dir.path().join("feed.jsonl");
+    let lines: Vec<String> = (1..=40)
+        .map(|q| format!(r#"{{"agency":"fd","source_id":"e1","epoch":1,"sequence":{q},"v":{q}}}"#))
+        .collect();
+    std::fs::write(&feed, lines.join("\n") + "\n").unwrap();
+    let honest = dir.path().join("forty.redb");
+    let out = run(&[
+        "ingest",
+        "--db",
+        honest.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(verify(&honest).0, Some(0));
+    for (name, index, want) in [
+        ("before-a-checkpoint", 6, "audit entry 32: prev_hash "),
+        ("after-it", 35, "audit entry 39: its hash "),
+    ] {
+        let db = tampered(dir.path(), &honest, name, |txn| {
+            edit_stored(txn, AUDIT, index, b"ingest", b"INGEST");
+        });
+        let (code, _, err) = verify(&db);
+        assert_eq!(code, Some(4), "{name}: {err}");
+        assert!(err.contains(want), "{name}: {err}");
+        let span = if index < 32 {
+            " (an entry from 0 to 31 was edited, or this prev_hash)"
+        } else {
+            " (an entry from 32 to 39 was edited, or the chain head)"
+        };
+        assert!(err.contains(span), "{name}: {err}");
+    }
+    // Entry 7 stored again holding its hashes, as an older build stored every entry's
+    // prev_hash: an edit after it shows at the next checkpoint, naming the entries from it on.
+    let db = tampered(dir.path(), &honest, "held", |txn| {
+        let (_, rec) = audit_record(txn, 7);
+        AUDIT
+            .open_mut(txn)
+            .unwrap()
+            .put(7, &rec, &mut Vec::new())
+            .unwrap();
+    });
+    assert_eq!(verify(&db).0, Some(0));
+    let db = tampered(dir.path(), &db, "held-edited", |txn| {
+        edit_stored(txn, AUDIT, 20, b"ingest", b"INGEST");
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("audit entry 32: prev_hash ")
+            && err.contains(" (an entry from 7 to 31 was edited, or this prev_hash)"),
+        "{err}"
+    );
 }
 
 /// Replaces `from` with `to` inside the stored bytes of record `key` of `table`, as an edit of

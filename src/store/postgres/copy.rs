@@ -153,8 +153,23 @@ impl CopyTable for ToPg<'_> {
             params.join(", ")
         );
         let mut cols: Vec<Col> = types.iter().map(|ty| Col::of(ty)).collect();
+        // PostgreSQL's readers take each audit entry alone: an entry that leaves its
+        // `prev_hash` to the one before goes in holding it (the hash carried in index order).
+        let audit = name == AUDIT.stored();
+        let mut audit_prev: Option<[u8; 32]> = None;
         for item in table.iter()? {
             let (k, v) = item?;
+            let standalone = if audit {
+                let (key, value) = (k.value(), v.value());
+                let index = <K as redb::Value>::as_bytes(&key);
+                let index = <u64 as redb::Value>::from_bytes(index.as_ref());
+                let bytes = <V as redb::Value>::as_bytes(&value);
+                let (bytes, hash) = audit_standalone(index, bytes.as_ref(), audit_prev.as_ref())?;
+                audit_prev = Some(hash);
+                bytes
+            } else {
+                None
+            };
             if !gone.is_empty() && gone.contains(<K as redb::Value>::as_bytes(&k.value()).as_ref())
             {
                 continue;
@@ -186,7 +201,10 @@ impl CopyTable for ToPg<'_> {
             } else {
                 K::cells(key, &mut push);
             }
-            V::cells(v.value(), &mut push);
+            match &standalone {
+                Some(bytes) => push(Cell::Bytes(bytes)),
+                None => V::cells(v.value(), &mut push),
+            }
             if cols[0].len() >= CHUNK {
                 self.send(t.pg_table, &sql, &mut cols)?;
             }

@@ -699,6 +699,8 @@ impl Tx for PgTx<'_> {
         if let Some(row) = audit_source_row(index, record, source_no) {
             self.new_audit_sources.push(row);
         }
+        // Readers here take each entry alone: it holds its `prev_hash`.
+        crate::store::stored::keep_prev_hash();
         self.new_audit.insert(index, record.clone());
         Ok(())
     }
