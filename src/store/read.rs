@@ -84,15 +84,16 @@ impl Reader {
 /// Every method runs under the panic guard; a redb panic poisons the snapshot.
 pub struct Snapshot(View);
 
-/// A snapshot of one backend.
+/// A snapshot of one backend (on redb, with the audit entries' chain hashes it read last,
+/// for the next entry read alone: `Opened::get_remembering`).
 enum View {
-    Redb(Handle<ReadTransaction>),
+    Redb(Handle<ReadTransaction>, ChainHashes),
     Pg(Box<PgView>),
 }
 
 impl Snapshot {
     pub(super) fn new(txn: ReadTransaction) -> Snapshot {
-        Snapshot(View::Redb(Handle::new(txn)))
+        Snapshot(View::Redb(Handle::new(txn), ChainHashes::default()))
     }
 
     /// A view of a PostgreSQL store.
@@ -109,7 +110,7 @@ impl Snapshot {
     pub(super) fn pg(&self) -> Option<&PgView> {
         match &self.0 {
             View::Pg(v) => Some(v),
-            View::Redb(_) => None,
+            View::Redb(..) => None,
         }
     }
 
@@ -120,7 +121,7 @@ impl Snapshot {
         f: impl FnOnce(&ReadTransaction) -> Result<R, E>,
     ) -> Result<R, E> {
         match &self.0 {
-            View::Redb(h) => h.guard(f),
+            View::Redb(h, _) => h.guard(f),
             View::Pg(_) => Err(StoreError::Refused(
                 "this view is not available on the PostgreSQL backend".into(),
             )
@@ -526,9 +527,9 @@ impl Snapshot {
         key: u64,
         make: impl Fn(u64, R) -> T,
     ) -> Result<Option<T>, StoreError> {
-        let record = match self.pg() {
-            Some(pg) => pg.get(table, key)?,
-            None => self.guard(|txn| table.open(txn)?.get(key))?,
+        let record = match &self.0 {
+            View::Pg(pg) => pg.get(table, key)?,
+            View::Redb(h, chain) => h.guard(|txn| table.open(txn)?.get_remembering(key, chain))?,
         };
         Ok(record.map(|r| make(key, r)))
     }

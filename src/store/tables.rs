@@ -87,6 +87,27 @@ pub trait Record: Serialize + DeserializeOwned {
     }
 }
 
+/// The chain hashes of records recently read from one table in one read transaction, by
+/// index (`Opened::get_remembering`): at most `CHAIN_WALK_LIMIT`, the lowest indices
+/// forgotten first.
+#[derive(Default)]
+pub struct ChainHashes(std::sync::Mutex<std::collections::BTreeMap<u64, [u8; 32]>>);
+
+impl ChainHashes {
+    fn get(&self, index: u64) -> Option<[u8; 32]> {
+        self.0.lock().ok()?.get(&index).copied()
+    }
+
+    fn remember(&self, index: u64, hash: [u8; 32]) {
+        if let Ok(mut held) = self.0.lock() {
+            held.insert(index, hash);
+            while held.len() as u64 > CHAIN_WALK_LIMIT {
+                held.pop_first();
+            }
+        }
+    }
+}
+
 /// How far back a read of a chained record follows the records that leave their
 /// predecessor's hash to the record before them, before it calls the file damaged: the
 /// writer stores the bytes at least every `stored::AUDIT_CHECKPOINT`th record.
@@ -828,7 +849,28 @@ where
     pub fn get<'k>(&self, key: impl Borrow<K::SelfType<'k>>) -> Result<Option<R>, StoreError> {
         let key = key.borrow();
         match self.table.get(key)? {
-            Some(g) => Ok(Some(self.decode_chained(key, g.value(), None)?)),
+            Some(g) => Ok(Some(self.decode_chained(key, g.value(), None, None)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `get`, taking the chain hashes of the records before it from `chain` where it holds
+    /// them and leaving there those it computes: `chain` must only ever be used with this
+    /// table in this transaction (a `Snapshot`'s). Reads of nearby records one at a time
+    /// (`verify` reading each effect's audit entry) then walk back no further than the last.
+    pub fn get_remembering<'k>(
+        &self,
+        key: impl Borrow<K::SelfType<'k>>,
+        chain: &ChainHashes,
+    ) -> Result<Option<R>, StoreError> {
+        let key = key.borrow();
+        match self.table.get(key)? {
+            Some(g) => Ok(Some(self.decode_chained(
+                key,
+                g.value(),
+                None,
+                Some(chain),
+            )?)),
             None => Ok(None),
         }
     }
@@ -849,7 +891,7 @@ where
                 (Some(i), Some((j, hash))) if j.checked_add(1) == Some(i) => Some(hash),
                 _ => None,
             };
-            let record = self.decode_chained(&k.value(), v.value(), prev.as_ref())?;
+            let record = self.decode_chained(&k.value(), v.value(), prev.as_ref(), None)?;
             last = index.zip(record.chain_hash());
             Ok((k, record))
         }))
@@ -865,10 +907,23 @@ where
         key: &K::SelfType<'_>,
         bytes: &[u8],
         prev: Option<&[u8; 32]>,
+        chain: Option<&ChainHashes>,
     ) -> Result<R, StoreError> {
         let index = K::index(key);
         let name = self.records.name;
-        if let Some(r) = decode_after(name, &Shown::<K>(key), index, prev, bytes)? {
+        let remembered = |at: u64| chain.and_then(|c| c.get(at));
+        let remember = |at: u64, r: &R| {
+            if let (Some(c), Some(h)) = (chain, r.chain_hash()) {
+                c.remember(at, h);
+            }
+        };
+        let prev = prev
+            .copied()
+            .or_else(|| index.and_then(|i| i.checked_sub(1)).and_then(remembered));
+        if let Some(r) = decode_after(name, &Shown::<K>(key), index, prev.as_ref(), bytes)? {
+            if let Some(i) = index {
+                remember(i, &r);
+            }
             return Ok(r);
         }
         let err = |why: String| RecordError {
@@ -886,6 +941,9 @@ where
             let Some(at) = index.checked_sub(before.len() as u64 + 1) else {
                 return Err(err(format!("{CHAINED_ALONE} there (damaged)")).into());
             };
+            if let Some(h) = remembered(at) {
+                break h;
+            }
             let found = match K::at_index(at) {
                 Some(k) => self.table.get(k)?,
                 None => None,
@@ -917,9 +975,14 @@ where
             hash = r
                 .and_then(|r| r.chain_hash())
                 .ok_or_else(|| err(format!("{CHAINED_ALONE} chained (entry {at})")))?;
+            if let Some(c) = chain {
+                c.remember(*at, hash);
+            }
         }
-        decode_after(name, &Shown::<K>(key), Some(index), Some(&hash), bytes)?
-            .ok_or_else(|| err(format!("{CHAINED_ALONE} chained")).into())
+        let r = decode_after(name, &Shown::<K>(key), Some(index), Some(&hash), bytes)?
+            .ok_or_else(|| err(format!("{CHAINED_ALONE} chained")))?;
+        remember(index, &r);
+        Ok(r)
     }
 
     /// Every record, in key order.
@@ -2269,6 +2332,12 @@ mod tests {
                 Some(&written[i as usize]),
                 "{i}"
             );
+        }
+        // Reading them one at a time remembering the hashes computed, in any order.
+        let chain = ChainHashes::default();
+        for i in (0..n).rev().chain((0..n).step_by(3)).chain(0..n) {
+            let read = t.get_remembering(i, &chain).unwrap();
+            assert_eq!(read.as_ref(), Some(&written[i as usize]), "{i}");
         }
         for from in [0, 1, AUDIT_CHECKPOINT - 1, AUDIT_CHECKPOINT + 7] {
             let read: Vec<AuditRecord> = t.range(from..).unwrap().map(|e| e.unwrap().1).collect();
