@@ -372,43 +372,48 @@ pub(super) fn encode_audit(r: &AuditRecord, out: Vec<u8>) -> postcard::Result<Ve
             flags |= bit;
         }
     }
-    let mut out = postcard::to_extend(&(r.recorded_at_ms, r.outcome, flags), out)?;
-    if let StoredKey::Bytes(k) = &key {
-        out = postcard::to_extend(k, out)?;
-    }
-    if let Some(a) = &r.agency {
-        out = postcard::to_extend(a, out)?;
-    }
-    if let Some(s) = &r.source_id {
-        out = postcard::to_extend(s, out)?;
-    }
-    if let Some(e) = r.epoch {
-        out = postcard::to_extend(&e, out)?;
-    }
-    if let Some(q) = r.sequence {
-        out = postcard::to_extend(&q, out)?;
-    }
-    out = postcard::to_extend(&r.topic, out)?;
-    out = match reason {
-        StoredReason::Template(n, a, b) => postcard::to_extend(&(n, a, b), out)?,
-        StoredReason::Text(t) => postcard::to_extend(t, out)?,
+    let key_bytes = match &key {
+        StoredKey::Bytes(k) => Some(k),
+        _ => None,
     };
-    if let Some(d) = &r.digest {
-        out = postcard::to_extend(d, out)?;
+    let out = Put(postcard::to_extend(
+        &(r.recorded_at_ms, r.outcome, flags),
+        out,
+    )?)
+    .field_if(key_bytes)?
+    .field_if(r.agency.as_deref())?
+    .field_if(r.source_id.as_deref())?
+    .field_if(r.epoch.as_ref())?
+    .field_if(r.sequence.as_ref())?
+    .field(r.topic.as_str())?;
+    let out = match reason {
+        StoredReason::Template(n, a, b) => out.field(&(n, a, b))?,
+        StoredReason::Text(t) => out.field(t)?,
+    };
+    let out = out
+        .field_if(r.digest.as_ref())?
+        .field_if(r.effect_offset.as_ref())?
+        .field_if(r.quarantine_id.as_ref())?
+        .field_if((flags & bits::PREV_HASH != 0).then_some(&r.prev_hash))?
+        .field_if((flags & bits::HASH != 0).then_some(&r.hash))?;
+    Ok(out.0)
+}
+
+/// The fields of a body being written, in order, each in postcard's form.
+struct Put(Vec<u8>);
+
+impl Put {
+    fn field<T: Serialize + ?Sized>(self, v: &T) -> postcard::Result<Put> {
+        postcard::to_extend(v, self.0).map(Put)
     }
-    if let Some(o) = r.effect_offset {
-        out = postcard::to_extend(&o, out)?;
+
+    /// `v`'s field if there is one (the bits say whether).
+    fn field_if<T: Serialize + ?Sized>(self, v: Option<&T>) -> postcard::Result<Put> {
+        match v {
+            Some(v) => self.field(v),
+            None => Ok(self),
+        }
     }
-    if let Some(q) = r.quarantine_id {
-        out = postcard::to_extend(&q, out)?;
-    }
-    if flags & bits::PREV_HASH != 0 {
-        out = postcard::to_extend(&r.prev_hash, out)?;
-    }
-    if flags & bits::HASH != 0 {
-        out = postcard::to_extend(&r.hash, out)?;
-    }
-    Ok(out)
 }
 
 /// The fields of a stored body, read in order.

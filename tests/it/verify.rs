@@ -15,15 +15,20 @@ fn honest_db(dir: &Path) -> PathBuf {
     let db = dir.join("honest.redb");
     let feed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/feed.jsonl");
     for _ in 0..2 {
-        let out = run(&[
-            "ingest",
-            "--db",
-            db.to_str().unwrap(),
-            feed.to_str().unwrap(),
-        ]);
-        assert_eq!(out.status.code(), Some(0));
+        ingest(&db, &feed);
     }
     db
+}
+
+/// `ingest` of `feed` into `db`, which must succeed.
+fn ingest(db: &Path, feed: &Path) {
+    let out = run(&[
+        "ingest",
+        "--db",
+        db.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
 }
 
 /// Copies the database and lets `edit` change it with a raw redb write transaction.
@@ -234,13 +239,7 @@ fn an_edit_in_place_shows_at_the_next_checkpoint_naming_the_entries_it_can_be_in
         .collect();
     std::fs::write(&feed, lines.join("\n") + "\n").unwrap();
     let honest = dir.path().join("forty.redb");
-    let out = run(&[
-        "ingest",
-        "--db",
-        honest.to_str().unwrap(),
-        feed.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0));
+    ingest(&honest, &feed);
     assert_eq!(verify(&honest).0, Some(0));
     for (name, index, want) in [
         ("before-a-checkpoint", 6, "audit entry 32: prev_hash "),
