@@ -142,8 +142,10 @@ impl AuditEntry {
         Outcome::from_code(self.record.outcome)
     }
     /// Whether `hash` matches the entry's content and `prev_hash`. Always, for an entry that
-    /// stores no hash (record version 3: it reads with the hash of its content); an edit of
-    /// such an entry breaks the next entry's link (or the chain head), which `verify` checks.
+    /// stores no hash (record version 3 on: it reads with the hash of its content); an edit
+    /// of such an entry breaks the next link that is stored (the next entry's `prev_hash`,
+    /// from record version 4 the next that stores it, or the chain head), which `verify`
+    /// checks.
     pub fn hash_is_valid(&self) -> bool {
         super::audit::entry_hash(self.index, &self.record, &self.record.prev_hash)
             == self.record.hash
@@ -465,6 +467,21 @@ impl Snapshot {
         )
     }
 
+    /// Whether the audit entry stored at `index` holds its `prev_hash` (every entry but one
+    /// of record version 4 that leaves it to the entry before it; `true` when there is none).
+    pub fn audit_holds_prev_hash(&self, index: u64) -> Result<bool, StoreError> {
+        if self.pg().is_some() {
+            return Ok(true);
+        }
+        self.guard(|txn| {
+            let opened = AUDIT.open(txn)?;
+            let raw: &ReadOnly<u64> = &opened;
+            Ok(!raw
+                .get(index)?
+                .is_some_and(|g| audit_leaves_prev_hash(g.value())))
+        })
+    }
+
     /// Where an edit that shows at the link into entry `index` (its stored `prev_hash`, or
     /// the chain head for `index` = the next index) can be: from the returned index to
     /// `index - 1`. Entries that leave their `prev_hash` to the entry before them (audit
@@ -480,7 +497,9 @@ impl Snapshot {
             let opened = AUDIT.open(txn)?;
             let raw: &ReadOnly<u64> = &opened;
             let mut at = last;
-            while at > 0 {
+            // As far back as a reader follows them (a file that stores none stops there).
+            let floor = last.saturating_sub(CHAIN_WALK_LIMIT);
+            while at > floor {
                 match raw.get(at)? {
                     Some(g) if audit_leaves_prev_hash(g.value()) => at -= 1,
                     _ => break,

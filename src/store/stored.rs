@@ -270,8 +270,9 @@ enum StoredHash {
 
 /// Every entry at an index that is a multiple of this keeps its `prev_hash` bytes, so a
 /// reader recomputes an entry's predecessor hash from at most this many entries, and
-/// `verify` names an edited entry within this many. Part of the file format only in that
-/// a file written with another value reads the same (a reader follows the tags).
+/// `verify` names an edited entry within this many. Part of the file format: readers follow
+/// the tags but give up past `tables::CHAIN_WALK_LIMIT` (four times this), and `verify`
+/// requires the bytes at these indices.
 pub const AUDIT_CHECKPOINT: u64 = 32;
 
 /// What the writer noted about the next entry it stores: its hash, and whether its

@@ -111,7 +111,7 @@ impl ChainHashes {
 /// How far back a read of a chained record follows the records that leave their
 /// predecessor's hash to the record before them, before it calls the file damaged: the
 /// writer stores the bytes at least every `stored::AUDIT_CHECKPOINT`th record.
-const CHAIN_WALK_LIMIT: u64 = 4 * super::stored::AUDIT_CHECKPOINT;
+pub const CHAIN_WALK_LIMIT: u64 = 4 * super::stored::AUDIT_CHECKPOINT;
 
 /// (agency, source_id) -> source number.
 pub const SOURCE_IDS: TableDefinition<(&str, &str), u64> = TableDefinition::new("source_ids");

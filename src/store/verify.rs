@@ -539,41 +539,50 @@ pub fn verify_reporting(
     let mut fail = None;
     let scanned = snap.scan_audit::<StoreError>(expected, |e| {
         let at = |what: String| Some(format!("audit entry {}: {what}", e.index));
-        let problem = if e.index != expected {
-            at(format!(
-                "expected index {expected} (an entry is missing or out of place)"
-            ))
-        } else if e.record.prev_hash != prev {
-            let (whose, hint) = if e.index > report.audit_from {
-                // An entry that stores no hash (record version 3) reads with the hash of its
-                // content, so an edit of it shows here, at the next entry's link, or at the
-                // next that holds its prev_hash (record version 4).
-                (
-                    format!("entry {}'s hash", e.index - 1),
-                    format!(
-                        " ({} was edited, or this prev_hash)",
-                        edited(snap, e.index, report.audit_from)?
-                    ),
-                )
-            } else if report.audit_from == 0 {
-                ("the start of the log".to_string(), String::new())
+        let problem =
+            if e.index != expected {
+                at(format!(
+                    "expected index {expected} (an entry is missing or out of place)"
+                ))
+            } else if e.record.prev_hash != prev {
+                let (whose, hint) = if e.index > report.audit_from {
+                    // An entry that stores no hash (record version 3) reads with the hash of its
+                    // content, so an edit of it shows here, at the next entry's link, or at the
+                    // next that holds its prev_hash (record version 4).
+                    (
+                        format!("entry {}'s hash", e.index - 1),
+                        format!(
+                            " ({} was edited, or this prev_hash)",
+                            edited(snap, e.index, report.audit_from)?
+                        ),
+                    )
+                } else if report.audit_from == 0 {
+                    ("the start of the log".to_string(), String::new())
+                } else {
+                    ("the retention anchor's hash".to_string(), String::new())
+                };
+                at(format!(
+                    "prev_hash {} does not match {whose} {}{hint}",
+                    hex(&e.record.prev_hash),
+                    hex(&prev)
+                ))
+            } else if (e.index.is_multiple_of(super::stored::AUDIT_CHECKPOINT)
+                || e.index == report.audit_from)
+                && !snap.audit_holds_prev_hash(e.index)?
+            {
+                // Every writer stores it there: without it, the link into it is not checked.
+                at("leaves its prev_hash to the entry before it at a checkpoint or the first entry \
+                kept, where every writer stores it (edited)"
+                .into())
+            } else if !e.hash_is_valid() {
+                at("its hash does not match its content (edited)".into())
+            } else if let Some(p) = check_entry(snap, &e, &mut scan, contract)? {
+                at(p)
+            } else if let Some(p) = keys.visit(snap, e.index, &e.record)? {
+                Some(p)
             } else {
-                ("the retention anchor's hash".to_string(), String::new())
+                sources.visit(snap, e.index, &e.record)?
             };
-            at(format!(
-                "prev_hash {} does not match {whose} {}{hint}",
-                hex(&e.record.prev_hash),
-                hex(&prev)
-            ))
-        } else if !e.hash_is_valid() {
-            at("its hash does not match its content (edited)".into())
-        } else if let Some(p) = check_entry(snap, &e, &mut scan, contract)? {
-            at(p)
-        } else if let Some(p) = keys.visit(snap, e.index, &e.record)? {
-            Some(p)
-        } else {
-            sources.visit(snap, e.index, &e.record)?
-        };
         if problem.is_some() {
             fail = problem;
             return Ok(ControlFlow::Break(()));

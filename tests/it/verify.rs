@@ -258,6 +258,26 @@ fn an_edit_in_place_shows_at_the_next_checkpoint_naming_the_entries_it_can_be_in
         };
         assert!(err.contains(span), "{name}: {err}");
     }
+    // A checkpoint made to leave its prev_hash to the entry before (its bit cleared, its
+    // bytes cut): it would read in order with whatever hash entry 31 has, so verify
+    // refuses it.
+    let db = tampered(dir.path(), &honest, "checkpoint-stripped", |txn| {
+        let mut t = txn.open_table(AUDIT.raw()).unwrap();
+        let mut bytes = t.get(32).unwrap().unwrap().value().to_vec();
+        // version, recorded_at_ms (6-byte varint), outcome, then the bits' varint: bit 10
+        // (prev_hash stored) is bit 3 of its second byte; the prev_hash is the last field.
+        assert_ne!(bytes[9] & 1 << 3, 0, "{bytes:?}");
+        bytes[9] &= !(1 << 3);
+        bytes.truncate(bytes.len() - 32);
+        t.insert(32, bytes.as_slice()).unwrap();
+    });
+    let (code, _, err) = verify(&db);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("audit entry 32: leaves its prev_hash to the entry before it at a checkpoint"),
+        "{err}"
+    );
+
     // Entry 7 stored again holding its hashes, as an older build stored every entry's
     // prev_hash: an edit after it shows at the next checkpoint, naming the entries from it on.
     let db = tampered(dir.path(), &honest, "held", |txn| {

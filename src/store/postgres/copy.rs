@@ -1,6 +1,8 @@
 //! `migrate --from PATH.redb`: copies a redb database, table by table and record by record
-//! (the same versioned bytes), into an empty PostgreSQL schema in one transaction, so a single
-//! host moves to a shared store without losing its window. The caller then verifies the copy.
+//! (the same versioned bytes, except an audit entry that leaves its `prev_hash` to the entry
+//! before it, copied holding it: `tables::audit_standalone`), into an empty PostgreSQL schema
+//! in one transaction, so a single host moves to a shared store without losing its window.
+//! The caller then verifies the copy.
 //! The tables are `tables::for_each_table`'s, the list `backup` walks too.
 
 use std::collections::HashSet;
@@ -156,7 +158,7 @@ impl CopyTable for ToPg<'_> {
         // PostgreSQL's readers take each audit entry alone: an entry that leaves its
         // `prev_hash` to the one before goes in holding it (the hash carried in index order).
         let audit = name == AUDIT.stored();
-        let mut audit_prev: Option<[u8; 32]> = None;
+        let mut audit_prev: Option<(u64, [u8; 32])> = None;
         for item in table.iter()? {
             let (k, v) = item?;
             let standalone = if audit {
@@ -164,8 +166,11 @@ impl CopyTable for ToPg<'_> {
                 let index = <K as redb::Value>::as_bytes(&key);
                 let index = <u64 as redb::Value>::from_bytes(index.as_ref());
                 let bytes = <V as redb::Value>::as_bytes(&value);
-                let (bytes, hash) = audit_standalone(index, bytes.as_ref(), audit_prev.as_ref())?;
-                audit_prev = Some(hash);
+                // Only the hash of the entry right before it (a gap is damage, named).
+                let prev = audit_prev.filter(|(at, _)| at.checked_add(1) == Some(index));
+                let (bytes, hash) =
+                    audit_standalone(index, bytes.as_ref(), prev.map(|p| p.1).as_ref())?;
+                audit_prev = Some((index, hash));
                 bytes
             } else {
                 None
