@@ -605,6 +605,11 @@ fn rewind_redelivers_with_the_same_ids_and_is_audited() {
     s.ingest(0, 30);
     let mut relay = s.relay();
     s.wait_received(30, Duration::from_secs(20));
+    // The receiver has them before the relay commits its cursor past them: a rewind to 20
+    // from a cursor still at 0 would be a forward move, refused.
+    wait_until("the cursor passes the 30 events", &s, || {
+        field(&s.status(&s.config)["script"], "cursor") == "30"
+    });
     let first: Vec<String> = s.received().iter().map(|e| field(e, "id")).collect();
     let line = stdout(&common::run(&[
         "relay",
