@@ -218,9 +218,13 @@ impl RedbTx<'_> {
         Ok(out)
     }
 
+    /// Merges once the two small tables, or the effects evicted since the last merge, number
+    /// `merge_at`. Not their sum: a full window evicts one entry per new one, and counting
+    /// both would merge twice as often, each merge writing every source's newest and
+    /// oldest window pages again.
     fn merge_if_due(&mut self) -> Result<(), StoreError> {
         let evicted = self.window_start - self.window_purged;
-        if self.recent_len + self.gone_len + evicted >= self.merge_at {
+        if (self.recent_len + self.gone_len).max(evicted) >= self.merge_at {
             self.merge_recent()?;
         }
         Ok(())
@@ -260,7 +264,10 @@ impl RedbTx<'_> {
     /// Deletes from `WINDOW` (and from `WINDOW_RECENT` too if `recent`; a merge drops those
     /// itself) the entries of the effects in `window_purged..window_start`, found by their
     /// effects' positions, in key order, and moves `window_purged` up. An entry of the
-    /// position that names a later effect still in the window stays.
+    /// position that names a later effect still in the window stays. A run of a source's
+    /// consecutive sequences (all of a source's evicted positions, on a steady feed) goes in
+    /// one ranged delete, which visits each leaf once instead of descending per entry; the
+    /// range holds no other position.
     fn purge_evicted(&mut self, recent: bool) -> Result<(), StoreError> {
         if self.window_purged >= self.window_start {
             return Ok(());
@@ -274,23 +281,36 @@ impl RedbTx<'_> {
             keys.push(((h.source_no, h.epoch, h.sequence), offset));
         }
         keys.sort_unstable();
-        for (k, offset) in keys {
-            if recent
-                && self.recent_len > 0
-                && self
+        if recent && self.recent_len > 0 {
+            for &(k, offset) in &keys {
+                if self
                     .window_recent
                     .get(k)?
                     .is_some_and(|e| e.effect_offset == offset)
-            {
-                self.window_recent.remove(k).map_err(redb)?;
-                self.recent_len -= 1;
+                {
+                    self.window_recent.remove(k).map_err(redb)?;
+                    self.recent_len -= 1;
+                }
             }
-            let Some(entry) = self.window.take(k)? else {
-                continue;
-            };
-            if entry.effect_offset != offset && self.live(&entry) {
-                self.window.put(k, &entry, &mut self.buf)?;
-            }
+        }
+        let start = self.window_start;
+        let mut damaged = None;
+        for run in keys.chunk_by(|(a, _), (b, _)| (a.0, a.1) == (b.0, b.1) && b.2 - a.2 <= 1) {
+            let (first, last) = (run[0].0, run[run.len() - 1].0);
+            // Only an entry still in the window stays (one of an evicted effect, this run's or
+            // an earlier one's, does not); an entry that does not decode stays for `verify`.
+            self.window
+                .retain_in(first..=last, |k, v| match WINDOW.decode(&k, v) {
+                    Ok(entry) => entry.effect_offset >= start,
+                    Err(e) => {
+                        damaged.get_or_insert(e);
+                        true
+                    }
+                })
+                .map_err(redb)?;
+        }
+        if let Some(e) = damaged {
+            return Err(e.into());
         }
         self.window_purged = self.window_start;
         Ok(())
@@ -950,6 +970,71 @@ mod tests {
         .unwrap();
         assert_eq!(META.get(&tx.meta).unwrap().unwrap().window_purged, 5);
         drop(tx);
+        drop(txn);
+    }
+
+    /// The merge deletes a source's evicted positions a run of consecutive sequences at a
+    /// time, and keeps an entry inside a run that a later effect of its position holds; it
+    /// is due when the small tables or the evicted effects alone reach the mark, not their sum.
+    #[test]
+    fn the_merge_deletes_evicted_runs_and_keeps_a_replaced_entry_inside_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("w.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tx = RedbTx::open(&txn).unwrap().merging_at(4).direct_sources(0);
+            let write = |tx: &mut RedbTx<'_>, offset: u64, source: u64, q: u64| {
+                let effect = EffectRecord {
+                    source_no: source,
+                    epoch: 1,
+                    sequence: q,
+                    digest: Some([offset as u8; 32]),
+                    ..EffectRecord::default()
+                };
+                tx.put_effect(offset, &effect).unwrap();
+                tx.put_window((source, 1, q), &entry(offset)).unwrap();
+            };
+            let stored = |tx: &RedbTx<'_>| -> Vec<(u64, u64, u64)> {
+                let mut all: Vec<_> = [&tx.window, &tx.window_recent]
+                    .iter()
+                    .flat_map(|t| {
+                        t.all()
+                            .unwrap()
+                            .map(|e| {
+                                let (k, v) = e.unwrap();
+                                let (s, _, q) = k.value();
+                                (s, q, v.effect_offset)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                all.sort_unstable();
+                all
+            };
+            // Source 1 positions 1, 2, 3 and 5, source 2 position 1; the fourth entry merges.
+            for (offset, source, q) in [(0, 1, 1), (1, 1, 2), (2, 1, 3), (3, 1, 5)] {
+                write(&mut tx, offset, source, q);
+            }
+            assert_eq!((tx.window.len().unwrap(), tx.recent_len), (4, 0));
+            // A release replaces position 2 with effect 4; source 2's effect 5.
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(1)));
+            write(&mut tx, 4, 1, 2);
+            write(&mut tx, 5, 2, 1);
+            assert_eq!((tx.gone_len, tx.recent_len), (1, 2));
+            // Three evicted and three in the small tables: not due (the sum would be 6).
+            for (offset, q) in [(0, 1), (1, 2), (2, 3)] {
+                tx.evict_window((1, 1, q), offset).unwrap();
+            }
+            assert_eq!((tx.window_purged, tx.recent_len), (0, 2));
+            assert_eq!(stored(&tx).len(), 6, "nothing deleted yet");
+            // The fourth evicted effect is due: run 1..=3 of source 1 loses 1 and 3 but
+            // keeps 2 (effect 4's), run 5..=5 loses 5; source 2's entry moves in.
+            tx.evict_window((1, 1, 5), 3).unwrap();
+            assert_eq!((tx.window_purged, tx.recent_len, tx.gone_len), (4, 0, 0));
+            assert_eq!(stored(&tx), [(1, 2, 4), (2, 1, 5)]);
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(4)));
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 2)]);
+        }
         drop(txn);
     }
 
