@@ -1011,29 +1011,40 @@ mod tests {
                 all.sort_unstable();
                 all
             };
-            // Source 1 positions 1, 2, 3 and 5, source 2 position 1; the fourth entry merges.
-            for (offset, source, q) in [(0, 1, 1), (1, 1, 2), (2, 1, 3), (3, 1, 5)] {
+            // Source 1 positions 1, 2 and 3, source 2 position 1: the fourth entry merges;
+            // source 1 position 5 stays recent.
+            for (offset, source, q) in [(0, 1, 1), (1, 2, 1), (2, 1, 2), (3, 1, 3), (4, 1, 5)] {
                 write(&mut tx, offset, source, q);
             }
-            assert_eq!((tx.window.len().unwrap(), tx.recent_len), (4, 0));
-            // A release replaces position 2 with effect 4; source 2's effect 5.
-            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(1)));
-            write(&mut tx, 4, 1, 2);
-            write(&mut tx, 5, 2, 1);
-            assert_eq!((tx.gone_len, tx.recent_len), (1, 2));
-            // Three evicted and three in the small tables: not due (the sum would be 6).
-            for (offset, q) in [(0, 1), (1, 2), (2, 3)] {
-                tx.evict_window((1, 1, q), offset).unwrap();
+            assert_eq!((tx.window.len().unwrap(), tx.recent_len), (4, 1));
+            // A release replaces position 2 with effect 5, and a merge puts the replacement
+            // in WINDOW, where the purge below meets it inside a run of evicted positions.
+            assert_eq!(tx.remove_window((1, 1, 2)).unwrap(), Some(entry(2)));
+            write(&mut tx, 5, 1, 2);
+            tx.merge_recent().unwrap();
+            assert_eq!(
+                stored(&tx),
+                [(1, 1, 0), (1, 2, 5), (1, 3, 3), (1, 5, 4), (2, 1, 1)]
+            );
+            // Three in the small tables and three evicted: not due (the sum would be 6).
+            for (offset, q) in [(6, 1), (7, 2), (8, 3)] {
+                write(&mut tx, offset, 3, q);
             }
-            assert_eq!((tx.window_purged, tx.recent_len), (0, 2));
-            assert_eq!(stored(&tx).len(), 6, "nothing deleted yet");
-            // The fourth evicted effect is due: run 1..=3 of source 1 loses 1 and 3 but
-            // keeps 2 (effect 4's), run 5..=5 loses 5; source 2's entry moves in.
-            tx.evict_window((1, 1, 5), 3).unwrap();
+            for (offset, key) in [(0, (1, 1, 1)), (1, (2, 1, 1)), (2, (1, 1, 2))] {
+                tx.evict_window(key, offset).unwrap();
+            }
+            assert_eq!((tx.window_purged, tx.recent_len), (0, 3));
+            // The fourth evicted effect is due: source 1's run 1..=3 loses 1 and 3 but keeps
+            // 2 (effect 5's, still in the window), source 2's run loses its one position, and
+            // source 3's entries move in.
+            tx.evict_window((1, 1, 3), 3).unwrap();
             assert_eq!((tx.window_purged, tx.recent_len, tx.gone_len), (4, 0, 0));
-            assert_eq!(stored(&tx), [(1, 2, 4), (2, 1, 5)]);
-            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(4)));
-            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 2)]);
+            assert_eq!(
+                stored(&tx),
+                [(1, 2, 5), (1, 5, 4), (3, 1, 6), (3, 2, 7), (3, 3, 8)]
+            );
+            assert_eq!(tx.window((1, 1, 2)).unwrap(), Some(entry(5)));
+            assert_eq!(tx.window_present(1, 1, 0..=9).unwrap(), [(2, 2), (5, 5)]);
         }
         drop(txn);
     }
