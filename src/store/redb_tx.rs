@@ -198,7 +198,7 @@ impl RedbTx<'_> {
 
     /// Whether `entry` is in the window: an entry of an evicted effect is not.
     fn live(&self, entry: &WindowEntry) -> bool {
-        entry.effect_offset >= self.window_start
+        in_window(entry, self.window_start)
     }
 
     /// The sequences of the entries of `table` in `span` (one source's epoch) still in the
@@ -298,10 +298,11 @@ impl RedbTx<'_> {
         for run in keys.chunk_by(|(a, _), (b, _)| (a.0, a.1) == (b.0, b.1) && b.2 - a.2 <= 1) {
             let (first, last) = (run[0].0, run[run.len() - 1].0);
             // Only an entry still in the window stays (one of an evicted effect, this run's or
-            // an earlier one's, does not); an entry that does not decode stays for `verify`.
+            // an earlier one's, does not); an entry that does not decode stays, and the purge
+            // fails naming it, as a read of it would.
             self.window
                 .retain_in(first..=last, |k, v| match WINDOW.decode(&k, v) {
-                    Ok(entry) => entry.effect_offset >= start,
+                    Ok(entry) => in_window(&entry, start),
                     Err(e) => {
                         damaged.get_or_insert(e);
                         true
@@ -315,6 +316,12 @@ impl RedbTx<'_> {
         self.window_purged = self.window_start;
         Ok(())
     }
+}
+
+/// Whether `entry` is in a window that starts at effect `start`: an entry of an evicted
+/// effect is not.
+fn in_window(entry: &WindowEntry, start: u64) -> bool {
+    entry.effect_offset >= start
 }
 
 /// The sequences of the keys of `table` in `span` (one source's epoch), in order.
