@@ -4,7 +4,10 @@
 1. Throughput ratio: N ~200-byte QoS 1 messages (10% replays) are queued on a private broker
    for an offline persistent session, then drained by (a) `mosquitto_sub -q 1` (acks at once,
    stores nothing) and (b) `replay-guard run` (decides, commits durably, then acks). Same
-   broker, same run, interleaved ROUNDS times. Reports msg/s of each and the ratio b/a.
+   broker, same run, interleaved ROUNDS times. Reports msg/s of each and the ratio b/a, and
+   where the CPU went while `run` drained (from its first commit to its last, from /proc, in
+   clock ticks: 1/100 s): its `store` thread, its other threads, the broker, and the machine's
+   idle share. A `store` thread near 100% of a core while the machine idles is the bound.
 2. Restart after kill -9 with a 1,000,000-entry window: time from process start to the first
    commit (READY + first batch) on a database holding 1M applied messages.
 3. Peak RSS of `run` during the drains (from /proc/PID/status VmHWM), and while draining N
@@ -113,17 +116,72 @@ def write_config(d, port, db, window=600, sink_port=None, metrics_port=None):
     return cfg
 
 
-def run_until(cfg, n, rss):
-    """Starts `run`, returns (seconds until n messages are committed, seconds to first commit)."""
+def stat_ticks(path):
+    """(name, CPU ticks of user + system time) from a /proc stat file, or None if gone."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The name is in parentheses and may hold spaces; the fields after it are fixed.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[11]) + int(fields[12])
+
+
+def thread_ticks(pid):
+    """CPU ticks of each thread of `pid`, summed by thread name."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        got = stat_ticks(f"/proc/{pid}/task/{tid}/stat")
+        if got:
+            out[got[0]] = out.get(got[0], 0) + got[1]
+    return out
+
+
+def machine_ticks():
+    """(all, idle) CPU ticks of the machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    return sum(cpu), cpu[3] + cpu[4]
+
+
+def cpu_split(before, after, seconds):
+    """Where the CPU went between two snapshots of (run's threads, broker, machine), as
+    shares of one core (the machine's idle: of all its cores)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    (run0, broker0, (all0, idle0)), (run1, broker1, (all1, idle1)) = before, after
+    store = (run1.get("store", 0) - run0.get("store", 0)) / hz / seconds
+    rest = (sum(run1.values()) - sum(run0.values())) / hz / seconds - store
+    broker = (broker1 - broker0) / hz / seconds
+    idle = (idle1 - idle0) / max(1, all1 - all0)
+    return (f"store thread {store:.0%} of a core, run's other threads {rest:.0%}, "
+            f"broker {broker:.0%}, machine idle {idle:.0%} of its {os.cpu_count()} cores")
+
+
+def run_until(cfg, n, rss, broker_pid=None, split=None):
+    """Starts `run`, returns (seconds until n messages are committed, seconds to first commit).
+    With `split` (a list), appends where the CPU went from the first commit to the last
+    (`cpu_split`): the time `run` drained at full speed."""
     env = dict(os.environ, RUST_LOG="replay_guard=debug")
     t0 = time.monotonic()
     p = subprocess.Popen([BIN, "--log-format", "text", "run", "--config", cfg], stderr=subprocess.PIPE, env=env, text=True)
     done, first = 0, None
+    broker_ticks = lambda: (stat_ticks(f"/proc/{broker_pid}/stat") or ("", 0))[1] if broker_pid else 0
+    snap = lambda: (thread_ticks(p.pid), broker_ticks(), machine_ticks())
+    before = None
     for line in p.stderr:
         m = re.search(r"batch committed size=(\d+)", line)
         if m:
+            if before is None:
+                before, t_first = snap(), time.monotonic()
             first = first or time.monotonic() - t0
             done += int(m.group(1))
+            if done >= n and split is not None:
+                split.append(cpu_split(before, snap(), max(1e-3, time.monotonic() - t_first)))
             try:
                 with open(f"/proc/{p.pid}/status") as st:
                     hwm = int(re.search(r"VmHWM:\s+(\d+)", st.read()).group(1))
@@ -145,7 +203,7 @@ def main():
     try:
         broker, port = start_broker(tmp)
         lines = feed(N, 1)
-        rss, sub_rates, rg_rates, sink_rates, metrics_rates = [], [], [], [], []
+        rss, sub_rates, rg_rates, sink_rates, metrics_rates, splits = [], [], [], [], [], []
         scrapes = []
         sink_port = None
         if os.environ.get("RG_WITH_SINK"):
@@ -178,7 +236,7 @@ def main():
                             pass
                 th = threading.Thread(target=scraper)
                 th.start()
-                t, _ = run_until(cfg, N, rss)
+                t, _ = run_until(cfg, N, rss, broker.pid, splits)
                 stop.set()
                 th.join()
                 return N / t
@@ -191,6 +249,7 @@ def main():
             rg_rates.append(drain_run(""))
             print(f"round {r + 1}: mosquitto_sub {sub_rates[-1]:,.0f} msg/s, "
                   f"replay-guard {rg_rates[-1]:,.0f} msg/s, ratio {rg_rates[-1] / sub_rates[-1]:.2f}", flush=True)
+            print(f"round {r + 1}: during run's drain: {splits[-1]}", flush=True)
             if with_metrics and r % 2 == 0:
                 metrics_rates.append(drain_run("-metrics", metrics_port=free_port()))
             if with_metrics:
