@@ -10,8 +10,8 @@ use crate::decide::OutOfOrder;
 use crate::json::{Json, parse};
 use crate::model::Outcome;
 use crate::store::{
-    Backend, BatchReport, Incoming, LogRetention, RetentionPolicy, StoreError, StoreOptions,
-    WindowPolicy,
+    AuditEntry, Backend, BatchReport, Incoming, LogRetention, RetentionPolicy, Snapshot,
+    StoreError, StoreOptions, WindowPolicy,
 };
 use crate::wire::FeedContract;
 
@@ -313,6 +313,8 @@ pub fn run_case(
         "verify on the pruned store: {:?}",
         check.violation
     );
+    read_alone_as_in_order(&pruning, &audit_log(&pruned_view)?)
+        .map_err(|e| format!("pruned store: {e}"))?;
 
     // Independent of the model: the properties the product promises.
     let txn = store.reader().map_err(store_err)?;
@@ -325,18 +327,14 @@ pub fn run_case(
     let keys: HashSet<_> = effects.values().map(|e| e.record.key).collect();
     ensure!(keys.len() == effects.len(), "an event was applied twice");
 
-    let mut audit = Vec::new();
-    txn.scan_audit::<StoreError>(0, |e| {
-        audit.push(e);
-        Ok(std::ops::ControlFlow::Continue(()))
-    })
-    .map_err(store_err)?;
+    let audit = audit_log(&txn)?;
     ensure!(
         audit.len() == deliveries.len(),
         "audit must account for every message: {} entries for {} deliveries",
         audit.len(),
         deliveries.len()
     );
+    read_alone_as_in_order(&store, &audit)?;
     let mut prev = [0u8; 32];
     let mut quarantine = HashMap::new();
     txn.scan_quarantine::<StoreError>(0, |q| {
@@ -422,6 +420,92 @@ pub fn run_case(
                 "event {e:?} neither applied nor quarantined"
             );
         }
+    }
+    Ok(())
+}
+
+/// The audit log of `snapshot`, read in order.
+fn audit_log(snapshot: &Snapshot) -> Result<Vec<AuditEntry>, String> {
+    let mut audit = Vec::new();
+    snapshot
+        .scan_audit::<StoreError>(0, |e| {
+            audit.push(e);
+            Ok(std::ops::ControlFlow::Continue(()))
+        })
+        .map_err(store_err)?;
+    Ok(audit)
+}
+
+/// Each audit entry of `in_order` (the whole log, read in order) read again as `explain`, the
+/// relay and `verify`'s effect checks take one: alone from a snapshot that has read nothing
+/// (on redb an entry that leaves its `prev_hash` to the entry before recomputes it, walking
+/// back to an entry that holds its hashes, and not past the oldest one retention kept), then
+/// oldest first and newest first from one snapshot each (a snapshot remembers the hashes it
+/// computed, and takes an entry's `prev_hash` from them), and by its key through the key
+/// index. Each must be the record read in order.
+fn read_alone_as_in_order(store: &Backend, in_order: &[AuditEntry]) -> Result<(), String> {
+    let differs = |how: &str, e: &AuditEntry, got: Option<&AuditEntry>| {
+        format!(
+            "audit {} read {how} is {:?}, in order {:?}",
+            e.index,
+            got.map(|g| &g.record),
+            e.record
+        )
+    };
+    for e in in_order {
+        let alone = store
+            .reader()
+            .and_then(|s| s.audit_entry(e.index))
+            .map_err(store_err)?;
+        ensure!(
+            alone.as_ref().is_some_and(|a| a.record == e.record),
+            "{}",
+            differs("alone", e, alone.as_ref())
+        );
+    }
+    let oldest_first = store.reader().map_err(store_err)?;
+    let newest_first = store.reader().map_err(store_err)?;
+    for (how, snapshot, entries) in [
+        (
+            "oldest first",
+            &oldest_first,
+            in_order.iter().collect::<Vec<_>>(),
+        ),
+        (
+            "newest first",
+            &newest_first,
+            in_order.iter().rev().collect(),
+        ),
+    ] {
+        for e in entries {
+            let got = snapshot.audit_entry(e.index).map_err(store_err)?;
+            ensure!(
+                got.as_ref().is_some_and(|g| g.record == e.record),
+                "{}",
+                differs(how, e, got.as_ref())
+            );
+        }
+    }
+    let snapshot = newest_first;
+    let mut by_key: HashMap<[u8; 32], Vec<&AuditEntry>> = HashMap::new();
+    for e in in_order {
+        if let Some(key) = e.record.key {
+            by_key.entry(key).or_default().push(e);
+        }
+    }
+    for (key, want) in by_key {
+        let got = snapshot.audit_with_key(&key).map_err(store_err)?;
+        ensure!(
+            got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.index == w.index && g.record == w.record),
+            "the key index finds entries {:?} for key {}, the log in order {:?}",
+            got.iter().map(|g| g.index).collect::<Vec<_>>(),
+            crate::model::hex(&key),
+            want.iter().map(|w| w.index).collect::<Vec<_>>()
+        );
     }
     Ok(())
 }
