@@ -112,11 +112,27 @@ pub struct Gap {
     pub to: u64,
 }
 
+/// A jump past this many sequences is not a plausible loss: a producer that restarted its
+/// counter without a new epoch, or a forged sequence. Its missing sequences are counted all
+/// the same (saturating), and the warning and the report say it is implausible.
+pub const PLAUSIBLE_GAP: u64 = 1 << 32;
+
 impl Gap {
     /// How many sequences are missing.
     pub fn missing(&self) -> u64 {
         self.to - self.from + 1
     }
+
+    /// Whether the jump is larger than any real loss could be (`PLAUSIBLE_GAP`).
+    pub fn implausible(&self) -> bool {
+        self.missing() > PLAUSIBLE_GAP
+    }
+}
+
+/// The sum of counts of missing sequences, saturating at `u64::MAX`: one hostile jump (a
+/// sequence near 2^64) must never wrap the total around and cancel a real loss.
+pub fn total_missing(counts: impl IntoIterator<Item = u64>) -> u64 {
+    counts.into_iter().fold(0, u64::saturating_add)
 }
 
 /// The upstream gap that applying `pos` (decided `applied`, not late) opens: the sequences

@@ -340,6 +340,15 @@ pub(crate) fn warn_gaps(gaps: &[ReportedGap]) {
         let agency = crate::textsafe::escape_controls(&g.agency);
         let source_id = crate::textsafe::escape_controls(&g.source_id);
         let (epoch, from, to, missing) = (g.gap.epoch, g.gap.from, g.gap.to, g.gap.missing());
+        let implausible = if g.gap.implausible() {
+            format!(
+                "; an implausible jump (over {} sequences): a producer that restarted its \
+                 counter without a new epoch, or a forged sequence",
+                crate::decide::PLAUSIBLE_GAP
+            )
+        } else {
+            String::new()
+        };
         tracing::warn!(
             outcome = "gap",
             agency = %g.agency,
@@ -348,8 +357,9 @@ pub(crate) fn warn_gaps(gaps: &[ReportedGap]) {
             missing_from = from,
             missing_to = to,
             missing,
+            implausible = g.gap.implausible(),
             "upstream gap: {agency}/{source_id} epoch {epoch} missing {from}-{to} ({missing} \
-             sequences): never delivered before a later sequence was applied"
+             sequences): never delivered before a later sequence was applied{implausible}"
         );
     }
 }

@@ -411,6 +411,14 @@ pub struct HealthArgs {
     /// A sink's oldest undelivered effect older than this: CRITICAL.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = values::duration_threshold)]
     pub crit_relay_age: Threshold,
+    /// A sink with more events than this parked (refused by its receiver, waiting for an
+    /// operator's `relay retry` or `relay discard`): WARNING. A parked event never reached
+    /// the receiver.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = values::count_threshold)]
+    pub warn_parked: Threshold,
+    /// A sink with more events than this parked: CRITICAL.
+    #[arg(long, value_name = "N", default_value = "100", value_parser = values::count_threshold)]
+    pub crit_parked: Threshold,
     /// Less free space than this percentage beside the database: WARNING.
     #[arg(long, value_name = "PERCENT", default_value = "10", value_parser = values::percent_threshold)]
     pub warn_disk_free: Threshold,

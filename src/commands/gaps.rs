@@ -77,7 +77,7 @@ pub fn write(seen: &Seen, format: Format, out: impl Write) -> Result<(), Failure
         let mut missing = 0u64;
         for (from, to) in set.gaps() {
             holes += 1;
-            missing += to - from + 1;
+            missing = missing.saturating_add(to - from + 1);
             printer.print(&GapRow {
                 agency,
                 source_id,

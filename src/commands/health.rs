@@ -95,6 +95,8 @@ pub struct Thresholds {
     pub window_fill: Bounds,
     pub relay_lag: Bounds,
     pub relay_age_s: Bounds,
+    /// Events a sink parked.
+    pub parked: Bounds,
     /// Hundredths of a percent.
     pub disk_free: Bounds,
 }
@@ -114,6 +116,7 @@ impl Thresholds {
             window_fill: b(&a.warn_window_fill, &a.crit_window_fill),
             relay_lag: b(&a.warn_relay_lag, &a.crit_relay_lag),
             relay_age_s: b(&a.warn_relay_age, &a.crit_relay_age),
+            parked: b(&a.warn_parked, &a.crit_parked),
             disk_free: b(&a.warn_disk_free, &a.crit_disk_free),
         }
     }
@@ -239,11 +242,27 @@ pub fn evaluate(r: &Readings, t: &Thresholds) -> (State, String) {
                 age(sink.age_s)
             ),
         );
+        if sink.parked > 0 {
+            let (s, b) = t.parked.judge(sink.parked, false);
+            judged(
+                s,
+                b,
+                format!(
+                    "sink {} {} parked (never reached the receiver: relay parked)",
+                    sink.name, sink.parked
+                ),
+            );
+        }
         let label = label(&sink.name);
         perf.push(format!(
             "'relay_lag_{label}'={};{};0",
             sink.events,
             t.relay_lag.perf(secs, false)
+        ));
+        perf.push(format!(
+            "'relay_parked_{label}'={};{};0",
+            sink.parked,
+            t.parked.perf(secs, false)
         ));
         perf.push(format!(
             "'relay_age_{label}'={}s;{};0",
@@ -421,8 +440,8 @@ mod tests {
              40% free (40.0 GiB) | commit_age=3s;300;900;0 quarantined_1h=0;0;50;0 \
              quarantine_held=2;;;0 upstream_missing_1h=0;0;1000;0 sessions_lost_1h=0;0;;0 \
              window_fill=12.00%;80.00;95.00;0;100 window_entries=120;;;0;1000 \
-             'relay_lag_cop_db'=0;1000;10000;0 'relay_age_cop_db'=0s;300;900;0 \
-             disk_free=40.00%;10.00:;5.00:;0;100 disk_free_bytes=42949672960B;;;0;107374182400"
+             'relay_lag_cop_db'=0;1000;10000;0 'relay_parked_cop_db'=0;0;100;0 \
+             'relay_age_cop_db'=0s;300;900;0 disk_free=40.00%;10.00:;5.00:;0;100 disk_free_bytes=42949672960B;;;0;107374182400"
         );
     }
 
@@ -430,7 +449,17 @@ mod tests {
     fn each_reading_past_its_bounds_sets_the_state_and_leads_the_text() {
         let t = defaults();
         type Case = (fn(&mut Readings), State, &'static str);
-        let cases: [Case; 11] = [
+        let cases: [Case; 13] = [
+            (
+                |r| r.sinks[0].parked = 1,
+                State::Warning,
+                "sink cop db 1 parked (never reached the receiver: relay parked) (WARNING 0)",
+            ),
+            (
+                |r| r.sinks[0].parked = 101,
+                State::Critical,
+                "sink cop db 101 parked (never reached the receiver: relay parked) (CRITICAL 100)",
+            ),
             (
                 |r| {
                     r.upstream_1h.missing_sequences = 2000;

@@ -176,13 +176,16 @@ fn confirm(
     candidates: Vec<ReportedGap>,
     summary: &mut IngestSummary,
 ) -> Result<(), Failure> {
-    let sequences = |gaps: &[ReportedGap]| gaps.iter().map(|g| g.gap.missing()).sum::<u64>();
+    let sequences =
+        |gaps: &[ReportedGap]| crate::decide::total_missing(gaps.iter().map(|g| g.gap.missing()));
     let check = store.confirm_gaps(&candidates, now_ms())?;
     crate::service::warn_gaps(&check.missing);
     summary.gaps += check.missing.len() as u64;
-    summary.missing += sequences(&check.missing);
+    summary.missing = summary.missing.saturating_add(sequences(&check.missing));
     summary.possible_gaps += check.unknown.len() as u64;
-    summary.possibly_missing += sequences(&check.unknown);
+    summary.possibly_missing = summary
+        .possibly_missing
+        .saturating_add(sequences(&check.unknown));
     Ok(())
 }
 

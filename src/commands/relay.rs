@@ -103,27 +103,6 @@ fn standalone(args: &RelayArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The state a sink is in, as far as the database tells.
-fn state(rec: &SinkRecord, head: u64, blocked: bool, configured: bool) -> &'static str {
-    let condition = rec
-        .last_error
-        .as_ref()
-        .and_then(|(_, e)| crate::relay::condition(e));
-    if !configured {
-        "removed"
-    } else if let Some(c) = condition {
-        c
-    } else if blocked {
-        "blocked"
-    } else if rec.next >= head {
-        "caught_up"
-    } else if rec.last_error.is_some() {
-        "retrying"
-    } else {
-        "behind"
-    }
-}
-
 fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
     let config = super::config(db)?;
     let (_, snap) = super::open_snapshot(&config)?;
@@ -220,7 +199,7 @@ pub fn status_rows(
                 |s| s.as_str().into(),
             ),
             configured,
-            state: state(rec, head, blocked, configured),
+            state: crate::relay::reported_state(rec, head, blocked, lag.parked, configured),
             cursor: Some(rec.next),
             head,
             lag_events: Some(lag.events),

@@ -286,8 +286,14 @@ impl Config {
         };
         let client_id = raw.mqtt.as_ref().map(|m| m.client_id.clone());
         let relay = sinks::relay_from_raw(raw.relay, raw.sink, client_id.as_deref())?;
+        let mqtt = raw.mqtt.map(mqtt_from_raw).transpose()?;
+        if let Some(m) = &mqtt {
+            sinks::refuse_feed_loops(m, &relay)?;
+        }
         let backend = store_backend(&raw.store)?;
-        let shared = raw.mqtt.as_ref().is_some_and(|m| m.share_group.is_some());
+        let shared = mqtt
+            .as_ref()
+            .is_some_and(|m| m.topics.iter().any(|t| t.starts_with("$share/")));
         if shared && matches!(backend, StoreBackend::Redb) {
             return Err(invalid(
                 "[mqtt] share_group needs [store] backend = \"postgres\": the broker redelivers \
@@ -323,7 +329,7 @@ impl Config {
             max_batch: raw.commit.max_batch,
             linger: std::time::Duration::from_millis(raw.commit.linger_ms),
             gap_grace: std::time::Duration::from_millis(raw.feed.gap_grace_ms),
-            mqtt: raw.mqtt.map(mqtt_from_raw).transpose()?,
+            mqtt,
             shutdown_timeout: std::time::Duration::from_secs(raw.service.shutdown_timeout_seconds),
         })
     }

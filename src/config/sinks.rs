@@ -12,7 +12,7 @@ use super::limits::{
     SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_SETTLE_MS,
     SINK_TIMEOUT_MS, in_range, read_bounded,
 };
-use super::mqtt::{Protocol, TlsFiles, read_password, tls_files};
+use super::mqtt::{MqttConfig, Protocol, TlsFiles, read_password, tls_files};
 use super::raw::RawProtocol;
 use super::redact::Secret;
 use super::topics::topic_template_problem;
@@ -350,6 +350,55 @@ pub(super) fn relay_from_raw(
         )));
     }
     Ok(RelayConfig { source, sinks: out })
+}
+
+/// Refuses an mqtt sink that would undo the feed on its own broker (one of `[mqtt]
+/// brokers`): the feed's `client_id` (its clean connect ends the feed's session, and with it
+/// what the broker queued), or a topic the feed's own filters subscribe to (the feed would
+/// consume what the sink publishes: an audit sink, each quarantine record one more audit
+/// entry to publish, for ever; an effect sink, each effect one more malformed message).
+pub(super) fn refuse_feed_loops(mqtt: &MqttConfig, relay: &RelayConfig) -> Result<(), ConfigError> {
+    for sink in &relay.sinks {
+        let SinkKind::Mqtt(m) = &sink.kind else {
+            continue;
+        };
+        let same =
+            |b: &BrokerUrl| b.host.eq_ignore_ascii_case(&m.broker.host) && b.port == m.broker.port;
+        let Some(broker) = mqtt.brokers.iter().find(|b| same(b)) else {
+            continue;
+        };
+        if m.client_id == mqtt.client_id {
+            return Err(ConfigError::Invalid(format!(
+                "[[sink]] {:?} client_id {:?} is [mqtt] client_id on the same broker ({broker}): \
+                 the sink's clean connect would end the feed's session and what the broker \
+                 queued for it; give the sink a client_id of its own",
+                sink.name, m.client_id
+            )));
+        }
+        if let Some(filter) = mqtt
+            .topics
+            .iter()
+            .find(|f| super::topics::filter_may_match_template(f, &m.topic))
+        {
+            let what = match sink.stream {
+                Stream::Audit => {
+                    "every audit entry it publishes would come back as a malformed message, \
+                     whose audit entry it would publish again, for ever"
+                }
+                Stream::Effects => {
+                    "every effect it publishes would come back as a malformed message in the \
+                     quarantine"
+                }
+            };
+            return Err(ConfigError::Invalid(format!(
+                "[[sink]] {:?} topic {:?} on the feed's broker ({broker}) may be matched by [mqtt] \
+                 topics {filter:?} (a placeholder can hold any text): the feed would consume \
+                 what the sink publishes, and {what}; publish outside the feed's filters",
+                sink.name, m.topic
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A sink name: what `relay` commands and the cursor table use.
@@ -1364,5 +1413,71 @@ start = "head"
         )
         .unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn an_mqtt_sink_that_would_undo_the_feed_on_its_own_broker_is_refused_naming_both() {
+        let feed = "[mqtt]\nbrokers = [\"mqtt://a.example:1883\", \"mqtt://b.example\"]\n\
+                    client_id = \"rg-1\"\ntopics = [\"incidents/#\", \"+/units/+\"]\n";
+        let sink = |broker: &str, client_id: &str, topic: &str, stream: &str| {
+            format!(
+                "{feed}[[sink]]\nname = \"cop\"\nkind = \"mqtt\"\nbroker = \"{broker}\"\n\
+                 client_id = \"{client_id}\"\ntopic = \"{topic}\"\nstream = \"{stream}\"\n"
+            )
+        };
+        for (toml, want) in [
+            (
+                sink("mqtt://A.example", "rg-1", "cop/{agency}", "effects"),
+                "[[sink]] \"cop\" client_id \"rg-1\" is [mqtt] client_id on the same broker \
+                 (mqtt://a.example:1883)",
+            ),
+            (
+                sink(
+                    "mqtt://b.example:1883",
+                    "rg-1-relay",
+                    "incidents/audit",
+                    "audit",
+                ),
+                "[[sink]] \"cop\" topic \"incidents/audit\" on the feed's broker \
+                 (mqtt://b.example:1883) may be matched by [mqtt] topics \"incidents/#\"",
+            ),
+            (
+                sink(
+                    "mqtt://a.example",
+                    "rg-1-relay",
+                    "x/units/{source_id}",
+                    "audit",
+                ),
+                "may be matched by [mqtt] topics \"+/units/+\" (a placeholder can hold any \
+                 text): the feed would consume what the sink publishes, and every audit entry \
+                 it publishes would come back as a malformed message, whose audit entry it \
+                 would publish again, for ever",
+            ),
+            (
+                sink(
+                    "mqtt://a.example",
+                    "rg-1-relay",
+                    "z/{agency}/units/x",
+                    "effects",
+                ),
+                "every effect it publishes would come back as a malformed message",
+            ),
+        ] {
+            let e = Config::parse(&toml).unwrap_err().to_string();
+            assert!(e.contains(want), "{toml}\n{e}");
+        }
+        // Another broker, or topics the filters cannot match, are fine.
+        for ok in [
+            sink("mqtt://cop.example", "rg-1", "incidents/audit", "audit"),
+            sink("mqtt://a.example:1884", "rg-1", "incidents/x", "audit"),
+            sink(
+                "mqtt://a.example",
+                "rg-1-relay",
+                "cop/audit/{agency}",
+                "audit",
+            ),
+        ] {
+            Config::parse(&ok).unwrap_or_else(|e| panic!("{ok}\n{e}"));
+        }
     }
 }

@@ -75,6 +75,33 @@ pub(super) fn topic_template_problem(t: &str) -> Option<String> {
     None
 }
 
+/// Whether a topic an mqtt sink's `template` can give may match the subscription `filter`
+/// (MQTT 4.7). A level holding a placeholder can become any text, '/' included, so from the
+/// first such level on anything may match: an over-approximation (a sink refused by it may in
+/// fact never meet the filter; one it accepts never does). A shared subscription's filter is
+/// the part after `$share/GROUP/`.
+pub(super) fn filter_may_match_template(filter: &str, template: &str) -> bool {
+    let filter = match filter.strip_prefix("$share/") {
+        Some(rest) => rest.split_once('/').map_or(rest, |(_, f)| f),
+        None => filter,
+    };
+    let f: Vec<&str> = filter.split('/').collect();
+    let t: Vec<&str> = template.split('/').collect();
+    for (i, level) in f.iter().enumerate() {
+        if *level == "#" {
+            return true;
+        }
+        let Some(tl) = t.get(i) else { return false };
+        if TOPIC_PLACEHOLDERS.iter().any(|p| tl.contains(p)) {
+            return true;
+        }
+        if *level != "+" && level != tl {
+            return false;
+        }
+    }
+    f.len() == t.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +154,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("[mqtt] topics: \"a/#/b\" has '#'"), "{e}");
+    }
+
+    #[test]
+    fn a_filter_may_match_a_template_from_its_first_placeholder_on() {
+        for (filter, template, may) in [
+            ("#", "cop/audit", true),
+            ("cop/#", "cop", true),
+            ("incidents/#", "cop/{agency}", false),
+            ("incidents/#", "incidents/audit", true),
+            ("+/+/status", "cop/{agency}", true),
+            ("+/+/status", "cop/x/y", false),
+            ("incidents/+", "incidents/{agency}/{source_id}", true),
+            ("a/+", "a/b/c", false),
+            ("a/b", "a/b", true),
+            ("a/b", "a/b/c", false),
+            ("a/b/c", "a/b", false),
+            ("x/#", "pre{topic}", true),
+            ("$share/cop/incidents/#", "incidents/decisions", true),
+            ("$share/cop/incidents/#", "audit/{agency}", false),
+        ] {
+            assert_eq!(
+                filter_may_match_template(filter, template),
+                may,
+                "{filter} vs {template}"
+            );
+        }
     }
 }

@@ -83,6 +83,10 @@ pub enum UrlProblem {
     NoHost { path_allowed: bool },
     #[error("bad port {0:?}")]
     BadPort(String),
+    /// A host holding whitespace or a control character: no resolver takes it, and a name
+    /// that looks right in a listing would fail at every connect.
+    #[error("the host {0:?} holds a space or a control character")]
+    HostSpace(String),
     #[error("the path and query may not hold a fragment, spaces or control characters")]
     PathOrQuery,
 }
@@ -194,6 +198,9 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
         return Err(error(UrlProblem::NoHost {
             path_allowed: g.path,
         }));
+    }
+    if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(error(UrlProblem::HostSpace(host.to_string())));
     }
     let port = match port {
         None if tls => g.tls.1,
@@ -383,6 +390,7 @@ mod tests {
             UrlProblem::NoHost { .. } => "host",
             UrlProblem::BadPort(_) => "port",
             UrlProblem::PathOrQuery => "path",
+            UrlProblem::HostSpace(_) => "space",
         }
     }
 
@@ -449,6 +457,17 @@ mod tests {
             ("mqtt://h:-1", "port", "\"mqtt://h:-1\": bad port \"-1\""),
             ("mqtt://h:", "port", "\"mqtt://h:\": bad port \"\""),
             ("mqtt://h:1/x", "port", "\"mqtt://h:1/x\": bad port \"1/x\""),
+            (
+                "mqtt://cad .example.org:1883",
+                "space",
+                "\"mqtt://cad .example.org:1883\": the host \"cad .example.org\" holds a space \
+                 or a control character",
+            ),
+            (
+                "mqtt://cad\t:1883",
+                "space",
+                "\"mqtt://cad\\t:1883\": the host \"cad\\t\" holds a space or a control character",
+            ),
         ] {
             let e = BrokerUrl::parse(url).unwrap_err();
             let text = match want_kind {
@@ -514,6 +533,12 @@ mod tests {
             ("http://h/p#f", "path", "\"http://h/p#<redacted>\": "),
             ("http://h/?k=secret#f", "path", "\"http://h/?<redacted>\": "),
             ("http://h/\u{7}", "path", "\"http://h/\\u{7}\": "),
+            (
+                "http://cop .example.org/in?k=secret",
+                "space",
+                "\"http://cop .example.org/in?<redacted>\": the host \"cop .example.org\" holds \
+                 a space or a control character",
+            ),
         ] {
             let e = HttpUrl::parse(url).unwrap_err();
             let text = match want_kind {

@@ -231,10 +231,10 @@ impl Metrics {
     /// An upstream gap of `missing` sequences in a source of `agency`.
     pub fn gap(&self, agency: &str, missing: u64) {
         self.0.gap_events.with_label_values(&[agency]).inc();
-        self.0
-            .gap_missing
-            .with_label_values(&[agency])
-            .inc_by(missing);
+        // Saturating: prometheus' integer counter wraps, and one hostile jump must not
+        // cancel a real loss.
+        let c = self.0.gap_missing.with_label_values(&[agency]);
+        c.inc_by(missing.min(u64::MAX - c.get()));
     }
 
     /// A broker session found lost at a connect to `broker`.

@@ -1,7 +1,8 @@
 //! The `exec` sink: runs `command` (argv, no shell) once per batch with the events as JSON
 //! lines on stdin. Exit status 0 = the batch is delivered; `EX_DATAERR` (65) = the program
 //! refuses the data for good: the events are then offered one at a time, and the one it
-//! refuses is parked; anything else (another status, a signal, a timeout, a program that
+//! refuses is parked (unless the next event of another source is refused too: the program
+//! refuses the feed, and the sink blocks at the first; `state::SinkState`); anything else (another status, a signal, a timeout, a program that
 //! cannot start) = retry the whole batch after a backoff.
 //!
 //! The program's own exit status decides, never its pipes: stderr is read to its end (a
@@ -66,7 +67,10 @@ impl ExecSink {
     fn refused(&self, delivered: usize, response: String) -> Attempt {
         Attempt {
             delivered,
-            failure: Some(Failure::Poison {
+            // Classed: parked, unless the next event of another source is refused too,
+            // which blocks the sink (a program refusing the feed, not one event).
+            failure: Some(Failure::Refused {
+                class: "exit status 65".into(),
                 reason: format!(
                     "{} refused the event (exit status 65, EX_DATAERR)",
                     self.argv[0]

@@ -15,8 +15,10 @@
 //! - 408, 409, 425, 429, 5xx, a timeout, a lost or refused connection: retry (the runner backs
 //!   off, at least as long as `Retry-After` asks, up to `MAX_RETRY_AFTER`). So is any status
 //!   outside 2xx..5xx (1xx as a final answer, 6xx and up): an odd answer is not a refusal.
-//! - any other 3xx or 4xx (redirects are not followed): the event is poisoned (parked), with
-//!   the status line and the first `RESPONSE_KEPT` bytes of the body.
+//! - any other 3xx or 4xx (redirects are not followed): a refusal classed by its status
+//!   (`Failure::Refused`): the event is parked, with the status line and the first
+//!   `RESPONSE_KEPT` bytes of the body, unless the next event of another source gets the
+//!   same status, which blocks the sink (`state::SinkState`: the receiver refuses the feed).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -722,25 +724,17 @@ async fn post(
                 reply.status_line,
                 String::from_utf8_lossy(&reply.body)
             );
-            Err(if endpoint_wide(code) {
-                // Said of the endpoint, not of this event: the runner parks it, and blocks the
-                // sink if the next event of another source gets the same answer.
-                Failure::Refused {
-                    class: format!("HTTP {code}"),
-                    reason,
-                    response,
-                }
-            } else {
-                Failure::Poison { reason, response }
+            // Classed by its status: the runner parks the event, and blocks the sink if the
+            // next event of another source gets the same answer (a receiver refusing the
+            // feed, not one event: its credentials, its address, or a schema change that
+            // answers 400 or 422 to everything).
+            Err(Failure::Refused {
+                class: format!("HTTP {code}"),
+                reason,
+                response,
             })
         }
     }
-}
-
-/// Refusals that speak of the endpoint (its credentials, its address, what it accepts), not
-/// of one event's content: 401, 403, 404, 405, 410, 415.
-fn endpoint_wide(status: u16) -> bool {
-    matches!(status, 401 | 403 | 404 | 405 | 410 | 415)
 }
 
 /// Sends `req` on `conn` (opening one if there is none) and reads the reply. A request that

@@ -37,7 +37,7 @@ use crate::store::tables::{EffectRecord, Stream};
 pub use http::HttpError;
 pub use postgres::PgSinkError;
 pub use runner::{Relay, RelayError, Wake, spawn};
-pub use state::{BLOCKED, FAILING};
+pub use state::{BLOCKED, FAILING, reported as reported_state};
 pub use syslog::{APP_NAME as SYSLOG_APP_NAME, SD_ID as SYSLOG_SD_ID};
 
 /// What a sink's last error says of its condition: `Some("failing")` (its task ended and is

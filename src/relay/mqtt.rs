@@ -100,7 +100,10 @@ const POISON_CODES: [u8; 3] = [0x87, 0x90, 0x99];
 fn failure(e: PublishError) -> Failure {
     match &e {
         PublishError::Refused { code, name, .. } if POISON_CODES.contains(code) => {
-            Failure::Poison {
+            // Classed by its code: parked, unless the next event of another source is
+            // refused the same way, which blocks the sink (an ACL refusing the topic).
+            Failure::Refused {
+                class: format!("PUBACK 0x{code:02X}"),
                 reason: format!("the broker refused the event: reason code 0x{code:02X} ({name})"),
                 response: e.to_string(),
             }
@@ -192,7 +195,7 @@ mod tests {
             reason_string: None,
         };
         for code in [0x87, 0x90, 0x99] {
-            assert!(matches!(failure(refused(code)), Failure::Poison { .. }));
+            assert!(matches!(failure(refused(code)), Failure::Refused { .. }));
         }
         for code in [0x80, 0x83, 0x91, 0x97] {
             assert!(matches!(failure(refused(code)), Failure::Retry { .. }));

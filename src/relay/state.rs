@@ -172,6 +172,40 @@ impl Jitter {
     }
 }
 
+/// The state `relay status` (and the report) gives a sink, from what the database tells:
+/// `removed` (a cursor no config names), `failing` or `blocked` (its last error says so, or
+/// a blocking event holds its cursor), `retrying` (behind, the last attempt failed),
+/// `parked` (events parked for an operator: they never reached the receiver), `caught_up`
+/// (at the head with nothing parked), else `behind`. Only `caught_up` means every event up to
+/// the head reached the receiver or was passed over by an audited action.
+pub fn reported(
+    rec: &SinkRecord,
+    head: u64,
+    blocked: bool,
+    parked: u64,
+    configured: bool,
+) -> &'static str {
+    let condition = rec
+        .last_error
+        .as_ref()
+        .and_then(|(_, e)| super::condition(e));
+    if !configured {
+        "removed"
+    } else if let Some(c) = condition {
+        c
+    } else if blocked {
+        "blocked"
+    } else if rec.next < head && rec.last_error.is_some() {
+        "retrying"
+    } else if parked > 0 {
+        "parked"
+    } else if rec.next >= head {
+        "caught_up"
+    } else {
+        "behind"
+    }
+}
+
 /// An event refused and parked: its offset and its source (agency, source id).
 type Refusal = (u64, (String, String));
 

@@ -98,7 +98,22 @@ fn verdict(s: &mut String, r: &Report) {
             );
         }
         None => {
-            let (class, head) = if r.verdict() == "missing" {
+            let (class, head) = if let Some(words) = r.undelivered_words() {
+                let missing = if r.missing().0 > 0 || r.sessions_lost_in_range() > 0 {
+                    format!(" Also upstream: {}.", e(&r.missing_words()))
+                } else {
+                    String::new()
+                };
+                (
+                    "banner missing",
+                    format!(
+                        "<strong>Verified, but not everything reached the receivers</strong>: \
+                         {}.{missing} The record below is intact; <code>relay status</code> and <code>relay \
+                         parked</code> show each sink.<br>",
+                        e(&words)
+                    ),
+                )
+            } else if r.verdict() == "missing" {
                 let lost = r.sessions_lost_in_range();
                 let words = match (r.missing().0 > 0, lost > 0) {
                     (true, false) => format!(

@@ -240,6 +240,10 @@ pub fn report(r: &Report) -> Json {
                 ("missing_sequences", num(missing)),
                 ("gaps", num(gaps)),
                 ("sources_with_gaps", num(gappy)),
+                (
+                    "undelivered",
+                    r.undelivered_words().map_or(Json::Null, |w| text(&w)),
+                ),
                 ("words", text(&r.words())),
             ]),
         ),

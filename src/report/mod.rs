@@ -372,7 +372,7 @@ impl Report {
     pub fn missing(&self) -> (u64, u64, u64) {
         let gappy = self.sources.iter().filter(|s| s.gaps_total > 0);
         (
-            gappy.clone().map(|s| s.missing).sum(),
+            crate::decide::total_missing(gappy.clone().map(|s| s.missing)),
             gappy.clone().map(|s| s.gaps_total).sum(),
             gappy.count() as u64,
         )
@@ -384,11 +384,25 @@ impl Report {
         if x == 0 {
             return "no sequence missing".into();
         }
+        let implausible = self
+            .sources
+            .iter()
+            .flat_map(|s| &s.gaps)
+            .any(|g| g.to - g.from >= crate::decide::PLAUSIBLE_GAP);
         format!(
-            "{x} sequence{} missing in {y} gap{} across {z} source{}",
+            "{x} sequence{} missing in {y} gap{} across {z} source{}{}",
             plural(x),
             plural(y),
-            plural(z)
+            plural(z),
+            if implausible {
+                format!(
+                    " (one an implausible jump of over {} sequences: a producer that \
+                     restarted its counter without a new epoch, or a forged sequence)",
+                    crate::decide::PLAUSIBLE_GAP
+                )
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -421,16 +435,39 @@ impl Report {
         self.anchor.map_or(0, |(i, _)| i + 1)
     }
 
-    /// The banner: `failed` (verify found a violation), `missing` (verified, but sequences
-    /// are missing upstream in range) or `ok`.
+    /// The banner: `failed` (verify found a violation), `undelivered` (verified, but a sink's
+    /// receiver has not received everything: events parked, behind, or not started),
+    /// `missing` (verified, but sequences are missing upstream in range) or `ok`.
     pub fn verdict(&self) -> &'static str {
         if self.verify.violation.is_some() {
             "failed"
+        } else if !self.undelivered().is_empty() {
+            "undelivered"
         } else if self.missing().0 > 0 || self.sessions_lost_in_range() > 0 {
             "missing"
         } else {
             "ok"
         }
+    }
+
+    /// The sinks whose receivers have not received every event up to the head: some parked
+    /// (refused by the receiver, never reached it), some not yet delivered, or none at all
+    /// (a configured sink without a cursor).
+    pub fn undelivered(&self) -> Vec<&SinkStatusRow> {
+        self.sinks.iter().filter(|s| !delivered_all(s)).collect()
+    }
+
+    /// The undelivered sinks in words ("cop: 0 delivered, 60 parked (never reached the
+    /// receiver)"), or `None` when every sink's receiver has everything.
+    pub fn undelivered_words(&self) -> Option<String> {
+        let sinks = self.undelivered();
+        (!sinks.is_empty()).then(|| {
+            sinks
+                .iter()
+                .map(|s| sink_words(s))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
     }
 
     /// Applied once: applied, applied late, or released by an operator.
@@ -449,20 +486,7 @@ impl Report {
 
     /// The verdict in words (no markup), the report's first sentence.
     pub fn words(&self) -> String {
-        let sinks: Vec<String> = self
-            .sinks
-            .iter()
-            .map(|s| match s.lag_events {
-                Some(0) => format!("{} caught up", s.sink),
-                Some(n) => format!(
-                    "{} {n} {} behind ({} s)",
-                    s.sink,
-                    stream_entries(&s.stream),
-                    s.lag_seconds.unwrap_or(0)
-                ),
-                None => format!("{} not started", s.sink),
-            })
-            .collect();
+        let sinks: Vec<String> = self.sinks.iter().map(sink_words).collect();
         format!(
             "{} genuine events applied once; {}; {} deliveries suppressed as proven duplicates; \
              {} held in quarantine ({} still open); sinks: {}.",
@@ -605,6 +629,41 @@ fn plural(n: u64) -> &'static str {
 }
 
 /// What a sink's log positions are called: "effects" or "audit entries".
+/// Whether a sink's receiver has every event up to the head: nothing parked, nothing left
+/// to deliver.
+fn delivered_all(s: &SinkStatusRow) -> bool {
+    s.parked == 0 && s.lag_events == Some(0)
+}
+
+/// A sink in the report's words: "cop caught up", or what did not reach its receiver.
+fn sink_words(s: &SinkStatusRow) -> String {
+    let entries = stream_entries(&s.stream);
+    let Some(lag) = s.lag_events else {
+        return format!(
+            "{} not started: none of the {} {entries} delivered",
+            s.sink, s.head
+        );
+    };
+    if delivered_all(s) {
+        return format!("{} caught up", s.sink);
+    }
+    let mut parts = vec![format!("{} delivered", s.delivered)];
+    if s.parked > 0 {
+        parts.push(format!("{} parked (never reached the receiver)", s.parked));
+    }
+    if lag > 0 {
+        parts.push(format!(
+            "{lag} {entries} behind ({} s)",
+            s.lag_seconds.unwrap_or(0)
+        ));
+    }
+    let state = match s.state {
+        "blocked" | "failing" | "retrying" | "removed" => format!(" ({})", s.state),
+        _ => String::new(),
+    };
+    format!("{}{state}: {}", s.sink, parts.join(", "))
+}
+
 fn stream_entries(stream: &str) -> &'static str {
     match stream {
         "audit" => "audit entries",
@@ -808,7 +867,7 @@ pub fn gather(
         let (list, total, missing) = gaps_by_source.entry((a.clone(), s.clone())).or_default();
         for (from, to) in set.gaps() {
             *total += 1;
-            *missing += to - from + 1;
+            *missing = missing.saturating_add(to - from + 1);
             if list.len() < GAPS_LISTED {
                 list.push(Gap {
                     epoch: *epoch,
@@ -1191,12 +1250,54 @@ mod tests {
             ),
             "{w}"
         );
-        assert!(w.contains("file 30 effects behind (3 s)"), "{w}");
-        assert!(w.contains("siem 7 audit entries behind (3 s)"), "{w}");
+        assert!(
+            w.contains("file: 0 delivered, 30 effects behind (3 s)"),
+            "{w}"
+        );
+        assert!(
+            w.contains("siem: 0 delivered, 7 audit entries behind (3 s)"),
+            "{w}"
+        );
+        assert_eq!(r.verdict(), "undelivered", "a sink behind is not green");
+        let r = report(
+            vec![sink("file", "effects", 0), sink("siem", "audit", 0)],
+            vec![row("1", 4, 2, 5)],
+        );
+        assert!(r.words().contains("sinks: file caught up, siem caught up."));
         assert_eq!(r.verdict(), "missing");
         let calm = report(Vec::new(), vec![row("1", 1, 0, 0)]);
         assert!(calm.words().contains("; no sequence missing;"));
         assert_eq!(calm.verdict(), "ok");
+    }
+
+    #[test]
+    fn parked_events_turn_the_verdict_and_say_they_never_reached_the_receiver() {
+        // A COP answering 422 to everything of a one-source feed: all 60 parked, the cursor
+        // at the head. Not green, and the words say why.
+        let mut cop = sink("cop", "effects", 0);
+        cop.parked = 60;
+        cop.head = 60;
+        cop.state = "parked";
+        let r = report(vec![cop], vec![row("1", 60, 0, 0)]);
+        assert_eq!(r.verdict(), "undelivered");
+        assert_eq!(
+            r.undelivered_words().as_deref(),
+            Some("cop: 0 delivered, 60 parked (never reached the receiver)")
+        );
+        assert!(
+            r.words().contains("sinks: cop: 0 delivered, 60 parked"),
+            "{}",
+            r.words()
+        );
+        let mut never = sink("cop", "effects", 0);
+        never.lag_events = None;
+        never.head = 60;
+        let r = report(vec![never], vec![row("1", 60, 0, 0)]);
+        assert_eq!(r.verdict(), "undelivered");
+        assert!(
+            r.words()
+                .contains("cop not started: none of the 60 effects delivered")
+        );
     }
 
     #[test]

@@ -316,7 +316,7 @@ impl UpstreamLosses {
         if gaps.is_empty() {
             return;
         }
-        let missing: u64 = gaps.iter().map(|g| g.gap.missing()).sum();
+        let missing = crate::decide::total_missing(gaps.iter().map(|g| g.gap.missing()));
         let events = gaps.len() as u64;
         self.gap_events += events;
         self.missing_sequences = self.missing_sequences.saturating_add(missing);
@@ -426,6 +426,24 @@ mod tests {
     }
 
     const T0: u64 = 1_800_000_000_000;
+
+    #[test]
+    fn a_hostile_jump_saturates_the_counts_instead_of_cancelling_a_real_loss() {
+        // 0 then 2^64 - 999 opens a gap of 2^64 - 1000 sequences: added to a real loss of
+        // 1,000 in a plain u64 it wraps to 0, and health would read "nothing missing".
+        let hostile = gap(1, u64::MAX - 999);
+        assert!(hostile.gap.implausible() && !gap(1, 1000).gap.implausible());
+        let mut r = UpstreamLosses::default();
+        r.note_gaps(&[gap(1, 1000), hostile.clone()], T0);
+        assert_eq!(r.missing_sequences, u64::MAX);
+        assert_eq!(r.last_hour(T0).missing_sequences, u64::MAX);
+        // Batch by batch too.
+        let mut r = UpstreamLosses::default();
+        r.note_gaps(&[hostile], T0);
+        r.note_gaps(&[gap(1, 1000)], T0);
+        assert_eq!(r.missing_sequences, u64::MAX);
+        assert_eq!(r.last_hour(T0).missing_sequences, u64::MAX);
+    }
 
     #[test]
     fn buckets_older_than_an_hour_age_out_while_totals_stay() {

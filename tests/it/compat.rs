@@ -233,6 +233,12 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
             .iter()
             .find(|(n, _)| *n == k)
             .map(|(_, v)| v.clone());
+        // That release called a sink at the head with a parked event `caught_up`; a parked
+        // event never reached the receiver, so this one says `parked`.
+        let v = match (k.as_str(), &v) {
+            ("state", Json::String(s)) if s == "caught_up" => Json::String("parked".into()),
+            _ => v,
+        };
         assert_eq!(got, Some(v), "{k}");
     }
     let accounting = new_sink.iter().find(|(n, _)| n == "accounting").unwrap();

@@ -54,6 +54,9 @@
 //!   with its outcome's MSGID and severity; TLS (gtls, mutual) verified, another CA refused in words; a
 //!   batch counted only if the connection outlives the settle period and the receiver's TCP
 //!   acknowledged it all; an idle connection the receiver closed replaced at once.
+//! - `green`: what green means: a receiver refusing every event parks them (one source) or
+//!   blocks the sink (several), and no verdict is green: `relay status`, `health`, the report,
+//!   and the book's alert rules evaluated by a real Prometheus.
 //! - `relay_model`: the relay's model test through the binary: seeded random steps (ingest
 //!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and
@@ -113,6 +116,7 @@ mod demo;
 mod fake_peer;
 mod faults;
 mod fuzz_regressions;
+mod green;
 mod health;
 mod index_merge;
 mod inspect;

@@ -145,6 +145,104 @@ fn spawn(program: &Path, args: &[String], log: &Path) -> Process {
     )
 }
 
+/// The alert rules the book gives (docs/src/operations/metrics.md, its `yaml` block), as a
+/// Prometheus rule file, checked by `promtool check rules`.
+fn documented_rules(dir: &Path) -> PathBuf {
+    let page = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/operations/metrics.md"),
+    )
+    .unwrap();
+    let start = page
+        .find("```yaml\n")
+        .expect("the metrics page's alert rules")
+        + 8;
+    let block = &page[start..start + page[start..].find("```").unwrap()];
+    let mut rules = String::from("groups:\n  - name: replay-guard\n    rules:\n");
+    for line in block.lines() {
+        rules.push_str(&format!("      {line}\n"));
+    }
+    let path = dir.join("rules.yml");
+    std::fs::write(&path, rules).unwrap();
+    let out = Command::new(tool("promtool"))
+        .args(["check", "rules", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// A real Prometheus server scraping 127.0.0.1:`target` every second as job `replay-guard`
+/// and evaluating the book's alert rules every second; killed when dropped.
+pub struct Alerting {
+    _server: Process,
+    port: u16,
+}
+
+impl Alerting {
+    pub fn start(dir: &Path, target: u16) -> Alerting {
+        let port = free_port();
+        let rules = documented_rules(dir);
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  \
+                 - {}\nscrape_configs:\n  - job_name: replay-guard\n    static_configs:\n      \
+                 - targets: ['127.0.0.1:{target}']\n",
+                rules.display()
+            ),
+        )
+        .unwrap();
+        let server = spawn(
+            &tool("prometheus"),
+            &[
+                format!("--config.file={}", config.display()),
+                format!("--storage.tsdb.path={}", dir.join("tsdb").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+            ],
+            &dir.join("prometheus.log"),
+        );
+        Alerting {
+            _server: server,
+            port,
+        }
+    }
+
+    /// The names of the alerts firing now.
+    pub fn firing(&self) -> Vec<String> {
+        let Some(body) = get(self.port, "/api/v1/alerts") else {
+            return Vec::new();
+        };
+        // {"status":"success","data":{"alerts":[{"labels":{"alertname":"X",...},
+        // "state":"firing",...},...]}}
+        let doc = replay_guard::json::parse(body.as_bytes(), 64).unwrap();
+        let mut names = Vec::new();
+        let find = |v: &replay_guard::json::Json, k: &str| match v {
+            replay_guard::json::Json::Object(m) => {
+                m.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+            }
+            _ => None,
+        };
+        let alerts = find(&doc, "data").and_then(|d| find(&d, "alerts"));
+        if let Some(replay_guard::json::Json::Array(alerts)) = alerts {
+            for a in alerts {
+                let firing = matches!(find(&a, "state"),
+                    Some(replay_guard::json::Json::String(s)) if s == "firing");
+                let name = find(&a, "labels").and_then(|l| find(&l, "alertname"));
+                if let (true, Some(replay_guard::json::Json::String(n))) = (firing, name) {
+                    names.push(n);
+                }
+            }
+        }
+        names
+    }
+}
+
 /// Polls `check` until it holds, or fails after `limit` with `what` and the last reading.
 pub fn eventually<T: std::fmt::Debug>(
     limit: Duration,

@@ -72,6 +72,8 @@ struct Log {
     closed: usize,
     /// Answered 422 while set.
     refuse: Option<String>,
+    /// Every request is answered with this status while set (a COP whose schema changed).
+    refuse_all: Option<u16>,
     /// Requests for this id get no answer while set (the connection is held open).
     hang: Option<String>,
     /// While set, a request without exactly this `Authorization` value is answered 401.
@@ -107,6 +109,9 @@ impl Log {
         }
         if self.refuse.as_deref() == Some(id) {
             return (422, false);
+        }
+        if let Some(code) = self.refuse_all {
+            return (code, false);
         }
         if !self.chaos {
             return (200, false);
@@ -333,6 +338,11 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
                 "Unauthorized",
                 "WWW-Authenticate: Bearer\r\n",
                 "{\"error\":\"unauthorized\"}",
+            ),
+            400 => (
+                "Bad Request",
+                "",
+                "{\"error\":\"schema v2: unit_id required\"}",
             ),
             422 => (
                 "Unprocessable Entity",
@@ -1305,6 +1315,167 @@ fn a_wrong_token_blocks_the_sink_instead_of_parking_the_feed_and_the_right_one_d
     stop_relay(relay, &log);
     assert_eq!(rx.accepted(), ids);
     assert!(parked(&cfg).is_empty());
+}
+
+/// `health --config CFG`: exit code and line.
+fn health(cfg: &Path) -> (Option<i32>, String) {
+    let out = common::run(&["health", "--config", cfg.to_str().unwrap()]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `report --format json` of the store `cfg` names: (verdict, summary.undelivered).
+fn report_verdict(cfg: &Path) -> (String, Json) {
+    let out = common::run(&[
+        "report",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--format",
+        "json",
+        "-o",
+        "-",
+    ]);
+    let doc = json::parse(&out.stdout, 64).unwrap();
+    let Json::Object(m) = doc else { panic!() };
+    let get = |k: &str| match &m.iter().find(|(n, _)| n == k).unwrap().1 {
+        Json::Object(o) => o.clone(),
+        _ => panic!(),
+    };
+    let verdict = match field(&get("verify"), "verdict") {
+        Json::String(v) => v.clone(),
+        other => panic!("{other:?}"),
+    };
+    (verdict, field(&get("summary"), "undelivered").clone())
+}
+
+#[test]
+fn a_cop_answering_422_to_everything_blocks_the_sink_and_no_verdict_is_green() {
+    // A COP whose schema changed answers 422 to every event. Events of two sources refused
+    // the same way one after the other: the receiver refuses the feed, not an event. The
+    // sink blocks at the first (nothing parked), every verdict says so, and once the COP is
+    // fixed it delivers all, in order, with nothing for an operator to retry.
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(7, false, None);
+    rx.with(|l| l.refuse_all = Some(422));
+    let (cfg, _db, ids) = ingested(dir.path(), 60, rx.port());
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    let status = || {
+        let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    common::wait_until(
+        common::lazy(|| format!("the sink is blocked: {}", status())),
+        Duration::from_secs(30),
+        || status().contains("cop (http): blocked"),
+    );
+    assert!(
+        status().contains("HTTP 422 Unprocessable Entity"),
+        "{}",
+        status()
+    );
+    assert!(parked(&cfg).is_empty(), "the parked events were taken back");
+    let (code, line) = health(&cfg);
+    assert_eq!(code, Some(2), "{line}");
+    assert!(
+        line.starts_with("REPLAY-GUARD CRITICAL - sink cop blocked: "),
+        "{line}"
+    );
+    let (verdict, undelivered) = report_verdict(&cfg);
+    assert_eq!(verdict, "undelivered");
+    let Json::String(words) = undelivered else {
+        panic!("{undelivered:?}")
+    };
+    assert!(
+        words.starts_with("cop (blocked): 0 delivered, 60 effects behind ("),
+        "{words}"
+    );
+    // The COP is fixed: the blocked sink, still trying, delivers every event once, in order.
+    rx.with(|l| l.refuse_all = None);
+    rx.await_until(Duration::from_secs(60), "the 60 events", |l| {
+        l.accepted.len() >= 60
+    });
+    common::wait_until("the cursor at the head", Duration::from_secs(20), || {
+        status().contains("cop (http): caught_up")
+    });
+    stop_relay(relay, &log);
+    assert_eq!(rx.accepted(), ids);
+    // All delivered: the report is amber only for what `ingest` reported upstream (the three
+    // sources take turns at one counter, so each skips sequences).
+    assert_eq!(report_verdict(&cfg), ("missing".to_string(), Json::Null));
+}
+
+#[test]
+fn a_one_source_feed_refused_with_400_parks_every_event_and_every_verdict_says_so() {
+    // With one source nothing tells the receiver's fault from the events': every event is
+    // parked. That is never "caught up": the state is `parked`, health warns, the report is
+    // not green and says the events never reached the receiver.
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(8, false, None);
+    rx.with(|l| l.refuse_all = Some(400));
+    let sink = format!("url = \"http://127.0.0.1:{}/cop\"\n", rx.port());
+    let (cfg, _db, ids, _) = ingested_from(dir.path(), 60, &sink, 1, 16, 5000);
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    poll(Duration::from_secs(30), "60 parked", || {
+        parked(&cfg).len() == 60
+    });
+    let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+    let st = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        st.starts_with(
+            "cop (http): parked — cursor 60 of 60, lag 0 events / 0 s, parked 60, delivered 0"
+        ),
+        "{st}"
+    );
+    let (code, line) = health(&cfg);
+    assert_eq!(code, Some(1), "{line}");
+    assert!(
+        line.starts_with(
+            "REPLAY-GUARD WARNING - sink cop 60 parked (never reached the receiver: relay \
+             parked) (WARNING 0)"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("'relay_parked_cop'=60;0;100;0"), "{line}");
+    let (verdict, undelivered) = report_verdict(&cfg);
+    assert_eq!(verdict, "undelivered");
+    assert_eq!(
+        undelivered,
+        text("cop: 0 delivered, 60 parked (never reached the receiver)")
+    );
+    // Fixed and retried: everything arrives, and only then is every verdict green.
+    rx.with(|l| l.refuse_all = None);
+    let out = common::run(&[
+        "relay",
+        "retry",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sink",
+        "cop",
+        "--all",
+        "--reason",
+        "COP schema v2 deployed",
+        "--operator",
+        "ana",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", output(&out));
+    rx.await_until(Duration::from_secs(60), "the 60 events", |l| {
+        l.accepted.len() >= 60
+    });
+    poll(Duration::from_secs(20), "nothing parked", || {
+        parked(&cfg).is_empty()
+    });
+    stop_relay(relay, &log);
+    let mut got = rx.accepted();
+    got.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(report_verdict(&cfg), ("ok".to_string(), Json::Null));
+    assert_eq!(health(&cfg).0, Some(0), "{}", health(&cfg).1);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The `mqtt` sink against a second, private Mosquitto, with a `mosquitto_sub` recording every
-//! downstream message: order, topics, MQTT 5 properties, a v5 PUBACK refusal (ACL) as poison,
+//! downstream message: order, topics, MQTT 5 properties, a v5 PUBACK refusal (ACL) classed by its code,
 //! and the downstream broker killed and restarted mid-batch (rumqttc #1056: no livelock); a
 //! scripted broker on the sink's own runtime for PUBACKs read together with the end of the
 //! connection; audit events (`stream = "audit"`) under the topic template.
@@ -382,12 +382,17 @@ fn acl_batch() -> Vec<Event> {
 
 fn assert_refused_0x87(f: Option<Failure>) {
     match f {
-        Some(Failure::Poison { reason, response }) => {
+        Some(Failure::Refused {
+            class,
+            reason,
+            response,
+        }) => {
+            assert_eq!(class, "PUBACK 0x87");
             assert!(reason.contains("0x87"), "{reason}");
             assert!(reason.contains("not authorized"), "{reason}");
             assert!(response.contains("PUBACK"), "{response}");
         }
-        other => panic!("want poison, got {other:?}"),
+        other => panic!("want a refusal classed by its code, got {other:?}"),
     }
 }
 
@@ -407,7 +412,7 @@ fn wait_allowed(sub: &Subscriber, batch: &[Event]) {
 }
 
 #[test]
-fn mqtt5_puback_not_authorized_is_poison_naming_the_code_after_the_prefix() {
+fn mqtt5_puback_not_authorized_is_a_refusal_naming_the_code_after_the_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let b = acl_broker(&dir.path().join("b"), false);
     let sub = Subscriber::start(&b, "sub-acl");
@@ -447,13 +452,13 @@ fn mqtt5_refusal_from_a_broker_that_then_disconnects_parks_only_the_refused_even
             match a.failure {
                 None => {}
                 Some(Failure::Retry { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
-                f @ Some(Failure::Poison { .. }) => {
+                f @ Some(Failure::Refused { .. }) => {
                     assert_refused_0x87(f);
                     parked.push(batch[i].offset);
                     i += 1;
                 }
-                Some(f @ Failure::Refused { .. }) => {
-                    panic!("the mqtt sink classes no refusal: {f:?}")
+                Some(f @ Failure::Poison { .. }) => {
+                    panic!("the mqtt sink classes a PUBACK refusal by its code: {f:?}")
                 }
             }
         }
@@ -542,7 +547,7 @@ fn puback_refused(pkid: u16) -> Vec<u8> {
 }
 
 #[test]
-fn mqtt5_refusal_read_together_with_the_end_of_the_connection_is_poison() {
+fn mqtt5_refusal_read_together_with_the_end_of_the_connection_is_a_refusal() {
     let batch = [
         event(0, "ok", "u1"),
         event(1, "denied", "u1"),
@@ -556,7 +561,7 @@ fn mqtt5_refusal_read_together_with_the_end_of_the_connection_is_poison() {
 }
 
 #[test]
-fn mqtt5_refusal_read_together_with_a_disconnect_is_poison() {
+fn mqtt5_refusal_read_together_with_a_disconnect_is_a_refusal() {
     // rumqttc turns an incoming DISCONNECT into an error at once, whatever it read before.
     let batch = [
         event(0, "ok", "u1"),

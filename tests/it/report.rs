@@ -918,7 +918,8 @@ fn the_delivery_section_is_relay_status_with_the_operators_actions() {
     assert_eq!(n(&r, "/verify/sinks/0/skipped"), 3);
     let lag = n(want, "/lag_events");
     assert!(s(&r, "/summary/words").ends_with(&format!(
-        "sinks: cop {lag} effects behind ({} s).",
+        "sinks: cop: {} delivered, {lag} effects behind ({} s).",
+        n(got, "/delivered"),
         n(got, "/lag_seconds")
     )));
 

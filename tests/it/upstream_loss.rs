@@ -273,6 +273,48 @@ fn ingest_reports_only_what_is_still_missing_at_the_end_of_its_input() {
 }
 
 #[test]
+fn a_hostile_jump_near_2_64_never_cancels_a_real_loss() {
+    // fire/forged jumps from 0 to 2^64 - 999: a gap of 2^64 - 1,000 sequences; with a real
+    // loss of 1,000 in engine-7, a plain u64 sum wraps to 0 and every verdict read "nothing
+    // missing". The totals saturate instead, and the jump is called implausible.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("i.redb");
+    let db = db.to_str().unwrap();
+    let mut lines = of("forged", &[0, u64::MAX - 998]);
+    lines.extend(of("engine-7", &[1, 1002]));
+    let input = lines.join("\n") + "\n";
+    let out = common::run_with_stdin(&["ingest", "--db", db, "-"], input.as_bytes());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("missing 2-1001 (1000 sequences)"), "{err}");
+    assert!(
+        err.contains("an implausible jump (over 4294967296 sequences)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("upstream gaps 2 (18446744073709551615 sequences missing"),
+        "{err}"
+    );
+    let out = common::run(&["stats", "--format", "json", "--db", db]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        json.contains("\"gap_events\":2,\"missing_sequences\":18446744073709551615,"),
+        "{json}"
+    );
+    let out = common::run(&["health", "--db", db]);
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{line}");
+    assert!(
+        line.contains("18446744073709551615 sequences missing upstream in the last hour"),
+        "{line}"
+    );
+    let out = common::run(&["report", "--db", db, "--format", "json", "-o", "-"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.contains("\"verdict\":\"missing\""), "{json}");
+    assert!(json.contains("an implausible jump"), "{json}");
+}
+
+#[test]
 fn ingest_checks_a_gap_before_the_window_evicts_it_and_warns_what_it_could_not_check() {
     // A window of 200 entries, batches of 50: engine-7 jumps 1 -> 3, then 1,000 more lines
     // pass (a long capture: the window evicts 1 and 3 long before the end of the input).
