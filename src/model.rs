@@ -273,6 +273,12 @@ impl OutcomeCounts {
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
+    /// These counts with `outcome`'s set to 0.
+    pub fn without(&self, outcome: Outcome) -> OutcomeCounts {
+        let mut c = self.clone();
+        c.0[usize::from(outcome.code())] = 0;
+        c
+    }
     pub fn merge(&mut self, other: &OutcomeCounts) {
         for (a, b) in self.0.iter_mut().zip(other.0) {
             *a += b;

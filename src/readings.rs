@@ -89,8 +89,10 @@ pub struct Readings {
     pub commit_age_s: u64,
     /// Whether any decision was recorded yet.
     pub decided: bool,
-    /// Deliveries quarantined in the last hour: counted only by `read_with_last_hour` (a scan
-    /// back through an hour of audit entries, too costly for every scrape).
+    /// Deliveries quarantined in the last hour whose record is still held (one released or
+    /// discarded by an operator waits no more): counted only by `read_with_last_hour` (a scan
+    /// back through an hour of audit entries and over the held records, too costly for every
+    /// scrape).
     pub quarantined_1h: Option<u64>,
     pub quarantine_held: u64,
     pub window_entries: u64,
@@ -123,13 +125,25 @@ impl Readings {
         now: u64,
     ) -> Result<Readings, StoreError> {
         let mut r = Readings::read(snap, db, config, now)?;
-        let hour = snap.counts_since(now.saturating_sub(HOUR_MS))?;
-        r.quarantined_1h = Some(
-            [Outcome::Conflict, Outcome::Stale, Outcome::Malformed]
-                .iter()
-                .map(|o| hour.get(*o))
-                .sum(),
-        );
+        let since = now.saturating_sub(HOUR_MS);
+        let hour = snap.counts_since(since)?;
+        let quarantined: u64 = [Outcome::Conflict, Outcome::Stale, Outcome::Malformed]
+            .iter()
+            .map(|o| hour.get(*o))
+            .sum();
+        // What an operator resolved (released or discarded) waits no more: only deliveries
+        // whose record is still held count, at most one per held record seen in the hour.
+        let held_recent = if quarantined == 0 {
+            0
+        } else {
+            let mut n = 0u64;
+            snap.scan_quarantine::<StoreError>(0, |q| {
+                n += u64::from(q.record.last_seen_ms >= since);
+                Ok(std::ops::ControlFlow::Continue(()))
+            })?;
+            n
+        };
+        r.quarantined_1h = Some(quarantined.min(held_recent));
         Ok(r)
     }
 

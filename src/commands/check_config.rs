@@ -17,8 +17,9 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         StoreLocation::File(db) => format!("database {}", db.display()),
         StoreLocation::Postgres(pg) => format!("store {}, not contacted", pg.pg_config()?.target()),
     };
-    // An exec sink's program is otherwise found missing only at the first delivery.
-    for sink in &config.relay.sinks {
+    // An exec sink's program is otherwise found missing only at the first delivery (the
+    // relay unit's too, when `[relay] sinks_from` names its config: both files are checked).
+    for sink in config.relay.named() {
         if let crate::config::SinkKind::Exec(exec) = &sink.kind
             && let Some(why) = exec.program_problem(std::env::var_os("PATH").as_deref())
         {
@@ -48,6 +49,21 @@ pub fn run(path: &Path) -> Result<(), Failure> {
             format!("{} ({}{stream})", escape_controls(&s.name), s.kind.name())
         })
         .collect();
+    let declared: Vec<String> = config
+        .relay
+        .declared
+        .iter()
+        .map(|s| format!("{} ({})", escape_controls(&s.name), s.kind.name()))
+        .collect();
+    let declared = match &config.relay.sinks_from {
+        Some(from) if !declared.is_empty() => format!(
+            ", declares {} for the relay unit ({}: retention holds for them, `run` does not \
+             deliver them)",
+            declared.join(" "),
+            from.display()
+        ),
+        _ => String::new(),
+    };
     let metrics = config
         .metrics
         .map_or(String::new(), |a| format!(", metrics http://{a}/metrics"));
@@ -74,17 +90,18 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     let brokers: Vec<String> = mqtt.brokers.iter().map(ToString::to_string).collect();
     let _ = writeln!(
         crate::output::stdout(),
-        "{}: ok ({db}, brokers {}, topics {}, protocol {}, {}{})",
+        "{}: ok ({db}, brokers {}, topics {}, protocol {}, {}{declared}{metrics})",
         path.display(),
         brokers.join(" "),
         mqtt.topics.join(" "),
         mqtt.protocol,
-        if sinks.is_empty() {
+        if sinks.is_empty() && declared.is_empty() {
             "no [[sink]]: effects reach no one".to_string()
+        } else if sinks.is_empty() {
+            "no [[sink]] of its own".to_string()
         } else {
             format!("sinks {}", sinks.join(" "))
         },
-        metrics
     );
     Ok(())
 }

@@ -216,7 +216,7 @@ pub fn status_rows(
             accounting: accounting_json(snap, name, rec)?,
         });
     }
-    for s in &config.relay.sinks {
+    for s in config.relay.named() {
         if cursors.iter().all(|(n, _)| n != &s.name) {
             rows.push(SinkStatusRow {
                 sink: s.name.clone(),
@@ -258,6 +258,11 @@ fn accounting_json(snap: &Snapshot, name: &str, rec: &SinkRecord) -> Result<Json
             ("adopted".into(), num(a.adopted)),
             ("discarded".into(), num(a.discarded)),
             ("not_selected".into(), num(a.not_selected)),
+            (
+                "began".into(),
+                a.began_words(rec.stream().unwrap_or(Stream::Effects))
+                    .map_or(Json::Null, |w| text(&w)),
+            ),
             (
                 "recorded_since".into(),
                 text(if a.unrecorded {
@@ -302,10 +307,14 @@ fn accounting_text(a: &Json) -> Option<String> {
         "0" => String::new(),
         k => format!(", {k} not selected by outcomes"),
     };
+    let began = match get("began") {
+        Some(Json::String(w)) => format!("; {}", escape_controls(w)),
+        _ => String::new(),
+    };
     Some(format!(
         "accounted: offsets {} to {}{since}: {} delivered, {} parked, {} delivered after retry, \
          {} skipped by an operator, {} discarded by an operator, {} found in the sink's own \
-         store{not_selected}",
+         store{not_selected}{began}",
         n("from"),
         n("to"),
         n("delivered"),

@@ -61,7 +61,11 @@ struct Stats {
     created_at_ms: u64,
     now_ms: u64,
     total: Option<OutcomeCounts>,
+    /// The last hour's decisions, as `total` counts them (without relay actions, which the
+    /// decision counters never held).
     last_hour: OutcomeCounts,
+    /// Relay actions (`relay` audit entries) in the last hour.
+    relay_last_hour: u64,
     /// When the oldest audit entry retention kept was recorded (`None`: none kept).
     audit_first_at_ms: Option<u64>,
     window_entries: u64,
@@ -88,13 +92,15 @@ impl Stats {
         let meta = snap.meta()?;
         let summary = snap.summary()?;
         let audit_first = meta.audit_anchor.map_or(0, |(i, _)| i + 1);
+        let hour = snap.counts_since(now.saturating_sub(HOUR_MS))?;
         Ok(Stats {
             path: path.display().to_string(),
             file_bytes: crate::readings::database_bytes(snap, path)?,
             created_at_ms: meta.created_at_ms,
             now_ms: now,
             total: snap.counters()?,
-            last_hour: snap.counts_since(now.saturating_sub(HOUR_MS))?,
+            last_hour: hour.without(Outcome::Relay),
+            relay_last_hour: hour.get(Outcome::Relay),
             audit_first_at_ms: snap
                 .audit_entry(audit_first)?
                 .map(|e| e.record.recorded_at_ms),
@@ -227,6 +233,7 @@ impl Stats {
                 "decisions_last_hour_complete",
                 Json::Bool(self.last_hour_complete()),
             ),
+            ("relay_actions_last_hour", num(self.relay_last_hour)),
             (
                 "window",
                 obj(vec![
@@ -461,8 +468,13 @@ impl Stats {
                 counts,
             ),
         );
+        let relay = match self.relay_last_hour {
+            0 => String::new(),
+            1 => "; and 1 relay action".to_string(),
+            n => format!("; and {n} relay actions"),
+        };
         if self.last_hour_complete() {
-            line("last hour", counts(&self.last_hour));
+            line("last hour", format!("{}{relay}", counts(&self.last_hour)));
         } else {
             let kept = self.audit_first_at_ms.map_or_else(
                 || "none kept".to_string(),
@@ -471,8 +483,8 @@ impl Stats {
             line(
                 "last hour",
                 format!(
-                    "at least {}: retained audit entries only, {kept}; the {} pruned before \
-                     them may hold more of the hour",
+                    "at least {}{relay}: retained audit entries only, {kept}; the {} pruned \
+                     before them may hold more of the hour",
                     counts(&self.last_hour),
                     self.audit_first
                 ),

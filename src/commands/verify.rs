@@ -107,6 +107,9 @@ pub(crate) fn sink_line(s: &verify::SinkReport) -> String {
             },
         )
     };
+    if let Some(began) = a.began_words(s.stream) {
+        line.push_str(&format!("; {began}"));
+    }
     line.push_str(&format!(
         "; {} parked events match the events their effects make",
         s.parked_checked

@@ -101,6 +101,90 @@ impl Default for Config {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let mut c = Config::load_one(path)?;
+        if let Some(from) = c.relay.sinks_from.clone() {
+            c.declare_from(path, &from)?;
+        }
+        Ok(c)
+    }
+
+    /// `[relay] sinks_from`: reads the relay unit's config at `from` (relative to the
+    /// directory of `path`, this config's file), which must name the same store and no sink
+    /// of this one, and declares its sinks. Either file's error stops the load: a config
+    /// whose relay unit's sinks cannot be known would let retention prune what they have not
+    /// delivered.
+    fn declare_from(&mut self, path: &Path, from: &Path) -> Result<(), ConfigError> {
+        let from = match path.parent() {
+            Some(dir) if from.is_relative() => dir.join(from),
+            _ => from.to_path_buf(),
+        };
+        let refuse = |m: String| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: format!("[relay] sinks_from {:?}: {m}", from.display().to_string()),
+        };
+        let other = Config::load_one(&from).map_err(|e| refuse(e.to_string()))?;
+        if other.relay.sinks_from.is_some() {
+            return Err(refuse(
+                "it has a [relay] sinks_from of its own; name the relay unit's config, whose \
+                 sinks are delivered there"
+                    .into(),
+            ));
+        }
+        if !self.same_store(&other) {
+            return Err(refuse(
+                "it names another store ([store]): its sinks' cursors are in that store, so \
+                 this one cannot hold retention for them; give both configs the same [store]"
+                    .into(),
+            ));
+        }
+        if other.relay.sinks.is_empty() {
+            return Err(refuse(
+                "it has no [[sink]]: there is nothing to declare".into(),
+            ));
+        }
+        if let Some(both) = other
+            .relay
+            .sinks
+            .iter()
+            .find(|s| self.relay.sinks.iter().any(|m| m.name == s.name))
+        {
+            return Err(refuse(format!(
+                "sink {:?} is in both configs: one sink has one deliverer; keep its [[sink]] \
+                 in the relay unit's config only",
+                both.name
+            )));
+        }
+        self.relay.declared = other.relay.sinks;
+        if let Some(m) = &self.mqtt {
+            sinks::refuse_feed_loops(m, &self.relay).map_err(|e| refuse(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `other` names the same store: the same file (the same path once resolved),
+    /// or the same PostgreSQL target and schema.
+    fn same_store(&self, other: &Config) -> bool {
+        match (&self.backend, &other.backend) {
+            (StoreBackend::Redb, StoreBackend::Redb) => match (&self.db_path, &other.db_path) {
+                (Some(a), Some(b)) => {
+                    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
+                    a == b || canon(a) == canon(b)
+                }
+                // `--db` may name the file at the command line.
+                _ => true,
+            },
+            (StoreBackend::Postgres(a), StoreBackend::Postgres(b)) => {
+                a.schema == b.schema
+                    && match (a.pg_config(), b.pg_config()) {
+                        (Ok(x), Ok(y)) => x.target() == y.target(),
+                        _ => false,
+                    }
+            }
+            _ => false,
+        }
+    }
+
+    fn load_one(path: &Path) -> Result<Config, ConfigError> {
         let text = read_bounded(path, MAX_CONFIG_BYTES).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
             error,

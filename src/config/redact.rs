@@ -50,29 +50,78 @@ pub const REDACTED_QUERY: &str = "<redacted>";
 pub fn redact_query(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    loop {
-        let (stretch, sep) = match rest.find(['"', '\'', '`', '\n']) {
-            Some(i) => (&rest[..i], Some(&rest[i..i + 1])),
-            None => (rest, None),
-        };
-        let keep = stretch
-            .find("://")
-            .and_then(|s| stretch[s + 3..].find(['?', '#']).map(|q| s + 3 + q + 1));
-        match keep {
-            Some(k) if k < stretch.len() => {
-                out.push_str(&stretch[..k]);
+    while let Some(s) = rest.find("://") {
+        // The URL starts at its scheme; a quote or backtick right before it is its opener,
+        // and only that character (or a line end) closes it: a URL in single quotes may
+        // hold a '"' and go on after it. An unquoted one runs to the line's end.
+        let scheme_start = rest[..s]
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let opener = rest[..scheme_start]
+            .chars()
+            .next_back()
+            .filter(|c| matches!(c, '"' | '\'' | '`'));
+        let after = s + 3;
+        let end = match opener {
+            Some(q) => rest[after..].find([q, '\n']),
+            None => rest[after..].find(['\n', '`']),
+        }
+        .map_or(rest.len(), |e| after + e);
+        match rest[after..end].find(['?', '#']) {
+            Some(q) if after + q + 1 < end => {
+                out.push_str(&rest[..after + q + 1]);
                 out.push_str(REDACTED_QUERY);
             }
-            _ => out.push_str(stretch),
+            _ => out.push_str(&rest[..end]),
         }
-        match sep {
-            Some(sep) => {
-                out.push_str(sep);
-                rest = &rest[stretch.len() + 1..];
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One URL value (as configured, whole) for an error message: everything after the first
+/// `?` or `#` that follows its `://` hidden, whatever it holds (quotes, line breaks).
+pub(super) fn redact_query_of(url: &str) -> String {
+    match url
+        .find("://")
+        .and_then(|s| url[s + 3..].find(['?', '#']).map(|q| s + 3 + q + 1))
+    {
+        Some(k) if k < url.len() => format!("{}{REDACTED_QUERY}", &url[..k]),
+        _ => url.to_string(),
+    }
+}
+
+/// Whether the text from `line_start` on lies inside a multi-line string (`"""` or `'''`,
+/// counted as they come) opened before it whose text so far holds a URL with a query: a TOML
+/// error quoting such a line could quote the query's continuation, which holds no `://`.
+fn in_multiline_url_query(text: &str, line_start: usize) -> bool {
+    let before = text.get(..line_start).unwrap_or(text);
+    let mut open: Option<(&str, usize)> = None;
+    let mut i = 0;
+    while i < before.len() {
+        let rest = &before[i..];
+        let delimiter = ["\"\"\"", "'''"].into_iter().find(|d| rest.starts_with(*d));
+        match (open, delimiter) {
+            (None, Some(d)) => {
+                open = Some((d, i + 3));
+                i += 3;
             }
-            None => return out,
+            (Some((o, _)), Some(d)) if o == d => {
+                open = None;
+                i += 3;
+            }
+            _ => i += rest.chars().next().map_or(1, char::len_utf8),
         }
     }
+    open.is_some_and(|(_, start)| {
+        let content = &before[start..];
+        content
+            .find("://")
+            .is_some_and(|s| content[s..].contains(['?', '#']))
+    })
 }
 
 /// A URL for an error message: everything between the scheme and the last '@' hidden.
@@ -96,7 +145,17 @@ pub(super) fn one_line(e: &toml::de::Error, text: &str) -> String {
             let start = span.start.min(text.len());
             let line_no = text.get(..start).unwrap_or(text).matches('\n').count() + 1;
             let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
-            format!("line {line_no} `{}`: {message}", redact_secret_line(line))
+            let line_start = text
+                .get(..start)
+                .unwrap_or(text)
+                .rfind('\n')
+                .map_or(0, |i| i + 1);
+            let shown = if in_multiline_url_query(text, line_start) {
+                "<redacted: inside a multi-line string holding a URL query>".to_string()
+            } else {
+                redact_secret_line(line)
+            };
+            format!("line {line_no} `{shown}`: {message}")
         }
     });
     redact_query(&line)
@@ -157,8 +216,37 @@ mod tests {
             ),
             // Unquoted, the rest of the line may be the query: it goes too.
             ("see http://h/?k=v w: more", "see http://h/?<redacted>"),
+            // Only its own quote ends a quoted URL: a '"' inside single quotes does not.
+            (
+                "line 6 `url = 'http://h:80/cop?a=1\"&token=S3cret' trailing`: expected",
+                "line 6 `url = 'http://h:80/cop?<redacted>' trailing`: expected",
+            ),
         ] {
             assert_eq!(redact_query(text), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_url_value_hides_its_whole_query_and_a_multi_line_continuation_is_not_quoted() {
+        assert_eq!(
+            redact_query_of("http://h:x/cop?a=1\"&token=S3cret"),
+            "http://h:x/cop?<redacted>"
+        );
+        assert_eq!(
+            redact_query_of("http://h:x/cop?a=1\n&key=S3cret"),
+            "http://h:x/cop?<redacted>"
+        );
+        assert_eq!(redact_query_of("http://h/p"), "http://h/p");
+        for text in [
+            "[[sink]]\nurl = \"\"\"http://h/cop?a=1\n&key=S3cret\"\"\" x\n",
+            "[[sink]]\nurl = '''http://h/cop?a=1\nkey=S3cret''' x\n",
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("S3cret"), "{e}");
+            assert!(
+                e.contains("inside a multi-line string holding a URL query"),
+                "{e}"
+            );
         }
     }
 

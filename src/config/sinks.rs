@@ -24,6 +24,7 @@ use crate::store::tables::Stream;
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawRelay {
     source: Option<String>,
+    sinks_from: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,12 +105,28 @@ pub(super) struct RawSink {
 pub struct RelayConfig {
     /// The CloudEvents `source` attribute (a URI reference).
     pub source: String,
+    /// The sinks this process delivers.
     pub sinks: Vec<SinkConfig>,
+    /// `[relay] sinks_from`: the config of the relay unit that delivers the store's other
+    /// sinks (as written; `Config::load` reads it relative to this config's directory).
+    pub sinks_from: Option<PathBuf>,
+    /// The sinks of `sinks_from`'s config: declared by this process (their cursors made
+    /// before its first commit, so retention holds for them), never delivered by it.
+    pub declared: Vec<SinkConfig>,
 }
 
 impl RelayConfig {
+    /// A sink this config names: one it delivers, or one it declares for the relay unit.
     pub fn sink(&self, name: &str) -> Option<&SinkConfig> {
-        self.sinks.iter().find(|s| s.name == name)
+        self.sinks
+            .iter()
+            .chain(&self.declared)
+            .find(|s| s.name == name)
+    }
+
+    /// Every sink this config names (delivered, then declared).
+    pub fn named(&self) -> impl Iterator<Item = &SinkConfig> {
+        self.sinks.iter().chain(&self.declared)
     }
 }
 
@@ -349,7 +366,21 @@ pub(super) fn relay_from_raw(
             w[0].1, w[1].1, w[0].0
         )));
     }
-    Ok(RelayConfig { source, sinks: out })
+    if let Some(p) = &relay.sinks_from
+        && p.as_os_str().is_empty()
+    {
+        return Err(ConfigError::Invalid(
+            "[relay] sinks_from is empty: give the relay unit's config, e.g. \
+             \"/etc/replay-guard/relay.toml\""
+                .into(),
+        ));
+    }
+    Ok(RelayConfig {
+        source,
+        sinks: out,
+        sinks_from: relay.sinks_from,
+        declared: Vec::new(),
+    })
 }
 
 /// Refuses an mqtt sink that would undo the feed on its own broker (one of `[mqtt]
@@ -358,7 +389,7 @@ pub(super) fn relay_from_raw(
 /// consume what the sink publishes: an audit sink, each quarantine record one more audit
 /// entry to publish, for ever; an effect sink, each effect one more malformed message).
 pub(super) fn refuse_feed_loops(mqtt: &MqttConfig, relay: &RelayConfig) -> Result<(), ConfigError> {
-    for sink in &relay.sinks {
+    for sink in relay.named() {
         let SinkKind::Mqtt(m) = &sink.kind else {
             continue;
         };

@@ -2,7 +2,7 @@
 //! receivers, plus a path and a query for http sinks; `BrokerUrl`, `SyslogUrl` and `HttpUrl`
 //! are what it returns, split.
 
-use super::redact::{REDACTED_QUERY, Secret, redact_query, redact_url};
+use super::redact::{REDACTED_QUERY, Secret, redact_query_of, redact_url};
 
 /// What one kind of URL allows, and what its errors call it.
 struct Grammar {
@@ -118,7 +118,7 @@ struct Parts<'a> {
 /// a grammar with paths, the path and the query. The first problem found is the error.
 fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
     let shown = if g.path {
-        redact_query(&redact_url(s))
+        redact_query_of(&redact_url(s))
     } else {
         redact_url(s)
     };

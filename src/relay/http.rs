@@ -83,6 +83,67 @@ struct Target {
     /// Marked sensitive.
     authorization: Option<HeaderValue>,
     timeout: Duration,
+    /// What a receiver echoing the request must not get into a stored response or an error:
+    /// the `Authorization` value and its credential, the URL's query and its values
+    /// (`Secrets::mask`).
+    secrets: Secrets,
+}
+
+/// Texts never stored or shown as a receiver sent them back (a receiver echoing the
+/// request's headers or target into its answer would otherwise put the token into a parked
+/// event's response, `relay status` and the logs).
+#[derive(Default)]
+struct Secrets(Vec<String>);
+
+impl Secrets {
+    /// Shortest text masked on its own: shorter ones (a query value `1`) would mask
+    /// everything that happens to hold them, and carry no credential.
+    const SHORTEST: usize = 4;
+
+    fn of(authorization: Option<&str>, query: Option<&str>) -> Secrets {
+        let mut all: Vec<String> = Vec::new();
+        if let Some(a) = authorization {
+            all.push(a.to_string());
+            // "Bearer TOKEN", "Basic B64": the credential alone, as an echo may quote it.
+            if let Some((_, credential)) = a.split_once(' ') {
+                all.push(credential.trim().to_string());
+            }
+        }
+        if let Some(q) = query {
+            all.push(q.to_string());
+            for pair in q.split('&') {
+                let value = pair.split_once('=').map_or(pair, |(_, v)| v);
+                all.push(value.to_string());
+            }
+        }
+        all.retain(|s| s.len() >= Secrets::SHORTEST);
+        // Longest first, so a value inside a longer secret never leaves the rest shown.
+        all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        all.dedup();
+        Secrets(all)
+    }
+
+    /// `text` with every secret replaced by `<redacted>`, and a secret's beginning at its
+    /// very end too (the body is kept only up to a bound, which may cut a secret in two).
+    fn mask(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for secret in &self.0 {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "<redacted>");
+            }
+        }
+        for secret in &self.0 {
+            let cut = (Secrets::SHORTEST..secret.len())
+                .rev()
+                .filter(|n| secret.is_char_boundary(*n))
+                .find(|n| out.ends_with(&secret[..*n]));
+            if let Some(n) = cut {
+                out.truncate(out.len() - n);
+                out.push_str("<redacted>");
+            }
+        }
+        out
+    }
 }
 
 /// One open keep-alive connection: hyper's request handle and the task driving the socket.
@@ -338,6 +399,10 @@ impl HttpSink {
                 Some(v)
             }
         };
+        let secrets = Secrets::of(
+            cfg.authorization.as_ref().map(|a| a.expose()),
+            url.request_target().split_once('?').map(|(_, q)| q),
+        );
         Ok(HttpSink {
             target: Arc::new(Target {
                 url,
@@ -345,6 +410,7 @@ impl HttpSink {
                 host,
                 authorization,
                 timeout,
+                secrets,
             }),
             ca_file: cfg.ca_file.clone(),
             client_identity: cfg.client_identity.clone(),
@@ -701,11 +767,12 @@ async fn post(
     match classify(code) {
         Class::Delivered => Ok(()),
         Class::Retry => {
-            let shown =
-                String::from_utf8_lossy(&reply.body[..reply.body.len().min(ERROR_BODY_SHOWN)])
+            let shown = t.secrets.mask(
+                &String::from_utf8_lossy(&reply.body[..reply.body.len().min(ERROR_BODY_SHOWN)])
                     .split_whitespace()
                     .collect::<Vec<_>>()
-                    .join(" ");
+                    .join(" "),
+            );
             Err(Failure::Retry {
                 error: if shown.is_empty() {
                     format!("POST {}: {reason}", t.url)
@@ -719,11 +786,11 @@ async fn post(
             })
         }
         Class::Poison => {
-            let response = format!(
+            let response = t.secrets.mask(&format!(
                 "{}\n{}",
                 reply.status_line,
                 String::from_utf8_lossy(&reply.body)
-            );
+            ));
             // Classed by its status: the runner parks the event, and blocks the sink if the
             // next event of another source gets the same answer (a receiver refusing the
             // feed, not one event: its credentials, its address, or a schema change that
@@ -1080,6 +1147,27 @@ mod tests {
                 n
             })
             .collect()
+    }
+
+    #[test]
+    fn an_echoed_authorization_value_or_query_is_masked_even_cut_short() {
+        let s = Secrets::of(Some("Bearer tok-5d2e-91ab"), Some("key=qs-secret-77&v=1"));
+        assert_eq!(
+            s.mask(
+                "401\nyou sent Authorization: Bearer tok-5d2e-91ab to /cop?key=qs-secret-77&v=1"
+            ),
+            "401\nyou sent Authorization: <redacted> to /cop?<redacted>"
+        );
+        assert_eq!(
+            s.mask("token tok-5d2e-91ab unknown"),
+            "token <redacted> unknown"
+        );
+        assert_eq!(s.mask("key qs-secret-77 expired"), "key <redacted> expired");
+        // A body cut by the bound inside the token: its beginning goes too.
+        assert_eq!(s.mask("got Bearer tok-5d2"), "got <redacted>");
+        // Short values ("1") mask nothing; text without a secret is unchanged.
+        assert_eq!(s.mask("v=1, 1 event refused"), "v=1, 1 event refused");
+        assert_eq!(Secrets::of(None, None).mask("Bearer x"), "Bearer x");
     }
 
     fn poison() -> Failure {

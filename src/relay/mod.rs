@@ -74,8 +74,7 @@ pub fn start_at(start: Start) -> StartAt {
 pub fn declare_sinks(store: &mut impl RelayStore, config: &Config) -> Result<(), StoreError> {
     let sinks: Vec<(&str, &str, Stream, StartAt)> = config
         .relay
-        .sinks
-        .iter()
+        .named()
         .map(|s| (s.name.as_str(), s.kind.name(), s.stream, start_at(s.start)))
         .collect();
     store

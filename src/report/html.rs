@@ -455,10 +455,12 @@ fn sources(s: &mut String, r: &Report) {
     if r.sources.is_empty() {
         s.push_str("<tr><td colspan=\"10\">no decisions in range</td></tr>");
     }
-    for row in &r.sources {
+    for row in r.sources.iter().take(super::LISTED) {
         source_row(s, row);
     }
-    s.push_str("</tbody></table></section>\n");
+    s.push_str("</tbody></table>");
+    left_off(s, r.sources_left_off(), "stats --format json");
+    s.push_str("</section>\n");
 }
 
 fn quarantine(s: &mut String, r: &Report) {

@@ -286,8 +286,9 @@ pub fn report(r: &Report) -> Json {
         ),
         (
             "sources",
-            Json::Array(r.sources.iter().map(source).collect()),
+            Json::Array(r.sources.iter().take(super::LISTED).map(source).collect()),
         ),
+        ("sources_left_off", num(r.sources_left_off())),
         (
             "quarantine",
             obj(vec![

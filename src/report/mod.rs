@@ -430,6 +430,11 @@ impl Report {
         )
     }
 
+    /// Source rows beyond the `LISTED` the page and the JSON show (the totals count them all).
+    pub fn sources_left_off(&self) -> u64 {
+        self.sources.len().saturating_sub(LISTED) as u64
+    }
+
     /// How many audit entries retention pruned (all before the oldest retained one).
     pub fn pruned(&self) -> u64 {
         self.anchor.map_or(0, |(i, _)| i + 1)
@@ -644,8 +649,16 @@ fn sink_words(s: &SinkStatusRow) -> String {
             s.sink, s.head
         );
     };
+    let began = match &s.accounting {
+        crate::json::Json::Object(m) => m.iter().find_map(|(k, v)| match v {
+            crate::json::Json::String(w) if k == "began" => Some(format!(" ({w})")),
+            _ => None,
+        }),
+        _ => None,
+    }
+    .unwrap_or_default();
     if delivered_all(s) {
-        return format!("{} caught up", s.sink);
+        return format!("{} caught up{began}", s.sink);
     }
     let mut parts = vec![format!("{} delivered", s.delivered)];
     if s.parked > 0 {
@@ -661,7 +674,7 @@ fn sink_words(s: &SinkStatusRow) -> String {
         "blocked" | "failing" | "retrying" | "removed" => format!(" ({})", s.state),
         _ => String::new(),
     };
-    format!("{}{state}: {}", s.sink, parts.join(", "))
+    format!("{}{state}: {}{began}", s.sink, parts.join(", "))
 }
 
 fn stream_entries(stream: &str) -> &'static str {
@@ -1268,6 +1281,29 @@ mod tests {
         let calm = report(Vec::new(), vec![row("1", 1, 0, 0)]);
         assert!(calm.words().contains("; no sequence missing;"));
         assert_eq!(calm.verdict(), "ok");
+    }
+
+    #[test]
+    fn the_per_source_table_is_capped_and_the_totals_count_every_source() {
+        // 100,000 sources made a 51 MB page before.
+        let rows: Vec<SourceRow> = (0..LISTED + 7)
+            .map(|i| row(&i.to_string(), 1, 1, 2))
+            .collect();
+        let r = report(Vec::new(), rows);
+        assert_eq!(r.sources_left_off(), 7);
+        assert_eq!(
+            r.missing(),
+            (
+                2 * (LISTED as u64 + 7),
+                LISTED as u64 + 7,
+                LISTED as u64 + 7
+            )
+        );
+        let page = super::html::page(&r);
+        assert_eq!(page.matches("<tr class=\"source").count(), LISTED);
+        assert!(page.contains("… and 7 more: <code>stats --format json</code>"));
+        let json = super::json::report(&r).to_compact();
+        assert!(json.contains("\"sources_left_off\":7"), "{}", &json[..200]);
     }
 
     #[test]

@@ -250,6 +250,40 @@ pub(crate) fn lock_for_creation(
     Ok(taken.then_some(held))
 }
 
+/// Longest a writer's open waits for a whole-file lock to go: an inspector recovering a
+/// file a killed writer left (`Reader::open`) holds one for milliseconds; `compact` holds it
+/// while it runs, and a writer is then refused as before.
+const WHOLE_FILE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Runs `open` again while it fails because another process holds the whole file of `path`
+/// locked (redb's exclusive mode), for at most `WHOLE_FILE_WAIT`.
+pub(crate) fn waiting_out_whole_file_locks<T>(
+    path: &Path,
+    mut open: impl FnMut() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let deadline = std::time::Instant::now() + WHOLE_FILE_WAIT;
+    loop {
+        match open() {
+            Err(_) if std::time::Instant::now() < deadline && whole_file_locked(path) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether another process holds every byte of the file locked (the holder range's first
+/// byte, which no feed writer's pid lock covers).
+fn whole_file_locked(path: &Path) -> bool {
+    // Probed first: opening a FIFO would block.
+    matches!(probe(path), Ok(Found::File))
+        && open_existing(path, false).is_ok_and(|(backend, _)| {
+            backend
+                .query_lock_range(byte(HOLDER_BASE).0, byte(HOLDER_BASE).1)
+                .unwrap_or(false)
+        })
+}
+
 /// Who holds the feed lock of the database at `path`, as text for an error message (`None`:
 /// nobody). Takes no lock.
 pub(crate) fn feed_lock_holder(path: &Path) -> Result<Option<String>, StoreError> {

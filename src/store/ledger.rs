@@ -265,6 +265,27 @@ pub struct Accounting {
 }
 
 impl Accounting {
+    /// Where the sink began, in words, when that was after the log's first position: "began
+    /// at offset 80: 80 effects applied before it existed were not delivered to it" (a sink
+    /// added to a store whose older effects were pruned, or made with `start = "head"`).
+    /// `None` from the log's start, or for a cursor older than ledgers (which kept no
+    /// account of where it began).
+    pub fn began_words(&self, stream: super::tables::Stream) -> Option<String> {
+        (self.from > 0 && !self.legacy && !self.unrecorded).then(|| {
+            let done = match stream {
+                super::tables::Stream::Effects => "applied",
+                super::tables::Stream::Audit => "recorded",
+            };
+            format!(
+                "began at {} {}: {} {} {done} before it existed were not delivered to it",
+                stream.position(),
+                self.from,
+                self.from,
+                stream.entries()
+            )
+        })
+    }
+
     /// Offsets below the cursor the ledger accounts for.
     #[cfg(test)]
     pub fn total(&self) -> u64 {

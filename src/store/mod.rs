@@ -191,9 +191,9 @@ pub enum StoreError {
     )]
     Denied(PathBuf),
     #[error(
-        "{0} needs crash recovery, which a read-only open cannot do: run \
-         `replay-guard ingest --db {0} /dev/null` once (it repairs the file and decides \
-         nothing), then retry"
+        "{0} needs crash recovery, and another process kept it open for 5 s without \
+         recovering it (an inspector can recover it only while no other process has it \
+         open): retry, or start the service, whose writer recovers it"
     )]
     NeedsRecovery(PathBuf),
     #[error("storage failure: {0}")]
@@ -435,7 +435,11 @@ impl Store {
     /// nothing is there (its meta record then says it was created at `now_ms`). Repairs it
     /// after a crash. A damaged file is `StoreError::Damaged`, even where redb panics on it.
     pub fn open(path: &Path, opts: StoreOptions, now_ms: u64) -> Result<Store, StoreError> {
-        guard::catch(|| Store::open_unguarded(path, opts, now_ms))?.map_err(StoreError::classify)
+        // An inspector recovering the file after a crash holds it whole for a moment.
+        file::waiting_out_whole_file_locks(path, || {
+            guard::catch(|| Store::open_unguarded(path, opts.clone(), now_ms))?
+                .map_err(StoreError::classify)
+        })
     }
 
     /// `open` without the panic guard.
@@ -487,6 +491,10 @@ impl Store {
     /// a running feed writer: redb's `MultiWriter` mode serialises the two processes' write
     /// transactions. Takes no feed lock and never creates the file.
     pub fn open_operator(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        file::waiting_out_whole_file_locks(path, || Store::open_operator_once(path, opts.clone()))
+    }
+
+    fn open_operator_once(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         match file::probe(path)? {
             file::Found::Missing => return Err(StoreError::missing(path)),
             file::Found::Empty => return Err(StoreError::Empty(path.to_path_buf())),

@@ -25,12 +25,107 @@ pub struct Reader {
 enum Source {
     /// Poisoned once redb panicked on a damaged page.
     Redb(Handle<ReadOnlyDatabase>),
+    /// A file left needing crash recovery that this user may not write: recovered in memory
+    /// (`writer_check::recovered_in_memory`), the file untouched. It does not follow later
+    /// commits.
+    Recovered(Handle<redb::Database>),
     /// Each snapshot is a transaction on a connection of its own, reused by later ones.
     Pg(Box<PgConfig>, std::sync::Arc<ViewPool>),
 }
 
+/// How long an inspector waits for a file left needing crash recovery to be recovered by a
+/// writer opening it meanwhile (or by another inspector).
+const RECOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Reader {
+    /// A read-only handle on the file at `path`. A file a killed writer left needing crash
+    /// recovery (which a read-only open cannot do) is recovered first, when no other process
+    /// has it open: by redb's own recovery on disk, as the next writer would do (the last
+    /// commit's state, nothing of it changed), said in one warning; where this user may not
+    /// write the file, in memory only (nothing written; such a reader does not follow later
+    /// commits). While another process has it open (a writer starting, which recovers it),
+    /// nothing is changed: the open waits for that, at most `RECOVERY_WAIT`.
     pub fn open(path: &Path) -> Result<Reader, StoreError> {
+        let deadline = std::time::Instant::now() + RECOVERY_WAIT;
+        loop {
+            match Reader::open_read_only(path) {
+                Err(StoreError::NeedsRecovery(_)) => {}
+                other => return other,
+            }
+            match Reader::recover(path)? {
+                Recovery::OnDisk => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "{} was left needing crash recovery (a writer was killed or lost \
+                         power): recovered it as the next writer would (redb's recovery of \
+                         the last commit; no record changed)",
+                        path.display()
+                    );
+                }
+                Recovery::InMemory(db) => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "{} needs crash recovery (a writer was killed or lost power) and this \
+                         user may not write it: read as recovered in memory, nothing written \
+                         (the service's next start recovers the file)",
+                        path.display()
+                    );
+                    return Ok(Reader {
+                        db: Source::Recovered(Handle::new(db)),
+                    });
+                }
+                Recovery::InUse if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Recovery::InUse => return Err(StoreError::NeedsRecovery(path.to_path_buf())),
+            }
+        }
+    }
+
+    /// Recovers a file left needing crash recovery, if no other process has it open.
+    fn recover(path: &Path) -> Result<Recovery, StoreError> {
+        let (backend, _) = match super::file::open_existing(path, true) {
+            Ok(b) => b,
+            Err(StoreError::Denied(_)) => {
+                return Ok(Recovery::InMemory(
+                    super::writer_check::recovered_in_memory(path)?,
+                ));
+            }
+            Err(StoreError::Open {
+                error: DatabaseError::Storage(redb::StorageError::Io(e)),
+                ..
+            }) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+                return Ok(Recovery::InMemory(
+                    super::writer_check::recovered_in_memory(path)?,
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        // redb's exclusive mode locks every byte of the file: it opens only when no other
+        // process has the file open (a writer, a reader, an operator), and keeps a feed
+        // writer out while it recovers.
+        let opened = guard::catch(|| {
+            let mut b = redb::Builder::new();
+            b.set_cache_size(16 * 1024 * 1024)
+                .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter);
+            match b.create_with_backend(backend) {
+                // Closed at once: redb saves the allocator state, so the next open needs no
+                // recovery.
+                Ok(db) => {
+                    drop(db);
+                    Ok(Recovery::OnDisk)
+                }
+                Err(DatabaseError::DatabaseAlreadyOpen) => Ok(Recovery::InUse),
+                Err(error) => Err(StoreError::Open {
+                    path: path.to_path_buf(),
+                    error,
+                }),
+            }
+        })?;
+        opened.map_err(StoreError::classify)
+    }
+
+    fn open_read_only(path: &Path) -> Result<Reader, StoreError> {
         // Probed before any open: opening a FIFO read-only would block.
         match super::file::probe(path)? {
             super::file::Found::Missing => return Err(StoreError::missing(path)),
@@ -75,9 +170,21 @@ impl Reader {
             Source::Redb(db) => {
                 db.guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
             }
+            Source::Recovered(db) => {
+                db.guard(|db| db.begin_read().map(Snapshot::new).map_err(StoreError::redb))
+            }
             Source::Pg(cfg, pool) => Ok(Snapshot::postgres(PgView::pooled(cfg, pool)?)),
         }
     }
+}
+
+/// What `Reader::recover` did.
+enum Recovery {
+    OnDisk,
+    /// This user may not write the file: recovered in memory.
+    InMemory(redb::Database),
+    /// Another process has the file open.
+    InUse,
 }
 
 /// A consistent view of one commit: later commits by the writer are not seen through it.
@@ -574,5 +681,73 @@ impl Snapshot {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+    use crate::testing::{T0, feed};
+
+    /// A copy of a file taken while its writer has it open: its header says a writer is in
+    /// it, as after a `kill -9`, and no process holds it.
+    fn left_by_a_killed_writer(dir: &Path) -> std::path::PathBuf {
+        let live = dir.join("live.redb");
+        let mut store = Store::open(&live, StoreOptions::default(), T0).unwrap();
+        feed(&mut store, 1..=5, T0);
+        let copy = dir.join("crashed.redb");
+        std::fs::copy(&live, &copy).unwrap();
+        drop(store);
+        assert!(
+            matches!(
+                Reader::open_read_only(&copy),
+                Err(StoreError::NeedsRecovery(_))
+            ),
+            "the copy needs crash recovery"
+        );
+        copy
+    }
+
+    #[test]
+    fn an_inspector_recovers_a_file_no_process_has_open_and_reads_the_last_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = left_by_a_killed_writer(dir.path());
+        let reader = Reader::open(&path).unwrap();
+        assert_eq!(reader.begin().unwrap().summary().unwrap().effects, 5);
+        drop(reader);
+        // Recovered on disk: a read-only open needs nothing more.
+        let again = Reader::open_read_only(&path).unwrap();
+        assert_eq!(again.begin().unwrap().summary().unwrap().effects, 5);
+    }
+
+    #[test]
+    fn a_file_this_user_may_not_write_is_recovered_in_memory_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = left_by_a_killed_writer(dir.path());
+        let before = std::fs::read(&path).unwrap();
+        let db = super::super::writer_check::recovered_in_memory(&path).unwrap();
+        let reader = Reader {
+            db: Source::Recovered(Handle::new(db)),
+        };
+        assert_eq!(reader.begin().unwrap().summary().unwrap().effects, 5);
+        drop(reader);
+        assert_eq!(std::fs::read(&path).unwrap(), before, "nothing written");
+        assert!(matches!(
+            Reader::open_read_only(&path),
+            Err(StoreError::NeedsRecovery(_))
+        ));
+    }
+
+    #[test]
+    fn while_another_process_has_the_file_open_nothing_is_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = left_by_a_killed_writer(dir.path());
+        // A writer (an operator's, which recovers the file at its open) has it open.
+        let writer = Store::open_operator(&path, StoreOptions::default()).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        assert!(matches!(Reader::recover(&path), Ok(Recovery::InUse)));
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        drop(writer);
     }
 }

@@ -502,12 +502,13 @@ pub trait RelayStore {
             let floor = log_floor(tx, stream)?;
             if to > before.next {
                 return Err(refused(format!(
-                    "offset {to} is above sink {name:?}'s cursor ({}): a rewind only goes back, \
-                     and going forward would pass over {} undelivered effects; if that is \
-                     what you mean, `relay skip --sink {name} --to {to}` does it, audited as \
-                     a skip",
+                    "{} {to} is above sink {name:?}'s cursor ({}): a rewind only goes back, \
+                     and going forward would pass over {} undelivered {}; if that is what you \
+                     mean, `relay skip --sink {name} --to {to}` does it, audited as a skip",
+                    stream.position(),
                     before.next,
-                    to - before.next
+                    to - before.next,
+                    stream.entries()
                 )));
             }
             if to < floor {
@@ -582,19 +583,23 @@ pub trait RelayStore {
                     now_ms,
                     name,
                     format!(
+                        // "from offset A to B" for either stream: `verify` reads the range
+                        // back (`store::verify`), from entries of every version.
                         "relay skip of sink {name} from offset {} to {to} by {operator}: {} \
-                     undelivered effects ({}) passed over{}: {reason}",
+                     undelivered {} ({}) passed over{}: {reason}",
                         before.next,
                         skip.passed,
+                        stream.entries(),
                         ledger::range_text(before.next, to),
                         if skip.blocking_parked {
                             format!(
-                                ", the blocking event at offset {} left parked for `relay retry`",
+                                ", the blocking event at {} {} left parked for `relay retry`",
+                                stream.position(),
                                 before.next
                             )
                         } else {
                             String::new()
-                        }
+                        },
                     ),
                     Some(to),
                     None,

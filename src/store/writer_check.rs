@@ -1,7 +1,8 @@
 //! `verify`'s writer-side check: open the file the way `ingest` and `run` do (which loads
 //! redb's allocator state, something a read-only open never reads) and run redb's own
 //! integrity check over every page, without writing to the file. Reads come from the file;
-//! whatever redb writes (its header, a repaired allocator state) stays in memory.
+//! whatever redb writes (its header, a repaired allocator state) stays in memory. The same
+//! overlay lets an inspector read a file needing crash recovery that it may not write.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -212,6 +213,34 @@ fn writer_check(path: &Path) -> Result<(), StoreError> {
             path.display()
         )))
     }
+}
+
+/// The database at `path` opened as a writer would open it, its crash recovery done in
+/// memory: nothing is written to the file. For an inspector that may not write a file a
+/// killed writer left needing recovery (`Reader::open`).
+pub(super) fn recovered_in_memory(path: &Path) -> Result<redb::Database, StoreError> {
+    let io = |e: std::io::Error| super::file::io_error(path, e);
+    let file = File::open(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    let overlay = Overlay {
+        file,
+        file_len,
+        state: Mutex::new(OverlayState {
+            len: file_len,
+            written: HashMap::new(),
+        }),
+    };
+    guard::catch(|| {
+        builder(16 * 1024 * 1024, Concurrency::MultiWriter)
+            .create_with_backend(overlay)
+            .map_err(|error| {
+                StoreError::Open {
+                    path: path.to_path_buf(),
+                    error,
+                }
+                .classify()
+            })
+    })?
 }
 
 /// A fingerprint of the file's header and size, to tell whether a commit happened between

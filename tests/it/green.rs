@@ -36,6 +36,14 @@ fn ingest_one_source(s: &Setup, n: u64) {
     ]));
 }
 
+/// Member `k` of object `v`.
+fn json_at(v: &Json, k: &str) -> Json {
+    match v {
+        Json::Object(m) => m.iter().find(|(n, _)| n == k).unwrap().1.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
 fn health(s: &Setup) -> (Option<i32>, String) {
     let out = common::run(&["health", "--config", s.config.to_str().unwrap()]);
     (
@@ -134,6 +142,20 @@ fn a_program_refusing_every_event_of_one_source_parks_them_and_no_verdict_is_gre
     wait_until("nothing parked", &s, || parked_list(&s).is_empty());
     assert_eq!(field(&s.status(&s.config)["script"], "state"), "caught_up");
     assert_eq!(health(&s).0, Some(0), "{}", health(&s).1);
+    // The retry is an audit entry (outcome `relay`), not a decision: the hour never counts
+    // more decisions than the total.
+    let stats = stdout(&common::run(&[
+        "stats",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let stats = json::parse(stats.trim().as_bytes(), 64).unwrap();
+    let total = |k: &str| field(&json_at(&stats, k), "total");
+    assert_eq!(total("decisions_last_hour"), total("decisions_total"));
+    // `relay retry --all` audits each event it takes back.
+    assert_eq!(field(&stats, "relay_actions_last_hour"), "60");
     assert_eq!(report(&s), ("ok".to_string(), Json::Null));
     common::wait_until(
         common::lazy(|| format!("the alert resolves: {:?}", alerts.firing())),

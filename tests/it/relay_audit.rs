@@ -437,6 +437,41 @@ fn a_rewound_audit_sink_redelivers_the_same_ids_and_a_stream_change_is_refused()
         ),
         ("26".into(), "caught_up".into(), "5".into(), "21".into())
     );
+    // A skip on an audit sink passes over audit entries, and its own entry says so (it said
+    // "effects" before); verify reads its range back.
+    s.ingest(30, 33);
+    let head = audit_log(&s.config).len();
+    stdout(&common::run(&[
+        "relay",
+        "skip",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--sink",
+        "script",
+        "--to",
+        &head.to_string(),
+        "--yes",
+        "--reason",
+        "SIEM has these from its own backup",
+        "--operator",
+        "ana",
+    ]));
+    let skipped = audit_log(&s.config);
+    let reason = field(skipped.last().unwrap(), "reason");
+    assert!(
+        reason.starts_with(&format!(
+            "relay skip of sink script from offset {} to {head} by ana: 3 undelivered audit \
+             entries (",
+            head - 3
+        )),
+        "{reason}"
+    );
+    stdout(&common::run(&[
+        "verify",
+        "--config",
+        s.config.to_str().unwrap(),
+    ]));
+    let log = skipped;
     // The same sink name with the effect log's stream: refused by every writer, saying what
     // to do, and nothing is written.
     let effects = dir.path().join("effects.toml");

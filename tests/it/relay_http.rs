@@ -80,6 +80,8 @@ struct Log {
     authorization: Option<String>,
     /// Every request is answered 503 while set.
     unavailable: bool,
+    /// A refusal's body quotes the request line and headers back (a debugging receiver).
+    echo: bool,
     chaos: bool,
     rng: Option<SplitMix64>,
     too_many: u32,
@@ -270,7 +272,7 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
         } else {
             String::new()
         };
-        let (status, close, hang) = {
+        let (status, close, hang, echoed) = {
             let mut l = log.lock().unwrap();
             l.outstanding += 1;
             l.most_outstanding = l.most_outstanding.max(l.outstanding);
@@ -300,6 +302,10 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             } else {
                 l.decide(n, &id)
             };
+            let echoed = (l.echo && status >= 400).then(|| {
+                let sent: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                format!("you sent {method} {target} with {}", sent.join("; "))
+            });
             l.seen.push(Seen {
                 method,
                 target,
@@ -319,7 +325,7 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             // Answered (or dropped) from here on: the client may send this source's next.
             l.outstanding -= 1;
             *l.by_source.get_mut(&subject).unwrap() -= 1;
-            (status, close, hang)
+            (status, close, hang, echoed)
         };
         if hang {
             // Holds the connection without answering until the client gives up on it.
@@ -353,6 +359,7 @@ fn serve<S: Read + Write>(stream: S, shared: &Shared) {
             503 => ("Service Unavailable", "", "maintenance"),
             _ => unreachable!(),
         };
+        let body = echoed.as_deref().unwrap_or(body);
         // A 204 has no body and no Content-Length (RFC 9110 8.6).
         let length = if status == 204 {
             String::new()
@@ -1553,6 +1560,8 @@ fn no_command_output_log_or_stored_error_shows_the_authorization_value_or_the_ur
     rx.with(|l| {
         l.authorization = Some(format!("Bearer {TOKEN}"));
         l.unavailable = true;
+        // Every refusal quotes the request back, the token and the query with it.
+        l.echo = true;
     });
     let auth = dir.path().join("cop-authorization");
     secret_file(&auth, &format!("Bearer {TOKEN}\n"), 0o600);
@@ -1602,12 +1611,28 @@ fn no_command_output_log_or_stored_error_shows_the_authorization_value_or_the_ur
     );
     assert!(json.contains(&shown), "{json}");
 
-    rx.with(|l| l.unavailable = false);
-    rx.await_until(Duration::from_secs(60), "the nine events", |l| {
-        l.accepted.len() >= 9
+    // The last event is refused (422, echoing the request): parked with the response.
+    rx.with(|l| {
+        l.unavailable = false;
+        l.refuse = Some(ids[8].clone());
+    });
+    rx.await_until(Duration::from_secs(60), "the eight events", |l| {
+        l.accepted.len() >= 8
+    });
+    poll(Duration::from_secs(30), "the ninth parked", || {
+        parked(&cfg).len() == 1
     });
     let relay_log = stop_relay(relay, &log);
-    assert_eq!(rx.accepted(), ids, "each once, in log order");
+    assert_eq!(rx.accepted(), ids[..8], "each once, in log order");
+    let response = match field(&parked(&cfg)[0], "response") {
+        Json::String(r) => r.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        response.contains("you sent POST /cop?<redacted> with ")
+            && response.contains("authorization: <redacted>"),
+        "the echo is kept, its secrets masked: {response}"
+    );
     // Both secrets went where they belong.
     for s in rx.seen() {
         assert_eq!(s.target, format!("/cop?api_key={QUERY}"));
@@ -1662,6 +1687,34 @@ fn no_command_output_log_or_stored_error_shows_the_authorization_value_or_the_ur
         (
             "the token typed inline",
             format!("authorization = \"Bearer {TOKEN}\""),
+        ),
+        (
+            "a quote in a single-quoted URL",
+            format!(
+                "url = 'http://127.0.0.1:x{}/cop?a=1\"&api_key={QUERY}'",
+                rx.port()
+            ),
+        ),
+        (
+            "a multi-line string",
+            format!(
+                "url = \"\"\"\nhttp://127.0.0.1:{}/cop?api_key={QUERY}\n\"\"\"",
+                rx.port()
+            ),
+        ),
+        (
+            "a quote in a single-quoted URL, and more on the line",
+            format!(
+                "url = 'http://127.0.0.1:{}/cop?a=1\"&api_key={QUERY}' trailing",
+                rx.port()
+            ),
+        ),
+        (
+            "a multi-line literal string, unclosed",
+            format!(
+                "url = '''\nhttp://127.0.0.1:{}/cop?api_key={QUERY}",
+                rx.port()
+            ),
         ),
     ] {
         let bad_cfg = dir.path().join("bad.toml");

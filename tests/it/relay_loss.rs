@@ -627,3 +627,163 @@ fn a_discarded_parked_event_is_audited_accounted_and_no_longer_holds_retention()
     let offsets: Vec<u64> = common::effects(&s.db).iter().map(|e| e.offset).collect();
     assert_eq!(offsets.first(), Some(&20), "{offsets:?}");
 }
+
+/// A config for the feed writer beside the relay unit's `s.config`: the same store and
+/// retention, no sink of its own, and `[relay] sinks_from` naming the relay unit's config
+/// (relative to its own directory) when `declare` is set.
+fn writer_config(s: &Setup, retention: &str, declare: bool) -> std::path::PathBuf {
+    let path = s
+        .dir
+        .join(if declare { "run.toml" } else { "run-old.toml" });
+    std::fs::write(
+        &path,
+        format!(
+            "[store]\npath = {:?}\n[mqtt]\nbrokers = [\"mqtt://127.0.0.1:1\"]\n\
+             client_id = \"rg-writer\"\ntopics = [\"incidents/#\"]\n{retention}{}",
+            s.db.to_str().unwrap(),
+            if declare {
+                "[relay]\nsinks_from = \"rg.toml\"\n"
+            } else {
+                ""
+            }
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn ingest_with(config: &Path, s: &Setup, from: u64, to: u64) {
+    let lines: Vec<String> = (from..to)
+        .map(|i| common::msg("fire", &format!("e{}", i % 5), 1, i, "status"))
+        .collect();
+    let file = s.dir.join(format!("writer-{from}.jsonl"));
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    stdout(&common::run(&[
+        "ingest",
+        "--config",
+        config.to_str().unwrap(),
+        file.to_str().unwrap(),
+    ]));
+}
+
+#[test]
+fn a_relay_unit_that_starts_late_loses_nothing_once_the_writer_declares_its_sinks() {
+    let retention = "[window]\nmax_entries = 10\n[retention]\neffects_max_entries = 20\n";
+    // As relay-unit.md told operators before: the sinks moved out of the writer's config.
+    // Until the relay unit first opens the store, retention prunes what no sink claimed;
+    // the sink then begins at offset 80, and every verdict says so.
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", retention);
+    let old = writer_config(&s, retention, false);
+    ingest_with(&old, &s, 0, 100);
+    assert_eq!(common::effects(&s.db).len(), 20);
+    let mut relay = s.relay();
+    s.wait_received(20, Duration::from_secs(30));
+    assert_eq!(stop(&mut relay), Some(0));
+    let began = "began at offset 80: 80 effects applied before it existed were not delivered \
+                 to it";
+    let (code, out, err) = cmd(&s, &["verify"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(began), "{out}");
+    let (_, status, _) = cmd(&s, &["relay", "status"]);
+    assert!(status.contains(began), "{status}");
+    let (_, report, err) = cmd(&s, &["report", "--format", "json", "-o", "-"]);
+    assert!(
+        report.contains(&format!("script caught up ({began})")),
+        "{err}{report}"
+    );
+
+    // With `[relay] sinks_from`, the writer makes the relay unit's cursors before its first
+    // commit: retention holds for them, however late the relay unit starts.
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", retention);
+    let run = writer_config(&s, retention, true);
+    let checked = common::run(&["check-config", run.to_str().unwrap()]);
+    let (code, out, err) = (
+        checked.status.code(),
+        String::from_utf8_lossy(&checked.stdout).into_owned(),
+        String::from_utf8_lossy(&checked.stderr).into_owned(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("declares script (exec) for the relay unit (rg.toml: retention holds"),
+        "{out}"
+    );
+    ingest_with(&run, &s, 0, 100);
+    assert_eq!(common::effects(&s.db).len(), 100, "nothing pruned");
+    let status = stdout(&common::run(&[
+        "relay",
+        "status",
+        "--config",
+        run.to_str().unwrap(),
+    ]));
+    assert!(
+        status.starts_with("script (exec): behind — cursor 0 of 100"),
+        "{status}"
+    );
+    let mut relay = s.relay();
+    s.wait_received(100, Duration::from_secs(30));
+    assert_eq!(stop(&mut relay), Some(0));
+    let offsets: Vec<u64> = received(&s).iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, (0..100).collect::<Vec<_>>());
+    let (code, out, err) = cmd(&s, &["verify"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("began at"), "{out}");
+    // Delivered: retention may take them now.
+    ingest_with(&run, &s, 100, 101);
+    assert_eq!(common::effects(&s.db).len(), 20);
+}
+
+#[test]
+fn check_config_reads_the_relay_units_config_with_the_writers_and_refuses_what_loses_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path(), "cat >> \"$OUT\"", "", "");
+    let relay_toml = std::fs::read_to_string(&s.config).unwrap();
+    let run = writer_config(&s, "", true);
+    let check = |what: &str, want: &str| {
+        let out = common::run(&["check-config", run.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(
+            err.contains("[relay] sinks_from") && err.contains(want),
+            "{what}: {err}"
+        );
+        // `run` and `ingest` load it the same way: nothing decided or pruned meanwhile.
+        let out = common::run_with_stdin(&["ingest", "--config", run.to_str().unwrap(), "-"], b"");
+        assert_eq!(out.status.code(), Some(1), "{what}: ingest");
+    };
+    // A TOML error in the relay unit's config.
+    std::fs::write(&s.config, format!("{relay_toml}\nnot toml at all\n")).unwrap();
+    check("a TOML error", "rg.toml");
+    // A path typo.
+    std::fs::write(&s.config, &relay_toml).unwrap();
+    std::fs::write(
+        &run,
+        format!(
+            "[store]\npath = {:?}\n[relay]\nsinks_from = \"rg.tom\"\n",
+            s.db.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    check("a path typo", "rg.tom");
+    // A sink in both.
+    std::fs::write(
+        &run,
+        format!(
+            "[relay]\nsinks_from = \"rg.toml\"\n{}",
+            relay_toml.replace("[service]\nshutdown_timeout_seconds = 5\n", "")
+        ),
+    )
+    .unwrap();
+    check("a sink in both", "sink \"script\" is in both configs");
+    // Another store.
+    std::fs::write(
+        &run,
+        format!(
+            "[store]\npath = {:?}\n[relay]\nsinks_from = \"rg.toml\"\n",
+            s.dir.join("other.redb").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    check("another store", "it names another store");
+}
