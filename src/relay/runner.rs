@@ -1640,6 +1640,17 @@ impl SinkTask {
     /// before are taken back out of the parked events (the cursor returns to the first) and
     /// the sink holds there, retrying with backoff, until the receiver accepts events again.
     async fn block(&mut self, block: &Block) -> Result<(), RelayError> {
+        // The cursor first goes up to the refused event over what it passed over meanwhile
+        // (an audit sink's entries outside its `outcomes`), so that the take-back below
+        // finds every position of its stretch accounted for.
+        let mut next = self.state.next();
+        while next < block.offset && self.not_selected.contains(&next) {
+            next += 1;
+        }
+        if next == block.offset {
+            self.state.advance_to(next);
+        }
+        self.flush(true).await?;
         let mut at = block.offset;
         if let Some((first, to)) = block.take_back
             && let Some(generation) = self.state.generation()
@@ -1659,7 +1670,7 @@ impl SinkTask {
             self.adopted(adopted);
         }
         self.state.block(block.class.clone());
-        let error = block.error(at);
+        let error = block.error(at, at != block.offset);
         tracing::error!(sink = %self.ctx.cfg.name, offset = at, class = %block.class, error = %super::terminal_safe(&error), "relay sink blocked: sink {} at offset {at} ({}): {}", self.ctx.cfg.name, block.class, super::terminal_safe(&error));
         self.error_noted_at = None;
         self.back_off(1, None, &error, Phase::Blocked).await;

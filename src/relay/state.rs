@@ -288,18 +288,30 @@ pub struct Block {
     pub source: (String, String),
     /// A source of the parked run other than `source`.
     pub other: (String, String),
-    /// The parked events to take back (`from..to`), when they are the offsets right before
-    /// `offset`: the cursor returns to `from`.
+    /// The stretch to take back (`from..to`, up to `offset`): the events parked for this
+    /// refusal, and what lies between them unoffered; the cursor returns to `from`.
     pub take_back: Option<(u64, u64)>,
+    /// How many events were parked for this refusal before it.
+    pub parked_run: usize,
 }
 
 impl Block {
     /// The sink's last error once it waits at offset `at`.
-    pub fn error(&self, at: u64) -> String {
+    /// `taken_back`: whether the events parked for it went back (else they stay parked).
+    pub fn error(&self, at: u64, taken_back: bool) -> String {
+        let parked = if taken_back || self.parked_run == 0 {
+            "nothing is parked".to_string()
+        } else {
+            format!(
+                "the {} events refused before it stay parked (`relay parked`, then `relay \
+                 retry`)",
+                self.parked_run
+            )
+        };
         format!(
             "{BLOCKED}{}; events of different sources ({}/{} and {}/{}, up to offset {}) \
-             were refused the same way, so the receiver refuses every event: nothing is \
-             parked, the sink waits at offset {at} and keeps trying; fix the receiver",
+             were refused the same way, so the receiver refuses every event: {parked}, the \
+             sink waits at offset {at} and keeps trying; fix the receiver",
             self.reason, self.other.0, self.other.1, self.source.0, self.source.1, self.offset
         )
     }
@@ -511,18 +523,18 @@ impl SinkState {
         };
         if let Some((_, other)) = run.iter().find(|(_, src)| *src != source) {
             let first = run.first().map_or(ev.offset, |(o, _)| *o);
-            let contiguous = run
-                .iter()
-                .enumerate()
-                .all(|(k, (o, _))| *o == first + k as u64)
-                && first + run.len() as u64 == ev.offset;
+            // A delivery ends a run of refusals, so what lies between its events was parked
+            // in it, or never offered (an audit sink's entries outside its `outcomes`): the
+            // whole stretch is taken back. The store checks that (`RelayStore::unpark`) and
+            // takes nothing back otherwise.
             return Step::Block(Block {
                 other: other.clone(),
                 class,
                 reason,
                 offset: ev.offset,
                 source,
-                take_back: (contiguous && first < ev.offset).then_some((first, ev.offset)),
+                take_back: (first < ev.offset).then_some((first, ev.offset)),
+                parked_run: run.len(),
             });
         }
         run.push((ev.offset, source));
@@ -956,7 +968,7 @@ mod tests {
         assert_eq!(b.other, ("fire".into(), "a".into()));
         assert_eq!(b.source, ("fire".into(), "b".into()));
         assert_eq!(
-            b.error(10),
+            b.error(10, true),
             "blocked: refused (42P01); events of different sources (fire/a and fire/b, up to \
              offset 11) were refused the same way, so the receiver refuses every event: \
              nothing is parked, the sink waits at offset 10 and keeps trying; fix the receiver"
@@ -1014,13 +1026,23 @@ mod tests {
             panic!()
         };
         assert_eq!(b.take_back, Some((20, 22)));
-        // Parked with a gap between them (a delivery aside): nothing is taken back.
+        assert_eq!(b.parked_run, 2);
+        // Parked with entries between them that were never offered (an audit sink's not
+        // selected): the whole stretch goes back; the store takes back only such a stretch.
         let mut s = state_at(20);
         park_front(&mut s, &[ev(20, "a")], refused("415"));
         let Step::Block(b) = s.attempt(&[ev(25, "b")], 0, refused("415")).step else {
             panic!()
         };
-        assert_eq!(b.take_back, None);
+        assert_eq!(b.take_back, Some((20, 25)));
+        assert!(
+            b.error(20, true)
+                .contains(": nothing is parked, the sink waits at offset 20")
+        );
+        assert!(
+            b.error(25, false)
+                .contains("the 1 events refused before it stay parked (`relay parked`")
+        );
     }
 
     #[test]

@@ -202,6 +202,22 @@ pub(super) fn resolved(
     Ok(())
 }
 
+/// How many positions of `from..to` the sink's ledger says it passed over as not selected by
+/// its `outcomes` (an audit sink's).
+pub(super) fn not_selected_in(
+    tx: &mut dyn Tx,
+    name: &str,
+    from: u64,
+    to: u64,
+) -> Result<u64, StoreError> {
+    Ok(tx
+        .ledger(name, 0..=u64::MAX)?
+        .iter()
+        .filter(|(_, e)| e.kind == LedgerKind::NotSelected.code())
+        .map(|(_, e)| e.to.min(to).saturating_sub(e.from.max(from)))
+        .sum())
+}
+
 /// The cursor moves back to `to` (a rewind, or the sink's own cursor adopted backwards):
 /// what the ledger says about offsets from `to` up no longer holds and is removed; entry 0
 /// moves down to `to` if the cursor goes below where the sink started.

@@ -297,12 +297,17 @@ pub trait RelayStore {
                 if from >= to {
                     return Ok(());
                 }
+                // Every position taken back is a parked event, or (an audit sink's) an
+                // entry passed over as not selected: the run of refusals held no delivery.
                 let parked = tx.parked(name, from..=to - 1)?;
-                if parked.len() as u64 != to - from || parked.iter().any(|(_, p)| p.blocking) {
+                let passed = ledger::not_selected_in(tx, name, from, to)?;
+                if parked.len() as u64 + passed != to - from
+                    || parked.iter().any(|(_, p)| p.blocking)
+                {
                     return Ok(());
                 }
                 tx.remove_parked(name, from..=to - 1)?;
-                rec.parked = rec.parked.saturating_sub(to - from);
+                rec.parked = rec.parked.saturating_sub(parked.len() as u64);
                 ledger::cut_back(tx, name, rec, from, now_ms)?;
                 rec.next = from;
                 rec.advanced_at_ms = now_ms;

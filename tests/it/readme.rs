@@ -592,3 +592,21 @@ fn the_metrics_page_lists_every_outcome_label() {
         );
     }
 }
+
+/// The promise in bold at the top of "What green means", joined into one line.
+fn green_promise(text: &str) -> String {
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let start = joined
+        .find("**Green means delivered:")
+        .unwrap_or_else(|| panic!("no green promise in:\n{text}"));
+    let end = joined[start + 2..].find("**").unwrap() + start + 4;
+    joined[start..end].to_string()
+}
+
+#[test]
+fn the_readme_promises_word_for_word_what_the_green_page_says() {
+    let page = read(&root().join("docs/src/green.md"));
+    let promise = green_promise(&page);
+    assert!(promise.contains("reached its receiver"), "{promise}");
+    assert_eq!(green_promise(&readme()), promise);
+}

@@ -1935,3 +1935,78 @@ fn relay_without_ca_file_trusts_the_system_store_that_ssl_cert_file_names() {
     let text = stop_relay(relay, &log);
     assert_eq!(rx.accepted(), ids, "each once, in log order\n{text}");
 }
+
+#[test]
+fn an_outcomes_filtered_audit_sink_refused_with_401_blocks_and_delivers_every_selected_entry() {
+    // The audit sink selects duplicates; between them lie applied entries it passes over.
+    // Refused with 401 (a wrong token), it blocks; the duplicate parked before the block is
+    // taken back too (before, it stayed parked while the error said "nothing is parked"),
+    // and once the token is right every selected entry arrives, once, in order.
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(9, false, None);
+    rx.with(|l| l.authorization = Some("Bearer right-81c4".into()));
+    let token = dir.path().join("cop-authorization");
+    secret_file(&token, "Bearer wrong-81c4\n", 0o600);
+    let sink = format!(
+        "url = \"http://127.0.0.1:{}/siem\"\nstream = \"audit\"\noutcomes = [\"duplicate\"]\n\
+         authorization_file = {:?}\n",
+        rx.port(),
+        token.to_str().unwrap()
+    );
+    let (cfg, _db, _, _) = ingested_from(dir.path(), 0, &sink, 1, 16, 5000);
+    let feed = dir.path().join("pairs.jsonl");
+    let lines: String = ["e1", "e2", "e3", "e4"]
+        .iter()
+        .flat_map(|s| {
+            let m = common::msg("fire", s, 1, 1, "x");
+            [m.clone() + "\n", m + "\n"]
+        })
+        .collect();
+    std::fs::write(&feed, lines).unwrap();
+    let out = common::run(&[
+        "ingest",
+        "--config",
+        cfg.to_str().unwrap(),
+        feed.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", output(&out));
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    let status = || {
+        let out = common::run(&["relay", "status", "--config", cfg.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    common::wait_until(
+        common::lazy(|| format!("the sink is blocked: {}", status())),
+        Duration::from_secs(30),
+        || status().contains("cop (http, audit log): blocked"),
+    );
+    let text = status();
+    assert!(
+        text.contains("cursor 1 of 8") && text.contains("nothing is parked"),
+        "{text}"
+    );
+    assert!(
+        parked(&cfg).is_empty(),
+        "the parked duplicate was taken back"
+    );
+    stop_relay(relay, &log);
+    secret_file(&token, "Bearer right-81c4\n", 0o600);
+    let relay = spawn_relay(&cfg, &log, &[], &[]);
+    rx.await_until(Duration::from_secs(60), "the four duplicates", |l| {
+        l.accepted.len() >= 4
+    });
+    common::wait_until("caught up", Duration::from_secs(20), || {
+        status().contains("cop (http, audit log): caught_up")
+    });
+    stop_relay(relay, &log);
+    let got: Vec<u64> = rx
+        .accepted()
+        .iter()
+        .map(|id| id.split('-').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(got, [1, 3, 5, 7]);
+    assert!(parked(&cfg).is_empty());
+    let out = common::run(&["verify", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", output(&out));
+}
