@@ -24,6 +24,8 @@ pub struct SinkLag {
     pub parked: u64,
     /// Events the receiver acknowledged since the cursor was made.
     pub delivered: u64,
+    /// Events offered to the receiver again (`SinkRecord::resent`).
+    pub resent: u64,
     /// When the last attempt failed (`None`: none has).
     pub last_error_ms: Option<u64>,
     /// The sink is failing (its task ended and is being restarted) or blocked (its receiver
@@ -63,6 +65,7 @@ impl SinkLag {
             age_s,
             parked: parked.iter().filter(|p| p.sink == name).count() as u64,
             delivered: rec.delivered,
+            resent: rec.resent,
             last_error_ms: rec.last_error.as_ref().map(|(at, _)| *at),
             failing: rec
                 .last_error

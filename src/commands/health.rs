@@ -418,6 +418,7 @@ mod tests {
                 age_s: 0,
                 parked: 0,
                 delivered: 0,
+                resent: 0,
                 last_error_ms: None,
                 failing: None,
             }],

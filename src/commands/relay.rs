@@ -134,7 +134,8 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                 let audit = get("stream") == "audit";
                 writeln!(
                     out,
-                    "{} ({}{}): {} — cursor {} of {}, lag {} {} / {} s, parked {}, delivered {}",
+                    "{} ({}{}): {} — cursor {} of {}, lag {} {} / {} s, parked {}, delivered {}, \
+                     resent {}",
                     get("sink"),
                     get("kind"),
                     if audit { ", audit log" } else { "" },
@@ -146,6 +147,7 @@ fn status(db: &DbArgs, format: StatusFormat) -> Result<(), Failure> {
                     get("lag_seconds"),
                     get("parked"),
                     get("delivered"),
+                    get("resent"),
                 )?;
                 if let Some(line) = row
                     .iter()
@@ -210,6 +212,7 @@ pub fn status_rows(
                 .filter(|p| p.record.retry_requested_at_ms.is_some())
                 .count() as u64,
             delivered: rec.delivered,
+            resent: rec.resent,
             generation: Some(rec.generation),
             advanced_at_ms: Some(rec.advanced_at_ms),
             last_error: rec.last_error.clone(),
@@ -234,6 +237,7 @@ pub fn status_rows(
                 parked: 0,
                 retry_requested: 0,
                 delivered: 0,
+                resent: 0,
                 generation: None,
                 advanced_at_ms: None,
                 last_error: None,
@@ -478,11 +482,12 @@ fn skip(
     };
     let what = format!(
         "sink {sink}: skipping from offset {} to {to} passes over {} undelivered {} ({}), \
-         which the sink will never deliver{}",
+         which the sink will never deliver{}{}",
         rec.next,
         plan.passed,
         things(plan.passed),
         crate::store::ledger::range_text(rec.next, to),
+        plan.offered_text(),
         if plan.blocking_parked {
             format!(
                 "; the blocking event at offset {} stays parked for `relay retry`",
@@ -504,12 +509,13 @@ fn skip(
     let _ = writeln!(
         crate::output::stdout(),
         "sink {sink}: cursor moved from {} to {} (generation {}); {} undelivered {} passed \
-         over, recorded in the audit log",
+         over{}, recorded in the audit log",
         before.next,
         after.next,
         after.generation,
         done.passed,
-        things(2)
+        things(2),
+        done.offered_text()
     );
     store.close()?;
     Ok(())

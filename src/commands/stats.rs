@@ -299,6 +299,8 @@ impl Stats {
                                         ("kind", text(&r.kind)),
                                         ("cursor", num(r.next)),
                                         ("lag_events", num(self.head_of(r).saturating_sub(r.next))),
+                                        ("ledger_entries", num(r.ledger_len)),
+                                        ("resent", num(r.resent)),
                                     ])
                                 })
                                 .collect(),
@@ -536,13 +538,19 @@ impl Stats {
                 .iter()
                 .map(|(n, r)| {
                     format!(
-                        "{} ({}{}) at {} of {}, lag {}",
+                        "{} ({}{}) at {} of {}, lag {}, ledger {} {}",
                         escape_controls(n),
                         escape_controls(&r.kind),
                         if is_audit(r) { ", audit log" } else { "" },
                         r.next,
                         self.head_of(r),
-                        self.head_of(r).saturating_sub(r.next)
+                        self.head_of(r).saturating_sub(r.next),
+                        r.ledger_len,
+                        if r.ledger_len == 1 {
+                            "entry"
+                        } else {
+                            "entries"
+                        }
                     )
                 })
                 .collect();

@@ -414,6 +414,14 @@ pub fn store_families(r: &Readings) -> Vec<MetricFamily> {
              last hop's throughput).",
             "sink",
         );
+        let resent = counter_vec(
+            &reg,
+            "replay_guard_relay_resent_total",
+            "Events the sink offered to its receiver again (after a failed attempt, a restart, a \
+             kill -9 or a rewind), each under the same id: the receiver may hold them twice. An \
+             upper bound.",
+            "sink",
+        );
         let failed = register(
             &reg,
             prometheus::GaugeVec::new(
@@ -441,6 +449,7 @@ pub fn store_families(r: &Readings) -> Vec<MetricFamily> {
             age.with_label_values(&[&s.name]).set(n(s.age_s));
             parked.with_label_values(&[&s.name]).set(n(s.parked));
             delivered.with_label_values(&[&s.name]).inc_by(s.delivered);
+            resent.with_label_values(&[&s.name]).inc_by(s.resent);
             if let Some(at) = s.last_error_ms {
                 failed.with_label_values(&[&s.name]).set(at as f64 / 1000.0);
             }
@@ -507,6 +516,7 @@ mod tests {
                 age_s: 9,
                 parked: 1,
                 delivered: 40,
+                resent: 3,
                 last_error_ms: Some(1_700_000_000_250),
                 failing: None,
             }],

@@ -294,6 +294,8 @@ pub struct SinkStatusRow {
     pub parked: u64,
     pub retry_requested: u64,
     pub delivered: u64,
+    /// Events offered to the receiver again (it may hold them twice): `SinkRecord::resent`.
+    pub resent: u64,
     pub generation: Option<u64>,
     pub advanced_at_ms: Option<u64>,
     /// (when, what)
@@ -316,6 +318,7 @@ impl Record for SinkStatusRow {
         "parked",
         "retry_requested",
         "delivered",
+        "resent",
         "generation",
         "advanced_at",
         "last_error",
@@ -337,6 +340,7 @@ impl Record for SinkStatusRow {
             num(self.parked),
             num(self.retry_requested),
             num(self.delivered),
+            num(self.resent),
             opt_num(self.generation),
             self.advanced_at_ms.map_or(Json::Null, time),
             opt_text(self.last_error.as_ref().map(|(_, e)| e.as_str())),

@@ -3,9 +3,10 @@
 //!
 //! A task reads effects from its cursor (a read snapshot), delivers them in batches, backs off
 //! (capped exponential, full jitter, at least the receiver's `Retry-After`) on a failure, parks
-//! a poisoned event with what the receiver said, and writes its cursor durably: at once after
-//! a park, otherwise at most every `CURSOR_FLUSH` (a crash re-delivers at most that much,
-//! with the same ids). Redb work runs on the blocking pool, never on the task's thread.
+//! a poisoned event with what the receiver said, and writes its cursor durably as soon as
+//! the receiver acknowledged something and no write of the sink is in progress
+//! (`CURSOR_WRITE_EVERY`; a crash re-delivers what was in flight and what one write's time
+//! acknowledged, with the same ids). Redb work runs on the blocking pool, never on the task's thread.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,17 @@ use crate::store::tables::{LedgerKind, Stream};
 use crate::store::{Backend, Reader, Store, StoreError, StoreOptions};
 use crate::timefmt::now_ms;
 
-/// Longest a delivered cursor position waits in memory before it is written.
+/// How long the log must hold nothing new before a windowed sink's pump returns (its
+/// cursor written), and how often an idle pump looks at the log unwoken.
 const CURSOR_FLUSH: Duration = Duration::from_millis(200);
+/// Longest an acknowledged cursor position waits in memory before it is written (each
+/// write is a durable commit, one at a time per sink): a kill -9 re-sends what was in
+/// flight and what was acknowledged in this much time (200 ms before: about 6,000 events of
+/// an exec sink at 30,000 a second; `scripts/bench-resend.py`).
+const CURSOR_WRITE_EVERY: Duration = Duration::from_millis(20);
+/// How far past what it is about to offer a sink raises its `offered_to` (capped at the
+/// log's head), in batches: one such write covers the next ones.
+const OFFER_AHEAD_BATCHES: u64 = 4;
 /// How often a task looks for operator actions (`relay retry|rewind`) from other processes,
 /// and an idle standalone relay for new effects when nothing wakes it.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
@@ -518,6 +528,10 @@ impl TaskContext {
             standby: false,
             reloaded_at: None,
             not_selected: std::collections::BTreeSet::new(),
+            offered: 0,
+            sent_to: 0,
+            head: 0,
+            background: None,
         })
     }
 }
@@ -595,6 +609,20 @@ struct SinkTask {
     /// An audit sink's: entries its `outcomes` passes over, read but not yet below a written
     /// cursor (each goes into the ledger with the cursor write that passes it).
     not_selected: std::collections::BTreeSet<u64>,
+    /// How far the store says the sink may have offered events (`SinkRecord::offered_to`,
+    /// as last written or read): nothing at or past it is offered before it is raised.
+    offered: u64,
+    /// Positions below this may be at the receiver already (offered by this task, or by
+    /// an earlier one before a restart or a kill): offering one again is a re-send.
+    sent_to: u64,
+    /// The log's head as last read (how far `offered_to` may be raised ahead).
+    head: u64,
+    /// A batch sink's cursor write running beside its next delivery, and where it moves
+    /// the cursor (`flush_in_background`).
+    background: Option<(
+        tokio::task::JoinHandle<Result<CursorWrite, RelayError>>,
+        u64,
+    )>,
 }
 
 /// A cursor write under way beside a windowed sink's deliveries (`SinkTask::start_flush`).
@@ -614,6 +642,8 @@ struct Read {
     events: Vec<Event>,
     /// The position after the last one read (an audit sink's not selected included).
     scanned_to: u64,
+    /// The log's head when it was read.
+    head: u64,
 }
 
 /// Calls `f` with each position of `stream`'s log from `from` and the id of its event, or
@@ -713,6 +743,11 @@ impl SinkTask {
     }
 
     async fn work(&mut self) -> Result<(), RelayError> {
+        // A cursor write left running by the loop before (it ended on an error) ends first:
+        // registering reads the cursor it may move. Its own error is the one already met.
+        if let Err(e) = self.settle_background().await {
+            tracing::debug!(sink = %self.ctx.cfg.name, error = %e, "an earlier cursor write of sink {} failed: {e}", self.ctx.cfg.name);
+        }
         self.register().await?;
         self.adopt_sink_cursor().await?;
         self.reloaded_at = None;
@@ -725,6 +760,7 @@ impl SinkTask {
                 blocked,
                 events: mut batch,
                 mut scanned_to,
+                mut head,
             } = self.read_batch().await?;
             if blocked {
                 self.status(Phase::Blocked, None);
@@ -759,18 +795,54 @@ impl SinkTask {
                 if more.events.len() > batch.len() {
                     batch = more.events;
                     scanned_to = more.scanned_to;
+                    head = more.head;
                 }
             }
             self.status(Phase::Delivering, None);
             if self.sink.windowed() {
-                self.pump(batch, scanned_to).await?;
+                self.settle_background().await?;
+                self.pump(batch, scanned_to, head).await?;
             } else {
-                self.deliver(&batch).await?;
+                self.deliver(&batch, head).await?;
             }
-            if self.flushed_at.elapsed() >= CURSOR_FLUSH || self.state.has_parked() {
+            if self.state.has_parked() {
                 self.flush(false).await?;
+            } else if self.flushed_at.elapsed() >= CURSOR_WRITE_EVERY {
+                // Beside the next batch's delivery, as a windowed sink's is.
+                self.flush_in_background().await?;
             }
         }
+    }
+
+    /// Starts the cursor write that is due now (one at a time: a finished one is followed
+    /// first; one still under way is left to finish), to run while the next batch is
+    /// delivered.
+    async fn flush_in_background(&mut self) -> Result<(), RelayError> {
+        if self
+            .background
+            .as_ref()
+            .is_some_and(|(h, _)| !h.is_finished())
+        {
+            return Ok(());
+        }
+        self.settle_background().await?;
+        if let Some(f) = self.start_flush() {
+            self.background = Some((tokio::spawn(f.write), f.to));
+        }
+        Ok(())
+    }
+
+    /// Finishes the background cursor write, if any: every other write of this sink comes
+    /// after it (a cursor write is a compare-and-set on where the cursor stands).
+    async fn settle_background(&mut self) -> Result<(), RelayError> {
+        if let Some((handle, to)) = self.background.take() {
+            let w = handle.await.map_err(|error| RelayError::Task {
+                what: "relay cursor write",
+                error,
+            })?;
+            self.flushed(to, w).await?;
+        }
+        Ok(())
     }
 
     /// Operator actions from other processes (`relay retry|rewind|skip|discard|forget`), looked
@@ -780,6 +852,7 @@ impl SinkTask {
         if self.reloaded_at.is_some_and(|t| t.elapsed() < RELOAD_EVERY) {
             return Ok(());
         }
+        self.settle_background().await?;
         self.reload_if_moved().await?;
         self.retry_requested().await?;
         self.reloaded_at = Some(Instant::now());
@@ -816,8 +889,76 @@ impl SinkTask {
         } else {
             tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink started");
         }
+        self.offered = rec.offered_to.max(rec.next);
+        self.sent_to = self.sent_to.max(self.offered);
         self.state.registered(rec);
         Ok(())
+    }
+
+    /// The `offered_to` a cursor write left, as far as this task may now offer.
+    fn note_offered(&mut self, w: &CursorWrite) {
+        if let CursorWrite::Done(r) = w {
+            self.offered = self.offered.max(r.offered_to);
+        }
+    }
+
+    /// What a cursor write raises `offered_to` to beside its move: `OFFER_AHEAD_BATCHES`
+    /// past what was offered, not past the head last read, so that the offers up to there
+    /// need no write of their own.
+    fn offer_ahead(&self) -> u64 {
+        let ahead = (self.ctx.cfg.batch_max as u64).saturating_mul(OFFER_AHEAD_BATCHES);
+        self.sent_to
+            .saturating_add(ahead)
+            .min(self.head.max(self.sent_to))
+    }
+
+    /// Before `events` are offered to the receiver: counts those that may be there already
+    /// (below `sent_to`) as re-sent, and raises the store's `offered_to` past the last of
+    /// them if it is not there yet, durably, in one write that also records the re-sends.
+    /// So the store's `resent` is never below what a receiver can have got twice, and after
+    /// a kill -9 everything offered since the last cursor write lies below `offered_to`.
+    /// `false` when an operator moved the cursor meanwhile (the events are then not this
+    /// task's to offer).
+    async fn offer(&mut self, events: &[Event], head: u64) -> Result<bool, RelayError> {
+        self.head = self.head.max(head);
+        let Some(last) = events.last() else {
+            return Ok(true);
+        };
+        let end = last.offset + 1;
+        let ahead = (self.ctx.cfg.batch_max as u64).saturating_mul(OFFER_AHEAD_BATCHES);
+        let resent = events.iter().filter(|e| e.offset < self.sent_to).count() as u64;
+        self.sent_to = self.sent_to.max(end);
+        if end <= self.offered && resent == 0 {
+            return Ok(true);
+        }
+        self.settle_background().await?;
+        let Some(generation) = self.state.generation() else {
+            return Ok(true);
+        };
+        let name = self.name().to_string();
+        // Ahead of what is offered now (never past the head: a later event would count as
+        // re-sent at its first offer after a restart), so that the next batches need no
+        // write of their own.
+        let to = end
+            .saturating_add(ahead)
+            .min(head.max(end))
+            .max(self.offered);
+        let w = self
+            .ctx
+            .shared
+            .write(move |s| s.offer_sink(&name, generation, to, resent, now_ms()))
+            .await?;
+        match w {
+            CursorWrite::Done(r) => {
+                self.offered = r.offered_to;
+                Ok(true)
+            }
+            CursorWrite::Moved(_) => {
+                self.reloaded_at = None;
+                self.follow_operators().await?;
+                Ok(false)
+            }
+        }
     }
 
     /// A sink that keeps its cursor beside its data (postgres), for this store and its table,
@@ -998,10 +1139,11 @@ impl SinkTask {
     /// Writes the cursor if it moved (or parked something), or when `always` and unwritten
     /// progress exists. A cursor moved meanwhile by an operator is adopted instead.
     async fn flush(&mut self, always: bool) -> Result<(), RelayError> {
+        self.settle_background().await?;
         let (generation, from, to) =
             match self
                 .state
-                .flush_due(always, self.flushed_at.elapsed(), CURSOR_FLUSH)
+                .flush_due(always, self.flushed_at.elapsed(), CURSOR_WRITE_EVERY)
             {
                 FlushDue::Register => return self.register().await,
                 FlushDue::Nothing => return Ok(()),
@@ -1015,17 +1157,28 @@ impl SinkTask {
         let parked = self.state.take_parked();
         let kept = parked.clone();
         let passed: Vec<u64> = self.not_selected.range(from..to).copied().collect();
+        let offered = self.offer_ahead();
         let w = match self
             .ctx
             .shared
             .write(move |s| {
-                s.advance_sink_passing(&name, generation, from, to, &parked, &passed, now_ms())
+                s.advance_sink_passing(
+                    &name,
+                    generation,
+                    from,
+                    to,
+                    &parked,
+                    &passed,
+                    offered,
+                    now_ms(),
+                )
             })
             .await
         {
             Ok(w) => {
                 // Below a written cursor: accounted for, or (after a rewind) read again.
                 self.not_selected = self.not_selected.split_off(&to);
+                self.note_offered(&w);
                 w
             }
             Err(e) => {
@@ -1248,10 +1401,16 @@ impl SinkTask {
                                 blocked: true,
                                 events: Vec::new(),
                                 scanned_to: from,
+                                head: from,
                             },
                             Vec::new(),
                         ));
                     }
+                    let meta = snap.meta()?;
+                    let head = match stream {
+                        Stream::Effects => meta.next_effect,
+                        Stream::Audit => meta.next_audit,
+                    };
                     let mut events = Vec::with_capacity(max.min(1024));
                     let mut passed = Vec::new();
                     let mut scanned_to = from;
@@ -1291,6 +1450,7 @@ impl SinkTask {
                             blocked: false,
                             events,
                             scanned_to,
+                            head: head.max(scanned_to),
                         },
                         passed,
                     ))
@@ -1301,7 +1461,7 @@ impl SinkTask {
 
     /// Delivers `batch` until all of it is delivered or parked, or the relay stops; after
     /// each attempt, does what `SinkState::attempt` says.
-    async fn deliver(&mut self, batch: &[Event]) -> Result<(), RelayError> {
+    async fn deliver(&mut self, batch: &[Event], head: u64) -> Result<(), RelayError> {
         let mut i = 0;
         self.state.begin_batch();
         // A cursor write below may find that an operator moved the cursor (`relay rewind`):
@@ -1310,6 +1470,9 @@ impl SinkTask {
         let moved = |t: &SinkTask| t.state.generation() != generation;
         while i < batch.len() {
             let rest = &batch[i..];
+            if !self.offer(rest, head).await? || moved(self) {
+                return Ok(());
+            }
             let cursor = self.cursor_after(rest[rest.len() - 1].offset + 1);
             let Some(Attempt { delivered, failure }) = self.abortable_deliver(rest, cursor).await
             else {
@@ -1362,7 +1525,12 @@ impl SinkTask {
     /// and the log held nothing more for `CURSOR_FLUSH`, or the sink blocks, an operator moves
     /// the cursor, or the relay stops (what is in flight is acknowledged first, unless the
     /// shutdown timeout is reached).
-    async fn pump(&mut self, first: Vec<Event>, scanned_to: u64) -> Result<(), RelayError> {
+    async fn pump(
+        &mut self,
+        first: Vec<Event>,
+        scanned_to: u64,
+        head: u64,
+    ) -> Result<(), RelayError> {
         type Reading = std::pin::Pin<
             Box<dyn std::future::Future<Output = Result<(Read, Vec<u64>), RelayError>> + Send>,
         >;
@@ -1374,6 +1542,9 @@ impl SinkTask {
         // returned on an error) is forgotten, or its acknowledgements would be credited to
         // this window's events.
         self.sink.forget();
+        if !self.offer(&first, head).await? || moved(self) {
+            return Ok(());
+        }
         self.sink.hand(&first);
         win.read(first, scanned_to);
         let mut reading: Option<Reading> = None;
@@ -1453,6 +1624,15 @@ impl SinkTask {
                         }
                         win.read(Vec::new(), read.scanned_to);
                         continue;
+                    }
+                    // The cursor write under way, if any, goes first (one write of this
+                    // sink at a time), then what is offered is recorded, then offered.
+                    if !read.events.is_empty() {
+                        self.settle_flush(&mut flushing).await?;
+                        if !self.offer(&read.events, read.head).await? || moved(self) {
+                            self.sink.forget();
+                            break;
+                        }
                     }
                     self.sink.hand(&read.events);
                     win.read(read.events, read.scanned_to);
@@ -1558,18 +1738,28 @@ impl SinkTask {
             to,
         } = self
             .state
-            .flush_due(false, self.flushed_at.elapsed(), CURSOR_FLUSH)
+            .flush_due(false, self.flushed_at.elapsed(), CURSOR_WRITE_EVERY)
         else {
             return None;
         };
         let name = self.name().to_string();
         let passed: Vec<u64> = self.not_selected.range(from..to).copied().collect();
         let shared = self.ctx.shared.clone();
+        let offered = self.offer_ahead();
         Some(Flushing {
             write: Box::pin(async move {
                 shared
                     .write(move |s| {
-                        s.advance_sink_passing(&name, generation, from, to, &[], &passed, now_ms())
+                        s.advance_sink_passing(
+                            &name,
+                            generation,
+                            from,
+                            to,
+                            &[],
+                            &passed,
+                            offered,
+                            now_ms(),
+                        )
                     })
                     .await
             }),
@@ -1586,6 +1776,7 @@ impl SinkTask {
         let w = w?;
         self.not_selected = self.not_selected.split_off(&to);
         self.flushed_at = Instant::now();
+        self.note_offered(&w);
         self.adopt(w);
         self.refresh_lag(true).await;
         Ok(())
@@ -1716,6 +1907,7 @@ impl SinkTask {
     }
 
     async fn note_error(&mut self, error: &str) -> Result<(), RelayError> {
+        self.settle_background().await?;
         if self
             .error_noted_at
             .is_some_and(|t| t.elapsed() < ERROR_NOTE_EVERY)

@@ -826,6 +826,8 @@ mod tests {
             last_error: None,
             ledger_len: 1,
             stream: 0,
+            offered_to: next,
+            resent: 0,
         }
     }
 

@@ -632,20 +632,22 @@ fn delivery(s: &mut String, r: &Report) {
     } else {
         s.push_str(
             "<table><thead><tr><th>sink</th><th>kind</th><th>stream</th><th>state</th><th \
-             class=\"n\">delivered</th><th class=\"n\">parked</th><th class=\"n\">lag</th><th \
-             class=\"n\">lag (s)</th><th>last error</th></tr></thead><tbody>",
+             class=\"n\">delivered</th><th class=\"n\">parked</th><th class=\"n\" title=\"offered \
+             to the receiver again, same id: it may hold them twice\">resent</th><th \
+             class=\"n\">lag</th><th class=\"n\">lag (s)</th><th>last error</th></tr></thead><tbody>",
         );
         for k in &r.sinks {
             let _ = write!(
                 s,
                 "<tr class=\"sink\" data-sink=\"{}\" data-stream=\"{}\" data-delivered=\"{}\" \
-                 data-parked=\"{}\" data-lag=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td \
-                 class=\"n\">{}</td><td>{}</td></tr>",
+                 data-parked=\"{}\" data-resent=\"{}\" data-lag=\"{}\"><td>{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
                 e(&k.sink),
                 e(&k.stream),
                 k.delivered,
                 k.parked,
+                k.resent,
                 k.lag_events.map_or("-".to_string(), |l| l.to_string()),
                 e(&k.sink),
                 e(&k.kind),
@@ -653,6 +655,7 @@ fn delivery(s: &mut String, r: &Report) {
                 k.state,
                 k.delivered,
                 k.parked,
+                k.resent,
                 k.lag_events.map_or("-".to_string(), |l| format!(
                     "{l} {}",
                     if k.stream == "audit" {

@@ -1227,6 +1227,7 @@ mod tests {
             parked: 0,
             retry_requested: 0,
             delivered: 0,
+            resent: 0,
             generation: None,
             advanced_at_ms: None,
             last_error: None,

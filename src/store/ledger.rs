@@ -490,6 +490,8 @@ mod tests {
             last_error: None,
             ledger_len,
             stream: 0,
+            offered_to: next,
+            resent: 0,
         }
     }
 

@@ -57,7 +57,11 @@ pub struct Forgotten {
 
 /// Takes the one-deliverer lock of each sink in `names` (see `SinkLocks`).
 pub fn lock_sinks(path: &std::path::Path, names: &[&str]) -> Result<super::SinkLocks, StoreError> {
-    super::guard::catch(|| super::file::lock_sinks(path, names))?
+    // An inspector recovering the file after a crash holds it whole for a moment (its lock
+    // covers the sinks' bytes too): waited for, not taken for another deliverer.
+    super::file::waiting_out_whole_file_locks(path, || {
+        super::guard::catch(|| super::file::lock_sinks(path, names))?
+    })
 }
 
 fn refused(why: String) -> StoreError {
@@ -131,6 +135,29 @@ pub trait RelayStore {
         })
     }
 
+    /// Records, before the deliverer offers anything at or past the sink's `offered_to`,
+    /// that it may offer up to `to` (raising `offered_to`, never lowering it), and that
+    /// `resent` events it is about to offer may already be at the receiver (added to
+    /// `resent`): one durable transaction, if the cursor is still of `generation`. The cursor
+    /// itself does not move. Returns the record, or `Moved` (an operator's move: the
+    /// deliverer follows it before offering anything).
+    fn offer_sink(
+        &mut self,
+        name: &str,
+        generation: u64,
+        to: u64,
+        resent: u64,
+        now_ms: u64,
+    ) -> Result<CursorWrite, StoreError> {
+        self.relay_txn(|tx, _| {
+            cursor_write(tx, name, generation, None, now_ms, |_, rec| {
+                rec.offered_to = rec.offered_to.max(to);
+                rec.resent = rec.resent.saturating_add(resent);
+                Ok(())
+            })
+        })
+    }
+
     /// Moves the sink's cursor from `from` to `to` (every effect in between delivered or, if
     /// in `parked`, parked), in one durable transaction, if the cursor is still at `from` in
     /// `generation`. Clears the last error.
@@ -143,11 +170,12 @@ pub trait RelayStore {
         parked: &[(u64, ParkedRecord)],
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
-        self.advance_sink_passing(name, generation, from, to, parked, &[], now_ms)
+        self.advance_sink_passing(name, generation, from, to, parked, &[], 0, now_ms)
     }
 
     /// `advance_sink` of an audit sink with an `outcomes` filter: the entries at
-    /// `not_selected` (those between `from` and `to` count) were passed over, not delivered.
+    /// `not_selected` (those between `from` and `to` count) were passed over, not delivered;
+    /// and `offered_to` raised to `offered` (`offer_sink`'s, with the move: 0 leaves it).
     #[allow(clippy::too_many_arguments)]
     fn advance_sink_passing(
         &mut self,
@@ -157,10 +185,12 @@ pub trait RelayStore {
         to: u64,
         parked: &[(u64, ParkedRecord)],
         not_selected: &[u64],
+        offered: u64,
         now_ms: u64,
     ) -> Result<CursorWrite, StoreError> {
         self.relay_txn(|tx, _| {
             cursor_write(tx, name, generation, Some(from), now_ms, |tx, rec| {
+                rec.offered_to = rec.offered_to.max(offered);
                 // What a rewind re-delivered is no longer parked (unless parked again below).
                 if from < to {
                     tx.remove_parked(name, from..=to - 1)?;
@@ -591,11 +621,12 @@ pub trait RelayStore {
                         // "from offset A to B" for either stream: `verify` reads the range
                         // back (`store::verify`), from entries of every version.
                         "relay skip of sink {name} from offset {} to {to} by {operator}: {} \
-                     undelivered {} ({}) passed over{}: {reason}",
+                     undelivered {} ({}) passed over{}{}: {reason}",
                         before.next,
                         skip.passed,
                         stream.entries(),
                         ledger::range_text(before.next, to),
+                        skip.offered_text(),
                         if skip.blocking_parked {
                             format!(
                                 ", the blocking event at {} {} left parked for `relay retry`",
@@ -857,6 +888,8 @@ fn make_cursor(
         last_error: None,
         ledger_len: 0,
         stream: stream.code(),
+        offered_to: next,
+        resent: 0,
     };
     ledger::begin(tx, name, &mut rec, LedgerKind::Start, now_ms)?;
     tx.put_sink_cursor(name, &rec)?;
@@ -899,6 +932,29 @@ pub struct SkipPlan {
     pub passed: u64,
     /// A blocking event waits at the cursor: it stays parked, no longer blocking.
     pub blocking_parked: bool,
+    /// Those of the passed over that the deliverer may already have offered to the
+    /// receiver (below the sink's `offered_to`: in flight, or sent before a kill -9), as a
+    /// range: the receiver may hold them, so they are not said to be undelivered.
+    pub offered: (u64, u64),
+}
+
+impl SkipPlan {
+    /// How many passed-over events may be at the receiver.
+    pub fn offered_count(&self) -> u64 {
+        self.offered.1 - self.offered.0
+    }
+
+    /// `; N of them (RANGE) had been offered to the receiver, which may hold them`, or
+    /// nothing when none had.
+    pub fn offered_text(&self) -> String {
+        match self.offered_count() {
+            0 => String::new(),
+            n => format!(
+                "; {n} of them ({}) had been offered to the receiver, which may hold them",
+                ledger::range_text(self.offered.0, self.offered.1)
+            ),
+        }
+    }
 }
 
 /// Checks a skip of sink `name` from `rec` to `to` against the `head` of its `stream`'s log;
@@ -927,9 +983,12 @@ fn skip_plan(
             }
         )));
     }
+    let from = rec.next + u64::from(blocking_at_cursor);
+    let offered_end = rec.offered_to.clamp(from, to);
     Ok(SkipPlan {
         passed: to - rec.next - u64::from(blocking_at_cursor),
         blocking_parked: blocking_at_cursor,
+        offered: (from, offered_end),
     })
 }
 
@@ -1652,10 +1711,10 @@ mod tests {
         }
         // 30 entries, retention keeps 5; the audit sink is still at 0.
         assert_eq!(audit_floor(&s), 0, "held by the audit sink");
-        s.advance_sink_passing("siem", 0, 0, 12, &[], &[], T0)
+        s.advance_sink_passing("siem", 0, 0, 12, &[], &[], 0, T0)
             .unwrap();
         let p = parked_entry(&s, 12);
-        s.advance_sink_passing("siem", 0, 12, 20, &[p], &[], T0)
+        s.advance_sink_passing("siem", 0, 12, 20, &[p], &[], 0, T0)
             .unwrap();
         feed(&mut s, 100..=100, T0);
         assert_eq!(audit_floor(&s), 12, "held by the entry parked at 12");
@@ -1668,7 +1727,7 @@ mod tests {
         s.register_sink("cop", "http", StartAt::Beginning, T0)
             .unwrap();
         let head = s.reader().unwrap().meta().unwrap().next_audit;
-        s.advance_sink_passing("siem", 0, 20, head, &[], &[], T0)
+        s.advance_sink_passing("siem", 0, 20, head, &[], &[], 0, T0)
             .unwrap();
         feed(&mut s, 102..=102, T0);
         let snap = s.reader().unwrap();
@@ -1711,6 +1770,48 @@ mod tests {
     }
 
     #[test]
+    fn a_skip_over_events_offered_to_the_receiver_says_they_may_be_there() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=10, T0);
+        s.register_sink("cop", "exec", StartAt::Beginning, T0)
+            .unwrap();
+        s.advance_sink("cop", 0, 0, 2, &[], T0).unwrap();
+        // The deliverer offers 2..6 (a batch in flight), then an operator skips to 8.
+        let w = s.offer_sink("cop", 0, 6, 0, T0).unwrap();
+        let CursorWrite::Done(r) = w else {
+            panic!("offer refused: {w:?}")
+        };
+        assert_eq!((r.next, r.offered_to, r.resent), (2, 6, 0));
+        let (_, after, plan) = s.relay_skip("cop", 8, "ana", "COP rebuilt", T0).unwrap();
+        assert_eq!((after.next, plan.passed, plan.offered), (8, 6, (2, 6)));
+        let text = relay_entries(&s).pop().unwrap();
+        assert!(
+            text.contains(
+                "6 undelivered effects (2-7) passed over; 4 of them (2-5) had been \
+                           offered to the receiver, which may hold them: COP rebuilt"
+            ),
+            "{text}"
+        );
+        // The deliverer's acknowledgement after the skip moves nothing, nor does its offer.
+        assert!(matches!(
+            s.advance_sink("cop", 0, 2, 6, &[], T0).unwrap(),
+            CursorWrite::Moved(_)
+        ));
+        assert!(matches!(
+            s.offer_sink("cop", 0, 9, 0, T0).unwrap(),
+            CursorWrite::Moved(_)
+        ));
+        // Nothing offered past the cursor: a skip says nothing of the receiver.
+        let (_, _, plan) = s.relay_skip("cop", 10, "ana", "again", T0).unwrap();
+        assert_eq!(
+            (plan.offered_count(), plan.offered_text()),
+            (0, String::new())
+        );
+        let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
+        assert_eq!(report.violation, None);
+    }
+
+    #[test]
     fn an_audit_sink_starts_in_the_audit_log_and_accounts_for_entries_not_selected() {
         let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
         feed(&mut s, 1..=4, T0);
@@ -1726,9 +1827,9 @@ mod tests {
             .unwrap();
         assert_eq!(rec.next, 0);
         // Selecting duplicates: 4 and 5 delivered, 0..4 and 6 (the forget) not selected.
-        s.advance_sink_passing("siem", 0, 0, 6, &[], &[0, 1, 2, 3], T0)
+        s.advance_sink_passing("siem", 0, 0, 6, &[], &[0, 1, 2, 3], 0, T0)
             .unwrap();
-        s.advance_sink_passing("siem", 0, 6, 7, &[], &[6], T0)
+        s.advance_sink_passing("siem", 0, 6, 7, &[], &[6], 0, T0)
             .unwrap();
         let a = accounting(&s, "siem");
         assert_eq!((a.delivered, a.not_selected, a.entries), (2, 5, 4));
@@ -1760,7 +1861,7 @@ mod tests {
         // An effects sink never passes anything over as not selected.
         s.register_sink("cop", "exec", StartAt::Beginning, T0)
             .unwrap();
-        s.advance_sink_passing("cop", 0, 0, 2, &[], &[1], T0)
+        s.advance_sink_passing("cop", 0, 0, 2, &[], &[1], 0, T0)
             .unwrap();
         let v = verify(&s.reader().unwrap(), &FeedContract::default())
             .unwrap()
@@ -1779,7 +1880,7 @@ mod tests {
         s.register_sink_on("siem", "exec", Stream::Audit, StartAt::Beginning, T0)
             .unwrap();
         let p = parked_entry(&s, 1);
-        s.advance_sink_passing("siem", 0, 0, 3, std::slice::from_ref(&p), &[], T0)
+        s.advance_sink_passing("siem", 0, 0, 3, std::slice::from_ref(&p), &[], 0, T0)
             .unwrap();
         let report = verify(&s.reader().unwrap(), &FeedContract::default()).unwrap();
         assert_eq!(report.violation, None);

@@ -20,12 +20,13 @@ use super::StoreError;
 /// added `AUDIT_KEYS`, version 3 `AUDIT_SOURCES`, version 4 their merged segments
 /// (`MERGED`, `INDEX_MERGE`), version 5 the merged rows packed (`AUDIT_KEYS_PACKED`,
 /// `AUDIT_SOURCES_PACKED`), version 6 effect records of version 4 (`RECORD_V4`), version 7
-/// audit records of version 4, each of which a build before it cannot read; `upgrade` takes
-/// a store of version 1 to 6 there.
-pub const SCHEMA_VERSION: u32 = 7;
+/// audit records of version 4, version 8 sink records of version 4 (`offered_to`,
+/// `resent`), each of which a build before it cannot read; `upgrade` takes a store of
+/// version 1 to 7 there.
+pub const SCHEMA_VERSION: u32 = 8;
 /// First byte of every stored record of the first version (every record type but
-/// `EffectRecord` and `AuditRecord`, at 4, `SinkRecord`, at 3, and `WindowEntry` and `Meta`,
-/// at 2: see `Record`).
+/// `EffectRecord`, `AuditRecord` and `SinkRecord`, at 4, and `WindowEntry` and `Meta`, at
+/// 2: see `Record`).
 pub const RECORD_V1: u8 = 1;
 /// `AuditRecord` and `EffectRecord` since schema 3: the key and common reasons recomputed, not
 /// stored (`stored`). `WindowEntry`: the digest left to the effect record (`WindowEntry`).
@@ -1423,8 +1424,8 @@ impl Stream {
     }
 }
 
-/// A relay sink's cursor and counters. Record version 3 (version 2 had no `stream`, version
-/// 1 no `ledger_len` either).
+/// A relay sink's cursor and counters. Record version 4 (version 3 had no `offered_to` and
+/// `resent`, version 2 no `stream` either, version 1 no `ledger_len` either).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct SinkRecord {
     /// `mqtt`, `http`, `postgres` or `exec`, as configured when the cursor was made.
@@ -1450,6 +1451,16 @@ pub struct SinkRecord {
     /// `Stream::code` of the log the sink delivers, fixed when the cursor was made (0, the
     /// effect log, in a record of version 1 or 2).
     pub stream: u8,
+    /// Where what the sink may have offered to its receiver ends: the deliverer raises it
+    /// (durably) before it offers anything at or past it, so every position from `next` up
+    /// to here may already be at the receiver, and offering it again is a re-send (`next`
+    /// in a record of version 3 or older).
+    pub offered_to: u64,
+    /// Events offered to the receiver again (after a failed attempt, a restart or a kill
+    /// -9, a rewind): the receiver may hold each of them twice, under the same id. An upper
+    /// bound: an event counts when it may have reached the receiver before. 0 in a record of
+    /// version 3 or older.
+    pub resent: u64,
 }
 
 impl SinkRecord {
@@ -1457,6 +1468,21 @@ impl SinkRecord {
     pub fn stream(&self) -> Option<Stream> {
         Stream::from_code(self.stream)
     }
+}
+
+/// `SinkRecord` as record version 3 wrote it.
+#[derive(Serialize, Deserialize)]
+struct SinkRecordV3 {
+    kind: String,
+    next: u64,
+    generation: u64,
+    registered_at_ms: u64,
+    advanced_at_ms: u64,
+    delivered: u64,
+    parked: u64,
+    last_error: Option<(u64, String)>,
+    ledger_len: u64,
+    stream: u8,
 }
 
 /// `SinkRecord` as record version 2 wrote it.
@@ -1487,9 +1513,25 @@ struct SinkRecordV1 {
 }
 
 impl Record for SinkRecord {
-    const VERSION: u8 = 3;
+    const VERSION: u8 = RECORD_V4;
     fn decode_older(version: u8, body: &[u8]) -> Option<Result<Self, postcard::Error>> {
         match version {
+            RECORD_V3 => Some(
+                postcard::from_bytes::<SinkRecordV3>(body).map(|v| SinkRecord {
+                    kind: v.kind,
+                    next: v.next,
+                    generation: v.generation,
+                    registered_at_ms: v.registered_at_ms,
+                    advanced_at_ms: v.advanced_at_ms,
+                    delivered: v.delivered,
+                    parked: v.parked,
+                    last_error: v.last_error,
+                    ledger_len: v.ledger_len,
+                    stream: v.stream,
+                    offered_to: v.next,
+                    resent: 0,
+                }),
+            ),
             RECORD_V1 => Some(
                 postcard::from_bytes::<SinkRecordV1>(body).map(|v| SinkRecord {
                     kind: v.kind,
@@ -1502,6 +1544,8 @@ impl Record for SinkRecord {
                     last_error: v.last_error,
                     ledger_len: 0,
                     stream: Stream::Effects.code(),
+                    offered_to: v.next,
+                    resent: 0,
                 }),
             ),
             2 => Some(
@@ -1516,6 +1560,8 @@ impl Record for SinkRecord {
                     last_error: v.last_error,
                     ledger_len: v.ledger_len,
                     stream: Stream::Effects.code(),
+                    offered_to: v.next,
+                    resent: 0,
                 }),
             ),
             _ => None,
@@ -2406,7 +2452,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sink_record_of_version_2_decodes_as_an_effects_sink_and_version_3_keeps_the_stream() {
+    fn sink_records_of_versions_2_and_3_decode_and_version_4_keeps_the_offered_mark() {
         let v2 = SinkRecordV2 {
             kind: "exec".into(),
             next: 41,
@@ -2427,13 +2473,36 @@ mod tests {
         );
         assert_eq!((r.ledger_len, r.stream()), (4, Some(Stream::Effects)));
         assert_eq!(r.last_error, Some((3_000, "HTTP 503".into())));
-        // Written again by this version: version 3, the stream kept.
+        assert_eq!((r.offered_to, r.resent), (41, 0));
+        // Version 3: the stream kept, nothing offered past the cursor, nothing re-sent.
+        let v3 = SinkRecordV3 {
+            kind: "exec".into(),
+            next: 41,
+            generation: 2,
+            registered_at_ms: 1_000,
+            advanced_at_ms: 2_000,
+            delivered: 40,
+            parked: 1,
+            last_error: None,
+            ledger_len: 4,
+            stream: Stream::Audit.code(),
+        };
+        let mut bytes = vec![3];
+        bytes.extend(postcard::to_allocvec(&v3).unwrap());
+        let r3 = SINK_CURSORS.decode(&"cop", &bytes).unwrap();
+        assert_eq!(
+            (r3.stream(), r3.next, r3.offered_to, r3.resent),
+            (Some(Stream::Audit), 41, 41, 0)
+        );
+        // Written again by this version: version 4, the stream and counts kept.
         let audit = SinkRecord {
             stream: Stream::Audit.code(),
+            offered_to: 60,
+            resent: 7,
             ..r
         };
         let bytes = SINK_CURSORS.encode(&audit);
-        assert_eq!(bytes[0], 3);
+        assert_eq!(bytes[0], 4);
         let back = SINK_CURSORS.decode(&"cop", &bytes).unwrap();
         assert_eq!(back, audit);
         assert_eq!(back.stream(), Some(Stream::Audit));

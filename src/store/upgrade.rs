@@ -35,6 +35,13 @@
 //! `store::stored`), which a build of version 6 cannot decode: the version only makes such a
 //! build refuse the store. Entries of record version 3 keep their `prev_hash` and read as
 //! before.
+//!
+//! Version 7 -> 8: nothing is rewritten. From version 8 a relay sink's cursor record holds
+//! how far the sink may have offered events and how many it offered again (`SinkRecord`
+//! version 4: `offered_to`, `resent`), which a build of version 7 cannot decode: the version
+//! only makes such a build refuse the store. A cursor of record version 3 reads as one that
+//! offered nothing past its position and re-sent nothing, and is written as version 4 at its
+//! next move.
 
 use std::collections::HashMap;
 

@@ -26,8 +26,8 @@
 //! effects beside new effects that leave the digest to their payload (effect record version 4).
 //! A database of the last build of schema version 6 (`tests/fixtures/records-v4-d22fd6c/`:
 //! made the same way), whose audit entries hold their `prev_hash` (audit record version 3),
-//! reads back as it printed it, is taken to schema version 7 by its first writer, and its
-//! entries chain on with new ones that leave their `prev_hash` to the entry before (audit
+//! reads back as it printed it, is taken to schema version 8 (7, then 8: nothing rewritten) by
+//! its first writer, and its entries chain on with new ones that leave their `prev_hash` to the entry before (audit
 //! record version 4); an edit of one of its entries is still named alone.
 
 use std::path::Path;
@@ -306,7 +306,11 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
     );
     let stats = stdout(&["stats", "--db", db_s, "--format", "json"]);
     assert!(!stats.contains("\"store_id\":null"), "{stats}");
-    // The cursor record is now of this version's record version (3: it knows its stream).
+    // Nothing was offered twice: the old cursor reads as one that offered nothing past it.
+    let status = stdout(&["relay", "status", "--config", cfg_s, "--format", "json"]);
+    assert!(status.contains("\"resent\":0"), "{status}");
+    // The cursor record is now of this version's record version (4: it knows its stream, how
+    // far it offered and what it re-sent).
     let file = redb::Builder::new()
         .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
         .open(&db)
@@ -318,7 +322,7 @@ fn a_relay_database_written_by_release_89ca245_reads_verifies_and_its_sink_carri
         .unwrap()
         .value()
         .to_vec();
-    assert_eq!(bytes[0], 3);
+    assert_eq!(bytes[0], 4);
 }
 
 #[test]
@@ -564,7 +568,7 @@ fn effects_holding_their_digest_decide_replays_beside_effects_that_leave_it_to_t
     ];
     assert_eq!(decide(&mut store, &new), [Duplicate, Duplicate, Conflict]);
     store.close().unwrap();
-    assert_eq!(schema(), 7);
+    assert_eq!(schema(), 8);
     after_the_records_fixtures_replays(db_s);
     // The old effects print as they did.
     let effects = stdout(&["dump-effects", "--db", db_s]);
@@ -711,7 +715,7 @@ fn audit_entries_holding_their_prev_hash_chain_on_with_entries_that_leave_it_to_
         [Duplicate, Duplicate, Conflict]
     );
     store.close().unwrap();
-    assert_eq!(schema(), 7);
+    assert_eq!(schema(), 8);
     after_the_records_fixtures_replays(db_s);
     let audit = stdout(&["dump-audit", "--db", db_s]);
     let fixture = std::fs::read_to_string(Path::new(RECORDS_V4_FIXTURE).join("dump-audit.jsonl"));

@@ -414,6 +414,39 @@ fn exec_relay_killed_mid_delivery_delivers_every_effect_with_the_same_id() {
         n < 600 + 5 * 100,
         "{n} arrivals: far more redelivery than a cursor flush allows"
     );
+    // Every repeat is counted: `relay status` says how many events were offered again,
+    // never fewer than the receiver got twice, and says it in its text line too.
+    let status = stdout(&common::run(&[
+        "relay",
+        "status",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let status = json::parse(status.as_bytes(), 64).unwrap();
+    let Json::Object(m) = &status else {
+        panic!("{}", status.to_compact())
+    };
+    let Some((_, Json::Array(sinks))) = m.iter().find(|(k, _)| k == "sinks") else {
+        panic!("{}", status.to_compact())
+    };
+    let resent: usize = field(&sinks[0], "resent").parse().unwrap();
+    let repeats = n - 600;
+    assert!(
+        resent >= repeats && (repeats == 0 || resent > 0),
+        "the receiver got {repeats} events twice, relay status counts {resent} resent"
+    );
+    let text = stdout(&common::run(&[
+        "relay",
+        "status",
+        "--config",
+        s.config.to_str().unwrap(),
+    ]));
+    assert!(
+        text.contains(&format!("delivered 600, resent {resent}")),
+        "{text}"
+    );
 }
 
 #[test]
