@@ -1163,12 +1163,14 @@ mod tests {
         );
         // The event refused in generation 1 is not parked in generation 2: that would write
         // the cursor from 1 past 135, over 134 effects never delivered again.
-        assert_eq!(s.park(&p, &window[35], 7), Parking::Moved);
-        assert_eq!(s.next(), 1);
-        assert!(!s.has_parked());
+        let parking = s.park(&p, &window[35], 7);
         assert_eq!(
             s.flush_due(true, Duration::ZERO, Duration::ZERO),
             FlushDue::Nothing
+        );
+        assert_eq!(
+            (s.next(), s.has_parked(), parking),
+            (1, false, Parking::Moved)
         );
         // Offered again from the rewound cursor and refused in generation 2, it parks.
         let again: Vec<Event> = (1..140).map(|o| ev(o, "a")).collect();
@@ -1184,6 +1186,28 @@ mod tests {
                 from: 1,
                 to: 136
             }
+        );
+    }
+
+    #[test]
+    fn a_refusal_met_before_an_operators_skip_does_not_take_the_cursor_back() {
+        let mut s = state_at(30);
+        let batch: Vec<Event> = (30..40).map(|o| ev(o, "a")).collect();
+        let Step::Park(p) = s.attempt(&batch, 5, refused("422")).step else {
+            panic!()
+        };
+        // `relay skip --to 200` (generation 2) is adopted before the refusal is followed.
+        s.adopt(CursorWrite::Moved(Some(rec(200, 2))));
+        // Going past 35 from there would write the cursor back from 200 to 36, and deliver
+        // the skipped effects after all.
+        let parking = s.park(&p, &batch[5], 7);
+        assert_eq!(
+            s.flush_due(true, Duration::ZERO, Duration::ZERO),
+            FlushDue::Nothing
+        );
+        assert_eq!(
+            (s.next(), s.has_parked(), parking),
+            (200, false, Parking::Moved)
         );
     }
 
