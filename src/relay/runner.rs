@@ -16,8 +16,8 @@ use tokio::sync::watch;
 
 use super::envelope;
 use super::state::{
-    self, Adopted, Adoption, Block, FAILING, FlushDue, Jitter, Park, Phase, Retried, SinkState,
-    SinkStatus, Step, Window,
+    self, Adopted, Adoption, Block, FAILING, FlushDue, Jitter, Park, Parking, Phase, Retried,
+    SinkState, SinkStatus, Step, Window,
 };
 use super::{Attempt, CursorAfter, Event, Sink};
 use crate::config::StoreLocation;
@@ -1664,6 +1664,12 @@ impl SinkTask {
                     let front = win.pending().get(attempted.delivered).cloned();
                     self.settle_flush(&mut flushing).await?;
                     self.sink.forget();
+                    if moved(self) {
+                        // The write in flight found an operator's move: the failure is of
+                        // events of the old generation, and nothing of it (a park past the
+                        // refused event, above all) may move the new cursor.
+                        break;
+                    }
                     reading = None;
                     win.restart(self.state.next());
                     failing = true;
@@ -1819,12 +1825,16 @@ impl SinkTask {
 
     /// Parks `ev` as `park` says and writes the cursor with it (`on_poison = "block"`: the
     /// cursor waits at it). `true` when the rest of the batch is not to be delivered now (the
-    /// sink blocks at it).
+    /// sink blocks at it, or an operator moved the cursor since the attempt: nothing parked).
     async fn park(&mut self, park: &Park, ev: &Event) -> Result<bool, RelayError> {
+        let parking = self.state.park(park, ev, now_ms());
+        if parking == Parking::Moved {
+            tracing::info!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, next = self.state.next(), "event refused before an operator moved the cursor: not parked; delivering from the moved cursor");
+            return Ok(true);
+        }
         tracing::warn!(sink = %self.ctx.cfg.name, offset = ev.offset, id = %ev.id, reason = %super::terminal_safe(&park.reason), blocking = park.blocking, "event refused for good: parked: sink {}, offset {}, id {}: {}", self.ctx.cfg.name, ev.offset, ev.id, super::terminal_safe(&park.reason));
-        let blocking = self.state.park(park, ev, now_ms());
         self.flush(true).await?;
-        Ok(blocking)
+        Ok(parking == Parking::Blocks)
     }
 
     /// The receiver refuses every event (`Step::Block`): the events parked for it right

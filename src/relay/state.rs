@@ -275,6 +275,21 @@ pub struct Park {
     pub blocking: bool,
     /// The run of refusals of one class this park extends, held once the sink goes past it.
     run: Option<(String, Vec<Refusal>)>,
+    /// The cursor's generation the refused attempt was made in: the park belongs to it.
+    generation: Option<u64>,
+}
+
+/// What `SinkState::park` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parking {
+    /// Parked; the cursor goes past it.
+    GoesPast,
+    /// Parked with `on_poison = "block"`: the cursor waits at it.
+    Blocks,
+    /// Not parked: the cursor was moved (an operator's rewind or skip, adopted) after the
+    /// attempt that refused the event, so the event is not where the cursor is, and nothing
+    /// of that attempt may move the new cursor. Delivery goes on from the new cursor.
+    Moved,
 }
 
 /// The same class of refusal met an event right after events of another source were
@@ -503,6 +518,7 @@ impl SinkState {
             attempts: u64::from(self.failures) + 1,
             blocking: self.blocking_parks,
             run,
+            generation: self.generation(),
         })
     }
 
@@ -542,8 +558,13 @@ impl SinkState {
     }
 
     /// Parks `ev` as `park` says, at `now_ms`, to be written with the next cursor write;
-    /// unless it blocks, the cursor goes past it. `true` when it blocks.
-    pub fn park(&mut self, park: &Park, ev: &Event, now_ms: u64) -> bool {
+    /// unless it blocks, the cursor goes past it. Nothing is parked when the cursor was moved
+    /// to another generation since the attempt (`Parking::Moved`): going past the event
+    /// from the moved cursor would pass over everything between them, undelivered.
+    pub fn park(&mut self, park: &Park, ev: &Event, now_ms: u64) -> Parking {
+        if park.generation != self.generation() {
+            return Parking::Moved;
+        }
         let record = ParkedRecord {
             parked_at_ms: now_ms,
             id: ev.id.clone(),
@@ -559,10 +580,11 @@ impl SinkState {
             event: ev.json.clone(),
         };
         self.parked.push((ev.offset, record));
-        if !park.blocking {
-            self.next = ev.offset + 1;
+        if park.blocking {
+            return Parking::Blocks;
         }
-        park.blocking
+        self.next = ev.offset + 1;
+        Parking::GoesPast
     }
 
     /// The sink goes on past the event of `park` (parked and written): the run of refusals
@@ -858,7 +880,7 @@ mod tests {
         let Step::Park(p) = a.step else {
             panic!("expected a park, got {:?}", a.step)
         };
-        assert!(!s.park(&p, &rest[0], 7));
+        assert_eq!(s.park(&p, &rest[0], 7), Parking::GoesPast);
         s.passed(p);
     }
 
@@ -933,7 +955,7 @@ mod tests {
             panic!()
         };
         assert_eq!(p.offset, 12);
-        assert!(!s.park(&p, &w.pending()[0].clone(), 1));
+        assert_eq!(s.park(&p, &w.pending()[0].clone(), 1), Parking::GoesPast);
         s.passed(p);
         w.restart(s.next());
         assert_eq!(w.wants(), Some((13, 50)));
@@ -1112,13 +1134,83 @@ mod tests {
         else {
             panic!()
         };
-        assert!(s.park(&p, &batch[0], 99));
+        assert_eq!(s.park(&p, &batch[0], 99), Parking::Blocks);
         assert_eq!(s.next(), 4);
         let parked = s.take_parked();
         assert_eq!(parked[0].0, 4);
         assert!(parked[0].1.blocking);
         assert_eq!(parked[0].1.reason.chars().count(), 1024);
         assert_eq!(parked[0].1.parked_at_ms, 99);
+    }
+
+    #[test]
+    fn a_refusal_met_before_an_operators_rewind_parks_nothing_and_leaves_the_rewound_cursor() {
+        // A windowed sink's acknowledgements move its cursor to 130 in generation 1; the
+        // event at 135 is refused (HTTP 422).
+        let mut s = state_at(100);
+        let window: Vec<Event> = (100..140).map(|o| ev(o, "a")).collect();
+        let a = s.attempt(&window, 35, refused("422"));
+        assert_eq!(s.next(), 135);
+        let Step::Park(p) = a.step else {
+            panic!("{:?}", a.step)
+        };
+        // The cursor write in flight beside the window returns the operator's rewind to 1
+        // (generation 2), adopted before the refusal is followed.
+        assert_eq!(
+            s.adopt(CursorWrite::Moved(Some(rec(1, 2)))),
+            Adopted::MovedByOperator {
+                next: 1,
+                generation: 2
+            }
+        );
+        // The event refused in generation 1 is not parked in generation 2: that would write
+        // the cursor from 1 past 135, over 134 effects never delivered again.
+        let parking = s.park(&p, &window[35], 7);
+        assert_eq!(
+            s.flush_due(true, Duration::ZERO, Duration::ZERO),
+            FlushDue::Nothing
+        );
+        assert_eq!(
+            (s.next(), s.has_parked(), parking),
+            (1, false, Parking::Moved)
+        );
+        // Offered again from the rewound cursor and refused in generation 2, it parks.
+        let again: Vec<Event> = (1..140).map(|o| ev(o, "a")).collect();
+        let a = s.attempt(&again, 134, refused("422"));
+        let Step::Park(p) = a.step else {
+            panic!("{:?}", a.step)
+        };
+        assert_eq!(s.park(&p, &again[134], 8), Parking::GoesPast);
+        assert_eq!(
+            s.flush_due(true, Duration::ZERO, Duration::ZERO),
+            FlushDue::Write {
+                generation: 2,
+                from: 1,
+                to: 136
+            }
+        );
+    }
+
+    #[test]
+    fn a_refusal_met_before_an_operators_skip_does_not_take_the_cursor_back() {
+        let mut s = state_at(30);
+        let batch: Vec<Event> = (30..40).map(|o| ev(o, "a")).collect();
+        let Step::Park(p) = s.attempt(&batch, 5, refused("422")).step else {
+            panic!()
+        };
+        // `relay skip --to 200` (generation 2) is adopted before the refusal is followed.
+        s.adopt(CursorWrite::Moved(Some(rec(200, 2))));
+        // Going past 35 from there would write the cursor back from 200 to 36, and deliver
+        // the skipped effects after all.
+        let parking = s.park(&p, &batch[5], 7);
+        assert_eq!(
+            s.flush_due(true, Duration::ZERO, Duration::ZERO),
+            FlushDue::Nothing
+        );
+        assert_eq!(
+            (s.next(), s.has_parked(), parking),
+            (200, false, Parking::Moved)
+        );
     }
 
     #[test]

@@ -61,7 +61,8 @@
 //!   with replays, kill -9 of `relay` and `run`, rewinds, parks and retries, skips, a sink
 //!   forgotten, a second store in the same schema, a restored backup) against exec, http and
 //!   postgres receivers; nothing lost, no id with two contents, every ledger holds.
-//!   `scripts/relay-model.sh` soaks it.
+//!   `scripts/relay-model.sh` soaks it (seeds beyond the suite's, `--load` with the CPUs
+//!   busy: timing is part of the input).
 //! - `readme`: the README's and the book's commands run as written and print what they show
 //!   (README, then the book in SUMMARY.md order); every subcommand has a book page; every
 //!   relative link and anchor of the README and the book resolves.
