@@ -29,10 +29,21 @@ use super::common;
 use super::relay::{field, stdout, stop};
 
 /// rsyslogd's TLS set-up: its certificate, key and CA (`tls::make_pki`'s files), and the
-/// client authentication it asks for (`anon`, or `x509/certvalid` for a client certificate).
-struct RsyslogTls {
-    pki: PathBuf,
-    auth_mode: &'static str,
+/// client authentication it asks for (imtcp: `anon`, or `x509/certvalid` for a client
+/// certificate; imrelp: `certvalid`).
+pub(super) struct RsyslogTls {
+    pub(super) pki: PathBuf,
+    pub(super) auth_mode: &'static str,
+}
+
+/// What rsyslogd listens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Input {
+    /// imtcp (octet-counted syslog over TCP, or TLS with the gtls driver).
+    Tcp,
+    /// imrelp (RELP, or RELP over TLS), writing each message to the files before it answers
+    /// (`queue.type="Direct"`: an `rsp 200` means the message is in the file).
+    Relp,
 }
 
 /// rsyslogd's `maxMessageSize`, set explicitly: its default (8 KiB) cuts a longer message into
@@ -41,23 +52,42 @@ struct RsyslogTls {
 const RSYSLOG_MAX_MESSAGE: &str = "2m";
 
 /// A real rsyslogd of the test's own.
-struct Rsyslog {
-    dir: PathBuf,
-    port: u16,
+pub(super) struct Rsyslog {
+    pub(super) dir: PathBuf,
+    pub(super) port: u16,
     tls: Option<RsyslogTls>,
+    input: Input,
     child: Option<Child>,
 }
 
 impl Rsyslog {
     fn start(dir: &Path, tls: Option<RsyslogTls>) -> Rsyslog {
+        Rsyslog::start_with(dir, tls, Input::Tcp)
+    }
+
+    pub(super) fn start_with(dir: &Path, tls: Option<RsyslogTls>, input: Input) -> Rsyslog {
         let mut r = Rsyslog {
             dir: dir.to_path_buf(),
             port: free_port(),
             tls,
+            input,
             child: None,
         };
         r.spawn();
         r
+    }
+
+    /// rsyslogd's process id.
+    pub(super) fn pid(&self) -> i32 {
+        self.child.as_ref().expect("rsyslogd runs").id() as i32
+    }
+
+    /// SIGKILL, waited for (a stopped rsyslogd too): nothing of it is flushed or answered.
+    pub(super) fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
     }
 
     /// The file every message's raw form (`%rawmsg%`, the RFC 5424 message as received,
@@ -82,11 +112,12 @@ impl Rsyslog {
             .collect()
     }
 
-    fn spawn(&mut self) {
+    pub(super) fn spawn(&mut self) {
         std::fs::create_dir_all(&self.dir).unwrap();
         let d = self.dir.to_str().unwrap();
         let (global_tls, module_tls) = match &self.tls {
             None => (String::new(), String::new()),
+            Some(_) if self.input == Input::Relp => (String::new(), String::new()),
             Some(t) => {
                 let p = |f: &str| t.pki.join(f).to_str().unwrap().to_string();
                 (
@@ -105,22 +136,41 @@ impl Rsyslog {
                 )
             }
         };
+        let (module, queue, input_tls) = match (self.input, &self.tls) {
+            (Input::Tcp, _) => ("imtcp", "", String::new()),
+            (Input::Relp, None) => ("imrelp", " queue.type=\"Direct\"", String::new()),
+            (Input::Relp, Some(t)) => {
+                let p = |f: &str| t.pki.join(f).to_str().unwrap().to_string();
+                (
+                    "imrelp",
+                    " queue.type=\"Direct\"",
+                    format!(
+                        " tls=\"on\" tls.caCert=\"{}\" tls.myCert=\"{}\" tls.myPrivKey=\"{}\" \
+                         tls.authMode=\"{}\"",
+                        p("ca.pem"),
+                        p("server.pem"),
+                        p("server.key"),
+                        t.auth_mode
+                    ),
+                )
+            }
+        };
         let conf = self.dir.join("rsyslog.conf");
         std::fs::write(
             &conf,
             format!(
                 "global(workDirectory=\"{d}\" maxMessageSize=\"{RSYSLOG_MAX_MESSAGE}\"{global_tls})\n\
-                 module(load=\"imtcp\"{module_tls})\n\
+                 module(load=\"{module}\"{module_tls})\n\
                  template(name=\"raw\" type=\"string\" string=\"%rawmsg%\\n\")\n\
                  template(name=\"fields\" type=\"string\" string=\"%pri%|%syslogfacility%|\
                  %syslogseverity%|%protocol-version%|%timereported:::date-rfc3339%|%hostname%|\
                  %app-name%|%procid%|%msgid%|%structured-data%|%msg%\\n\")\n\
-                 ruleset(name=\"out\") {{\n\
+                 ruleset(name=\"out\"{queue}) {{\n\
                  action(type=\"omfile\" file=\"{}\" template=\"raw\" flushOnTXEnd=\"on\" \
                  asyncWriting=\"off\")\n\
                  action(type=\"omfile\" file=\"{}\" template=\"fields\" flushOnTXEnd=\"on\" \
                  asyncWriting=\"off\")\n}}\n\
-                 input(type=\"imtcp\" port=\"{}\" address=\"127.0.0.1\" ruleset=\"out\")\n",
+                 input(type=\"{module}\" port=\"{}\" address=\"127.0.0.1\" ruleset=\"out\"{input_tls})\n",
                 self.out().display(),
                 self.fields().display(),
                 self.port
@@ -150,7 +200,7 @@ impl Rsyslog {
             .spawn()
             .expect(
                 "rsyslogd must be installed: scripts/test.sh installs it (apt-get install -y \
-                 rsyslog rsyslog-gnutls)",
+                 rsyslog rsyslog-gnutls rsyslog-relp)",
             );
         self.child = Some(child);
         let port = self.port;
@@ -181,13 +231,13 @@ impl Rsyslog {
     }
 
     /// Every message received so far, parsed (complete lines only).
-    fn received(&self) -> Vec<Syslog5424> {
+    pub(super) fn received(&self) -> Vec<Syslog5424> {
         let text = std::fs::read_to_string(self.out()).unwrap_or_default();
         let complete = text.rfind('\n').map_or("", |i| &text[..i]);
         complete.lines().map(parse_5424).collect()
     }
 
-    fn ids(&self) -> BTreeSet<String> {
+    pub(super) fn ids(&self) -> BTreeSet<String> {
         self.received().into_iter().map(|m| m.param("id")).collect()
     }
 }
@@ -204,7 +254,7 @@ impl Drop for Rsyslog {
 /// An RFC 5424 message, split by a parser written here from the RFC's ABNF (section 6),
 /// independently of the sink's writer.
 #[derive(Debug)]
-struct Syslog5424 {
+pub(super) struct Syslog5424 {
     pri: u16,
     version: String,
     timestamp: String,
@@ -218,7 +268,7 @@ struct Syslog5424 {
 }
 
 impl Syslog5424 {
-    fn param(&self, name: &str) -> String {
+    pub(super) fn param(&self, name: &str) -> String {
         let mut found = self.params.iter().filter(|(n, _)| n == name);
         let (_, v) = found
             .next()
@@ -304,13 +354,13 @@ fn parse_5424(line: &str) -> Syslog5424 {
 
 /// A database and a config with one syslog sink `siem` delivering to `url` (plus
 /// `sink_extra`, one key per line: the place for a `stream`).
-struct Setup {
-    dir: PathBuf,
-    db: PathBuf,
-    config: PathBuf,
+pub(super) struct Setup {
+    pub(super) dir: PathBuf,
+    pub(super) db: PathBuf,
+    pub(super) config: PathBuf,
 }
 
-fn setup(dir: &Path, url: &str, sink_extra: &str) -> Setup {
+pub(super) fn setup(dir: &Path, url: &str, sink_extra: &str) -> Setup {
     let db = dir.join("rg.redb");
     let config = dir.join("rg.toml");
     std::fs::write(
@@ -331,7 +381,7 @@ fn setup(dir: &Path, url: &str, sink_extra: &str) -> Setup {
 }
 
 impl Setup {
-    fn ingest(&self, from: u64, to: u64) {
+    pub(super) fn ingest(&self, from: u64, to: u64) {
         let lines: Vec<String> = (from..to)
             .map(|i| common::msg("fire", &format!("e{}", i % 5), 1, i, "status"))
             .collect();
@@ -345,7 +395,7 @@ impl Setup {
         ]));
     }
 
-    fn relay(&self) -> Child {
+    pub(super) fn relay(&self) -> Child {
         common::logged_command(
             &["relay", "--config", self.config.to_str().unwrap()],
             &self.dir.join("relay.log"),
@@ -354,12 +404,12 @@ impl Setup {
         .unwrap()
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
     /// `relay status` of the sink, as JSON.
-    fn status(&self) -> Json {
+    pub(super) fn status(&self) -> Json {
         let out = stdout(&common::run(&[
             "relay",
             "status",
@@ -381,7 +431,7 @@ impl Setup {
     }
 
     /// Every effect's id, with its effect, by id.
-    fn effects(&self) -> BTreeMap<String, replay_guard::store::Effect> {
+    pub(super) fn effects(&self) -> BTreeMap<String, replay_guard::store::Effect> {
         common::effects(&self.db)
             .into_iter()
             .map(|e| {
@@ -391,7 +441,7 @@ impl Setup {
             .collect()
     }
 
-    fn wait_all(&self, rsyslog: &Rsyslog, n: usize, limit: Duration) {
+    pub(super) fn wait_all(&self, rsyslog: &Rsyslog, n: usize, limit: Duration) {
         common::wait_until(
             common::lazy(|| {
                 format!(
@@ -411,7 +461,12 @@ impl Setup {
 /// the outcome, PRI from `facility` and the outcome's severity, the decision's time, the
 /// SD-ID and every field, and the CloudEvents line (same id) as MSG; and no id but the
 /// effects' arrived.
-fn assert_messages_are_the_effects(s: &Setup, got: &[Syslog5424], facility: u16, host: &str) {
+pub(super) fn assert_messages_are_the_effects(
+    s: &Setup,
+    got: &[Syslog5424],
+    facility: u16,
+    host: &str,
+) {
     let effects = s.effects();
     for m in got {
         let id = m.param("id");
@@ -569,13 +624,13 @@ fn kill_9_of_the_relay_and_a_restart_of_rsyslog_mid_stream_lose_no_event() {
 }
 
 /// The HOSTNAME the sink sends by default: the kernel's host name, as `hostname` prints it.
-fn replay_guard_host() -> String {
+pub(super) fn replay_guard_host() -> String {
     let out = Command::new("hostname").output().expect("hostname");
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-fn pki(dir: &Path, ca_name: &str) -> PathBuf {
+pub(super) fn pki(dir: &Path, ca_name: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     super::tls::make_pki(dir, ca_name);
     dir.to_path_buf()
