@@ -1309,7 +1309,7 @@ start = "head"
             ("url = \"tls://h\"", "needs ca_file"),
             (
                 "url = \"tcp://h\"\nca_file = \"/dev/null\"",
-                "are for a tls:// url",
+                "are for a tls:// or relp+tls:// url",
             ),
             (
                 "url = \"tls://h\"\nca_file = \"/nonexistent/ca.pem\"",
