@@ -2,16 +2,20 @@
 # Relay throughput of the syslog sink: a backlog of N effects, ingested into a fresh database,
 # drained by the standalone `replay-guard relay` to a real rsyslogd of this script's own (a
 # temp dir, a free loopback port, each message's raw form to a file). Prints the events/s
-# from starting the relay until rsyslog's file holds all N, for the effect stream and for the
-# audit stream (`stream = "audit"`, N entries).
+# from starting the relay until rsyslog's file holds all N: over tcp:// for the effect stream
+# and for the audit stream (`stream = "audit"`, N entries), and over relp:// (rsyslog's
+# imrelp) for the audit stream, each with the sink's default settings.
 # Baseline in the same run: util-linux `logger --tcp --octet-count` sending N lines of the
 # same size to a fresh rsyslogd (the same syslog framing and receiver, without the database,
 # the envelope, the acknowledgement check and the cursor writes).
+# With OLD_BIN=path (a replay-guard built before the tcp:// sink stopped waiting out
+# settle_ms after every batch), the audit stream over tcp:// with that binary too.
 #
 # Usage: scripts/bench-relay-syslog.sh [N]      (N defaults to 20000)
-# Needs: rsyslog (apt-get install rsyslog), python3, logger (util-linux). Env: BATCH_MAX=n and
-# SETTLE_MS=n set the sink's batch_max and settle_ms (defaults 500 and 100, the sink's
-# defaults); BENCH_KEEP=1 keeps the temp dir.
+# Needs: rsyslog and rsyslog-relp (apt-get install rsyslog rsyslog-relp), python3, logger
+# (util-linux). Env: BATCH_MAX=n, SETTLE_MS=n and RELP_WINDOW=n set the sink's batch_max,
+# settle_ms and relp_window (defaults 500, 100 and 128, the sink's defaults); BENCH_KEEP=1 keeps
+# the temp dir.
 set -euo pipefail
 
 N="${1:-20000}"
@@ -23,6 +27,8 @@ case "$N" in
 esac
 BATCH_MAX="${BATCH_MAX:-500}"
 SETTLE_MS="${SETTLE_MS:-100}"
+RELP_WINDOW="${RELP_WINDOW:-128}"
+OLD_BIN="${OLD_BIN:-}"
 RSYSLOGD=/usr/sbin/rsyslogd
 [ -x "$RSYSLOGD" ] || RSYSLOGD="$(command -v rsyslogd || true)"
 [ -n "$RSYSLOGD" ] || { echo "rsyslogd not found: apt-get install -y rsyslog" >&2; exit 1; }
@@ -41,19 +47,19 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-start_rsyslog() { # $1: name; sets SPORT, SOUT
-    local d="$TMP/$1"
+start_rsyslog() { # $1: name, $2: imtcp (default) or imrelp; sets SPORT, SOUT
+    local d="$TMP/$1" input="${2:-imtcp}"
     mkdir -p "$d"
     SPORT="$(free_port)"
     SOUT="$d/out.log"
     cat >"$d/rsyslog.conf" <<EOF
 global(workDirectory="$d" maxMessageSize="2m")
-module(load="imtcp")
+module(load="$input")
 template(name="raw" type="string" string="%rawmsg%\n")
 ruleset(name="out") {
   action(type="omfile" file="$SOUT" template="raw")
 }
-input(type="imtcp" port="$SPORT" address="127.0.0.1" ruleset="out")
+input(type="$input" port="$SPORT" address="127.0.0.1" ruleset="out")
 EOF
     "$RSYSLOGD" -n -f "$d/rsyslog.conf" -i "$d/rsyslogd.pid" >"$d/rsyslogd.log" 2>&1 &
     PIDS+=("$!")
@@ -92,23 +98,25 @@ with open(path, "w") as f:
 PY
 "$BIN" ingest --db "$TMP/bench.redb" "$TMP/feed.jsonl" >/dev/null 2>"$TMP/ingest.log" || { cat "$TMP/ingest.log" >&2; exit 2; }
 
-relay_run() { # $1: name, $2: stream
-    start_rsyslog "$1"
+relay_run() { # $1: name, $2: stream, $3: tcp or relp, $4: the binary, $5: a note
+    local scheme="${3:-tcp}" bin="${4:-$BIN}" input=imtcp keys="settle_ms = $SETTLE_MS"
+    if [ "$scheme" = relp ]; then input=imrelp; keys="relp_window = $RELP_WINDOW"; fi
+    start_rsyslog "$1" "$input"
     cat >"$TMP/$1.toml" <<EOF
 [store]
 path = "$TMP/bench.redb"
 [[sink]]
 name = "$1"
 kind = "syslog"
-url = "tcp://127.0.0.1:$SPORT"
+url = "$scheme://127.0.0.1:$SPORT"
 stream = "$2"
 start = "beginning"
 batch_max = $BATCH_MAX
-settle_ms = $SETTLE_MS
+$keys
 EOF
     local start
     start="$(date +%s.%N)"
-    "$BIN" relay --config "$TMP/$1.toml" >"$TMP/$1.relay.log" 2>&1 &
+    "$bin" relay --config "$TMP/$1.toml" >"$TMP/$1.relay.log" 2>&1 &
     local rpid=$!
     PIDS+=("$rpid")
     local secs
@@ -117,12 +125,16 @@ EOF
     wait "$rpid" 2>/dev/null || true
     local bytes
     bytes="$(head -n 1 "$SOUT" | wc -c)"
-    python3 -c "print(f'relay, $2 stream: $N events in $secs s = {$N / $secs:,.0f} events/s (a message ~$bytes bytes; batch_max $BATCH_MAX, settle_ms $SETTLE_MS)')"
+    python3 -c "print(f'relay $scheme://${5:-}, $2 stream: $N events in $secs s = {$N / $secs:,.0f} events/s (a message ~$bytes bytes; batch_max $BATCH_MAX, $keys)')"
     ACTUAL_BYTES="$bytes"
 }
 
-relay_run effects effects
-relay_run audit audit
+relay_run effects effects tcp
+relay_run audit audit tcp
+relay_run audit-relp audit relp
+if [ -n "$OLD_BIN" ]; then
+    relay_run audit-old audit tcp "$OLD_BIN" " (OLD_BIN: settle_ms after every batch)"
+fi
 
 # Baseline: logger sends N lines of the same size over one TCP connection, octet-counted.
 start_rsyslog logger

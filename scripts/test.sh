@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the integration tests need if it is missing (Debian/Ubuntu:
 # Mosquitto and its clients, openssl, systemd-analyze, python3-fusepy, the PostgreSQL client,
-# rsyslog with its TLS driver;
+# rsyslog with its TLS driver and RELP input;
 # cargo-deb, cargo-deny and mdbook from crates.io; Prometheus and node_exporter unpacked under
 # target/tools),
 # makes sure a PostgreSQL server answers on 127.0.0.1:5432 and that initdb is installed, then
@@ -19,9 +19,11 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 /usr/bin/python3 -c 'import fusepy' 2>/dev/null || missing+=(python3-fusepy)
 # The postgres sink's tests talk to PostgreSQL with psql.
 command -v psql >/dev/null || missing+=(postgresql-client)
-# The syslog sink's tests run a real rsyslogd, over TCP and over TLS (its gtls driver).
+# The syslog sink's tests run a real rsyslogd, over TCP and over TLS (its gtls driver), and
+# over RELP and RELP over TLS (imrelp).
 command -v rsyslogd >/dev/null || [ -x /usr/sbin/rsyslogd ] || missing+=(rsyslog)
 dpkg -s rsyslog-gnutls >/dev/null 2>&1 || missing+=(rsyslog-gnutls)
+dpkg -s rsyslog-relp >/dev/null 2>&1 || missing+=(rsyslog-relp)
 # The report tests render the page in a headless Chromium and read its PDFs with pdfinfo.
 command -v chromium >/dev/null || missing+=(chromium)
 command -v pdfinfo >/dev/null || missing+=(poppler-utils)

@@ -66,7 +66,7 @@ pub fn printable_prefix(bytes: &[u8], max: usize) -> (String, usize) {
 }
 
 /// Pushes `c` or its escape (`\` doubled when `escaping`); returns the characters pushed.
-fn push_char(out: &mut String, c: char, escaping: bool) -> usize {
+pub(crate) fn push_char(out: &mut String, c: char, escaping: bool) -> usize {
     let short = match c {
         '\\' if escaping => "\\\\",
         '\n' => "\\n",

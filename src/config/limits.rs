@@ -56,8 +56,10 @@ pub const SINK_BACKOFF_INITIAL_MS: Range = 10..=60_000;
 /// The lower end is `backoff_initial_ms`.
 pub const SINK_BACKOFF_MAX_MS: u64 = 3_600_000;
 pub const SINK_TIMEOUT_MS: Range = 100..=600_000;
-/// A syslog sink's `settle_ms`: up to 10 s per batch.
+/// A syslog sink's `settle_ms`: up to 10 s (once per tcp:// or tls:// connection).
 pub const SINK_SETTLE_MS: Range = 0..=10_000;
+/// A syslog sink's `relp_window`: RELP commands awaiting their `rsp` at once.
+pub const SINK_RELP_WINDOW: Range = 1..=10_000;
 
 /// `key = value` within `range`, or a one-line error naming the key and the allowed range.
 pub(super) fn in_range(key: &str, value: u64, range: Range) -> Result<(), ConfigError> {

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::limits::{
     KEEP_ALIVE_SECONDS, MAX_AUTHORIZATION_BYTES, MAX_TEXT, SINK_BACKOFF_INITIAL_MS,
-    SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_SETTLE_MS,
-    SINK_TIMEOUT_MS, in_range, read_bounded,
+    SINK_BACKOFF_MAX_MS, SINK_BATCH_MAX, SINK_LINGER_MS, SINK_MAX_IN_FLIGHT, SINK_RELP_WINDOW,
+    SINK_SETTLE_MS, SINK_TIMEOUT_MS, in_range, read_bounded,
 };
 use super::mqtt::{MqttConfig, Protocol, TlsFiles, read_password, tls_files};
 use super::raw::RawProtocol;
@@ -98,6 +98,7 @@ pub(super) struct RawSink {
     facility: Option<String>,
     settle_ms: Option<u64>,
     sd_id: Option<String>,
+    relp_window: Option<u64>,
 }
 
 /// The validated `[relay]` section and its sinks.
@@ -227,20 +228,24 @@ pub struct PostgresSink {
     pub table: String,
 }
 
-/// A `syslog` sink: RFC 5424 messages over TCP (RFC 6587 octet counting) or TLS (RFC 5425).
+/// A `syslog` sink: RFC 5424 messages over TCP (RFC 6587 octet counting) or TLS (RFC 5425),
+/// or as RELP `syslog` commands (`relp://`, `relp+tls://`).
 #[derive(Debug, Clone)]
 pub struct SyslogSink {
     pub url: SyslogUrl,
-    /// `ca_file` (required for `tls://`) and an optional client certificate, checked to be
-    /// usable (and a pair) when the config was loaded.
+    /// `ca_file` (required for `tls://` and `relp+tls://`) and an optional client
+    /// certificate, checked to be usable (and a pair) when the config was loaded.
     pub tls: Option<TlsFiles>,
     /// The HOSTNAME field; `None`: the host's name, read when the sink is made.
     pub hostname: Option<String>,
     /// The facility code (0..=23) of every message's PRI.
     pub facility: u8,
-    /// How long a connection must stay open after the receiver's TCP acknowledged a batch
-    /// before the batch counts as delivered.
+    /// How long a new `tcp://` or `tls://` connection must stay open after the receiver's
+    /// TCP acknowledged its first batch before that batch counts as delivered.
     pub settle: Duration,
+    /// RELP: how many `syslog` commands may await their `rsp` at once (default 128,
+    /// librelp's own window).
+    pub relp_window: usize,
     /// The structured data element's SD-ID, `NAME@PEN` (default `decision@32473`).
     pub sd_id: String,
 }
@@ -467,7 +472,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         RawKind::Syslog => "syslog",
     };
     // Keys of another kind are mistakes (a typo'd kind, a copied table), not ignored.
-    let foreign: [(&str, bool, &[RawKind]); 20] = [
+    let foreign: [(&str, bool, &[RawKind]); 21] = [
         ("broker", r.broker.is_some(), &[RawKind::Mqtt]),
         ("protocol", r.protocol.is_some(), &[RawKind::Mqtt]),
         ("client_id", r.client_id.is_some(), &[RawKind::Mqtt]),
@@ -508,6 +513,7 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         ("facility", r.facility.is_some(), &[RawKind::Syslog]),
         ("settle_ms", r.settle_ms.is_some(), &[RawKind::Syslog]),
         ("sd_id", r.sd_id.is_some(), &[RawKind::Syslog]),
+        ("relp_window", r.relp_window.is_some(), &[RawKind::Syslog]),
     ];
     for (k, set, kinds) in foreign {
         if set && !kinds.contains(&kind) {
@@ -517,8 +523,8 @@ fn sink_from_raw(r: RawSink) -> Result<SinkConfig, ConfigError> {
         }
     }
     let batch_max = r.batch_max.unwrap_or(match kind {
-        // syslog: each batch waits out `settle_ms` once, so its rate is about
-        // batch_max / settle_ms.
+        // syslog: a tcp:// or tls:// connection waits out `settle_ms` after its first batch
+        // only; relp:// keeps `relp_window` messages in flight across batches.
         RawKind::Postgres | RawKind::Exec | RawKind::Syslog => 500,
         RawKind::Mqtt | RawKind::Http => 100,
     });
@@ -764,11 +770,10 @@ fn stream_from_raw(
 
 /// A syslog sink's own keys (the shared ones are checked by `sink_from_raw`).
 fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String> {
-    let url = SyslogUrl::parse(
-        r.url
-            .as_deref()
-            .ok_or("url is required (tcp://HOST:PORT, or tls://HOST:PORT with ca_file)")?,
-    )
+    let url = SyslogUrl::parse(r.url.as_deref().ok_or(
+        "url is required (tcp://HOST:PORT or relp://HOST:PORT, or tls://HOST:PORT or \
+                 relp+tls://HOST:PORT with ca_file)",
+    )?)
     .map_err(|e| e.to_string())?;
     if max_in_flight != 1 {
         return Err(format!(
@@ -779,7 +784,8 @@ fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String
     let tls = if url.tls {
         if r.ca_file.is_none() {
             return Err(format!(
-                "a tls:// url needs ca_file (the receiver's certificate is always verified): {url}"
+                "a {} url needs ca_file (the receiver's certificate is always verified): {url}",
+                if url.relp { "relp+tls://" } else { "tls://" }
             ));
         }
         tls_files(
@@ -791,7 +797,9 @@ fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String
     } else {
         if r.ca_file.is_some() || r.client_cert_file.is_some() || r.client_key_file.is_some() {
             return Err(
-                "ca_file, client_cert_file and client_key_file are for a tls:// url".into(),
+                "ca_file, client_cert_file and client_key_file are for a tls:// or relp+tls:// \
+                 url"
+                .into(),
             );
         }
         None
@@ -816,6 +824,25 @@ fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String
                 format!("facility {f:?} is not one of {}", names.join(", "))
             })?,
     };
+    if url.relp && r.settle_ms.is_some() {
+        return Err(format!(
+            "settle_ms is for tcp:// and tls://: over RELP a message counts once the \
+             receiver's rsp says so (leave settle_ms out): {url}"
+        ));
+    }
+    if !url.relp && r.relp_window.is_some() {
+        return Err(format!(
+            "relp_window is for relp:// and relp+tls:// (leave it out): {url}"
+        ));
+    }
+    let relp_window = r.relp_window.unwrap_or(128);
+    if !SINK_RELP_WINDOW.contains(&relp_window) {
+        return Err(format!(
+            "relp_window = {relp_window} is out of range: allowed {}..={}",
+            SINK_RELP_WINDOW.start(),
+            SINK_RELP_WINDOW.end()
+        ));
+    }
     let settle_ms = r.settle_ms.unwrap_or(100);
     if !SINK_SETTLE_MS.contains(&settle_ms) {
         return Err(format!(
@@ -840,6 +867,7 @@ fn syslog_from_raw(r: &RawSink, max_in_flight: u64) -> Result<SyslogSink, String
         hostname,
         facility,
         settle: Duration::from_millis(settle_ms),
+        relp_window: usize::try_from(relp_window).unwrap_or(usize::MAX),
         sd_id,
     })
 }
@@ -1235,15 +1263,53 @@ start = "head"
         assert_eq!((s.facility, s.settle), (1, Duration::ZERO));
         assert_eq!(s.sd_id, "decision@55555.1");
         assert_eq!(SyslogUrl::parse("tls://h").unwrap().port, 6514);
+        let c = parse(
+            "[[sink]]\nname = \"siem\"\nkind = \"syslog\"\nurl = \"relp://h\"\n\
+             [[sink]]\nname = \"siem-2\"\nkind = \"syslog\"\nurl = \"relp://h:20514\"\n\
+             relp_window = 1\n",
+        )
+        .unwrap();
+        let SinkKind::Syslog(s) = &c.relay.sinks[0].kind else {
+            panic!("syslog expected")
+        };
+        assert_eq!(
+            (s.url.to_string().as_str(), s.relp_window),
+            ("relp://h:2514", 128)
+        );
+        assert_eq!(c.relay.sinks[0].batch_max, 500);
+        let SinkKind::Syslog(s) = &c.relay.sinks[1].kind else {
+            panic!("syslog expected")
+        };
+        assert_eq!((s.url.port, s.relp_window), (20514, 1));
         for (body, want) in [
             ("", "url is required"),
-            ("url = \"udp://h:514\"", "must start with tcp:// or tls://"),
+            (
+                "url = \"udp://h:514\"",
+                "must start with tcp://, tls://, relp:// or relp+tls://",
+            ),
+            ("url = \"relp+tls://h\"", "a relp+tls:// url needs ca_file"),
+            (
+                "url = \"relp://h\"\nsettle_ms = 5",
+                "settle_ms is for tcp://",
+            ),
+            (
+                "url = \"tcp://h\"\nrelp_window = 5",
+                "relp_window is for relp://",
+            ),
+            (
+                "url = \"relp://h\"\nrelp_window = 0",
+                "relp_window = 0 is out of range",
+            ),
+            (
+                "url = \"relp://h\"\nrelp_window = 100001",
+                "relp_window = 100001 is out of range",
+            ),
             ("url = \"tcp://u:p@h\"", "client certificate"),
             ("url = \"tcp://h/x\"", "no host, or a path"),
             ("url = \"tls://h\"", "needs ca_file"),
             (
                 "url = \"tcp://h\"\nca_file = \"/dev/null\"",
-                "are for a tls:// url",
+                "are for a tls:// or relp+tls:// url",
             ),
             (
                 "url = \"tls://h\"\nca_file = \"/nonexistent/ca.pem\"",

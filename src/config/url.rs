@@ -4,13 +4,20 @@
 
 use super::redact::{REDACTED_QUERY, Secret, redact_query_of, redact_url};
 
+/// A scheme (without `://`) and its default port.
+type Scheme = (&'static str, u16);
+
 /// What one kind of URL allows, and what its errors call it.
 struct Grammar {
     /// What an error calls the URL (`broker "…"`, `url "…"`).
     label: &'static str,
     /// The plain and the TLS scheme (without `://`), each with its default port.
-    plain: (&'static str, u16),
-    tls: (&'static str, u16),
+    plain: Scheme,
+    tls: Scheme,
+    /// A second pair, for a second protocol over the same grammar (syslog's RELP), or none.
+    alt: Option<(Scheme, Scheme)>,
+    /// The schemes an error lists (`tcp:// or tls://`).
+    schemes: &'static str,
     /// Whether a path and a query may follow the authority. Without them, everything after
     /// `scheme://` is the authority (a '?' or '#' there is part of the host, and errors quote
     /// the URL whole), so any '@' is user info and is refused before the scheme is even looked
@@ -25,6 +32,8 @@ const BROKER: Grammar = Grammar {
     label: "broker",
     plain: ("mqtt", 1883),
     tls: ("mqtts", 8883),
+    alt: None,
+    schemes: "mqtt:// or mqtts://",
     path: false,
     credentials_hint: "use [mqtt] username and password_file",
 };
@@ -33,15 +42,21 @@ const HTTP: Grammar = Grammar {
     label: "url",
     plain: ("http", 80),
     tls: ("https", 443),
+    alt: None,
+    schemes: "http:// or https://",
     path: true,
     credentials_hint: "a token belongs in authorization_file",
 };
 
-/// A syslog receiver: TCP (RFC 6587) on 514 by default, TLS (RFC 5425) on 6514.
+/// A syslog receiver: TCP (RFC 6587) on 514 by default, TLS (RFC 5425) on 6514; RELP
+/// (rsyslog's imrelp, which has no default port: 2514, the port of rsyslog's examples) and
+/// RELP over TLS, on 2514 too.
 const SYSLOG: Grammar = Grammar {
     label: "url",
     plain: ("tcp", 514),
     tls: ("tls", 6514),
+    alt: Some((("relp", 2514), ("relp+tls", 2514))),
+    schemes: "tcp://, tls://, relp:// or relp+tls://",
     path: false,
     credentials_hint: "a syslog receiver takes a client certificate (client_cert_file and \
                        client_key_file), not a password",
@@ -67,11 +82,8 @@ impl UrlError {
 /// What is wrong with a URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlProblem {
-    #[error("must start with {plain}:// or {tls}://")]
-    Scheme {
-        plain: &'static str,
-        tls: &'static str,
-    },
+    #[error("must start with {schemes}")]
+    Scheme { schemes: &'static str },
     #[error("a user name or password in the URL is not accepted (it would be logged); {hint}")]
     UserInfo { hint: &'static str },
     #[error("unclosed '['")]
@@ -106,6 +118,8 @@ impl std::error::Error for UrlError {}
 /// A URL split by `parse`.
 struct Parts<'a> {
     tls: bool,
+    /// The grammar's second pair of schemes (`alt`).
+    alt: bool,
     host: &'a str,
     port: u16,
     /// Starts with `/` (`/` when the URL has none); empty for a grammar without paths.
@@ -136,10 +150,18 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
         return Err(user_info());
     }
     let after_scheme = |scheme: &str| s.strip_prefix(scheme)?.strip_prefix("://");
-    let (tls, rest) = if let Some(r) = after_scheme(g.tls.0) {
-        (true, r)
+    let alt_after = |tls: bool| {
+        let (plain, secure) = g.alt?;
+        after_scheme(if tls { secure.0 } else { plain.0 })
+    };
+    let (tls, alt, rest) = if let Some(r) = after_scheme(g.tls.0) {
+        (true, false, r)
     } else if let Some(r) = after_scheme(g.plain.0) {
-        (false, r)
+        (false, false, r)
+    } else if let Some(r) = alt_after(true) {
+        (true, true, r)
+    } else if let Some(r) = alt_after(false) {
+        (false, true, r)
     } else {
         // Without a scheme `redact_query` cannot know where a query starts: nothing from the
         // first '?' or '#' on is quoted.
@@ -151,10 +173,7 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
         return Err(UrlError {
             label: g.label,
             shown,
-            problem: UrlProblem::Scheme {
-                plain: g.plain.0,
-                tls: g.tls.0,
-            },
+            problem: UrlProblem::Scheme { schemes: g.schemes },
         });
     };
     let (authority, path, query) = if g.path {
@@ -202,9 +221,13 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
     if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(error(UrlProblem::HostSpace(host.to_string())));
     }
+    let (plain, secure) = match g.alt {
+        Some(pair) if alt => pair,
+        _ => (g.plain, g.tls),
+    };
     let port = match port {
-        None if tls => g.tls.1,
-        None => g.plain.1,
+        None if tls => secure.1,
+        None => plain.1,
         Some(p) => p
             .parse::<u16>()
             .ok()
@@ -213,6 +236,7 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
     };
     Ok(Parts {
         tls,
+        alt,
         host,
         port,
         path,
@@ -224,11 +248,15 @@ fn parse<'a>(g: &Grammar, s: &'a str) -> Result<Parts<'a>, UrlError> {
 fn write_origin(
     f: &mut std::fmt::Formatter<'_>,
     g: &Grammar,
-    tls: bool,
+    (tls, alt): (bool, bool),
     host: &str,
     port: u16,
 ) -> std::fmt::Result {
-    let scheme = if tls { g.tls.0 } else { g.plain.0 };
+    let (plain, secure) = match g.alt {
+        Some(pair) if alt => pair,
+        _ => (g.plain, g.tls),
+    };
+    let scheme = if tls { secure.0 } else { plain.0 };
     if host.contains(':') {
         write!(f, "{scheme}://[{host}]:{port}")
     } else {
@@ -246,7 +274,7 @@ pub struct BrokerUrl {
 
 impl std::fmt::Display for BrokerUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_origin(f, &BROKER, self.tls, &self.host, self.port)
+        write_origin(f, &BROKER, (self.tls, false), &self.host, self.port)
     }
 }
 
@@ -264,27 +292,32 @@ impl BrokerUrl {
     }
 }
 
-/// A `syslog` sink's receiver: `tcp://host[:port]` or `tls://host[:port]`.
+/// A `syslog` sink's receiver: `tcp://host[:port]` or `tls://host[:port]`, or
+/// `relp://host[:port]` or `relp+tls://host[:port]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyslogUrl {
     pub tls: bool,
+    /// RELP (`relp://`, `relp+tls://`) rather than plain syslog over TCP or TLS.
+    pub relp: bool,
     pub host: String,
     pub port: u16,
 }
 
 impl std::fmt::Display for SyslogUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_origin(f, &SYSLOG, self.tls, &self.host, self.port)
+        write_origin(f, &SYSLOG, (self.tls, self.relp), &self.host, self.port)
     }
 }
 
 impl SyslogUrl {
-    /// `tcp://host[:port]` (default 514) or `tls://host[:port]` (default 6514, RFC 5425);
-    /// no user info, path or query.
+    /// `tcp://host[:port]` (default 514), `tls://host[:port]` (default 6514, RFC 5425),
+    /// `relp://host[:port]` or `relp+tls://host[:port]` (default 2514 both); no user info, path
+    /// or query.
     pub fn parse(s: &str) -> Result<SyslogUrl, UrlError> {
         let p = parse(&SYSLOG, s)?;
         Ok(SyslogUrl {
             tls: p.tls,
+            relp: p.alt,
             host: p.host.to_string(),
             port: p.port,
         })
@@ -307,7 +340,7 @@ pub struct HttpUrl {
 
 impl std::fmt::Display for HttpUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_origin(f, &HTTP, self.tls, &self.host, self.port)?;
+        write_origin(f, &HTTP, (self.tls, false), &self.host, self.port)?;
         f.write_str(&self.path)?;
         if self.query.is_some() {
             write!(f, "?{REDACTED_QUERY}")?;
@@ -356,6 +389,22 @@ mod tests {
             ("mqtt://h:+1", "mqtt://h:1"),
         ] {
             assert_eq!(BrokerUrl::parse(url).unwrap().to_string(), shown, "{url}");
+        }
+        for (url, shown, tls, relp) in [
+            ("tcp://h", "tcp://h:514", false, false),
+            ("tls://h", "tls://h:6514", true, false),
+            ("relp://h", "relp://h:2514", false, true),
+            ("relp+tls://[::1]", "relp+tls://[::1]:2514", true, true),
+            ("relp://h:20514", "relp://h:20514", false, true),
+        ] {
+            let u = SyslogUrl::parse(url).unwrap();
+            assert_eq!((u.to_string().as_str(), u.tls, u.relp), (shown, tls, relp));
+        }
+        for bad in ["relp+tcp://h", "RELP://h", "relp:/h"] {
+            assert_eq!(
+                SyslogUrl::parse(bad).unwrap_err().to_string(),
+                format!("url {bad:?} must start with tcp://, tls://, relp:// or relp+tls://")
+            );
         }
         for (url, shown, target) in [
             ("http://h", "http://h:80/", "/"),

@@ -9,10 +9,10 @@
 //!
 //! A sink is driven through `Sink::deliver`: it is handed a batch of events in effect-offset
 //! order and says how many of them, from the front, were delivered, and what went wrong with
-//! the next one. A windowed sink (`mqtt`, `http`) is instead handed events as the runner
-//! reads them (`Sink::hand`) and reports the acknowledged prefix as it grows (`Sink::acked`),
-//! so that events of the next batch go out while the previous batch's acknowledgements are on
-//! their way. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
+//! the next one. A windowed sink (`mqtt`, `http`, `syslog` over RELP) is instead handed
+//! events as the runner reads them (`Sink::hand`) and reports the acknowledged prefix as it
+//! grows (`Sink::acked`), so that events of the next batch go out while the previous batch's
+//! acknowledgements are on their way. The runner (`runner`) drives the cursor, backoff, parking and shutdown by
 //! the rules of `state`, which does no I/O.
 
 pub mod envelope;
@@ -20,6 +20,7 @@ mod exec;
 mod http;
 mod mqtt;
 mod postgres;
+mod relp;
 mod runner;
 mod state;
 mod syslog;
@@ -264,6 +265,8 @@ pub enum Sink {
     Http(Box<http::HttpSink>),
     Postgres(Box<postgres::PostgresSink>),
     Syslog(Box<syslog::SyslogSink>),
+    /// A `syslog` sink with a `relp://` or `relp+tls://` url.
+    Relp(Box<relp::RelpSink>),
 }
 
 impl Sink {
@@ -286,6 +289,9 @@ impl Sink {
                         error,
                     })
             }
+            SinkKind::Syslog(s) if s.url.relp => {
+                Ok(Sink::Relp(Box::new(relp::RelpSink::new(s, cfg.timeout))))
+            }
             SinkKind::Syslog(s) => Ok(Sink::Syslog(Box::new(syslog::SyslogSink::new(
                 s,
                 cfg.timeout,
@@ -298,7 +304,7 @@ impl Sink {
     pub async fn deliver(&mut self, batch: &[Event], cursor: CursorAfter) -> Attempt {
         match self {
             Sink::Exec(s) => s.deliver(batch, cursor).await,
-            Sink::Mqtt(_) | Sink::Http(_) => self.deliver_windowed(batch).await,
+            Sink::Mqtt(_) | Sink::Http(_) | Sink::Relp(_) => self.deliver_windowed(batch).await,
             Sink::Postgres(s) => s.deliver(batch, cursor).await,
             Sink::Syslog(s) => s.deliver(batch, cursor).await,
         }
@@ -327,7 +333,7 @@ impl Sink {
     /// Whether the sink takes events as a window (`hand`, `acked`, `forget`) that the runner
     /// keeps full across its batches, rather than batch by batch (`deliver`).
     pub fn windowed(&self) -> bool {
-        matches!(self, Sink::Mqtt(_) | Sink::Http(_))
+        matches!(self, Sink::Mqtt(_) | Sink::Http(_) | Sink::Relp(_))
     }
 
     /// Windowed: hands `events` (the ones after those handed over before, in offset order)
@@ -337,6 +343,7 @@ impl Sink {
         match self {
             Sink::Mqtt(s) => s.hand(events),
             Sink::Http(s) => s.hand(events),
+            Sink::Relp(s) => s.hand(events),
             _ => {}
         }
     }
@@ -349,6 +356,7 @@ impl Sink {
         match self {
             Sink::Mqtt(s) => s.acked().await,
             Sink::Http(s) => s.acked().await,
+            Sink::Relp(s) => s.acked().await,
             _ => Attempt::retry(0, "the sink takes no window"),
         }
     }
@@ -359,6 +367,7 @@ impl Sink {
         match self {
             Sink::Mqtt(s) => s.forget(),
             Sink::Http(s) => s.forget(),
+            Sink::Relp(s) => s.forget(),
             _ => {}
         }
     }
@@ -374,7 +383,7 @@ impl Sink {
             Sink::Http(_) => Ok(None),
             Sink::Postgres(s) => Ok(s.stored_cursor(store).await?),
             Sink::Mqtt(_) => Ok(None),
-            Sink::Syslog(_) => Ok(None),
+            Sink::Syslog(_) | Sink::Relp(_) => Ok(None),
         }
     }
 
@@ -403,6 +412,7 @@ impl Sink {
             Sink::Http(s) => s.close().await,
             Sink::Postgres(s) => s.close().await,
             Sink::Syslog(s) => s.close().await,
+            Sink::Relp(s) => s.close().await,
         }
     }
 }

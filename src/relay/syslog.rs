@@ -9,15 +9,18 @@
 //! outcome, the structured data the event id and `Event::fields` (`SD_ID`), MSG the
 //! CloudEvents JSON line, plain UTF-8 without a BOM.
 //!
-//! TCP syslog has no acknowledgement of its own, so a batch counts as delivered only when
-//! (a) it was written and flushed, (b) the receiver's TCP acknowledged every byte of it
-//! (Linux `SIOCOUTQ` on the socket is 0, polled until `timeout_ms`; under TLS, the socket
-//! beneath), and (c) the connection was then seen open for `settle_ms` (a receiver never
-//! writes, so anything readable is its end: EOF, a reset, a TLS alert). Anything else fails
-//! the whole batch (`Failure::Retry`): it is sent again, on a new connection (a connection is
-//! never used again after an error), with the same ids. The check runs once per batch.
-//! What this cannot prove, a receiver that loses what its TCP acknowledged, is said in the
-//! book (`docs/src/sinks/syslog.md`).
+//! TCP syslog has no acknowledgement of its own, so a batch counts as delivered ("written to
+//! the socket") only when (a) it was written and flushed, (b) the receiver's TCP acknowledged
+//! every byte of it (Linux `SIOCOUTQ` on the socket is 0, polled until `timeout_ms`; under
+//! TLS, the socket beneath), and (c) the connection was not seen ended (a receiver never
+//! writes, so anything readable is its end: EOF, a reset, a TLS alert): on a new connection,
+//! watched for `settle_ms` after its first batch (a receiver refusing the connection, such as
+//! one wanting a client certificate, ends it then); on a connection that has outlived that,
+//! looked at once, without a wait, so that the rate is not one batch per `settle_ms`.
+//! Anything else fails the whole batch (`Failure::Retry`): it is sent again, on a new
+//! connection (a connection is never used again after an error), with the same ids.
+//! What this cannot prove, a receiver that loses what its TCP acknowledged (a hung or killed
+//! rsyslogd), is said in the book (`docs/src/sinks/syslog.md`); RELP (`relp`) can.
 
 use std::io;
 use std::os::fd::AsRawFd as _;
@@ -137,13 +140,23 @@ pub fn severity(outcome: &str) -> u8 {
     }
 }
 
-/// `value` as an RFC 5424 PARAM-VALUE (without its quotes): `"`, `\` and `]` escaped by `\`.
+/// `value` as an RFC 5424 PARAM-VALUE (without its quotes): `"`, `\` and `]` escaped by `\`
+/// (RFC 5424 6.3.3), and every control character, line or paragraph separator and bidi
+/// control (`textsafe::is_unsafe`) written as JSON writes it (`\n`, `\u0000`, `\u2028`), so
+/// that a value from the feed can neither end the line at a receiver that writes messages to
+/// a file or a terminal nor forge another. A receiver keeps a `\` before any other
+/// character as it stands (RFC 5424), so it shows the escape itself; the exact value is in
+/// MSG, the event's JSON line.
 pub fn escape_param_value(value: &str, out: &mut String) {
     for c in value.chars() {
         if matches!(c, '"' | '\\' | ']') {
             out.push('\\');
+            out.push(c);
+        } else if crate::textsafe::is_unsafe(c) {
+            crate::textsafe::push_char(out, c, false);
+        } else {
+            out.push(c);
         }
-        out.push(c);
     }
 }
 
@@ -227,7 +240,9 @@ pub fn message(h: &Header, ev: &Event) -> String {
         out.push('"');
     }
     out.push_str("] ");
-    out.push_str(&ev.json);
+    // The JSON line as any JSON reader reads it, but with no DEL, C1 control or separator
+    // left raw (JSON itself escapes the C0 controls).
+    out.push_str(&crate::textsafe::escape_json(&ev.json));
     out
 }
 
@@ -251,6 +266,17 @@ pub fn host_name() -> String {
         .map_or_else(|| NIL.to_string(), str::to_string)
 }
 
+/// What every message of the sink of `cfg` says of its sender (the host's name read when
+/// `hostname` is not set).
+pub(super) fn header(cfg: &SyslogConfig) -> Header {
+    Header {
+        facility: cfg.facility,
+        sd_id: cfg.sd_id.clone(),
+        hostname: cfg.hostname.clone().unwrap_or_else(host_name),
+        procid: std::process::id().to_string(),
+    }
+}
+
 /// Bytes written to `socket` that its peer's TCP has not acknowledged yet, unsent ones
 /// included (Linux `SIOCOUTQ`, which is `TIOCOUTQ`). The only `unsafe` of the crate.
 #[allow(unsafe_code)]
@@ -271,8 +297,8 @@ fn unacked_bytes(socket: &TcpStream) -> io::Result<u32> {
     Ok(u32::try_from(n).unwrap_or(0))
 }
 
-/// An open connection to the receiver.
-enum Conn {
+/// An open connection to the receiver (the RELP sink's too).
+pub(super) enum Conn {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
@@ -289,7 +315,7 @@ impl Conn {
         }
     }
 
-    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+    pub(super) async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => {
                 s.write_all(bytes).await?;
@@ -303,7 +329,7 @@ impl Conn {
     }
 
     /// Reads what the receiver sent (cancel-safe): `Ok(0)` is its end.
-    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(super) async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Conn::Tcp(s) => s.read(buf).await,
             Conn::Tls(s) => s.read(buf).await,
@@ -327,12 +353,103 @@ impl Conn {
         }
     }
 
-    async fn shutdown(&mut self) {
+    /// Reads what the receiver sent into `buf` (a poll: cancel-safe by nature).
+    pub(super) fn poll_read(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self {
+            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+
+    /// Writes some of `bytes`.
+    pub(super) fn poll_write(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        use tokio::io::AsyncWrite as _;
+        match self {
+            Conn::Tcp(s) => Pin::new(s).poll_write(cx, bytes),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, bytes),
+        }
+    }
+
+    /// Sends on what was written (TLS records still held).
+    pub(super) fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        use tokio::io::AsyncWrite as _;
+        match self {
+            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    pub(super) async fn shutdown(&mut self) {
         let _ = match self {
             Conn::Tcp(s) => s.shutdown().await,
             Conn::Tls(s) => s.shutdown().await,
         };
     }
+}
+
+/// A connection to `url` (TCP, then the TLS handshake when `tls` is given), within `timeout`.
+pub(super) async fn connect(
+    url: &SyslogUrl,
+    tls: Option<TlsConnector>,
+    timeout: Duration,
+) -> Result<Conn, SyslogError> {
+    let ms = timeout.as_millis();
+    let connecting = async {
+        let tcp = TcpStream::connect((url.host.as_str(), url.port))
+            .await
+            .map_err(|error| SyslogError::Connect {
+                url: url.clone(),
+                error,
+            })?;
+        // What is written goes out whole; Nagle would only hold its tail back.
+        let _ = tcp.set_nodelay(true);
+        let Some(tls) = tls else {
+            return Ok::<_, SyslogError>(Conn::Tcp(tcp));
+        };
+        let name = pki_types::ServerName::try_from(url.host.clone()).map_err(|error| {
+            SyslogError::ServerName {
+                url: url.clone(),
+                error,
+            }
+        })?;
+        let stream = tls
+            .connect(name, tcp)
+            .await
+            .map_err(|error| SyslogError::TlsHandshake {
+                url: url.clone(),
+                error,
+            })?;
+        Ok(Conn::Tls(Box::new(stream)))
+    };
+    let conn = tokio::time::timeout(timeout, connecting)
+        .await
+        .map_err(|_| SyslogError::ConnectTimeout {
+            url: url.clone(),
+            ms,
+        })??;
+    tracing::debug!(url = %url, "syslog sink connected");
+    Ok(conn)
+}
+
+/// The TLS client of `files` (`ca_file`, and the client certificate if configured).
+pub(super) fn tls_connector(files: &TlsFiles) -> Result<TlsConnector, SyslogError> {
+    let identity = match (&files.client_cert_file, &files.client_key_file) {
+        (Some(c), Some(k)) => Some([
+            (c.as_path(), "client_cert_file"),
+            (k.as_path(), "client_key_file"),
+        ]),
+        _ => None,
+    };
+    let cfg = crate::tls::verifying_client((&files.ca_file, "ca_file"), identity)?;
+    Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
 pub struct SyslogSink {
@@ -354,12 +471,7 @@ impl SyslogSink {
             url: cfg.url.clone(),
             tls_files: cfg.tls.clone(),
             tls: None,
-            header: Header {
-                facility: cfg.facility,
-                sd_id: cfg.sd_id.clone(),
-                hostname: cfg.hostname.clone().unwrap_or_else(host_name),
-                procid: std::process::id().to_string(),
-            },
+            header: header(cfg),
             timeout,
             settle: cfg.settle,
             conn: None,
@@ -367,8 +479,9 @@ impl SyslogSink {
     }
 
     /// Sends the whole batch and counts it delivered only once the receiver's TCP
-    /// acknowledged all of it and the connection stayed open `settle` after (module doc);
-    /// otherwise nothing of it is counted, and the connection is dropped.
+    /// acknowledged all of it and the connection was not seen ended (for `settle` after the
+    /// first batch of a new connection; module doc); otherwise nothing of it is counted, and
+    /// the connection is dropped.
     pub async fn deliver(&mut self, batch: &[Event], _cursor: CursorAfter) -> Attempt {
         if batch.is_empty() {
             return Attempt::all(0);
@@ -399,9 +512,11 @@ impl SyslogSink {
             tracing::debug!(url = %self.url, "syslog receiver closed the idle connection");
             self.conn = None;
         }
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.connect().await?,
+        // A new connection is watched for `settle_ms` after its first batch; later batches on
+        // it are not held back (module doc).
+        let (mut conn, fresh) = match self.conn.take() {
+            Some(c) => (c, false),
+            None => (self.connect().await?, true),
         };
         let url = &self.url;
         let ms = self.timeout.as_millis();
@@ -422,50 +537,21 @@ impl SyslogSink {
             }
         }
         wait_acknowledged(&mut conn, url, deadline, ms).await?;
-        watch_open(&mut conn, url, Instant::now() + self.settle).await?;
+        let settle = if fresh {
+            self.settle
+        } else {
+            // Lets the runtime's I/O driver take in what the socket saw meanwhile.
+            tokio::task::yield_now().await;
+            Duration::ZERO
+        };
+        watch_open(&mut conn, url, Instant::now() + settle).await?;
         self.conn = Some(conn);
         Ok(())
     }
 
     async fn connect(&mut self) -> Result<Conn, SyslogError> {
-        let url = self.url.clone();
         let tls = self.tls_connector()?;
-        let ms = self.timeout.as_millis();
-        let connecting = async {
-            let tcp = TcpStream::connect((url.host.as_str(), url.port))
-                .await
-                .map_err(|error| SyslogError::Connect {
-                    url: url.clone(),
-                    error,
-                })?;
-            // A batch is written whole; Nagle would only hold its tail back.
-            let _ = tcp.set_nodelay(true);
-            let Some(tls) = tls else {
-                return Ok::<_, SyslogError>(Conn::Tcp(tcp));
-            };
-            let name = pki_types::ServerName::try_from(url.host.clone()).map_err(|error| {
-                SyslogError::ServerName {
-                    url: url.clone(),
-                    error,
-                }
-            })?;
-            let stream =
-                tls.connect(name, tcp)
-                    .await
-                    .map_err(|error| SyslogError::TlsHandshake {
-                        url: url.clone(),
-                        error,
-                    })?;
-            Ok(Conn::Tls(Box::new(stream)))
-        };
-        let conn = tokio::time::timeout(self.timeout, connecting)
-            .await
-            .map_err(|_| SyslogError::ConnectTimeout {
-                url: url.clone(),
-                ms,
-            })??;
-        tracing::debug!(url = %url, "syslog sink connected");
-        Ok(conn)
+        connect(&self.url, tls, self.timeout).await
     }
 
     /// The TLS client for a `tls://` url, made once.
@@ -476,15 +562,7 @@ impl SyslogSink {
         if let Some(t) = &self.tls {
             return Ok(Some(t.clone()));
         }
-        let identity = match (&files.client_cert_file, &files.client_key_file) {
-            (Some(c), Some(k)) => Some([
-                (c.as_path(), "client_cert_file"),
-                (k.as_path(), "client_key_file"),
-            ]),
-            _ => None,
-        };
-        let cfg = crate::tls::verifying_client((&files.ca_file, "ca_file"), identity)?;
-        let t = TlsConnector::from(Arc::new(cfg));
+        let t = tls_connector(files)?;
         self.tls = Some(t.clone());
         Ok(Some(t))
     }
@@ -668,6 +746,26 @@ mod tests {
             m.contains(r#"[decision@32473 id="x\"\]" reason="digest \"differs\" [a\]\\"] {"#),
             "{m}"
         );
+    }
+
+    #[test]
+    fn param_values_escape_control_characters_so_no_line_can_be_forged() {
+        let mut s = String::new();
+        escape_param_value("a\nb\r\0c\u{1b}[2J\u{85}\u{2028}\u{202e}\t\\n", &mut s);
+        assert_eq!(s, r#"a\nb\r\u0000c\u001b[2J\u0085\u2028\u202e\t\\n"#);
+        let mut ev = event("malformed", JSON);
+        ev.fields = vec![(
+            "reason",
+            "bad\n<134>1 2025-12-01T00:00:00.000Z forged - - - - x".into(),
+        )];
+        let m = message(&header(), &ev);
+        assert!(!m.chars().any(crate::textsafe::is_unsafe), "{m:?}");
+        assert!(m.contains(r#"reason="bad\n<134>1 "#), "{m}");
+        // MSG stays the same JSON document, its DEL, C1 and separators escaped.
+        let mut ev = event("applied", "{\"a\":\"x\u{7f}\u{85}\u{2028}y\"}");
+        ev.fields.clear();
+        let m = message(&header(), &ev);
+        assert!(m.ends_with(r#"] {"a":"x\u007f\u0085\u2028y"}"#), "{m}");
     }
 
     #[test]

@@ -54,6 +54,9 @@
 //!   with its outcome's MSGID and severity; TLS (gtls, mutual) verified, another CA refused in words; a
 //!   batch counted only if the connection outlives the settle period and the receiver's TCP
 //!   acknowledged it all; an idle connection the receiver closed replaced at once.
+//! - `relay_relp`: the syslog sink over RELP against a real rsyslogd with imrelp: every event
+//!   arrives; a receiver hung (SIGSTOP), killed and restarted loses nothing and gets nothing
+//!   counted it did not answer, where plain TCP counts and loses; RELP over TLS.
 //! - `green`: what green means: a receiver refusing every event parks them (one source) or
 //!   blocks the sink (several), and no verdict is green: `relay status`, `health`, the report,
 //!   and the book's alert rules evaluated by a real Prometheus.
@@ -139,6 +142,7 @@ mod relay_loss;
 mod relay_model;
 mod relay_mqtt;
 mod relay_pg;
+mod relay_relp;
 mod relay_syslog;
 mod relay_window;
 mod report;
