@@ -1207,6 +1207,9 @@ fn run_sends_every_audit_entry_to_rsyslog_through_kill_9_and_a_restart_of_rsyslo
         Duration::from_secs(30),
         || picky.ids().len() >= 41,
     );
+    // Everything may have arrived before the last `run` got going: a SIGTERM before it
+    // handles signals would end it by the signal, not by its shutdown.
+    common::wait_subscribed(&s.dir.join("relay.log"), 0, "");
     assert_eq!(stop(&mut run), Some(0), "{}", s.log());
     let log = audit_log(&s.config);
     assert_eq!(log.len(), total);
