@@ -906,10 +906,14 @@ impl SinkTask {
     /// past what was offered, not past the head last read, so that the offers up to there
     /// need no write of their own.
     fn offer_ahead(&self) -> u64 {
+        self.ahead_of(self.sent_to, self.head)
+    }
+
+    /// `OFFER_AHEAD_BATCHES` batches past `end`, but not past `head` (a later event would
+    /// count as re-sent at its first offer after a restart), nor below `end`.
+    fn ahead_of(&self, end: u64, head: u64) -> u64 {
         let ahead = (self.ctx.cfg.batch_max as u64).saturating_mul(OFFER_AHEAD_BATCHES);
-        self.sent_to
-            .saturating_add(ahead)
-            .min(self.head.max(self.sent_to))
+        end.saturating_add(ahead).min(head.max(end))
     }
 
     /// Before `events` are offered to the receiver: counts those that may be there already
@@ -925,7 +929,6 @@ impl SinkTask {
             return Ok(true);
         };
         let end = last.offset + 1;
-        let ahead = (self.ctx.cfg.batch_max as u64).saturating_mul(OFFER_AHEAD_BATCHES);
         let resent = events.iter().filter(|e| e.offset < self.sent_to).count() as u64;
         self.sent_to = self.sent_to.max(end);
         if end <= self.offered && resent == 0 {
@@ -936,13 +939,8 @@ impl SinkTask {
             return Ok(true);
         };
         let name = self.name().to_string();
-        // Ahead of what is offered now (never past the head: a later event would count as
-        // re-sent at its first offer after a restart), so that the next batches need no
-        // write of their own.
-        let to = end
-            .saturating_add(ahead)
-            .min(head.max(end))
-            .max(self.offered);
+        // Ahead of what is offered now, so that the next batches need no write of their own.
+        let to = self.ahead_of(end, head).max(self.offered);
         let w = self
             .ctx
             .shared

@@ -26,6 +26,22 @@ struct Overlay {
     state: Mutex<OverlayState>,
 }
 
+impl Overlay {
+    /// The file at `path` as it is now, with nothing written over it yet.
+    fn over(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        let file_len = file.metadata()?.len();
+        Ok(Self {
+            file,
+            file_len,
+            state: Mutex::new(OverlayState {
+                len: file_len,
+                written: HashMap::new(),
+            }),
+        })
+    }
+}
+
 #[derive(Debug)]
 struct OverlayState {
     len: u64,
@@ -171,17 +187,8 @@ pub fn check_writer_open(path: &Path) -> Result<(), StoreError> {
 }
 
 fn writer_check(path: &Path) -> Result<(), StoreError> {
-    let io = |e: std::io::Error| StoreError::Damaged(format!("cannot read the file: {e}"));
-    let file = File::open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
-    let overlay = Overlay {
-        file,
-        file_len,
-        state: Mutex::new(OverlayState {
-            len: file_len,
-            written: HashMap::new(),
-        }),
-    };
+    let overlay = Overlay::over(path)
+        .map_err(|e| StoreError::Damaged(format!("cannot read the file: {e}")))?;
     let clean = guard::catch(|| {
         let mut db = Leak::new(
             builder(16 * 1024 * 1024, Concurrency::MultiWriter)
@@ -219,17 +226,7 @@ fn writer_check(path: &Path) -> Result<(), StoreError> {
 /// memory: nothing is written to the file. For an inspector that may not write a file a
 /// killed writer left needing recovery (`Reader::open`).
 pub(super) fn recovered_in_memory(path: &Path) -> Result<redb::Database, StoreError> {
-    let io = |e: std::io::Error| super::file::io_error(path, e);
-    let file = File::open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
-    let overlay = Overlay {
-        file,
-        file_len,
-        state: Mutex::new(OverlayState {
-            len: file_len,
-            written: HashMap::new(),
-        }),
-    };
+    let overlay = Overlay::over(path).map_err(|e| super::file::io_error(path, e))?;
     guard::catch(|| {
         builder(16 * 1024 * 1024, Concurrency::MultiWriter)
             .create_with_backend(overlay)
