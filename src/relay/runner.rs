@@ -524,6 +524,7 @@ impl TaskContext {
             store_id: None,
             flushed_at: Instant::now(),
             error_noted_at: None,
+            error_stored: false,
             lag_read_at: None,
             standby: false,
             reloaded_at: None,
@@ -597,6 +598,10 @@ struct SinkTask {
     state: SinkState,
     flushed_at: Instant,
     error_noted_at: Option<Instant>,
+    /// The cursor record may hold a last error this task (or one before it) noted: cleared
+    /// once the sink is idle with nothing blocked (a block an operator passed over, a failure
+    /// whose events are gone), so no verdict goes on naming it.
+    error_stored: bool,
     /// When the lag shown in the status was last read while the cursor stood still.
     lag_read_at: Option<Instant>,
     jitter: Jitter,
@@ -779,6 +784,7 @@ impl SinkTask {
             }
             if batch.is_empty() {
                 self.flush(true).await?;
+                self.clear_stale_error().await?;
                 self.status(Phase::Idle, None);
                 if self.wait(crate::testing::relay_poll(RELOAD_EVERY)).await == Woken::Stop {
                     return Ok(());
@@ -871,6 +877,7 @@ impl SinkTask {
             let identity = self.ctx.shared.read(|s| s.identity()).await?;
             self.store_id = identity.map(|i| i.id);
         }
+        self.error_stored = rec.last_error.is_some();
         if rec
             .last_error
             .as_ref()
@@ -1914,6 +1921,23 @@ impl SinkTask {
             .await
     }
 
+    /// Idle, nothing blocked: a last error still in the cursor record names what is over
+    /// (a block an operator passed over with `relay skip` while an attempt was refused, a
+    /// failure whose events were delivered or passed over since). Cleared, once.
+    async fn clear_stale_error(&mut self) -> Result<(), RelayError> {
+        if !self.error_stored || self.state.is_blocked() {
+            return Ok(());
+        }
+        self.settle_background().await?;
+        let name = self.name().to_string();
+        self.ctx
+            .shared
+            .write(move |s| s.clear_sink_error(&name, "", now_ms()))
+            .await?;
+        self.error_stored = false;
+        Ok(())
+    }
+
     async fn note_error(&mut self, error: &str) -> Result<(), RelayError> {
         self.settle_background().await?;
         if self
@@ -1923,6 +1947,7 @@ impl SinkTask {
             return Ok(());
         }
         self.error_noted_at = Some(Instant::now());
+        self.error_stored = true;
         let (name, error) = (self.name().to_string(), error.to_string());
         self.ctx
             .shared

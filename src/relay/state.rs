@@ -436,6 +436,11 @@ impl SinkState {
         self.blocked = None;
     }
 
+    /// Whether a class of refusal blocks the sink now.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked.is_some()
+    }
+
     /// A batch starts: no failed attempt at it yet.
     pub fn begin_batch(&mut self) {
         self.failures = 0;

@@ -673,6 +673,7 @@ pub trait RelayStore {
             after.next = to;
             after.generation += 1;
             after.advanced_at_ms = now_ms;
+            clear_block(&mut after);
             tx.put_sink_cursor(name, &after)?;
             Ok((before, after, skip))
         })
@@ -733,6 +734,7 @@ pub trait RelayStore {
                     rec.next = o + 1;
                     rec.generation += 1;
                     rec.advanced_at_ms = now_ms;
+                    clear_block(&mut rec);
                 }
             }
             tx.put_sink_cursor(name, &rec)?;
@@ -954,6 +956,20 @@ impl SkipPlan {
                 ledger::range_text(self.offered.0, self.offered.1)
             ),
         }
+    }
+}
+
+/// An operator moved the cursor past the event a block waits at (a skip, the discard of the
+/// blocking event): the block it names is over, so the sink is no longer reported `blocked`
+/// (else, with nothing left to deliver, it would stay so until the next event). If the
+/// receiver refuses the next events too, the deliverer finds it blocked again.
+fn clear_block(rec: &mut SinkRecord) {
+    if rec
+        .last_error
+        .as_ref()
+        .is_some_and(|(_, e)| e.starts_with(crate::relay::BLOCKED))
+    {
+        rec.last_error = None;
     }
 }
 
