@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The relay's model test (tests/it/relay_model.rs) as a soak, through the release binary,
-# against a private Mosquitto and the local PostgreSQL on 127.0.0.1:5432 (as the suite).
+# against a private Mosquitto and the local PostgreSQL on 127.0.0.1:5432 (as the suite); with
+# --topology, the topology model instead (tests/it/topology_model.rs: the verdicts' oracle,
+# "green means delivered", against private Mosquittos and an http receiver process).
 # Each seed runs on its own (RG_RELAY_MODEL_SEED=N) and prints one line of figures; a failing
 # seed prints its step log and how to replay it, keeps its files under /tmp/rg-relay-model-*,
 # and the soak goes on with the next seed. The end prints each seed's verdict and seconds,
@@ -18,10 +20,16 @@
 #   --seed N     this one seed (same as --from N --seeds 1)
 #   --repeat R   run the whole list R times (default 1): the same seed under other timings
 #   --load       one busy loop per CPU beside the soak (--load=N: N loops), ended on exit
+#   --topology   the topology model (its suite: 24 steps; seeds alternate the sinks inside
+#                run, odd, and in a relay of their own, even)
+#   --bin PATH   the binary the topology model runs (an older build, a build with a fix
+#                taken out) instead of this build's
 # Examples:
 #   scripts/relay-model.sh 20 100                       seeds 1..20, 100 steps each
 #   scripts/relay-model.sh --from 1000 --seeds 20 --load
 #   scripts/relay-model.sh --seed 90210 --steps 120 --repeat 5 --load
+#   scripts/relay-model.sh --topology --seeds 10 --steps 60 --load
+#   scripts/relay-model.sh --topology --bin /tmp/rg-da44f94 --seeds 4 --steps 40
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -30,6 +38,8 @@ steps=100
 from=1
 repeat=1
 load=""
+model=relay
+bin=""
 positional=()
 usage() {
     sed -n '/^# Usage:/,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
@@ -45,6 +55,8 @@ while [ $# -gt 0 ]; do
     --repeat) repeat="${2:?--repeat R}" && shift ;;
     --load) load="$(nproc)" ;;
     --load=*) load="${1#--load=}" ;;
+    --topology) model=topology ;;
+    --bin) bin="$(realpath "${2:?--bin PATH}")" && shift ;;
     -h | --help) usage ;;
     -*) echo "unknown option $1" >&2 && usage ;;
     *) positional+=("$1") ;;
@@ -57,6 +69,15 @@ done
 for n in "$seeds" "$steps" "$from" "$repeat" ${load:+"$load"}; do
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "not a number: $n" >&2 && usage; }
 done
+
+if [ "$model" = topology ]; then
+    prefix=RG_TOPOLOGY
+    filter=topology_model::
+else
+    prefix=RG_RELAY_MODEL
+    filter=relay_model::
+    [ -z "$bin" ] || { echo "--bin is for the topology model" >&2 && usage; }
+fi
 
 # Built once, before any load starts.
 cargo test --release --locked --test it --no-run
@@ -81,15 +102,15 @@ if [ -n "$load" ]; then
 fi
 
 last=$((from + seeds - 1))
-echo "relay model soak: seeds $from..$last, $steps steps, $repeat round(s), load: ${load:-none} busy loops on $(nproc) CPUs" >&2
+echo "$model model soak: seeds $from..$last, $steps steps, $repeat round(s), load: ${load:-none} busy loops on $(nproc) CPUs${bin:+, binary $bin}" >&2
 verdicts=()
 failed=0
 started=$SECONDS
 for round in $(seq 1 "$repeat"); do
     for seed in $(seq "$from" "$last"); do
         t0=$SECONDS
-        if RG_RELAY_MODEL_SEED="$seed" RG_RELAY_MODEL_STEPS="$steps" \
-            cargo test --release --locked --test it relay_model:: -- --nocapture --test-threads=1; then
+        if env "${prefix}_SEED=$seed" "${prefix}_STEPS=$steps" ${bin:+"RG_TOPOLOGY_BIN=$bin"} \
+            cargo test --release --locked --test it "$filter" -- --nocapture --test-threads=1; then
             verdict=pass
         else
             verdict=FAIL
@@ -98,7 +119,7 @@ for round in $(seq 1 "$repeat"); do
         verdicts+=("round $round seed $seed: $verdict in $((SECONDS - t0)) s")
     done
 done
-echo "relay model soak: seeds $from..$last, $steps steps, $repeat round(s), load: ${load:-none}" >&2
+echo "$model model soak: seeds $from..$last, $steps steps, $repeat round(s), load: ${load:-none}${bin:+, binary $bin}" >&2
 printf '  %s\n' "${verdicts[@]}" >&2
-echo "relay model soak: ${#verdicts[@]} runs, $failed failed, $((SECONDS - started)) s" >&2
+echo "$model model soak: ${#verdicts[@]} runs, $failed failed, $((SECONDS - started)) s" >&2
 [ "$failed" -eq 0 ]

@@ -121,7 +121,8 @@ impl Broker {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 
-    fn pid(&self) -> i32 {
+    /// The broker process's PID (it runs).
+    pub fn pid(&self) -> i32 {
         self.child.as_ref().map(|c| c.id() as i32).expect("running")
     }
 

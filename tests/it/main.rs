@@ -66,6 +66,13 @@
 //!   postgres receivers; nothing lost, no id with two contents, every ledger holds.
 //!   `scripts/relay-model.sh` soaks it (seeds beyond the suite's, `--load` with the CPUs
 //!   busy: timing is part of the input).
+//! - `topology_model`: what green means, as an oracle after every random step: sinks inside
+//!   `run` or in a relay of their own (`sinks_from`, starting late, failing at start),
+//!   receivers refusing (http statuses, exec exits, an MQTT ACL), stopped (SIGSTOP) and
+//!   killed, retention on, kill -9 of `run` and the relay, operator actions: whenever
+//!   `health`, `relay status` and the report are all green, every effect and selected audit
+//!   entry is at its receiver or passed over by an audited action, and the counts match.
+//!   `scripts/topology-model.sh` soaks it.
 //! - `readme`: the README's and the book's commands run as written and print what they show
 //!   (README, then the book in SUMMARY.md order); every subcommand has a book page; every
 //!   relative link and anchor of the README and the book resolves.
@@ -150,6 +157,7 @@ mod service;
 mod source_index;
 mod systemd;
 mod tls;
+mod topology_model;
 mod torture;
 mod upstream_loss;
 mod verify;

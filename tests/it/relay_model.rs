@@ -201,7 +201,7 @@ impl std::fmt::Display for Figures {
 }
 
 /// `replay-guard ARGS`: (exit code, stdout, stderr).
-fn rg(args: &[&str]) -> (Option<i32>, String, String) {
+pub(super) fn rg(args: &[&str]) -> (Option<i32>, String, String) {
     let out = common::run(args);
     (
         out.status.code(),
@@ -211,7 +211,7 @@ fn rg(args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 /// `common::wait_until` with the model's patience.
-fn wait_for(what: &str, f: impl FnMut() -> bool) {
+pub(super) fn wait_for(what: &str, f: impl FnMut() -> bool) {
     common::wait_until(what, PATIENCE, f);
 }
 
@@ -232,7 +232,7 @@ fn canonical(v: &Json) -> String {
     sorted(v).to_compact()
 }
 
-fn parse(text: &str) -> Json {
+pub(super) fn parse(text: &str) -> Json {
     json::parse(text.as_bytes(), 64).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
@@ -254,35 +254,35 @@ fn data_of(envelope: &Json) -> String {
 
 /// A child in a process group of its own, so that a kill -9 takes the exec sink's programs
 /// with it (as systemd's control group would): killed and waited for when dropped.
-struct Group {
+pub(super) struct Group {
     child: Child,
 }
 
 impl Group {
-    fn spawn(mut cmd: Command) -> Group {
+    pub(super) fn spawn(mut cmd: Command) -> Group {
         cmd.process_group(0).stdin(Stdio::null());
         Group {
             child: cmd.spawn().expect("spawn replay-guard"),
         }
     }
 
-    fn pgid(&self) -> u32 {
+    pub(super) fn pgid(&self) -> u32 {
         self.child.id()
     }
 
-    fn running(&mut self) -> bool {
+    pub(super) fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
 
     /// kill -9 of the whole group; returns once none of its processes runs any more.
-    fn kill9(mut self) {
+    pub(super) fn kill9(mut self) {
         kill_group(self.pgid());
         let _ = self.child.wait();
         wait_group_gone(self.pgid());
     }
 
     /// SIGTERM to the process itself (its sinks drain), then its exit code.
-    fn term(mut self) -> Option<i32> {
+    pub(super) fn term(mut self) -> Option<i32> {
         super::broker::signal(self.child.id() as i32, "TERM");
         let start = Instant::now();
         let status = loop {
