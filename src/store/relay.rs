@@ -712,8 +712,16 @@ pub trait RelayStore {
                     name,
                     format!(
                         "relay discard of event {} (offset {o}) on sink {name} by {operator}: \
-                         {reason}; it will not be delivered",
-                        p.id
+                         {reason}; it will not be delivered{}",
+                        p.id,
+                        if p.retry_requested_at_ms.is_some() {
+                            // A running relay may be offering it right now: say so rather
+                            // than call it never delivered.
+                            "; a `relay retry` of it was pending and may have been in \
+                             flight, so the receiver may hold it"
+                        } else {
+                            ""
+                        }
                     ),
                     Some(*o),
                     Some(p.key),
@@ -1531,6 +1539,35 @@ mod tests {
                 .any(|e| e.contains("relay discard of event ")
                     && e.contains("(offset 3) on sink cop by ana: superseded by a later report"))
         );
+    }
+
+    #[test]
+    fn a_discard_of_an_event_whose_retry_was_pending_says_the_receiver_may_hold_it() {
+        let mut s = Store::open_in_memory(StoreOptions::default()).unwrap();
+        feed(&mut s, 1..=6, T0);
+        s.register_sink("cop", "http", StartAt::Beginning, T0)
+            .unwrap();
+        let snap = s.reader().unwrap();
+        let (p2, p4) = (parked(&snap, 2, false), parked(&snap, 4, false));
+        drop(snap);
+        s.advance_sink("cop", 0, 0, 6, &[p2, p4], T0).unwrap();
+        s.relay_retry("cop", Some(2), "ana", "fixed", T0).unwrap();
+        assert_eq!(
+            s.relay_discard("cop", None, "ana", "superseded", T0)
+                .unwrap(),
+            2
+        );
+        let said = |o: u64| {
+            relay_entries(&s)
+                .into_iter()
+                .find(|e| {
+                    e.contains("relay discard of event ")
+                        && e.contains(&format!("(offset {o}) on sink cop"))
+                })
+                .unwrap()
+        };
+        assert!(said(2).ends_with("it will not be delivered; a `relay retry` of it was pending and may have been in flight, so the receiver may hold it"), "{}", said(2));
+        assert!(said(4).ends_with("it will not be delivered"), "{}", said(4));
     }
 
     #[test]

@@ -30,7 +30,7 @@
 //! sink, every effect the audit log says was applied below the sink's head (and every audit
 //! entry the audit sink selects) is at its receiver, or an audited operator action (a skip, a
 //! discard) passed over it; nothing a skip or discard passed over is at the receiver unless
-//! the skip said it had been offered; the receiver holds no id no effect made; and the
+//! it said the receiver may hold it; the receiver holds no id no effect made; and the
 //! accounting `relay status` prints (`delivered + retried + adopted`, `skipped + discarded`)
 //! equals what the receiver and the audit log hold. The inspectors answer after any kill -9.
 //!
@@ -592,7 +592,8 @@ struct Audit {
     /// Entries the audit sink selects: index -> event id.
     selected: BTreeMap<u64, String>,
     /// Per sink: positions an audited action passed over, and those a skip said had been
-    /// offered to the receiver (which may hold them).
+    /// offered to the receiver, or a discard said a pending retry may have delivered (the
+    /// receiver may hold them).
     passed: BTreeMap<String, BTreeSet<u64>>,
     offered: BTreeMap<String, BTreeSet<u64>>,
 }
@@ -1381,6 +1382,9 @@ impl Model {
                     .next()
                     .unwrap();
                 a.passed.entry(name.to_string()).or_default().insert(o);
+                if reason.ends_with("so the receiver may hold it") {
+                    a.offered.entry(name.to_string()).or_default().insert(o);
+                }
             }
         }
         a
@@ -1556,7 +1560,7 @@ impl Model {
             due.len()
         );
         // Nothing at the receiver that no effect (entry) made; nothing an audited action
-        // passed over as never delivered, unless the skip said it had been offered.
+        // passed over as never delivered, unless it said the receiver may hold it.
         let by_id: BTreeMap<&str, u64> = wanted.iter().map(|(o, id)| (id.as_str(), *o)).collect();
         for id in &ids {
             let Some(o) = by_id.get(id) else {
