@@ -64,12 +64,17 @@ pub fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
 /// `log`, appended, so that a restarted process's lines follow its predecessor's; stdout
 /// discarded. The caller adds what else it needs and spawns it.
 pub fn logged_command(args: &[&str], log: &Path) -> Command {
+    logged_command_of(&bin(), args, log)
+}
+
+/// `logged_command` of another build of the binary.
+pub fn logged_command_of(bin: &Path, args: &[&str], log: &Path) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    let mut cmd = Command::new(bin());
+    let mut cmd = Command::new(bin);
     cmd.args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

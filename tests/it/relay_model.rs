@@ -22,7 +22,8 @@
 //! adopted` is the number of effects in `from..cursor`, neither parked nor skipped, that the
 //! receiver holds (exec and http: the exact envelope; postgres: the id, stored once).
 //!
-//! `RG_RELAY_MODEL_SEED=N` replays one seed, `RG_RELAY_MODEL_SEEDS=N` runs seeds 1..=N,
+//! `RG_RELAY_MODEL_SEED=N` replays one seed, `RG_RELAY_MODEL_SEEDS=N` runs seeds 1..=N (from
+//! `RG_RELAY_MODEL_FROM`, `RG_RELAY_MODEL_VERBOSE` prints passing seeds' step logs too),
 //! `RG_RELAY_MODEL_STEPS=S` sets the steps per seed (`scripts/relay-model.sh` for a soak).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -51,65 +52,87 @@ const CHECK_EVERY: usize = 10;
 /// Longest wait for anything the test waits on.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-#[test]
-fn random_relay_steps_lose_no_effect_and_never_give_an_id_two_contents() {
-    let var = |name: &str| {
-        std::env::var(name)
+/// What a model's run of one seed reports: printed per seed, summed over seeds.
+pub(super) trait SeedFigures: Default + std::fmt::Display {
+    fn add(&mut self, other: &Self);
+    fn set_seconds(&mut self, seconds: f64);
+    /// Each kind of step the suite's seeds must go on making (the steps are a function of
+    /// the seed), with how many the totals hold.
+    fn coverage(&self) -> Vec<(&'static str, u64)>;
+}
+
+/// A model test's seeds (`name`, e.g. "relay model"; its environment's `prefix`, e.g.
+/// `RG_RELAY_MODEL`; its test `filter`): `{prefix}_SEED=N` one seed, `{prefix}_SEEDS=N` N seeds
+/// from `{prefix}_FROM` (default 1), or else the suite's; `{prefix}_STEPS` the steps per seed;
+/// `{prefix}_VERBOSE` prints the step log of passing seeds too. Runs `model(seed, log, steps)`
+/// for each and prints its figures; a failing seed prints its step log (which `model` writes
+/// to `log` as it goes) and how to replay it, and fails the test. The suite's seeds must
+/// make every kind of step the figures' `coverage` names.
+pub(super) fn run_seeds<F: SeedFigures>(
+    (name, prefix, filter): (&str, &str, &str),
+    (suite_seeds, suite_steps): (&[u64], usize),
+    model: impl Fn(u64, Arc<Mutex<Vec<String>>>, usize) -> F,
+) {
+    let var = |v: &str| {
+        let name = format!("{prefix}_{v}");
+        std::env::var(&name)
             .ok()
             .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{name}={v:?}")))
     };
-    let (seeds, suite) = match (var("RG_RELAY_MODEL_SEED"), var("RG_RELAY_MODEL_SEEDS")) {
+    let from = var("FROM").unwrap_or(1);
+    let (seeds, suite) = match (var("SEED"), var("SEEDS")) {
         (Some(one), _) => (vec![one], false),
-        (None, Some(n)) => ((1..=n).collect(), false),
-        (None, None) => (SUITE_SEEDS.to_vec(), true),
+        (None, Some(n)) => ((from..from + n).collect(), false),
+        (None, None) => (suite_seeds.to_vec(), true),
     };
-    let steps = var("RG_RELAY_MODEL_STEPS").map_or(SUITE_STEPS, |s| s as usize);
-    let mut total = Figures::default();
+    let steps = var("STEPS").map_or(suite_steps, |s| s as usize);
+    let verbose = std::env::var_os(format!("{prefix}_VERBOSE")).is_some();
+    let mut total = F::default();
     for seed in seeds {
         let log = Arc::new(Mutex::new(Vec::new()));
         let started = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Model::new(seed, log.clone()).run(steps)
+            model(seed, log.clone(), steps)
         }));
         match outcome {
             Ok(mut f) => {
-                f.seconds = started.elapsed().as_secs_f64();
-                eprintln!("relay model seed {seed}: {f}");
+                f.set_seconds(started.elapsed().as_secs_f64());
+                if verbose {
+                    eprintln!("{}", log.lock().unwrap().join("\n"));
+                }
+                eprintln!("{name} seed {seed}: {f}");
                 total.add(&f);
             }
             Err(panic) => {
                 let steps_log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
                 eprintln!(
-                    "relay model seed {seed} FAILED after {:.1} s; step log:\n{steps_log}\n\
-                     replay: RG_RELAY_MODEL_SEED={seed} RG_RELAY_MODEL_STEPS={steps} cargo test \
-                     --release --locked --test it relay_model:: -- --nocapture",
+                    "{name} seed {seed} FAILED after {:.1} s; step log:\n{steps_log}\n\
+                     replay: {prefix}_SEED={seed} {prefix}_STEPS={steps} cargo test \
+                     --release --locked --test it {filter} -- --nocapture",
                     started.elapsed().as_secs_f64()
                 );
                 std::panic::resume_unwind(panic);
             }
         }
     }
-    eprintln!("relay model total: {total}");
+    eprintln!("{name} total: {total}");
     if suite {
-        // The steps are a function of the seed: the suite's seeds must go on covering each.
-        for (what, n) in [
-            ("a kill -9 of a relay", total.kills - total.run_kills),
-            ("a kill -9 of run", total.run_kills),
-            ("a park", total.parked),
-            ("a retry", total.retries),
-            ("a skip", total.skips),
-            ("a rewind into a skipped range", total.into_skips),
-            ("a rewind refused above the cursor", total.refused_rewinds),
-            ("a restore", total.restores),
-            ("a forget", total.forgets),
-            ("a repeat at a receiver", total.duplicates),
-        ] {
+        for (what, n) in total.coverage() {
             assert!(
                 n > 0,
-                "the suite's seeds {SUITE_SEEDS:?} no longer make {what}: {total}"
+                "the suite's seeds {suite_seeds:?} no longer make {what}: {total}"
             );
         }
     }
+}
+
+#[test]
+fn random_relay_steps_lose_no_effect_and_never_give_an_id_two_contents() {
+    run_seeds(
+        ("relay model", "RG_RELAY_MODEL", "relay_model::"),
+        (&SUITE_SEEDS, SUITE_STEPS),
+        |seed, log, steps| Model::new(seed, log).run(steps),
+    );
 }
 
 /// What one seed did and saw.
@@ -141,7 +164,26 @@ struct Figures {
     seconds: f64,
 }
 
-impl Figures {
+impl SeedFigures for Figures {
+    fn set_seconds(&mut self, seconds: f64) {
+        self.seconds = seconds;
+    }
+
+    fn coverage(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("a kill -9 of a relay", self.kills - self.run_kills),
+            ("a kill -9 of run", self.run_kills),
+            ("a park", self.parked),
+            ("a retry", self.retries),
+            ("a skip", self.skips),
+            ("a rewind into a skipped range", self.into_skips),
+            ("a rewind refused above the cursor", self.refused_rewinds),
+            ("a restore", self.restores),
+            ("a forget", self.forgets),
+            ("a repeat at a receiver", self.duplicates),
+        ]
+    }
+
     fn add(&mut self, o: &Figures) {
         self.seeds += 1;
         self.steps += o.steps;

@@ -51,7 +51,7 @@ use replay_guard::json::Json;
 use super::broker::{Broker, free_port, signal};
 use super::common::{self, SplitMix64};
 use super::relay::field;
-use super::relay_model::{Group, parse, wait_for};
+use super::relay_model::{Group, SeedFigures, parse, run_seeds, wait_for};
 
 /// Seeds and steps of the suite's run (one of each topology); the environment sets more.
 const SUITE_SEEDS: [u64; 2] = [1, 6];
@@ -69,66 +69,11 @@ const AUDIT_OUTCOMES: [&str; 2] = ["duplicate", "relay"];
 
 #[test]
 fn green_verdicts_mean_every_effect_reached_its_receiver_in_every_topology() {
-    let var = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{name}={v:?}")))
-    };
-    let from = var("RG_TOPOLOGY_FROM").unwrap_or(1);
-    let (seeds, suite) = match (var("RG_TOPOLOGY_SEED"), var("RG_TOPOLOGY_SEEDS")) {
-        (Some(one), _) => (vec![one], false),
-        (None, Some(n)) => ((from..from + n).collect(), false),
-        (None, None) => (SUITE_SEEDS.to_vec(), true),
-    };
-    let steps = var("RG_TOPOLOGY_STEPS").map_or(SUITE_STEPS, |s| s as usize);
-    let mut total = Figures::default();
-    for seed in seeds {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let started = Instant::now();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Model::new(seed, log.clone()).run(steps)
-        }));
-        match outcome {
-            Ok(mut f) => {
-                f.seconds = started.elapsed().as_secs_f64();
-                if std::env::var_os("RG_TOPOLOGY_VERBOSE").is_some() {
-                    eprintln!("{}", log.lock().unwrap().join("\n"));
-                }
-                eprintln!("topology model seed {seed}: {f}");
-                total.add(&f);
-            }
-            Err(panic) => {
-                let steps_log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                eprintln!(
-                    "topology model seed {seed} FAILED after {:.1} s; step log:\n{steps_log}\n\
-                     replay: RG_TOPOLOGY_SEED={seed} RG_TOPOLOGY_STEPS={steps} cargo test \
-                     --release --locked --test it topology_model:: -- --nocapture",
-                    started.elapsed().as_secs_f64()
-                );
-                std::panic::resume_unwind(panic);
-            }
-        }
-    }
-    eprintln!("topology model total: {total}");
-    if suite {
-        // The steps are a function of the seed: the suite's seeds must go on covering each.
-        for (what, n) in [
-            ("a green verdict checked against the receivers", total.green),
-            ("a non-green verdict", total.not_green),
-            ("a kill -9 of run", total.kills - total.relay_kills),
-            ("a kill -9 of the relay", total.relay_kills),
-            ("a relay failing at start", total.failed_starts),
-            ("a receiver refusing", total.refusals),
-            ("a receiver stopped (SIGSTOP)", total.stops),
-            ("an operator action", total.actions),
-            ("an effect pruned by retention", total.pruned),
-        ] {
-            assert!(
-                n > 0,
-                "the suite's seeds {SUITE_SEEDS:?} no longer make {what}: {total}"
-            );
-        }
-    }
+    run_seeds(
+        ("topology model", "RG_TOPOLOGY", "topology_model::"),
+        (&SUITE_SEEDS, SUITE_STEPS),
+        |seed, log, steps| Model::new(seed, log).run(steps),
+    );
 }
 
 /// What one seed did and saw.
@@ -154,7 +99,25 @@ struct Figures {
     seconds: f64,
 }
 
-impl Figures {
+impl SeedFigures for Figures {
+    fn set_seconds(&mut self, seconds: f64) {
+        self.seconds = seconds;
+    }
+
+    fn coverage(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("a green verdict checked against the receivers", self.green),
+            ("a non-green verdict", self.not_green),
+            ("a kill -9 of run", self.kills - self.relay_kills),
+            ("a kill -9 of the relay", self.relay_kills),
+            ("a relay failing at start", self.failed_starts),
+            ("a receiver refusing", self.refusals),
+            ("a receiver stopped (SIGSTOP)", self.stops),
+            ("an operator action", self.actions),
+            ("an effect pruned by retention", self.pruned),
+        ]
+    }
+
     fn add(&mut self, o: &Figures) {
         self.seeds += 1;
         self.steps += o.steps;
@@ -220,17 +183,7 @@ fn rg(args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 fn spawn_logged(args: &[&str], log: &Path) -> Group {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let mut cmd = Command::new(bin());
-    cmd.args(args)
-        .env("RUST_LOG", "info")
-        .stdout(file.try_clone().unwrap())
-        .stderr(file);
-    Group::spawn(cmd)
+    Group::spawn(common::logged_command_of(&bin(), args, log))
 }
 
 fn member(v: &Json, k: &str) -> Json {
