@@ -889,6 +889,7 @@ impl SinkTask {
                 .shared
                 .write(move |s| s.clear_sink_error(&name, FAILING, now_ms()))
                 .await?;
+            self.error_stored = false;
         }
         if self.standby {
             tracing::info!(sink = %self.ctx.cfg.name, kind, next = rec.next, "relay sink taken over from another member");

@@ -2,7 +2,7 @@
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use replay_guard::store::{Effect, Reader};
@@ -58,6 +58,27 @@ pub fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     }
     drop(sin);
     child.wait_with_output().unwrap()
+}
+
+/// Waits for `child` (spawned with its stderr piped) to exit, at most `within`: its exit
+/// status and what it wrote to stderr. Killed, and the test failed naming `what`, if it is
+/// still running then.
+pub fn exit_and_stderr(child: &mut Child, within: Duration, what: &str) -> (ExitStatus, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (status, err)
 }
 
 /// The binary with `args`, logging at `info` (whatever RUST_LOG the suite runs under) to

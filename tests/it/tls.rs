@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::broker::{Broker, free_port};
 use super::common;
@@ -288,19 +288,11 @@ fn run_refuses_a_client_key_that_is_not_the_certificates_before_opening_the_data
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                panic!("{section}: run did not refuse the pair within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let (status, err) = common::exit_and_stderr(
+            &mut child,
+            Duration::from_secs(10),
+            &format!("{section}: run refusing the pair"),
+        );
         assert_eq!(status.code(), Some(1), "{section}: {err}");
         assert!(
             err.contains("is not the private key of"),

@@ -1033,20 +1033,11 @@ impl Model {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("a relay with a broken config did not exit within 20 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let (status, err) = common::exit_and_stderr(
+            &mut child,
+            Duration::from_secs(20),
+            "a relay with a broken config",
+        );
         let code = status.code();
         assert!(
             matches!(code, Some(1) | Some(2)),
